@@ -1,0 +1,335 @@
+//! The typed `Config`: every value parsed and validated once, before anything starts.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::dotenv::DotEnv;
+use crate::error::ConfigError;
+use crate::knobs::{self, Group};
+use crate::profile::ProfileId;
+use crate::resolve::{Layers, Resolver};
+use crate::secret::{Secret, REDACTED};
+use crate::source::Source;
+use crate::spec::{SpecMethod, SpecMode};
+
+/// What to load: the inputs of [`Config::load`], so tests can pass their own environment.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// An env file to read; it must exist. `None`: `.env` in `working_dir` when present.
+    pub env_file: Option<PathBuf>,
+    /// `--profile` from the command line (wins over every other layer).
+    pub profile: Option<String>,
+    /// The process environment.
+    pub process_env: BTreeMap<String, String>,
+    /// Where a default `.env` is looked for and relative paths resolve.
+    pub working_dir: PathBuf,
+}
+
+impl LoadOptions {
+    /// Options from this process: its environment and working directory.
+    pub fn from_process(env_file: Option<PathBuf>, profile: Option<String>) -> Self {
+        Self {
+            env_file,
+            profile,
+            process_env: std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+                .collect(),
+            working_dir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+        }
+    }
+}
+
+/// The whole validated configuration of one deployment.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub profile: ProfileId,
+    pub deploy_dir: PathBuf,
+    pub env_file: Option<PathBuf>,
+    pub nodes: Nodes,
+    pub ports: Ports,
+    pub serving: Serving,
+    pub speculation: Speculation,
+    pub containers: Containers,
+    pub storage: Storage,
+    pub supervision: Supervision,
+    pub secrets: Secrets,
+    /// Variables passed verbatim into both rank containers, in table order then by name.
+    pub(crate) rank_env: Vec<(String, RankEnvValue)>,
+    pub(crate) settings: Vec<Setting>,
+    pub(crate) warnings: Vec<String>,
+}
+
+/// A rank-environment value; secrets stay typed until the container spec is handed to Docker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RankEnvValue {
+    Plain(String),
+    Secret(Secret),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Nodes {
+    pub head_ip: IpAddr,
+    pub worker_ip: IpAddr,
+    pub worker_user: String,
+    pub worker_home: String,
+    pub worker_ssh: String,
+    pub head_nic: Nic,
+    pub worker_nic: Nic,
+}
+
+/// The CX7 pins of one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Nic {
+    pub ifname: String,
+    pub hca: String,
+    pub gid_index: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ports {
+    /// The gateway's public port (PORT).
+    pub public: u16,
+    /// Rank 0's own HTTP port on 127.0.0.1.
+    pub vllm: u16,
+    /// torch.distributed rendezvous.
+    pub master: u16,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Serving {
+    pub served_model_name: String,
+    pub image: String,
+    pub tp: u32,
+    pub nnodes: u32,
+    pub quantization: Option<String>,
+    pub max_model_len: u32,
+    /// Kept as written: it goes to vLLM verbatim.
+    pub gpu_mem_util: String,
+    pub max_num_batched_tokens: u32,
+    pub long_prefill_token_threshold: Option<u32>,
+    pub kv_cache_dtype: Option<String>,
+    pub kv_block_size: Option<u32>,
+    pub kv_cache_memory_bytes: Option<u64>,
+    pub enforce_eager: bool,
+    pub extra_args: Vec<String>,
+    pub language_model_only: bool,
+    pub skip_mm_profiling: bool,
+    pub limit_mm: String,
+    pub chat_template_host: Option<PathBuf>,
+    pub default_reasoning_effort: Option<String>,
+    pub cg_estimate: bool,
+    pub host_nccl: Option<HostNccl>,
+}
+
+/// A host NCCL build preloaded into the ranks (USE_HOST_NCCL=1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostNccl {
+    pub head_dir: String,
+    pub worker_dir: String,
+    pub so_name: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Speculation {
+    pub active: SpecMethod,
+    /// Every mode of the profile; the active one carries MAX_NUM_SEQS.
+    pub modes: Vec<SpecMode>,
+    /// DFlash2 draft model (glm).
+    pub dflash: Option<DflashDraft>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DflashDraft {
+    pub model_dir: String,
+    pub draft_tensor_parallel_size: Option<u32>,
+}
+
+impl Speculation {
+    pub fn active_mode(&self) -> &SpecMode {
+        self.mode(self.active)
+            .expect("the active mode is one of the profile's modes")
+    }
+
+    pub fn mode(&self, method: SpecMethod) -> Option<&SpecMode> {
+        self.modes.iter().find(|m| m.method == method)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Containers {
+    pub head_name: String,
+    pub worker_name: String,
+    pub gpus_all: bool,
+    pub memlock_unlimited: bool,
+    pub devices: Vec<String>,
+    pub oom_score_adj: Option<i32>,
+}
+
+/// How the worker gets its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightSync {
+    Nfs,
+    Rsync,
+    Zfs,
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Storage {
+    pub weight_sync: WeightSync,
+    pub cache_root: String,
+    pub triton_host_cache: String,
+    pub tilelang_host_cache: String,
+    pub worker_vllm_cache: String,
+    pub expected_shards: u32,
+    pub weights: Weights,
+}
+
+/// Where each profile's weights live.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Weights {
+    DeepSeek {
+        model_host: String,
+        engram_dir: String,
+        engram_src: String,
+        nfs_volume_model: String,
+        nfs_volume_engram: String,
+        worker_model_dir: String,
+        worker_engram_dir: String,
+        hf_model_repo: String,
+        hf_engram_repo: String,
+    },
+    Glm {
+        hf_home: String,
+        worker_hf_home: String,
+        model: String,
+        revision: String,
+        cache_name: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Supervision {
+    pub ready_timeout: Duration,
+    pub hang: Duration,
+    pub mem_guard: bool,
+    pub mem_guard_gib: f64,
+    pub boot_margin_gib: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Secrets {
+    pub hf_token: Option<Secret>,
+    pub ghcr_user: String,
+    pub ghcr_token: Option<Secret>,
+    pub vllm_api_key: Option<Secret>,
+    pub api_keys: Vec<Secret>,
+    pub admin_token: Option<Secret>,
+}
+
+/// One variable as `sparkgate config` shows it: value (secrets redacted) and source.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Setting {
+    pub name: &'static str,
+    pub value: String,
+    pub source: Source,
+    /// Set under this older name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias: Option<&'static str>,
+    #[serde(skip)]
+    pub(crate) group: Group,
+}
+
+impl Config {
+    /// Loads, layers and validates. Every invalid value is reported, not just the first.
+    pub fn load(options: &LoadOptions) -> Result<Config, ConfigError> {
+        let env_file = match &options.env_file {
+            Some(path) => Some(absolute(&options.working_dir, path)),
+            None => Some(options.working_dir.join(".env")).filter(|p| p.is_file()),
+        };
+        let process = |name: &str| options.process_env.get(name).cloned();
+        let dotenv = env_file
+            .as_deref()
+            .map(|p| DotEnv::read(p, &process))
+            .transpose()?;
+        let deploy_dir = env_file
+            .as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| options.working_dir.clone());
+        let mut command_line = BTreeMap::new();
+        if let Some(profile) = &options.profile {
+            command_line.insert("PROFILE".to_owned(), profile.clone());
+        }
+        let layers = Layers {
+            command_line: &command_line,
+            process: &options.process_env,
+            dotenv: dotenv.as_ref(),
+            deploy_dir: deploy_dir.display().to_string(),
+        };
+        crate::build::build(layers, env_file)
+    }
+
+    /// Every variable the profile uses, with its value (secrets redacted) and source.
+    pub fn settings(&self) -> &[Setting] {
+        &self.settings
+    }
+
+    /// Non-fatal findings: unknown variables in the env file, ignored overrides.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The settings as a JSON object (secrets redacted), for `sparkgate config --json`.
+    pub fn settings_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "profile": self.profile,
+            "env_file": self.env_file,
+            "settings": self.settings,
+            "speculation": {
+                "active": self.speculation.active,
+                "modes": self.speculation.modes,
+            },
+            "warnings": self.warnings,
+        })
+    }
+
+    pub(crate) fn redact(name: &str, value: &str) -> String {
+        let secret = knobs::knob(name).is_some_and(|k| k.secret);
+        if secret && !value.is_empty() {
+            REDACTED.to_owned()
+        } else {
+            value.to_owned()
+        }
+    }
+}
+
+fn absolute(base: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        base.join(path)
+    }
+}
+
+pub(crate) fn resolver_settings(r: &Resolver<'_>) -> Vec<Setting> {
+    knobs::KNOBS
+        .iter()
+        .filter(|k| r.applies(k))
+        .map(|k| {
+            let resolved = r.get(k.name);
+            Setting {
+                name: k.name,
+                value: Config::redact(k.name, &resolved.value),
+                source: resolved.source,
+                alias: resolved.alias,
+                group: k.group,
+            }
+        })
+        .collect()
+}

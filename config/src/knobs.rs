@@ -1,0 +1,295 @@
+//! The table of every configuration variable: name, group, per-profile default, documentation.
+//!
+//! The reference launchers' variable names are kept so a seed `.env` is a drop-in. Defaults are
+//! the launcher's effective value (its script default, or its `.env.example` value where the
+//! launcher copies that file into place on first start), except where a seed guide states a newer
+//! value; those choices are marked "guide:" in the documentation string and listed in README.
+
+use Def::{Derived as D, Unused as NA, Value as V};
+
+/// A knob's default in one profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Def {
+    /// The profile does not use this variable.
+    Unused,
+    /// A literal; `${NAME}` refers to another variable's resolved value (or HOME / USER).
+    Value(&'static str),
+    /// Computed by the resolver from other values; the text says how.
+    Derived(&'static str),
+}
+
+/// Sections of the configuration reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Group {
+    General,
+    Nodes,
+    Nccl,
+    Serving,
+    Speculation,
+    Runtime,
+    Containers,
+    Storage,
+    Supervision,
+    Secrets,
+}
+
+impl Group {
+    pub(crate) fn title(self) -> &'static str {
+        match self {
+            Group::General => "General",
+            Group::Nodes => "Nodes and network pins",
+            Group::Nccl => "NCCL (passed into both rank containers)",
+            Group::Serving => "Serving (`vllm serve` arguments)",
+            Group::Speculation => "Speculative decoding",
+            Group::Runtime => "Rank runtime environment (passed into both rank containers)",
+            Group::Containers => "Rank containers",
+            Group::Storage => "Weights and caches (host paths)",
+            Group::Supervision => "Supervision",
+            Group::Secrets => "Secrets (never printed)",
+        }
+    }
+}
+
+/// One configuration variable.
+#[derive(Debug)]
+pub(crate) struct Knob {
+    pub(crate) name: &'static str,
+    pub(crate) group: Group,
+    /// Older names accepted for the same variable (the launchers' model-prefixed spellings).
+    pub(crate) aliases: &'static [&'static str],
+    pub(crate) deepseek: Def,
+    pub(crate) glm: Def,
+    /// Held as a [`crate::Secret`]; never printed.
+    pub(crate) secret: bool,
+    /// Passed verbatim into both rank containers' environment.
+    pub(crate) rank_env: bool,
+    pub(crate) doc: &'static str,
+}
+
+const fn k(name: &'static str, group: Group, deepseek: Def, glm: Def, doc: &'static str) -> Knob {
+    Knob {
+        name,
+        group,
+        aliases: &[],
+        deepseek,
+        glm,
+        secret: false,
+        rank_env: false,
+        doc,
+    }
+}
+
+/// A rank-environment variable with the same default in both profiles.
+const fn env(name: &'static str, value: &'static str, doc: &'static str) -> Knob {
+    k(name, Group::Runtime, V(value), V(value), doc).rank_env()
+}
+
+impl Knob {
+    const fn rank_env(mut self) -> Self {
+        self.rank_env = true;
+        self
+    }
+    const fn secret(mut self) -> Self {
+        self.secret = true;
+        self
+    }
+    const fn aliases(mut self, aliases: &'static [&'static str]) -> Self {
+        self.aliases = aliases;
+        self
+    }
+}
+
+use Group::*;
+
+/// Variable name prefixes whose unknown members still pass into the rank containers, as the
+/// launchers passed every model-specific knob through.
+pub(crate) const PASSTHROUGH_PREFIXES: [&str; 4] = ["DSV41_", "GLM53_", "EXL3_", "NCCL_"];
+
+/// Per-rank variables the plan derives from the CX7 pins; a generic value in the environment
+/// does not override them (the launchers' `.env.example` says so).
+pub(crate) const PER_RANK_ENV: [&str; 5] = [
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
+    "VLLM_HOST_IP",
+];
+
+pub(crate) static KNOBS: &[Knob] = &[
+    // === General ===
+    k("PROFILE", General, V("deepseek-v4.1-flash"), V("deepseek-v4.1-flash"),
+      "Deployment profile: `deepseek-v4.1-flash` or `glm-5.3-flash`. Selects every other default."),
+    k("DEPLOY_DIR", General, D("the env file's directory, else the working directory"), D("the env file's directory, else the working directory"),
+      "Directory relative paths and `files/` resolve against (a launcher checkout works as-is)."),
+    // === Nodes ===
+    k("HEAD_IP", Nodes, V("10.0.0.1"), V("10.0.0.1"), "Head node address (rank 0, master address)."),
+    k("WORKER_IP", Nodes, V("10.0.0.2"), V("10.0.0.2"), "Worker node address (rank 1)."),
+    k("WORKER_USER", Nodes, V("${USER}"), V("${USER}"), "SSH user on the worker."),
+    k("WORKER_HOME", Nodes, D("$HOME when WORKER_USER is the local user, else /home/$WORKER_USER"), D("$HOME when WORKER_USER is the local user, else /home/$WORKER_USER"),
+      "Home directory of WORKER_USER on the worker."),
+    k("WORKER_SSH", Nodes, V("${WORKER_USER}@${WORKER_IP}"), V("${WORKER_USER}@${WORKER_IP}"), "SSH destination of the worker."),
+    k("HEAD_CX7_IF", Nodes, V("enp1s0f1np1"), V("enp1s0f1np1"), "Head CX7 interface; NCCL cannot use the 10.0.0.x aliases."),
+    k("WORKER_CX7_IF", Nodes, V("enp1s0f0np0"), V("enp1s0f0np0"), "Worker CX7 interface."),
+    k("HEAD_CX7_IB", Nodes, V("rocep1s0f1"), V("rocep1s0f1"), "Head RoCE HCA (NCCL_IB_HCA of rank 0)."),
+    k("WORKER_CX7_IB", Nodes, V("rocep1s0f0"), V("rocep1s0f0"), "Worker RoCE HCA (NCCL_IB_HCA of rank 1)."),
+    k("NCCL_IB_GID_INDEX", Nodes, V("3"), V("3"), "RoCEv2 GID index; default of HEAD_GID and WORKER_GID."),
+    k("HEAD_GID", Nodes, V("${NCCL_IB_GID_INDEX}"), V("${NCCL_IB_GID_INDEX}"), "GID index of rank 0's HCA."),
+    k("WORKER_GID", Nodes, V("${NCCL_IB_GID_INDEX}"), V("${NCCL_IB_GID_INDEX}"), "GID index of rank 1's HCA."),
+    // === NCCL ===
+    k("NCCL_IB_DISABLE", Nccl, V("0"), V("0"), "").rank_env(),
+    k("NCCL_IB_ROCE_VERSION_NUM", Nccl, V("2"), V("2"), "").rank_env(),
+    k("NCCL_NET", Nccl, V("IB"), V("IB"), "").rank_env(),
+    k("NCCL_NET_PLUGIN", Nccl, V("none"), V("none"), "").rank_env(),
+    k("NCCL_NVLS_ENABLE", Nccl, V("0"), V("0"), "").rank_env(),
+    k("NCCL_CUMEM_ENABLE", Nccl, V("0"), V("0"), "").rank_env(),
+    k("NCCL_IB_MERGE_NICS", Nccl, V("0"), V("0"), "").rank_env(),
+    k("NCCL_CROSS_NIC", Nccl, V("0"), V("0"), "").rank_env(),
+    k("NCCL_IGNORE_CPU_AFFINITY", Nccl, V("1"), V("1"), "").rank_env(),
+    k("NCCL_DEBUG", Nccl, V("WARN"), V("WARN"), "").rank_env(),
+    k("NCCL_DEBUG_SUBSYS", Nccl, V(""), NA, "").rank_env(),
+    k("NCCL_BUFFSIZE", Nccl, V("1048576"), NA, "").rank_env(),
+    k("NCCL_LL128_BUFFSIZE", Nccl, V("262144"), NA, "").rank_env(),
+    k("NCCL_PROTO", Nccl, V("^LL128"), NA, "").rank_env(),
+    k("NCCL_MAX_NCHANNELS", Nccl, V("8"), NA, "Shrinks NCCL pinned buffers on UMA (4.7 GiB to ~0.14 GiB).").rank_env(),
+    k("USE_HOST_NCCL", Nccl, V("0"), V("0"), "1: mount NCCL_HOST_DIR at /nccl and LD_PRELOAD the host NCCL."),
+    k("NCCL_HOST_DIR", Nccl, V("${HOME}/nccl-2.30.7"), V("${HOME}/nccl-2.30.7"), "Host NCCL build on the head (USE_HOST_NCCL=1)."),
+    k("WORKER_NCCL_HOST_DIR", Nccl, V("${WORKER_HOME}/nccl-2.30.7"), V("${WORKER_HOME}/nccl-2.30.7"), "Host NCCL build on the worker."),
+    k("NCCL_SO_NAME", Nccl, V("libnccl.so.2.30.7"), V("libnccl.so.2.30.7"), "Library preloaded from /nccl."),
+    // === Serving ===
+    k("IMAGE", Serving, V("ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw"), V("ghcr.io/miaai-lab/glm-5.3-flash-2x-dgx-sparks:exl3"),
+      "Rank container image."),
+    k("SERVED_MODEL_NAME", Serving, V("DeepSeek-v4.1-Flash-EXL3"), V("GLM-5.3-Flash-EXL3"), "Model id clients send and `/v1/models` lists."),
+    k("PORT", Serving, V("8888"), V("8888"), "Public port; the gateway owns it."),
+    k("VLLM_PORT", Serving, V("18888"), V("18888"),
+      "Rank 0's own HTTP port, bound to 127.0.0.1 (sparkgate addition: the launchers let vLLM own PORT)."),
+    k("MASTER_PORT", Serving, V("29521"), V("29521"), "torch.distributed rendezvous port on HEAD_IP."),
+    k("TP", Serving, V("2"), V("2"), "Tensor-parallel size (a multiple of NNODES)."),
+    k("NNODES", Serving, V("2"), V("2"), "Number of nodes (1 or 2)."),
+    k("QUANTIZATION", Serving, V("exl3"), V("exl3"), "`--quantization`; `none` omits the flag."),
+    k("MAX_MODEL_LEN", Serving, V("600000"), V("900000"), "Context limit. glm guide: 900000 (launcher 1000000)."),
+    k("GPU_MEM_UTIL", Serving, V("0.88"), V("0.87"), "`--gpu-memory-utilization`, in (0, 1]."),
+    k("MAX_NUM_SEQS", Serving, D("the active speculation mode's limit: deepseek dspark 2, none 4; glm 4"), D("the active speculation mode's limit: deepseek dspark 2, none 4; glm 4"),
+      "Concurrent sequences (1..4096); the gateway admits this many generations. deepseek guide: 2 with dspark."),
+    k("MAX_NUM_BATCHED_TOKENS", Serving, V("1024"), V("1024"),
+      "Prefill chunk. guide (both): 1024 (launchers 1536 / 2048); glm must stay below 8192 (indexer smem)."),
+    k("LONG_PREFILL_TOKEN_THRESHOLD", Serving, V(""), V(""), "Empty = off; at most MAX_NUM_BATCHED_TOKENS - 256."),
+    k("KV_CACHE_DTYPE", Serving, V(""), V("fp8"), "deepseek: keep empty (vLLM picks fp8_ds_mla); glm: must be fp8."),
+    k("KV_BLOCK_SIZE", Serving, V("64"), NA, "`--block-size`."),
+    k("KV_CACHE_MEMORY_BYTES", Serving, V("2684354560"), NA, "KV pool bytes; empty omits the flag. deepseek guide: 2.5 GiB."),
+    k("ENFORCE_EAGER", Serving, V("0"), V("0"), "1: `--enforce-eager` (no CUDA graphs, no capture sizes)."),
+    k("EXTRA_ARGS", Serving, V(""), V(""), "Extra `vllm serve` arguments (shell words), appended last."),
+    k("LANGUAGE_MODEL_ONLY", Serving, V("1"), V("0"), "1: `--language-model-only`; 0: multimodal flags."),
+    k("SKIP_MM_PROFILING", Serving, V("1"), V("1"), "1: `--skip-mm-profiling` when multimodal."),
+    k("LIMIT_MM", Serving, V(r#"{"image":100}"#), V(r#"{"image":4,"video":1}"#), "`--limit-mm-per-prompt` JSON when multimodal."),
+    k("CHAT_TEMPLATE_HOST", Serving, V("${DEPLOY_DIR}/files/chat_template.jinja"), V("${DEPLOY_DIR}/files/chat_template.jinja"),
+      "Chat template on the head, mounted read-only for both ranks; empty: the model's own template."),
+    k("GLM53_DEFAULT_REASONING_EFFORT", Serving, NA, V(""),
+      "`--default-chat-template-kwargs` effort on both ranks: empty, low, high or max (the template renders anything else as max)."),
+    // === Speculation ===
+    k("SPEC_METHOD", Speculation, V("dspark"), V("dflash"), "Speculation mode: deepseek dspark|none; glm dflash|mtp|none."),
+    k("DSPARK_TOKENS", Speculation, V("3"), NA, "DSpark draft tokens, 1..5 (block size 5). guide: 3 (launcher script 5)."),
+    k("DFLASH_TOKENS", Speculation, NA, V("7"), "DFlash2 draft tokens, 1..16."),
+    k("DFLASH_MODEL", Speculation, NA, V("incoai/GLM-5.3-Flash-DFlash2"), "DFlash2 draft model repository."),
+    k("DFLASH_REVISION", Speculation, NA, V("main"), "Snapshot directory of the draft model in the HF cache."),
+    k("DFLASH_MODEL_DIR", Speculation, NA, D("the draft model's snapshot in the container's HF cache"), "In-container draft model path."),
+    k("DFLASH_DRAFT_TP", Speculation, NA, V("1"), "`draft_tensor_parallel_size`; empty inherits TP. guide: 1 (launcher 2)."),
+    k("MTP_TOKENS", Speculation, NA, V("2"), "MTP draft tokens, 0..8; 0 runs without a speculative config."),
+    // === Runtime (rank environment) ===
+    env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", ""),
+    env("TORCH_CUDA_ARCH_LIST", "12.1a", ""),
+    env("FLASHINFER_CUDA_ARCH_LIST", "12.1a", ""),
+    env("FLASHINFER_DISABLE_VERSION_CHECK", "1", ""),
+    env("HF_HUB_OFFLINE", "1", ""),
+    env("TRANSFORMERS_OFFLINE", "1", ""),
+    env("VLLM_NO_USAGE_STATS", "1", "py-cpuinfo JSON-parses empty output on Grace/aarch64."),
+    env("DO_NOT_TRACK", "1", ""),
+    env("VLLM_CACHE_ROOT", "/root/.cache/vllm", ""),
+    env("TRITON_CACHE_DIR", "/root/.triton/cache", ""),
+    env("TILELANG_CACHE_DIR", "/root/.tilelang/cache", ""),
+    env("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "1800", "How long rank 0 waits on a lost rank before failing."),
+    k("CG_ESTIMATE", Runtime, V("1"), V("1"), "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS in the ranks."),
+    k("VLLM_DISABLE_SHARED_EXPERTS_STREAM", Runtime, V("1"), NA, "").rank_env(),
+    k("CUDA_LAUNCH_BLOCKING", Runtime, V("0"), NA, "").rank_env(),
+    k("VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", Runtime, V("256"), NA, "").rank_env(),
+    k("EXL3_FUSED_MOE", Runtime, V("1"), V("1"), "").rank_env(),
+    k("EXL3_MOE_ROW_TILE", Runtime, V("0"), V("0"), "").rank_env(),
+    k("EXL3_TEMP_ROWS_FUSED", Runtime, V("16"), V("128"), "").rank_env(),
+    k("EXL3_FAT_GROUPED", Runtime, V("1"), NA, "").rank_env(),
+    k("EXL3_FAT_KERNEL", Runtime, V("0"), NA, "").rank_env(),
+    k("EXL3_FAT_SORTED", Runtime, V("0"), NA, "").rank_env(),
+    k("EXL3_FAT_BATCHED", Runtime, V("0"), NA, "").rank_env(),
+    k("DSV41_EXL3_SERIAL_STREAMS", Runtime, V("1"), NA, "").rank_env(),
+    k("DSV41_ENGRAM_DISABLE", Runtime, V("0"), NA, "").rank_env(),
+    k("DSV41_INDEXER_PREFILL_FACTOR", Runtime, V("1"), NA, "").rank_env(),
+    k("DSV41_PREFILL_EMPTY_CACHE_TOKENS", Runtime, V("8192"), NA, "").rank_env(),
+    k("DSV41_PREFILL_EMPTY_CACHE_MEMAVAIL_GIB", Runtime, V("2.5"), NA, "").rank_env(),
+    k("DSV41_PREFILL_END_EMPTY_CACHE", Runtime, V("0"), NA, "").rank_env(),
+    k("DSV41_CACHE_GIB", Runtime, V("0"), NA, "").rank_env(),
+    k("DSV41_RESIDENT_SCALES", Runtime, V("0"), NA, "").rank_env(),
+    k("DSV41_IO_THREADS", Runtime, V("32"), NA, "").rank_env(),
+    k("DSV41_CACHE_WAYS", Runtime, V("4"), NA, "").rank_env(),
+    k("DSV41_STATS_SECONDS", Runtime, V("60"), NA, "").rank_env(),
+    k("DSV41_SKIP_MIXED_WARMUP", Runtime, V("0"), NA, "").rank_env(),
+    k("DSV41_DROP_PAGE_CACHE", Runtime, V("1"), NA, "Drop the page cache after load (needs root).").rank_env(),
+    k("DSV41_EXL3_K_MAP", Runtime, V("/opt/dsv41/exl3_k_map.json"), NA, "").rank_env(),
+    k("DSV41_SOURCE", Runtime, V("/engram-src"), NA, "").rank_env(),
+    k("GLM53_SUPPRESS_STOPS_IN_REASONING", Runtime, V("1"), V("1"), "").rank_env(),
+    k("GLM53_MIXED_PREFILL_CHUNK", Runtime, V("0"), V("0"), "0 = stock chunked prefill (the multi-agent setting).").rank_env(),
+    k("GLM53_INDEXER_WORKSPACE", Runtime, V("stock"), V("stock"), "stock or rightsize.").rank_env(),
+    k("GLM53_SPINWAIT_MS", Runtime, V("stock"), V("stock"), "stock or 1..1000.").rank_env(),
+    k("GLM53_DENSE_FP8", Runtime, V("off"), NA, "").rank_env(),
+    // === Containers ===
+    k("CONTAINER_HEAD", Containers, V("dsv41-exl3-head"), V("glm53-exl3-head"), "Rank 0 container name."),
+    k("CONTAINER_WORKER", Containers, V("dsv41-exl3-worker"), V("glm53-exl3-worker"), "Rank 1 container name."),
+    k("RANK_GPUS", Containers, V("all"), V("all"), "`all` requests every GPU (`--gpus all`); `none` for machines without GPUs."),
+    k("RANK_MEMLOCK_UNLIMITED", Containers, V("1"), V("1"), "1: `--ulimit memlock=-1` (needs CAP_SYS_RESOURCE on the host)."),
+    k("RANK_DEVICES", Containers, V("/dev/infiniband"), V("/dev/infiniband"), "Comma-separated host devices passed to the ranks."),
+    k("OOM_SCORE_ADJ", Containers, V("1000"), V(""), "`--oom-score-adj` of the ranks; empty: unset. -1000..1000."),
+    // === Storage ===
+    k("MODEL_HOST", Storage, V("${DEPLOY_DIR}/model"), NA, "EXL3 weights on the head, mounted at /model."),
+    k("ENGRAM_DIR", Storage, V("${DEPLOY_DIR}/engram-src"), NA, "Original Engram shards (47, 48 + index) on the head."),
+    k("CACHE_ROOT", Storage, V("${HOME}/.cache/vllm-dsv41-flash-exl3"), V("${HOME}/.cache/vllm-glm53-flash"), "vLLM/Triton/TileLang caches on the head."),
+    k("ENGRAM_SRC", Storage, V("${CACHE_ROOT}/engram-src"), NA, "Slim Engram directory mounted at /engram-src."),
+    k("TRITON_HOST_CACHE", Storage, V("${CACHE_ROOT}/triton"), V("${CACHE_ROOT}/triton"), ""),
+    k("TILELANG_HOST_CACHE", Storage, V("${CACHE_ROOT}/tilelang"), V("${CACHE_ROOT}/tilelang"), ""),
+    k("WORKER_VLLM_CACHE", Storage, V("${WORKER_HOME}/.cache/vllm-dsv41-flash-exl3"), V("${WORKER_HOME}/.cache/vllm-glm53-flash"), "Caches on the worker."),
+    k("WEIGHT_SYNC", Storage, V("nfs"), V("rsync"), "How the worker gets the weights: nfs, rsync, zfs or none."),
+    k("NFS_VOLUME_MODEL", Storage, V("dsv41-exl3-weights"), NA, "Worker Docker volume for /model (WEIGHT_SYNC=nfs)."),
+    k("NFS_VOLUME_ENGRAM", Storage, V("dsv41-exl3-engram"), NA, "Worker Docker volume for /engram-src (WEIGHT_SYNC=nfs)."),
+    k("WORKER_MODEL_DIR", Storage, V("${WORKER_HOME}/.cache/dsv41-flash-exl3/model"), NA, "Worker weights (WEIGHT_SYNC other than nfs)."),
+    k("WORKER_ENGRAM_DIR", Storage, V("${WORKER_HOME}/.cache/dsv41-flash-exl3/engram-src"), NA, ""),
+    k("HF_HOME", Storage, NA, V("${HOME}/.cache/huggingface"), "HF cache on the head, mounted at /root/.cache/huggingface."),
+    k("WORKER_HF_HOME", Storage, NA, V("${WORKER_HOME}/.cache/huggingface"), "HF cache on the worker."),
+    k("HF_MODEL_REPO", Storage, V("Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw"), NA, "Weights repository."),
+    k("HF_ENGRAM_REPO", Storage, V("deepseek-ai/DeepSeek-V4.1-Flash"), NA, "Engram shards repository."),
+    k("MODEL", Storage, NA, V("Mia-AiLab/GLM-5.3-Flash-EXL3-TR3-4bpw"), "Weights repository."),
+    k("MODEL_REVISION", Storage, NA, V("25a44fdbf16862a46b7cc9921142c6c81350af2f"), "Pinned weights revision."),
+    k("MODEL_CACHE_NAME", Storage, NA, D("models--<org>--<name> of MODEL"), "HF cache directory name of MODEL."),
+    k("EXPECTED_SHARDS", Storage, V("39"), V("120"), "Weight shards a complete download has."),
+    // === Supervision ===
+    k("READY_TIMEOUT", Supervision, V("1500"), V("3600"), "Seconds rank 0 may take to become ready (also VLLM_ENGINE_READY_TIMEOUT_S)."),
+    k("HANG_SECONDS", Supervision, V("420"), V("420"), "Seconds without a rank-0 log line (shm_broadcast lines excluded) before a start counts as hung.")
+        .aliases(&["DSV41_HANG_SECONDS"]),
+    k("MEM_GUARD", Supervision, V("0"), V("0"), "1: kill a node's rank when MemAvailable stays under MEM_GUARD_GIB.").aliases(&["DSV41_MEM_GUARD"]),
+    k("MEM_GUARD_GIB", Supervision, V("1.5"), V("1.5"), "Memguard threshold in GiB.").aliases(&["DSV41_MEM_GUARD_GIB"]),
+    k("BOOT_MARGIN_GIB", Supervision, V("12"), V(""), "Free memory beyond the weights each node needs to boot; empty: no check.")
+        .aliases(&["DSV41_BOOT_MARGIN_GIB"]),
+    // === Secrets ===
+    k("HF_TOKEN", Secrets, V(""), V(""), "Hugging Face token for downloads.").secret(),
+    k("GHCR_USER", Secrets, V("MiaAI-Lab"), V("MiaAI-Lab"), "GHCR user for image pulls."),
+    k("GHCR_TOKEN", Secrets, V(""), V(""), "GHCR token for image pulls.").secret(),
+    k("VLLM_API_KEY", Secrets, V(""), V(""), "API key the ranks require (the gateway sends it upstream).").secret().rank_env(),
+    k("API_KEYS", Secrets, V(""), V(""), "Comma-separated API keys the gateway accepts on /v1/*; empty: open.").secret(),
+    k("ADMIN_TOKEN", Secrets, V(""), V(""), "Bearer token for /admin/*; empty: loopback peers only.").secret(),
+];
+
+pub(crate) fn knob(name: &str) -> Option<&'static Knob> {
+    KNOBS.iter().find(|k| k.name == name)
+}
+
+/// The knob `name` refers to, by its name or one of its aliases.
+pub(crate) fn knob_by_any_name(name: &str) -> Option<&'static Knob> {
+    KNOBS
+        .iter()
+        .find(|k| k.name == name || k.aliases.contains(&name))
+}

@@ -1,0 +1,30 @@
+//! sparkgate's configuration: one typed, validated `Config` built from the process environment,
+//! a launcher-style `.env` file and the profile defaults, and the launch plan derived from it.
+//!
+//! Pure: no I/O beyond reading the env file it is pointed at. Every value knows its source.
+
+mod build;
+mod config;
+mod dotenv;
+mod error;
+mod knobs;
+mod plan;
+mod profile;
+mod reference;
+mod render;
+mod resolve;
+mod secret;
+mod source;
+mod spec;
+
+pub use config::{
+    Config, Containers, DflashDraft, HostNccl, LoadOptions, Nic, Nodes, Ports, RankEnvValue,
+    Secrets, Serving, Setting, Speculation, Storage, Supervision, WeightSync, Weights,
+};
+pub use error::{ConfigError, InvalidValue};
+pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};
+pub use profile::ProfileId;
+pub use reference::{reference_markdown, settings_table};
+pub use secret::{Secret, REDACTED};
+pub use source::Source;
+pub use spec::{Basis, SpecMethod, SpecMode, ThroughputPoint, ThroughputTable};

@@ -1,0 +1,1 @@
+//! Test support shared by sparkgate's integration tests.
