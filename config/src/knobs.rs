@@ -172,7 +172,7 @@ pub(crate) static KNOBS: &[Knob] = &[
       "Concurrent sequences (1..4096); the gateway admits this many generations. deepseek guide: 2 with dspark."),
     k("MAX_NUM_BATCHED_TOKENS", Serving, V("1024"), V("1024"),
       "Prefill chunk. guide (both): 1024 (launchers 1536 / 2048); glm must stay below 8192 (indexer smem)."),
-    k("LONG_PREFILL_TOKEN_THRESHOLD", Serving, V(""), V(""), "Empty = off; at most MAX_NUM_BATCHED_TOKENS - 256."),
+    k("LONG_PREFILL_TOKEN_THRESHOLD", Serving, V(""), V(""), "Empty = off; keep MAX_NUM_BATCHED_TOKENS - this >= 256 (warned otherwise)."),
     k("KV_CACHE_DTYPE", Serving, V(""), V("fp8"), "deepseek: keep empty (vLLM picks fp8_ds_mla); glm: must be fp8."),
     k("KV_BLOCK_SIZE", Serving, V("64"), NA, "`--block-size`."),
     k("KV_CACHE_MEMORY_BYTES", Serving, V("2684354560"), NA, "KV pool bytes; empty omits the flag. deepseek guide: 2.5 GiB."),
