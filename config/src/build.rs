@@ -1,6 +1,5 @@
 //! Turns resolved strings into the typed `Config`, collecting every rule a value breaks.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
@@ -9,11 +8,9 @@ use std::time::Duration;
 
 use crate::config::*;
 use crate::error::{ConfigError, InvalidValue};
-use crate::knobs::{self, PASSTHROUGH_PREFIXES, PER_RANK_ENV};
 use crate::profile::ProfileId;
 use crate::resolve::{Layers, Resolver};
 use crate::secret::Secret;
-use crate::source::Source;
 use crate::spec::{self, SpecMethod};
 
 pub(crate) fn build(layers: Layers<'_>, env_file: Option<PathBuf>) -> Result<Config, ConfigError> {
@@ -106,11 +103,7 @@ impl Builder<'_> {
             _ => {
                 self.fail(
                     name,
-                    format!(
-                        "must be an integer between {} and {}",
-                        range.start(),
-                        range.end()
-                    ),
+                    format!("must be an integer between {} and {}", range.start(), range.end()),
                 );
                 None
             }
@@ -119,16 +112,12 @@ impl Builder<'_> {
 
     fn float(&mut self, name: &str, min_exclusive: f64, max: f64) -> f64 {
         let raw = self.string(name);
-        let ok = !raw.is_empty()
-            && raw.bytes().all(|b| b.is_ascii_digit() || b == b'.')
-            && raw.matches('.').count() <= 1;
+        let ok =
+            !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit() || b == b'.') && raw.matches('.').count() <= 1;
         match raw.parse::<f64>() {
             Ok(v) if ok && v > min_exclusive && v <= max => v,
             _ => {
-                self.fail(
-                    name,
-                    format!("must be a decimal number in ({min_exclusive}, {max}]"),
-                );
+                self.fail(name, format!("must be a decimal number in ({min_exclusive}, {max}]"));
                 max
             }
         }
@@ -249,15 +238,10 @@ impl Builder<'_> {
                 .collect(),
             admin_token: self.secret("ADMIN_TOKEN"),
         };
-        for name in ["GLM53_INDEXER_WORKSPACE"] {
-            self.one_of(name, &["stock", "rightsize"]);
-        }
+        self.one_of("GLM53_INDEXER_WORKSPACE", &["stock", "rightsize"]);
         if self.string("GLM53_SPINWAIT_MS") != "stock" {
             let raw = self.string("GLM53_SPINWAIT_MS");
-            if self
-                .parse_int("GLM53_SPINWAIT_MS", &raw, &(1..=1000u32))
-                .is_none()
-            {
+            if self.parse_int("GLM53_SPINWAIT_MS", &raw, &(1..=1000u32)).is_none() {
                 // The integer rule was reported; say that `stock` is the other choice.
                 if let Some(last) = self.errors.last_mut() {
                     last.rule = "must be `stock` or an integer between 1 and 1000".into();
@@ -265,7 +249,7 @@ impl Builder<'_> {
             }
         }
 
-        let (rank_env, mut warnings) = self.rank_env_and_warnings();
+        let (rank_env, mut warnings) = crate::passthrough::rank_env_and_warnings(&self.r);
         warnings.append(&mut self.warnings);
         let settings = crate::config::resolver_settings(&self.r);
         if !self.errors.is_empty() {
@@ -294,17 +278,12 @@ impl Builder<'_> {
         // The glm guide: the indexer top-k path oversubscribes shared memory at 8192.
         let mnbt_limit = if is_glm { 8191 } else { 8_388_608 };
         let max_num_batched_tokens = self.int("MAX_NUM_BATCHED_TOKENS", 1..=mnbt_limit);
-        if is_glm
-            && self
-                .errors
-                .last()
-                .is_some_and(|e| e.name == "MAX_NUM_BATCHED_TOKENS")
-        {
+        if is_glm && self.errors.last().is_some_and(|e| e.name == "MAX_NUM_BATCHED_TOKENS") {
             self.errors.last_mut().expect("checked").rule =
-                "must be an integer between 1 and 8191 (glm guide: 8192 oversubscribes the indexer's shared memory)".into();
+                "must be an integer between 1 and 8191 (glm guide: 8192 oversubscribes the indexer's shared memory)"
+                    .into();
         }
-        let long_prefill_token_threshold =
-            self.opt_int("LONG_PREFILL_TOKEN_THRESHOLD", 1..=8_388_608u32);
+        let long_prefill_token_threshold = self.opt_int("LONG_PREFILL_TOKEN_THRESHOLD", 1..=8_388_608u32);
         if let Some(t) = long_prefill_token_threshold {
             // Launcher guidance, not a vLLM rule: leave room in each step for running decodes.
             if t.saturating_add(256) > max_num_batched_tokens {
@@ -360,10 +339,7 @@ impl Builder<'_> {
             );
         }
         let default_reasoning_effort = if is_glm {
-            let v = self.one_of(
-                "GLM53_DEFAULT_REASONING_EFFORT",
-                &["", "low", "high", "max"],
-            );
+            let v = self.one_of("GLM53_DEFAULT_REASONING_EFFORT", &["", "low", "high", "max"]);
             Some(v.to_owned()).filter(|v| !v.is_empty())
         } else {
             None
@@ -445,11 +421,7 @@ impl Builder<'_> {
             model_dir: self.non_empty("DFLASH_MODEL_DIR"),
             draft_tensor_parallel_size: self.opt_int("DFLASH_DRAFT_TP", 1..=serving.tp.max(1)),
         });
-        Speculation {
-            active,
-            modes,
-            dflash,
-        }
+        Speculation { active, modes, dflash }
     }
 
     /// The guides' hard constraints that are not plain ranges.
@@ -472,9 +444,7 @@ impl Builder<'_> {
                     "must not pass --moe-backend marlin: glm uses EXL3 packed experts",
                 );
             }
-            if speculation.active == SpecMethod::Dflash
-                && args.iter().any(|a| a.contains("TRITON_ATTN"))
-            {
+            if speculation.active == SpecMethod::Dflash && args.iter().any(|a| a.contains("TRITON_ATTN")) {
                 self.fail(
                     "EXTRA_ARGS",
                     "must not pin TRITON_ATTN with DFlash2: it makes draft attention causal and acceptance collapses",
@@ -524,13 +494,9 @@ impl Builder<'_> {
     fn docker_name(&mut self, name: &str) -> String {
         let v = self.string(name);
         let valid = v.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-            && v.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+            && v.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
         if !valid {
-            self.fail(
-                name,
-                "must be a Docker container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)",
-            );
+            self.fail(name, "must be a Docker container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)");
         }
         v
     }
@@ -572,76 +538,5 @@ impl Builder<'_> {
             expected_shards: self.int("EXPECTED_SHARDS", 1..=100_000),
             weights,
         }
-    }
-
-    /// The rank containers' pass-through environment, and warnings about variables that are
-    /// unknown, unused by this profile or overridden by per-rank pins.
-    fn rank_env_and_warnings(&self) -> (Vec<(String, RankEnvValue)>, Vec<String>) {
-        let r = &self.r;
-        let mut env: Vec<(String, RankEnvValue)> = knobs::KNOBS
-            .iter()
-            .filter(|k| k.rank_env && r.applies(k))
-            .filter_map(|k| {
-                let v = r.value(k.name);
-                match (k.secret, v.is_empty()) {
-                    (true, true) => None,
-                    (true, false) => {
-                        Some((k.name.to_owned(), RankEnvValue::Secret(Secret::new(v))))
-                    }
-                    (false, _) => Some((k.name.to_owned(), RankEnvValue::Plain(v))),
-                }
-            })
-            .collect();
-        let mut warnings = Vec::new();
-        let mut extra: BTreeMap<String, (String, Source)> = BTreeMap::new();
-        let process = r
-            .layers
-            .process
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone(), Source::Process));
-        let file = r.layers.dotenv.into_iter().flat_map(|d| {
-            d.assignments.iter().map(move |a| {
-                (
-                    a.key.clone(),
-                    a.value.clone(),
-                    Source::EnvFile {
-                        path: d.path.clone(),
-                        line: a.line,
-                    },
-                )
-            })
-        });
-        // File first so the process environment overwrites it.
-        for (key, value, source) in file.chain(process) {
-            let from_file = matches!(source, Source::EnvFile { .. });
-            if let Some(knob) = knobs::knob_by_any_name(&key) {
-                if !r.applies(knob) && from_file {
-                    warnings.push(format!(
-                        "{key} ({source}) is not used by the {} profile; ignored",
-                        r.profile
-                    ));
-                }
-                continue;
-            }
-            if PER_RANK_ENV.contains(&key.as_str()) {
-                warnings.push(format!(
-                    "{key} ({source}) is ignored: each rank's value comes from HEAD_/WORKER_CX7_IF, _CX7_IB, _GID and the node IPs"
-                ));
-                continue;
-            }
-            if PASSTHROUGH_PREFIXES.iter().any(|p| key.starts_with(p)) {
-                extra.insert(key, (value, source));
-            } else if from_file {
-                warnings.push(format!(
-                    "{key} ({source}) is not a sparkgate variable; ignored"
-                ));
-            }
-        }
-        env.extend(
-            extra
-                .into_iter()
-                .map(|(k, (v, _))| (k, RankEnvValue::Plain(v))),
-        );
-        (env, warnings)
     }
 }

@@ -253,10 +253,7 @@ impl Config {
             None => Some(options.working_dir.join(".env")).filter(|p| p.is_file()),
         };
         let process = |name: &str| options.process_env.get(name).cloned();
-        let dotenv = env_file
-            .as_deref()
-            .map(|p| DotEnv::read(p, &process))
-            .transpose()?;
+        let dotenv = env_file.as_deref().map(|p| DotEnv::read(p, &process)).transpose()?;
         let deploy_dir = env_file
             .as_deref()
             .and_then(Path::parent)

@@ -21,15 +21,11 @@ pub(crate) struct DotEnv {
 }
 
 impl DotEnv {
-    pub(crate) fn read(
-        path: &Path,
-        process: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::EnvFileUnreadable {
-                path: path.to_path_buf(),
-                source,
-            })?;
+    pub(crate) fn read(path: &Path, process: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::EnvFileUnreadable {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::parse(path, &text, process)
     }
 
@@ -54,15 +50,9 @@ impl DotEnv {
             if trimmed.is_empty() || trimmed.starts_with('#') {
                 continue;
             }
-            let trimmed = trimmed
-                .strip_prefix("export ")
-                .map(str::trim_start)
-                .unwrap_or(trimmed);
+            let trimmed = trimmed.strip_prefix("export ").map(str::trim_start).unwrap_or(trimmed);
             let Some((key, rest)) = trimmed.split_once('=') else {
-                return Err(syntax(format!(
-                    "expected KEY=value, found `{}`",
-                    raw.trim()
-                )));
+                return Err(syntax(format!("expected KEY=value, found `{}`", raw.trim())));
             };
             if !is_identifier(key) {
                 return Err(syntax(format!("`{key}` is not a valid variable name")));
@@ -125,9 +115,7 @@ fn parse_value(rest: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<St
             },
             '\\' => match chars.next() {
                 Some(c) => out.push(c),
-                None => {
-                    return Err("trailing backslash (line continuation is not supported)".into())
-                }
+                None => return Err("trailing backslash (line continuation is not supported)".into()),
             },
             '$' => expand(&mut chars, &mut out, lookup)?,
             '`' => return Err("command substitution is not supported".into()),
@@ -229,11 +217,7 @@ mod tests {
              HEAD_IP=10.0.0.9\n",
         )
         .unwrap();
-        assert_eq!(
-            env.get("HEAD_IP"),
-            Some("10.0.0.9"),
-            "later assignment wins"
-        );
+        assert_eq!(env.get("HEAD_IP"), Some("10.0.0.9"), "later assignment wins");
         assert_eq!(env.find("HEAD_IP").unwrap().line, 10);
         assert_eq!(env.get("WORKER_USER"), Some("zurih"));
         assert_eq!(env.get("LIMIT_MM"), Some("{\"image\":100}"));

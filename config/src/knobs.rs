@@ -289,7 +289,5 @@ pub(crate) fn knob(name: &str) -> Option<&'static Knob> {
 
 /// The knob `name` refers to, by its name or one of its aliases.
 pub(crate) fn knob_by_any_name(name: &str) -> Option<&'static Knob> {
-    KNOBS
-        .iter()
-        .find(|k| k.name == name || k.aliases.contains(&name))
+    KNOBS.iter().find(|k| k.name == name || k.aliases.contains(&name))
 }

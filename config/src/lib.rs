@@ -8,6 +8,7 @@ mod config;
 mod dotenv;
 mod error;
 mod knobs;
+mod passthrough;
 mod plan;
 mod profile;
 mod reference;
@@ -18,8 +19,8 @@ mod source;
 mod spec;
 
 pub use config::{
-    Config, Containers, DflashDraft, HostNccl, LoadOptions, Nic, Nodes, Ports, RankEnvValue,
-    Secrets, Serving, Setting, Speculation, Storage, Supervision, WeightSync, Weights,
+    Config, Containers, DflashDraft, HostNccl, LoadOptions, Nic, Nodes, Ports, RankEnvValue, Secrets, Serving, Setting,
+    Speculation, Storage, Supervision, WeightSync, Weights,
 };
 pub use error::{ConfigError, InvalidValue};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};

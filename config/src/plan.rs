@@ -67,10 +67,7 @@ pub struct ContainerSpec {
     pub stop_timeout_s: u32,
 }
 
-fn serialize_env<S: serde::Serializer>(
-    env: &[(String, RankEnvValue)],
-    s: S,
-) -> Result<S::Ok, S::Error> {
+fn serialize_env<S: serde::Serializer>(env: &[(String, RankEnvValue)], s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
     let mut map = s.serialize_map(Some(env.len()))?;
     for (k, v) in env {
@@ -125,9 +122,7 @@ impl Config {
     /// The launch plan for `mode` (one of the profile's modes), with that mode's MAX_NUM_SEQS.
     pub fn plan_for(&self, mode: SpecMethod) -> LaunchPlan {
         let ranks_n = self.serving.nnodes;
-        let mut ranks: Vec<RankPlan> = (0..ranks_n)
-            .map(|rank| self.rank_plan(rank, mode))
-            .collect();
+        let mut ranks: Vec<RankPlan> = (0..ranks_n).map(|rank| self.rank_plan(rank, mode)).collect();
         let config_hash = config_hash(&ranks);
         for r in &mut ranks {
             r.container
@@ -138,11 +133,7 @@ impl Config {
     }
 
     fn rank_plan(&self, rank: u32, mode: SpecMethod) -> RankPlan {
-        let node = if rank == 0 {
-            NodeRole::Head
-        } else {
-            NodeRole::Worker
-        };
+        let node = if rank == 0 { NodeRole::Head } else { NodeRole::Worker };
         let c = &self.containers;
         let mut ulimits = vec![Ulimit {
             name: "stack",
@@ -298,11 +289,7 @@ impl Config {
         }
         if let Some(nccl) = &self.serving.host_nccl {
             mounts.push(bind(
-                if head {
-                    &nccl.head_dir
-                } else {
-                    &nccl.worker_dir
-                },
+                if head { &nccl.head_dir } else { &nccl.worker_dir },
                 "/nccl",
                 true,
             ));
@@ -318,9 +305,7 @@ impl Config {
         match &self.storage.weights {
             Weights::DeepSeek { .. } => "/model".into(),
             Weights::Glm {
-                cache_name,
-                revision,
-                ..
+                cache_name, revision, ..
             } => {
                 format!("/root/.cache/huggingface/hub/{cache_name}/snapshots/{revision}")
             }
@@ -334,15 +319,11 @@ impl Config {
         match mode {
             SpecMethod::None => None,
             SpecMethod::Mtp if k == 0 => None,
-            SpecMethod::Dspark | SpecMethod::Mtp => Some(format!(
-                r#"{{"method":"{mode}","num_speculative_tokens":{k}}}"#
-            )),
+            SpecMethod::Dspark | SpecMethod::Mtp => {
+                Some(format!(r#"{{"method":"{mode}","num_speculative_tokens":{k}}}"#))
+            }
             SpecMethod::Dflash => {
-                let draft = self
-                    .speculation
-                    .dflash
-                    .as_ref()
-                    .expect("glm carries its draft model");
+                let draft = self.speculation.dflash.as_ref().expect("glm carries its draft model");
                 let mut json = format!(
                     r#"{{"method":"dflash","model":{},"num_speculative_tokens":{k},"kv_cache_dtype":"auto","draft_sample_method":"probabilistic","rejection_sample_method":"standard""#,
                     serde_json::Value::from(draft.model_dir.as_str())
@@ -381,12 +362,7 @@ impl Config {
         if s.nnodes > 1 {
             let head = self.nodes.head_ip.to_string();
             let master = self.ports.master.to_string();
-            push(&[
-                "--nnodes",
-                &s.nnodes.to_string(),
-                "--node-rank",
-                &rank.to_string(),
-            ]);
+            push(&["--nnodes", &s.nnodes.to_string(), "--node-rank", &rank.to_string()]);
             push(&["--master-addr", &head, "--master-port", &master]);
         }
         push(&["--distributed-executor-backend", "mp"]);
@@ -406,10 +382,7 @@ impl Config {
         push(&["--max-model-len", &s.max_model_len.to_string()]);
         push(&["--gpu-memory-utilization", &s.gpu_mem_util]);
         push(&["--max-num-seqs", &mode_cfg.max_num_seqs.to_string()]);
-        push(&[
-            "--max-num-batched-tokens",
-            &s.max_num_batched_tokens.to_string(),
-        ]);
+        push(&["--max-num-batched-tokens", &s.max_num_batched_tokens.to_string()]);
         if let Some(t) = s.long_prefill_token_threshold {
             push(&["--long-prefill-token-threshold", &t.to_string()]);
         }
@@ -446,12 +419,7 @@ impl Config {
             ]);
         }
         a.extend(s.extra_args.iter().cloned());
-        if !s.enforce_eager
-            && !s
-                .extra_args
-                .iter()
-                .any(|x| x.starts_with("--cudagraph-capture-sizes"))
-        {
+        if !s.enforce_eager && !s.extra_args.iter().any(|x| x.starts_with("--cudagraph-capture-sizes")) {
             a.push("--cudagraph-capture-sizes".into());
             a.extend(mode_cfg.cudagraph_capture_sizes.iter().map(u32::to_string));
         }

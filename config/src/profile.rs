@@ -45,12 +45,7 @@ impl FromStr for ProfileId {
         ProfileId::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "must be one of: {}",
-                    ProfileId::ALL.map(|p| p.as_str()).join(", ")
-                )
-            })
+            .ok_or_else(|| format!("must be one of: {}", ProfileId::ALL.map(|p| p.as_str()).join(", ")))
     }
 }
 

@@ -60,10 +60,7 @@ pub fn settings_table(config: &Config) -> String {
         let value = shlex::try_quote(&s.value)
             .map(|q| q.into_owned())
             .unwrap_or_else(|_| s.value.clone());
-        let alias = s
-            .alias
-            .map(|a| format!(" (set as {a})"))
-            .unwrap_or_default();
+        let alias = s.alias.map(|a| format!(" (set as {a})")).unwrap_or_default();
         let _ = writeln!(out, "{}={value}  # {}{alias}", s.name, s.source);
     }
     for w in config.warnings() {

@@ -75,10 +75,7 @@ impl RankPlan {
                 } => (name, target, *read_only),
             };
             w.push("-v".into());
-            w.push(quote(&format!(
-                "{src}:{target}{}",
-                if ro { ":ro" } else { "" }
-            )));
+            w.push(quote(&format!("{src}:{target}{}", if ro { ":ro" } else { "" })));
         }
         for (k, v) in &c.env {
             w.push("-e".into());

@@ -106,19 +106,13 @@ impl<'a> Resolver<'a> {
     /// profile: both are programming errors that every test run would hit.
     pub(crate) fn get(&self, name: &str) -> Resolved {
         let knob = knobs::knob(name).unwrap_or_else(|| panic!("unknown knob {name}"));
-        assert!(
-            self.applies(knob),
-            "knob {name} is unused by profile {}",
-            self.profile
-        );
+        assert!(self.applies(knob), "knob {name} is unused by profile {}", self.profile);
         if let Some(hit) = self.cache.borrow().get(knob.name) {
             return hit.clone();
         }
         let resolved = self.layers.explicit(knob).unwrap_or_else(|| Resolved {
             value: self.default_value(knob),
-            source: Source::Profile {
-                profile: self.profile,
-            },
+            source: Source::Profile { profile: self.profile },
             alias: None,
         });
         self.cache.borrow_mut().insert(knob.name, resolved.clone());
@@ -173,10 +167,7 @@ impl<'a> Resolver<'a> {
             "MAX_NUM_SEQS" => {
                 let modes = spec::mode_defs(self.profile);
                 let active = self.value("SPEC_METHOD").parse::<SpecMethod>().ok();
-                let mode = modes
-                    .iter()
-                    .find(|m| Some(m.method) == active)
-                    .unwrap_or(&modes[0]);
+                let mode = modes.iter().find(|m| Some(m.method) == active).unwrap_or(&modes[0]);
                 mode.max_num_seqs.to_string()
             }
             "MODEL_CACHE_NAME" => hf_cache_name(&self.value("MODEL")),

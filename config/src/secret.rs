@@ -50,10 +50,7 @@ mod tests {
         assert_eq!(format!("{s}"), REDACTED);
         assert_eq!(format!("{s:?}"), REDACTED);
         assert_eq!(format!("{:?}", Some(&s)), format!("Some({REDACTED})"));
-        assert_eq!(
-            serde_json::to_string(&s).unwrap(),
-            format!("\"{REDACTED}\"")
-        );
+        assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{REDACTED}\""));
         assert_eq!(s.expose(), "hf_abcdef");
     }
 }

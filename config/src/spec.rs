@@ -210,7 +210,8 @@ static DEEPSEEK_MODES: [ModeDef; 2] = [
     },
 ];
 
-const GLM_NONE_NOTE: &str = "no GLM measurement; MTP k=2 x1 less a 1.2x speculation gain, widened like DeepSeek's none mode (x4 = 2.33 x1)";
+const GLM_NONE_NOTE: &str =
+    "no GLM measurement; MTP k=2 x1 less a 1.2x speculation gain, widened like DeepSeek's none mode (x4 = 2.33 x1)";
 
 static GLM_MODES: [ModeDef; 3] = [
     ModeDef {
@@ -250,9 +251,7 @@ static GLM_MODES: [ModeDef; 3] = [
             ThroughputPoint {
                 width: 4,
                 tokens_per_s: 50.0,
-                basis: Basis::Estimated(
-                    "no measurement; DeepSeek none-mode widening less MTP verification cost",
-                ),
+                basis: Basis::Estimated("no measurement; DeepSeek none-mode widening less MTP verification cost"),
             },
         ],
     },
@@ -322,14 +321,9 @@ mod tests {
             .build(3, 2);
         assert_eq!(spark.throughput.at(1), 31.6);
         assert_eq!(spark.throughput.at(2), 42.5);
-        assert!(matches!(
-            spark.throughput.points()[0].basis,
-            Basis::Measured(_)
-        ));
+        assert!(matches!(spark.throughput.points()[0].basis, Basis::Measured(_)));
 
-        let glm = mode_def(ProfileId::Glm53Flash, SpecMethod::Dflash)
-            .unwrap()
-            .build(7, 4);
+        let glm = mode_def(ProfileId::Glm53Flash, SpecMethod::Dflash).unwrap().build(7, 4);
         assert_eq!(
             glm.throughput
                 .points()

@@ -7,7 +7,11 @@ use common::Fixture;
 use sparkgate_config::{Config, LoadOptions, ProfileId, Source, REDACTED};
 
 fn setting(config: &Config, name: &str) -> (String, Source) {
-    let s = config.settings().iter().find(|s| s.name == name).unwrap_or_else(|| panic!("{name} listed"));
+    let s = config
+        .settings()
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("{name} listed"));
     (s.value.clone(), s.source.clone())
 }
 
@@ -19,9 +23,20 @@ fn process_environment_beats_env_file_beats_default() {
     assert_eq!(config.serving.gpu_mem_util, "0.7");
     assert_eq!(setting(&config, "GPU_MEM_UTIL").1, Source::Process);
     assert_eq!(config.serving.max_model_len, 500_000);
-    assert_eq!(setting(&config, "MAX_MODEL_LEN").1, Source::EnvFile { path: env_path, line: 1 });
+    assert_eq!(
+        setting(&config, "MAX_MODEL_LEN").1,
+        Source::EnvFile {
+            path: env_path,
+            line: 1
+        }
+    );
     assert_eq!(config.serving.max_num_batched_tokens, 1024);
-    assert_eq!(setting(&config, "MAX_NUM_BATCHED_TOKENS").1, Source::Profile { profile: ProfileId::DeepSeekV41Flash });
+    assert_eq!(
+        setting(&config, "MAX_NUM_BATCHED_TOKENS").1,
+        Source::Profile {
+            profile: ProfileId::DeepSeekV41Flash
+        }
+    );
 }
 
 #[test]
@@ -31,8 +46,14 @@ fn an_explicitly_empty_process_value_counts_as_set() {
     let f = Fixture::new(Some("KV_CACHE_MEMORY_BYTES=3221225472\n")).env("KV_CACHE_MEMORY_BYTES", "");
     let config = f.config();
     assert_eq!(config.serving.kv_cache_memory_bytes, None);
-    assert_eq!(setting(&config, "KV_CACHE_MEMORY_BYTES"), (String::new(), Source::Process));
-    assert!(!config.plan().ranks[0].vllm_argv().iter().any(|a| a == "--kv-cache-memory-bytes"));
+    assert_eq!(
+        setting(&config, "KV_CACHE_MEMORY_BYTES"),
+        (String::new(), Source::Process)
+    );
+    assert!(!config.plan().ranks[0]
+        .vllm_argv()
+        .iter()
+        .any(|a| a == "--kv-cache-memory-bytes"));
     // Without the empty override the .env value applies.
     let config = Fixture::new(Some("KV_CACHE_MEMORY_BYTES=3221225472\n")).config();
     assert_eq!(config.serving.kv_cache_memory_bytes, Some(3_221_225_472));
@@ -40,8 +61,15 @@ fn an_explicitly_empty_process_value_counts_as_set() {
 
 #[test]
 fn an_empty_required_value_is_an_error_not_a_silent_default() {
-    let err = Fixture::new(None).env("MAX_MODEL_LEN", "").load().unwrap_err().to_string();
-    assert!(err.contains(r#"MAX_MODEL_LEN="" (from process environment): must be an integer between 1 and 1048576"#), "{err}");
+    let err = Fixture::new(None)
+        .env("MAX_MODEL_LEN", "")
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(r#"MAX_MODEL_LEN="" (from process environment): must be an integer between 1 and 1048576"#),
+        "{err}"
+    );
 }
 
 #[test]
@@ -62,12 +90,18 @@ fn command_line_profile_beats_environment_and_file() {
 fn defaults_follow_other_values_and_the_env_file_location() {
     let f = Fixture::new(Some("NCCL_IB_GID_INDEX=5\nWORKER_USER=zurih\n"));
     let config = f.config();
-    assert_eq!(config.nodes.head_nic.gid_index, 5, "HEAD_GID defaults to NCCL_IB_GID_INDEX");
+    assert_eq!(
+        config.nodes.head_nic.gid_index, 5,
+        "HEAD_GID defaults to NCCL_IB_GID_INDEX"
+    );
     assert_eq!(config.nodes.worker_nic.gid_index, 5);
     assert_eq!(config.nodes.worker_home, "/home/zurih", "another user's home");
     assert_eq!(config.nodes.worker_ssh, "zurih@10.0.0.2");
     assert_eq!(config.deploy_dir, f.dir.path());
-    assert_eq!(config.serving.chat_template_host.as_deref(), Some(f.dir.path().join("files/chat_template.jinja").as_path()));
+    assert_eq!(
+        config.serving.chat_template_host.as_deref(),
+        Some(f.dir.path().join("files/chat_template.jinja").as_path())
+    );
     let same_user = Fixture::new(None).config();
     assert_eq!(same_user.nodes.worker_home, "/home/op", "the local user's HOME");
 }
@@ -79,7 +113,16 @@ fn max_num_seqs_follows_the_mode_unless_set() {
     assert_eq!(f.with("SPEC_METHOD", "none").speculation.active_mode().max_num_seqs, 4);
     let pinned = Fixture::new(Some("MAX_NUM_SEQS=3\n")).config();
     assert_eq!(pinned.speculation.active_mode().max_num_seqs, 3);
-    assert_eq!(pinned.speculation.modes.iter().find(|m| m.method.as_str() == "none").unwrap().max_num_seqs, 4);
+    assert_eq!(
+        pinned
+            .speculation
+            .modes
+            .iter()
+            .find(|m| m.method.as_str() == "none")
+            .unwrap()
+            .max_num_seqs,
+        4
+    );
 }
 
 #[test]
@@ -90,19 +133,33 @@ fn launcher_prefixed_aliases_are_accepted() {
     assert!(config.supervision.mem_guard);
     let s = config.settings().iter().find(|s| s.name == "HANG_SECONDS").unwrap();
     assert_eq!(s.alias, Some("DSV41_HANG_SECONDS"));
-    let err = Fixture::new(Some("DSV41_HANG_SECONDS=soon\n")).load().unwrap_err().to_string();
-    assert!(err.contains("HANG_SECONDS (set as DSV41_HANG_SECONDS)=\"soon\""), "{err}");
+    let err = Fixture::new(Some("DSV41_HANG_SECONDS=soon\n"))
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("HANG_SECONDS (set as DSV41_HANG_SECONDS)=\"soon\""),
+        "{err}"
+    );
 }
 
 #[test]
 fn unknown_env_file_variables_warn_and_model_knobs_pass_through() {
-    let f = Fixture::new(Some("TOTALLY_UNKNOWN=1\nDSV41_NEW_KNOB=7\nDFLASH_TOKENS=5\nNCCL_SOCKET_IFNAME=eth9\n"))
-        .env("EXL3_EXPERIMENT", "on");
+    let f = Fixture::new(Some(
+        "TOTALLY_UNKNOWN=1\nDSV41_NEW_KNOB=7\nDFLASH_TOKENS=5\nNCCL_SOCKET_IFNAME=eth9\n",
+    ))
+    .env("EXL3_EXPERIMENT", "on");
     let config = f.config();
     let warnings = config.warnings().join("\n");
     assert!(warnings.contains("TOTALLY_UNKNOWN"), "{warnings}");
-    assert!(warnings.contains("DFLASH_TOKENS") && warnings.contains("not used by the deepseek-v4.1-flash profile"), "{warnings}");
-    assert!(warnings.contains("NCCL_SOCKET_IFNAME") && warnings.contains("ignored"), "{warnings}");
+    assert!(
+        warnings.contains("DFLASH_TOKENS") && warnings.contains("not used by the deepseek-v4.1-flash profile"),
+        "{warnings}"
+    );
+    assert!(
+        warnings.contains("NCCL_SOCKET_IFNAME") && warnings.contains("ignored"),
+        "{warnings}"
+    );
     assert!(!warnings.contains("DSV41_NEW_KNOB"));
     let plan = config.plan();
     let env: Vec<(String, String)> = plan.ranks[0]
@@ -116,14 +173,24 @@ fn unknown_env_file_variables_warn_and_model_knobs_pass_through() {
         .collect();
     assert!(env.contains(&("DSV41_NEW_KNOB".into(), "7".into())));
     assert!(env.contains(&("EXL3_EXPERIMENT".into(), "on".into())));
-    assert!(env.contains(&("NCCL_SOCKET_IFNAME".into(), "enp1s0f1np1".into())), "the pin, not the generic value");
+    assert!(
+        env.contains(&("NCCL_SOCKET_IFNAME".into(), "enp1s0f1np1".into())),
+        "the pin, not the generic value"
+    );
     assert!(!env.iter().any(|(k, _)| k == "TOTALLY_UNKNOWN"));
 }
 
 #[test]
 fn long_prefill_threshold_beyond_the_batch_warns() {
-    let config = Fixture::fixture("deepseek.env").config();
-    assert!(config.warnings().iter().any(|w| w.starts_with("LONG_PREFILL_TOKEN_THRESHOLD=1792")), "{:?}", config.warnings());
+    let config = Fixture::from_file("deepseek.env").config();
+    assert!(
+        config
+            .warnings()
+            .iter()
+            .any(|w| w.starts_with("LONG_PREFILL_TOKEN_THRESHOLD=1792")),
+        "{:?}",
+        config.warnings()
+    );
 }
 
 #[test]
@@ -134,7 +201,14 @@ fn secrets_are_redacted_everywhere_they_could_be_printed() {
         .env("API_KEYS", "key-one,key-two")
         .env("ADMIN_TOKEN", "admin-secret");
     let config = f.config();
-    let secrets = ["hf_file_secret", "ghp_process_secret", "sk-rank-secret", "key-one", "key-two", "admin-secret"];
+    let secrets = [
+        "hf_file_secret",
+        "ghp_process_secret",
+        "sk-rank-secret",
+        "key-one",
+        "key-two",
+        "admin-secret",
+    ];
     let renderings = [
         sparkgate_config::settings_table(&config),
         serde_json::to_string(&config.settings_json()).unwrap(),
@@ -147,11 +221,20 @@ fn secrets_are_redacted_everywhere_they_could_be_printed() {
             assert!(!text.contains(s), "{s} leaked into: {}", &text[..text.len().min(200)]);
         }
     }
-    assert!(renderings[0].contains(&format!("HF_TOKEN='{REDACTED}'")), "{}", renderings[0]);
+    assert!(
+        renderings[0].contains(&format!("HF_TOKEN='{REDACTED}'")),
+        "{}",
+        renderings[0]
+    );
     assert_eq!(config.secrets.api_keys.len(), 2);
     assert_eq!(config.secrets.vllm_api_key.as_ref().unwrap().expose(), "sk-rank-secret");
     // A bad secret value is reported without echoing it.
-    let err = Fixture::new(None).env("PORT", "x").env("ADMIN_TOKEN", "admin-secret").load().unwrap_err().to_string();
+    let err = Fixture::new(None)
+        .env("PORT", "x")
+        .env("ADMIN_TOKEN", "admin-secret")
+        .load()
+        .unwrap_err()
+        .to_string();
     assert!(!err.contains("admin-secret"));
 }
 
@@ -161,7 +244,10 @@ fn missing_or_broken_env_files_are_clear_errors() {
     let mut options = f.options();
     options.env_file = Some(f.dir.path().join("nope.env"));
     let err = Config::load(&options).unwrap_err().to_string();
-    assert!(err.starts_with("cannot read env file") && err.contains("nope.env"), "{err}");
+    assert!(
+        err.starts_with("cannot read env file") && err.contains("nope.env"),
+        "{err}"
+    );
     let err = Fixture::new(Some("A=1\nB='x\n")).load().unwrap_err().to_string();
     assert!(err.contains(".env:2: unterminated single quote"), "{err}");
 }

@@ -64,7 +64,7 @@ fn env_value(rank: &RankPlan, key: &str) -> Option<String> {
 
 #[test]
 fn deepseek_argv_matches_the_launcher_flag_for_flag() {
-    let config = Fixture::fixture("deepseek.env").config();
+    let config = Fixture::from_file("deepseek.env").config();
     let plan = config.plan();
     assert_eq!(plan.ranks.len(), 2);
     let expected0 = reference(DEEPSEEK_RANK0);
@@ -75,27 +75,36 @@ fn deepseek_argv_matches_the_launcher_flag_for_flag() {
 
 #[test]
 fn glm_argv_matches_the_launcher_flag_for_flag() {
-    let config = Fixture::fixture("glm.env").config();
+    let config = Fixture::from_file("glm.env").config();
     let plan = config.plan();
     let expected0 = reference(GLM_RANK0);
-    assert_eq!(&plan.ranks[0].vllm_argv()[..2], &expected0[..2], "positional model path");
+    assert_eq!(
+        &plan.ranks[0].vllm_argv()[..2],
+        &expected0[..2],
+        "positional model path"
+    );
     assert_eq!(options(plan.ranks[0].vllm_argv()), options(&expected0));
     assert_eq!(options(plan.ranks[1].vllm_argv()), options(&rank1_of(&expected0)));
 }
 
 #[test]
 fn glm_default_effort_reaches_both_ranks() {
-    let config = Fixture::fixture("glm.env").env("GLM53_DEFAULT_REASONING_EFFORT", "high").config();
+    let config = Fixture::from_file("glm.env")
+        .env("GLM53_DEFAULT_REASONING_EFFORT", "high")
+        .config();
     for rank in config.plan().ranks {
         let argv = rank.vllm_argv();
-        let i = argv.iter().position(|a| a == "--default-chat-template-kwargs").expect("flag on every rank");
+        let i = argv
+            .iter()
+            .position(|a| a == "--default-chat-template-kwargs")
+            .expect("flag on every rank");
         assert_eq!(argv[i + 1], r#"{"reasoning_effort":"high"}"#);
     }
 }
 
 #[test]
 fn deepseek_container_spec_matches_the_launcher() {
-    let config = Fixture::fixture("deepseek.env").config();
+    let config = Fixture::from_file("deepseek.env").config();
     let plan = config.plan();
     let head = &plan.ranks[0];
     let worker = &plan.ranks[1];
@@ -104,7 +113,10 @@ fn deepseek_container_spec_matches_the_launcher() {
     assert_eq!(worker.container.name, "dsv41-exl3-worker");
     for rank in [head, worker] {
         let c = &rank.container;
-        assert_eq!(c.image, "ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw");
+        assert_eq!(
+            c.image,
+            "ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw"
+        );
         assert_eq!((c.network_mode, c.ipc_mode), ("host", "host"));
         assert!(c.gpus_all);
         assert_eq!(c.shm_size_bytes, 32 << 30);
@@ -116,8 +128,16 @@ fn deepseek_container_spec_matches_the_launcher() {
         assert_eq!(
             c.ulimits,
             vec![
-                Ulimit { name: "memlock", soft: -1, hard: -1 },
-                Ulimit { name: "stack", soft: 67_108_864, hard: 67_108_864 }
+                Ulimit {
+                    name: "memlock",
+                    soft: -1,
+                    hard: -1
+                },
+                Ulimit {
+                    name: "stack",
+                    soft: 67_108_864,
+                    hard: 67_108_864
+                }
             ]
         );
         assert_eq!(c.entrypoint, vec!["vllm"]);
@@ -184,7 +204,10 @@ fn deepseek_container_spec_matches_the_launcher() {
         assert_eq!(unique.len(), names.len(), "no variable twice");
     }
     // §1.5 "Environment, per rank".
-    for (rank, ifname, hca, ip) in [(head, "enp1s0f1np1", "rocep1s0f1", "127.0.0.1"), (worker, "enp1s0f0np0", "rocep1s0f0", "127.0.0.2")] {
+    for (rank, ifname, hca, ip) in [
+        (head, "enp1s0f1np1", "rocep1s0f1", "127.0.0.1"),
+        (worker, "enp1s0f0np0", "rocep1s0f0", "127.0.0.2"),
+    ] {
         assert_eq!(env_value(rank, "NCCL_SOCKET_IFNAME").as_deref(), Some(ifname));
         assert_eq!(env_value(rank, "GLOO_SOCKET_IFNAME").as_deref(), Some(ifname));
         assert_eq!(env_value(rank, "NCCL_IB_HCA").as_deref(), Some(hca));
@@ -193,14 +216,38 @@ fn deepseek_container_spec_matches_the_launcher() {
     }
     // Mounts: head binds its trees, the worker uses the NFS volumes (WEIGHT_SYNC=nfs).
     let dir = config.deploy_dir.display().to_string();
-    assert!(head.container.mounts.contains(&Mount::Bind { source: format!("{dir}/model"), target: "/model".into(), read_only: true }));
-    assert!(worker.container.mounts.contains(&Mount::Volume { name: "dsv41-exl3-weights".into(), target: "/model".into(), read_only: true }));
-    assert!(worker.container.mounts.contains(&Mount::Volume { name: "dsv41-exl3-engram".into(), target: "/engram-src".into(), read_only: true }));
+    assert!(head.container.mounts.contains(&Mount::Bind {
+        source: format!("{dir}/model"),
+        target: "/model".into(),
+        read_only: true
+    }));
+    assert!(worker.container.mounts.contains(&Mount::Volume {
+        name: "dsv41-exl3-weights".into(),
+        target: "/model".into(),
+        read_only: true
+    }));
+    assert!(worker.container.mounts.contains(&Mount::Volume {
+        name: "dsv41-exl3-engram".into(),
+        target: "/engram-src".into(),
+        read_only: true
+    }));
     for rank in [head, worker] {
-        let targets: Vec<&str> = rank.container.mounts.iter().map(|m| match m {
-            Mount::Bind { target, .. } | Mount::Volume { target, .. } => target.as_str(),
-        }).collect();
-        for t in ["/model", "/engram-src", "/root/.cache/vllm", "/root/.triton/cache", "/root/.tilelang/cache", "/opt/dsv41/chat_template.jinja"] {
+        let targets: Vec<&str> = rank
+            .container
+            .mounts
+            .iter()
+            .map(|m| match m {
+                Mount::Bind { target, .. } | Mount::Volume { target, .. } => target.as_str(),
+            })
+            .collect();
+        for t in [
+            "/model",
+            "/engram-src",
+            "/root/.cache/vllm",
+            "/root/.triton/cache",
+            "/root/.tilelang/cache",
+            "/opt/dsv41/chat_template.jinja",
+        ] {
             assert!(targets.contains(&t), "rank {} mounts {t}", rank.rank);
         }
     }
@@ -208,7 +255,7 @@ fn deepseek_container_spec_matches_the_launcher() {
 
 #[test]
 fn glm_container_spec_matches_the_launcher() {
-    let config = Fixture::fixture("glm.env").config();
+    let config = Fixture::from_file("glm.env").config();
     let plan = config.plan();
     for rank in &plan.ranks {
         let c = &rank.container;
@@ -230,7 +277,10 @@ fn glm_container_spec_matches_the_launcher() {
 /// Option groups only in `a`, and only in `b`.
 fn diff(a: &[String], b: &[String]) -> (Vec<Vec<String>>, Vec<Vec<String>>) {
     let (oa, ob) = (options(a), options(b));
-    (oa.iter().filter(|g| !ob.contains(g)).cloned().collect(), ob.iter().filter(|g| !oa.contains(g)).cloned().collect())
+    (
+        oa.iter().filter(|g| !ob.contains(g)).cloned().collect(),
+        ob.iter().filter(|g| !oa.contains(g)).cloned().collect(),
+    )
 }
 
 #[test]
@@ -243,7 +293,13 @@ fn spec_method_changes_exactly_the_spec_flags_and_max_num_seqs() {
         let (only_a, only_b) = diff(ra.vllm_argv(), rb.vllm_argv());
         assert_eq!(
             only_a,
-            vec![words("--max-num-seqs 2"), vec!["--speculative-config".into(), r#"{"method":"dspark","num_speculative_tokens":3}"#.into()]]
+            vec![
+                words("--max-num-seqs 2"),
+                vec![
+                    "--speculative-config".into(),
+                    r#"{"method":"dspark","num_speculative_tokens":3}"#.into()
+                ]
+            ]
         );
         assert_eq!(only_b, vec![words("--max-num-seqs 4")]);
         assert_eq!(env_of(ra), env_of(rb), "the environment does not depend on the mode");
@@ -253,29 +309,49 @@ fn spec_method_changes_exactly_the_spec_flags_and_max_num_seqs() {
     assert_ne!(a.config_hash, b.config_hash);
     assert_eq!(none.speculation.active_mode().max_num_seqs, 4);
     // plan_for gives the other mode's plan from one config, as a mode switch needs.
-    assert_eq!(spark.plan_for(SpecMethod::None).ranks[0].vllm_argv(), b.ranks[0].vllm_argv());
+    assert_eq!(
+        spark.plan_for(SpecMethod::None).ranks[0].vllm_argv(),
+        b.ranks[0].vllm_argv()
+    );
 }
 
 #[test]
 fn glm_mode_change_swaps_spec_flags_and_capture_sizes_only() {
-    let fixture = Fixture::fixture("glm.env");
+    let fixture = Fixture::from_file("glm.env");
     let dflash = fixture.config();
     let mtp = fixture.with("SPEC_METHOD", "mtp");
     let (only_a, only_b) = diff(dflash.plan().ranks[0].vllm_argv(), mtp.plan().ranks[0].vllm_argv());
     assert_eq!(only_a.len(), 2, "{only_a:?}");
-    assert!(only_a.iter().any(|g| g[0] == "--speculative-config" && g[1].contains("dflash")));
+    assert!(only_a
+        .iter()
+        .any(|g| g[0] == "--speculative-config" && g[1].contains("dflash")));
     assert!(only_a.contains(&words("--cudagraph-capture-sizes 1 2 4 8 16 24 32")));
     assert_eq!(
         only_b,
         vec![
             words("--cudagraph-capture-sizes 1 2 3 4 6 8 12"),
-            vec!["--speculative-config".into(), r#"{"method":"mtp","num_speculative_tokens":2}"#.into()],
+            vec![
+                "--speculative-config".into(),
+                r#"{"method":"mtp","num_speculative_tokens":2}"#.into()
+            ],
         ]
     );
-    let none = Fixture::fixture("glm.env").env("SPEC_METHOD", "none").config();
-    assert!(!none.plan().ranks[0].vllm_argv().iter().any(|a| a == "--speculative-config"));
-    let mtp0 = Fixture::fixture("glm.env").env("SPEC_METHOD", "mtp").env("MTP_TOKENS", "0").config();
-    assert!(!mtp0.plan().ranks[0].vllm_argv().iter().any(|a| a == "--speculative-config"), "MTP_TOKENS=0 omits the flag");
+    let none = Fixture::from_file("glm.env").env("SPEC_METHOD", "none").config();
+    assert!(!none.plan().ranks[0]
+        .vllm_argv()
+        .iter()
+        .any(|a| a == "--speculative-config"));
+    let mtp0 = Fixture::from_file("glm.env")
+        .env("SPEC_METHOD", "mtp")
+        .env("MTP_TOKENS", "0")
+        .config();
+    assert!(
+        !mtp0.plan().ranks[0]
+            .vllm_argv()
+            .iter()
+            .any(|a| a == "--speculative-config"),
+        "MTP_TOKENS=0 omits the flag"
+    );
 }
 
 #[test]
@@ -285,9 +361,17 @@ fn eager_mode_drops_capture_sizes_and_extra_args_come_last() {
     assert!(argv.contains(&"--enforce-eager".to_owned()));
     assert!(!argv.contains(&"--cudagraph-capture-sizes".to_owned()));
 
-    let custom = Fixture::new(None).env("EXTRA_ARGS", "--cudagraph-capture-sizes 1 2 --seed '4 2'").config();
+    let custom = Fixture::new(None)
+        .env("EXTRA_ARGS", "--cudagraph-capture-sizes 1 2 --seed '4 2'")
+        .config();
     let argv = custom.plan().ranks[0].vllm_argv().to_vec();
-    assert_eq!(argv[argv.len() - 5..], words("--cudagraph-capture-sizes 1 2 --seed").into_iter().chain(["4 2".to_owned()]).collect::<Vec<_>>()[..]);
+    assert_eq!(
+        argv[argv.len() - 5..],
+        words("--cudagraph-capture-sizes 1 2 --seed")
+            .into_iter()
+            .chain(["4 2".to_owned()])
+            .collect::<Vec<_>>()[..]
+    );
     assert_eq!(argv.iter().filter(|a| *a == "--cudagraph-capture-sizes").count(), 1);
 }
 
@@ -304,7 +388,14 @@ fn test_machine_settings_remove_gpu_and_privilege_requests() {
         assert!(!c.gpus_all);
         assert!(c.devices.is_empty());
         assert_eq!(c.oom_score_adj, None);
-        assert_eq!(c.ulimits, vec![Ulimit { name: "stack", soft: 67_108_864, hard: 67_108_864 }]);
+        assert_eq!(
+            c.ulimits,
+            vec![Ulimit {
+                name: "stack",
+                soft: 67_108_864,
+                hard: 67_108_864
+            }]
+        );
     }
 }
 
@@ -323,7 +414,10 @@ fn single_node_plan_has_one_rank_without_rendezvous_flags() {
 fn host_nccl_mounts_and_preloads() {
     let config = Fixture::new(None).env("USE_HOST_NCCL", "1").config();
     let plan = config.plan();
-    assert_eq!(env_value(&plan.ranks[0], "LD_PRELOAD").as_deref(), Some("/nccl/libnccl.so.2.30.7"));
+    assert_eq!(
+        env_value(&plan.ranks[0], "LD_PRELOAD").as_deref(),
+        Some("/nccl/libnccl.so.2.30.7")
+    );
     assert!(plan.ranks[0].container.mounts.contains(&Mount::Bind {
         source: "/home/op/nccl-2.30.7".into(),
         target: "/nccl".into(),
@@ -340,7 +434,11 @@ fn rendered_commands_quote_json_and_hide_secrets() {
     assert!(run.contains(" -e VLLM_API_KEY "), "secret passed by name only: {run}");
     assert!(run.contains(r#"'{"method":"dspark","num_speculative_tokens":3}'"#));
     let parsed = shlex_split(&plan.ranks[0].vllm_command());
-    assert_eq!(&parsed[1..], plan.ranks[0].vllm_argv(), "the printed command round-trips");
+    assert_eq!(
+        &parsed[1..],
+        plan.ranks[0].vllm_argv(),
+        "the printed command round-trips"
+    );
 }
 
 fn shlex_split(s: &str) -> Vec<String> {

@@ -53,22 +53,14 @@ pub enum Command {
 pub const EXIT_CONFIG: u8 = 64;
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Command::Config {
-        reference: true, ..
-    } = cli.command
-    {
+    if let Command::Config { reference: true, .. } = cli.command {
         print!("{}", sparkgate_config::reference_markdown());
         return Ok(ExitCode::SUCCESS);
     }
-    let config = match Config::load(&LoadOptions::from_process(
-        cli.source.env_file,
-        cli.source.profile,
-    )) {
+    let config = match Config::load(&LoadOptions::from_process(cli.source.env_file, cli.source.profile)) {
         Ok(config) => config,
         Err(
-            err @ (ConfigError::Invalid(_)
-            | ConfigError::EnvFileSyntax { .. }
-            | ConfigError::EnvFileUnreadable { .. }),
+            err @ (ConfigError::Invalid(_) | ConfigError::EnvFileSyntax { .. } | ConfigError::EnvFileUnreadable { .. }),
         ) => {
             eprintln!("sparkgate: {err}");
             return Ok(ExitCode::from(EXIT_CONFIG));

@@ -22,11 +22,14 @@ impl Fixture {
             std::fs::write(&path, t).expect("write .env");
             path
         });
-        let process = BTreeMap::from([("HOME".to_owned(), "/home/op".to_owned()), ("USER".to_owned(), "op".to_owned())]);
+        let process = BTreeMap::from([
+            ("HOME".to_owned(), "/home/op".to_owned()),
+            ("USER".to_owned(), "op".to_owned()),
+        ]);
         Self { dir, env_file, process }
     }
 
-    pub fn fixture(name: &str) -> Self {
+    pub fn from_file(name: &str) -> Self {
         let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
         Self::new(Some(&std::fs::read_to_string(path).expect("fixture")))
     }
@@ -69,7 +72,10 @@ pub fn options(argv: &[String]) -> Vec<Vec<String>> {
         if a.starts_with("--") {
             groups.push(vec![a.clone()]);
         } else {
-            groups.last_mut().expect("argv after the model starts with a flag").push(a.clone());
+            groups
+                .last_mut()
+                .expect("argv after the model starts with a flag")
+                .push(a.clone());
         }
     }
     groups.sort();
