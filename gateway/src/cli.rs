@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use sparkgate_config::{Config, ConfigError, LoadOptions, NodeRole};
+use sparkgate_config::{Config, LoadOptions, NodeRole};
 
 /// sparkgate — OpenAI gateway and supervisor for vLLM across two DGX Spark machines.
 #[derive(Debug, Parser)]
@@ -54,14 +54,13 @@ pub const EXIT_CONFIG: u8 = 64;
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Config { reference: true, .. } = cli.command {
-        print!("{}", sparkgate_config::reference_markdown());
+        emit(&sparkgate_config::reference_markdown())?;
         return Ok(ExitCode::SUCCESS);
     }
     let config = match Config::load(&LoadOptions::from_process(cli.source.env_file, cli.source.profile)) {
         Ok(config) => config,
-        Err(
-            err @ (ConfigError::Invalid(_) | ConfigError::EnvFileSyntax { .. } | ConfigError::EnvFileUnreadable { .. }),
-        ) => {
+        // Every load error is the user's to fix: a bad value, file or syntax.
+        Err(err) => {
             eprintln!("sparkgate: {err}");
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
@@ -69,17 +68,27 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     for warning in config.warnings() {
         eprintln!("sparkgate: warning: {warning}");
     }
-    match cli.command {
-        Command::Config { json: true, .. } => {
-            println!("{}", serde_json::to_string_pretty(&config.settings_json())?)
-        }
-        Command::Config { .. } => print!("{}", sparkgate_config::settings_table(&config)),
-        Command::Plan { json, rank } => print_plan(&config, json, rank)?,
-    }
+    let output = match cli.command {
+        Command::Config { json: true, .. } => serde_json::to_string_pretty(&config.settings_json())? + "\n",
+        Command::Config { .. } => sparkgate_config::settings_table(&config),
+        Command::Plan { json, rank } => render_plan(&config, json, rank)?,
+    };
+    emit(&output)?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_plan(config: &Config, json: bool, only: Option<u32>) -> anyhow::Result<()> {
+/// Writes to stdout; a closed pipe (`sparkgate plan | head`) ends the output quietly.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn render_plan(config: &Config, json: bool, only: Option<u32>) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
     let mut plan = config.plan();
     if let Some(rank) = only {
         anyhow::ensure!(
@@ -90,23 +99,27 @@ fn print_plan(config: &Config, json: bool, only: Option<u32>) -> anyhow::Result<
         plan.ranks.retain(|r| r.rank == rank);
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
-        return Ok(());
+        return Ok(serde_json::to_string_pretty(&plan)? + "\n");
     }
-    println!(
+    let mut out = String::new();
+    writeln!(
+        out,
         "# {} · mode {} · config hash {}",
         config.profile, config.speculation.active, plan.config_hash
-    );
+    )?;
     // Start order: workers first, then rank 0.
     for r in plan.ranks.iter().rev() {
         let place = match r.node {
             NodeRole::Head => "head (local Docker)".to_owned(),
             NodeRole::Worker => format!("worker (ssh {})", config.nodes.worker_ssh),
         };
-        println!("\n# rank {} on {place}", r.rank);
-        println!("{}", r.docker_run_command());
-        println!("\n# rank {} vLLM command inside the container", r.rank);
-        println!("{}", r.vllm_command());
+        writeln!(out, "\n# rank {} on {place}\n{}", r.rank, r.docker_run_command())?;
+        writeln!(
+            out,
+            "\n# rank {} vLLM command inside the container\n{}",
+            r.rank,
+            r.vllm_command()
+        )?;
     }
-    Ok(())
+    Ok(out)
 }
