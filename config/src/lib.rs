@@ -24,7 +24,7 @@ pub use config::{
 };
 pub use error::{ConfigError, InvalidValue};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};
-pub use profile::ProfileId;
+pub use profile::{ProfileId, ReasoningFacts};
 pub use reference::{reference_markdown, settings_table};
 pub use secret::{Secret, REDACTED};
 pub use source::Source;

@@ -24,6 +24,11 @@ impl ProfileId {
         }
     }
 
+    /// How this profile's chat template treats `reasoning_effort`.
+    pub fn reasoning(self) -> &'static ReasoningFacts {
+        &self.facts().reasoning
+    }
+
     pub(crate) fn facts(self) -> &'static ProfileFacts {
         match self {
             ProfileId::DeepSeekV41Flash => &DEEPSEEK,
@@ -61,6 +66,24 @@ pub(crate) struct ProfileFacts {
     pub(crate) hf_overrides: Option<&'static str>,
     /// Capabilities added to each rank container.
     pub(crate) cap_add: &'static [&'static str],
+    pub(crate) reasoning: ReasoningFacts,
+}
+
+/// What the profile's chat template does with `reasoning_effort` (seed-launchers reference §1.11,
+/// §2.8). The gateway validates and translates efforts against this.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReasoningFacts {
+    /// Effort names the template renders as themselves, with the integer each stands for
+    /// where the template is numeric.
+    pub named: &'static [(&'static str, Option<u8>)],
+    /// Integer efforts the template accepts (DeepSeek: 1..=100), if any.
+    pub integer_range: Option<(u8, u8)>,
+    /// What the template renders when no effort reaches it.
+    pub template_default: &'static str,
+    /// What the template renders for a value it does not know (GLM: `max`, silently).
+    pub unknown_renders_as: Option<&'static str>,
+    /// Thinking is on unless the request turns it off.
+    pub thinking_default_on: bool,
 }
 
 static DEEPSEEK: ProfileFacts = ProfileFacts {
@@ -79,6 +102,13 @@ static DEEPSEEK: ProfileFacts = ProfileFacts {
     ],
     hf_overrides: Some(r#"{"engram_table_dir":"/engram-src"}"#),
     cap_add: &["SYS_PTRACE", "IPC_LOCK"],
+    reasoning: ReasoningFacts {
+        named: &[("low", Some(50)), ("high", Some(75)), ("max", Some(100))],
+        integer_range: Some((1, 100)),
+        template_default: "high",
+        unknown_renders_as: None,
+        thinking_default_on: true,
+    },
 };
 
 static GLM: ProfileFacts = ProfileFacts {
@@ -94,4 +124,28 @@ static GLM: ProfileFacts = ProfileFacts {
     ],
     hf_overrides: None,
     cap_add: &["IPC_LOCK"],
+    reasoning: ReasoningFacts {
+        named: &[("low", None), ("high", None)],
+        integer_range: None,
+        template_default: "max",
+        unknown_renders_as: Some("max"),
+        thinking_default_on: true,
+    },
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasoning_facts_match_the_templates() {
+        let ds = ProfileId::DeepSeekV41Flash.reasoning();
+        assert_eq!(ds.template_default, "high");
+        assert!(ds.named.contains(&("high", Some(75))));
+        assert_eq!(ds.integer_range, Some((1, 100)));
+        let glm = ProfileId::Glm53Flash.reasoning();
+        assert_eq!(glm.named.iter().map(|n| n.0).collect::<Vec<_>>(), ["low", "high"]);
+        assert_eq!(glm.unknown_renders_as, Some("max"));
+        assert_eq!(glm.integer_range, None);
+    }
+}
