@@ -282,7 +282,12 @@ pub(crate) fn mode_defs(profile: ProfileId) -> &'static [ModeDef] {
     }
 }
 
-#[cfg(test)]
+/// The seeded throughput table of `method` in `profile` (what the simulator paces by), if the
+/// profile has that mode.
+pub fn seeded_throughput(profile: ProfileId, method: SpecMethod) -> Option<ThroughputTable> {
+    mode_def(profile, method).map(|d| ThroughputTable::fill(d.known, TABLE_WIDTH))
+}
+
 pub(crate) fn mode_def(profile: ProfileId, method: SpecMethod) -> Option<&'static ModeDef> {
     mode_defs(profile).iter().find(|m| m.method == method)
 }

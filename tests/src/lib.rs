@@ -1,1 +1,4 @@
-//! Test support shared by sparkgate's integration tests.
+//! Test support for sparkgate: `vllm-sim` (the simulator of a vLLM 0.33 rank) and the helpers
+//! the integration tests share.
+
+pub mod sim;

@@ -1,0 +1,298 @@
+//! `POST /v1/chat/completions`: validation, the template-kwargs merge, and the response or SSE
+//! chunk sequence as vLLM 0.33 shapes them (reference §5).
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use super::generate::{ChoicePlan, Delta, Job, Step};
+use super::request::{self, invalid};
+use super::{error, json_response, App, Shared};
+use crate::sim::text::{self, ToolCall};
+
+pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    match run(&app, &headers, &body) {
+        Ok((job, ctx)) if ctx.stream.stream => stream(app.clone(), job, ctx),
+        Ok((mut job, ctx)) => match job.complete().await {
+            Ok(()) => with_request_id(
+                &app,
+                &ctx.request_id,
+                json_response(StatusCode::OK, &full_body(&app, &job, &ctx)),
+            ),
+            Err(msg) => error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None),
+        },
+        Err(resp) => resp,
+    }
+}
+
+/// The echoed `X-Request-Id` (only with `--enable-request-id-headers`, as vLLM).
+pub(crate) fn with_request_id(app: &App, id: &str, mut resp: Response) -> Response {
+    if app.args.enable_request_id_headers {
+        if let Ok(v) = id.parse() {
+            resp.headers_mut().insert("x-request-id", v);
+        }
+    }
+    resp
+}
+
+pub(crate) struct Ctx {
+    pub(crate) id: String,
+    pub(crate) request_id: String,
+    pub(crate) model: String,
+    pub(crate) created: u64,
+    pub(crate) stream: request::StreamOptions,
+}
+
+pub(crate) fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), Response> {
+    let req = request::json_object(headers, body)?;
+    let messages = match req.get("messages") {
+        Some(Value::Array(m)) => m.clone(),
+        Some(other) => return Err(invalid("list_type", "messages", "Input should be a valid list", other)),
+        None => {
+            return Err(invalid(
+                "missing",
+                "messages",
+                "Field required",
+                &Value::Object(req.clone()),
+            ))
+        }
+    };
+    let stream = request::stream_options(app, &req)?;
+    let kwargs = request::template_kwargs(app, &req)?;
+    request::refuse_chat_template(app, &req)?;
+    let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
+    let n = request::n_choices(&req)?;
+    let tools = match req.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(t)) if t.is_empty() => {
+            return Err(request::invalid(
+                "value_error",
+                "tools",
+                "Value error, `tools` must not be an empty array.",
+                &json!([]),
+            ))
+        }
+        Some(Value::Array(t)) => Some(t.clone()),
+        Some(other) => return Err(invalid("list_type", "tools", "Input should be a valid list", other)),
+    };
+    request::check_model(app, &req)?;
+    let rendering = app.template.render(&kwargs);
+    let prompt_tokens = text::count_tokens(&text::render_prompt(&messages, &rendering));
+    request::check_prompt_length(app, prompt_tokens)?;
+    let budget = (app.args.max_model_len as usize - prompt_tokens).min(max_tokens.map_or(usize::MAX, |m| m as usize));
+    let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
+    let min_tokens = req.get("min_tokens").and_then(Value::as_u64).unwrap_or(0) as usize;
+    let choices = (0..n)
+        .map(|_| {
+            let out = text::plan_chat(&messages, tools.as_deref(), req.get("tool_choice"), &rendering);
+            ChoicePlan::new(out, budget, ignore_eos, min_tokens)
+        })
+        .collect();
+    let request_id = request::request_id(headers, &req);
+    let job = Job::start(app, prompt_tokens, choices)?;
+    Ok((
+        job,
+        Ctx {
+            id: format!("chatcmpl-{request_id}"),
+            request_id,
+            model: app.args.served_name().to_owned(),
+            created: now_secs(),
+            stream,
+        },
+    ))
+}
+
+fn tool_call_json(call: &ToolCall, id: &str) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}})
+}
+
+fn usage(app: &App, prompt: usize, completion: usize) -> Value {
+    let mut u = json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion, "prompt_tokens_details": null});
+    if app.args.enable_prompt_tokens_details {
+        u["prompt_tokens_details"] = json!({"cached_tokens": 0});
+    }
+    u
+}
+
+fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
+    let choices: Vec<Value> = job
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(index, c)| {
+            let content = c.content_text();
+            let mut message = json!({
+                "role": "assistant",
+                "content": if c.tool_call.is_some() && content.is_empty() { Value::Null } else { Value::String(content) },
+                "refusal": null, "annotations": null, "audio": null, "function_call": null,
+            });
+            if let Some(call) = &c.tool_call {
+                message["tool_calls"] = json!([tool_call_json(call, &format!("chatcmpl-tool-{}", request::random_hex(16)))]);
+            }
+            message["reasoning"] = c.reasoning_text().map_or(Value::Null, Value::String);
+            json!({"index": index, "message": message, "logprobs": null, "finish_reason": c.finish, "stop_reason": null, "token_ids": null, "routed_experts": null})
+        })
+        .collect();
+    json!({
+        "id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model, "choices": choices,
+        "service_tier": null, "system_fingerprint": app.fingerprint,
+        "usage": usage(app, job.prompt_tokens, job.completion_tokens()),
+        "prompt_logprobs": null, "prompt_token_ids": null, "prompt_text": null,
+        "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null
+    })
+}
+
+/// `data: {json}\n\n`.
+pub(crate) fn frame(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+pub(crate) fn error_frame(msg: &str) -> Bytes {
+    frame(&json!({"error": {"message": msg, "type": "InternalServerError", "param": null, "code": 500}}))
+}
+
+pub(crate) const DONE: &[u8] = b"data: [DONE]\n\n";
+
+pub(crate) fn sse_response(
+    app: &App,
+    request_id: &str,
+    frames: impl futures_util::Stream<Item = Bytes> + Send + 'static,
+) -> Response {
+    use futures_util::StreamExt as _;
+    let body = axum::body::Body::from_stream(frames.map(Ok::<_, std::convert::Infallible>));
+    let resp = Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "text/event-stream; charset=utf-8")
+        .body(body)
+        .expect("static response parts");
+    with_request_id(app, request_id, resp)
+}
+
+struct StreamState {
+    app: Shared,
+    job: Job,
+    ctx: Ctx,
+    pending: std::collections::VecDeque<Bytes>,
+    finished: bool,
+}
+
+impl StreamState {
+    fn chunk(&self, choices: Value, extra: Option<(&str, Value)>) -> Value {
+        let mut c = json!({"id": self.ctx.id, "object": "chat.completion.chunk", "created": self.ctx.created, "model": self.ctx.model, "choices": choices});
+        if let Some((k, v)) = extra {
+            c[k] = v;
+        }
+        if self.ctx.stream.continuous_usage && !c["choices"].as_array().is_some_and(Vec::is_empty) {
+            c["usage"] = json!({"prompt_tokens": self.job.prompt_tokens, "total_tokens": self.job.prompt_tokens + self.job.completion_tokens(), "completion_tokens": self.job.completion_tokens()});
+        }
+        c
+    }
+
+    fn on_delta(&mut self, index: usize, d: Delta) {
+        let mut delta = Map::new();
+        if !d.reasoning.is_empty() {
+            delta.insert("reasoning".into(), Value::String(d.reasoning));
+        }
+        if !d.content.is_empty() {
+            delta.insert("content".into(), Value::String(d.content));
+        }
+        if !delta.is_empty() && !d.last {
+            let choice =
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null, "token_ids": null});
+            let c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
+            self.pending.push_back(frame(&c));
+            return;
+        }
+        if !d.last {
+            return;
+        }
+        let plan = &self.job.choices[index];
+        if let Some(call) = plan.tool_call.clone() {
+            if !delta.is_empty() {
+                let choice =
+                    json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null, "token_ids": null});
+                self.pending.push_back(frame(
+                    &self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null))),
+                ));
+            }
+            let id = format!("chatcmpl-tool-{}", request::random_hex(16));
+            let head = json!({"tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": call.name, "arguments": ""}}]});
+            let args = json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]});
+            for d in [head, args] {
+                let choice =
+                    json!({"index": index, "delta": d, "logprobs": null, "finish_reason": null, "token_ids": null});
+                self.pending.push_back(frame(
+                    &self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null))),
+                ));
+            }
+            delta = Map::new();
+        }
+        let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": plan.finish, "stop_reason": null, "token_ids": null});
+        let extra = (!self.ctx.stream.include_usage)
+            .then(|| ("system_fingerprint", Value::String(self.app.fingerprint.clone())));
+        self.pending.push_back(frame(&self.chunk(json!([choice]), extra)));
+    }
+
+    fn on_end(&mut self) {
+        if self.ctx.stream.include_usage {
+            let mut c = self.chunk(json!([]), None);
+            let mut u = usage(&self.app, self.job.prompt_tokens, self.job.completion_tokens());
+            if u["prompt_tokens_details"].is_null() {
+                u.as_object_mut().expect("object").remove("prompt_tokens_details");
+            }
+            c["usage"] = u;
+            c["system_fingerprint"] = Value::String(self.app.fingerprint.clone());
+            self.pending.push_back(frame(&c));
+        }
+        self.pending.push_back(Bytes::from_static(DONE));
+        self.finished = true;
+    }
+}
+
+fn stream(app: Shared, job: Job, ctx: Ctx) -> Response {
+    let request_id = ctx.request_id.clone();
+    let mut state = StreamState {
+        app: app.clone(),
+        job,
+        ctx,
+        pending: Default::default(),
+        finished: false,
+    };
+    for index in 0..state.job.choices.len() {
+        let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+        let c = state.chunk(json!([choice]), None);
+        let mut c = c;
+        c["prompt_token_ids"] = Value::Null;
+        c["prompt_text"] = Value::Null;
+        state.pending.push_back(frame(&c));
+    }
+    let frames = futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(b) = s.pending.pop_front() {
+                return Some((b, s));
+            }
+            if s.finished {
+                return None;
+            }
+            match s.job.next().await {
+                Some(Step::Delta(i, d)) => s.on_delta(i, d),
+                Some(Step::Failed(msg)) => {
+                    s.pending.push_back(error_frame(&msg));
+                    s.pending.push_back(Bytes::from_static(DONE));
+                    s.finished = true;
+                }
+                None => s.on_end(),
+            }
+        }
+    });
+    sse_response(&app, &request_id, frames)
+}

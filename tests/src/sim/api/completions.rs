@@ -1,0 +1,139 @@
+//! `POST /v1/completions`: a prompt (string or list of strings) continued with deterministic
+//! prose; `max_tokens` defaults to 16 as in vLLM.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::chat::{error_frame, frame, now_secs, sse_response, with_request_id, DONE};
+use super::generate::{ChoicePlan, Job, Step};
+use super::request::{self, invalid};
+use super::{error, json_response, Shared};
+use crate::sim::text::{self, Output};
+
+pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let req = match request::json_object(&headers, &body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let prompts: Vec<String> =
+        match req.get("prompt") {
+            Some(Value::String(p)) => vec![p.clone()],
+            Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
+                a.iter().filter_map(Value::as_str).map(str::to_owned).collect()
+            }
+            Some(other) => return invalid("string_type", "prompt", "Input should be a valid string", other),
+            None => return error(
+                StatusCode::BAD_REQUEST,
+                "Bad Request",
+                "1 validation error:\n  Value error, Either prompt or prompt_embeds must be provided and non-empty.",
+                Some("prompt"),
+            ),
+        };
+    let stream = match request::stream_options(&app, &req) {
+        Ok(s) => s,
+        Err(resp) => return resp,
+    };
+    let max_tokens = match request::max_tokens(&app, &req, &["max_tokens"]) {
+        Ok(m) => m.unwrap_or(16) as usize,
+        Err(resp) => return resp,
+    };
+    if let Err(resp) = request::check_model(&app, &req) {
+        return resp;
+    }
+    let prompt_tokens: usize = prompts.iter().map(|p| text::count_tokens(p)).sum();
+    if let Err(resp) =
+        request::check_prompt_length(&app, prompts.iter().map(|p| text::count_tokens(p)).max().unwrap_or(0))
+    {
+        return resp;
+    }
+    let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
+    let choices: Vec<ChoicePlan> = prompts
+        .iter()
+        .map(|p| {
+            let out = Output {
+                reasoning: Vec::new(),
+                content: text::plan_completion(p),
+                tool_call: None,
+            };
+            ChoicePlan::new(out, max_tokens, ignore_eos, 0)
+        })
+        .collect();
+    let request_id = request::request_id(&headers, &req);
+    let mut job = match Job::start(&app, prompt_tokens, choices) {
+        Ok(j) => j,
+        Err(resp) => return resp,
+    };
+    let id = format!("cmpl-{request_id}");
+    let model = app.args.served_name().to_owned();
+    let created = now_secs();
+    if !stream.stream {
+        if let Err(msg) = job.complete().await {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None);
+        }
+        let choices: Vec<Value> = job
+            .choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": null, "finish_reason": c.finish, "stop_reason": null, "prompt_logprobs": null, "prompt_token_ids": null, "token_ids": null}))
+            .collect();
+        let completion = job.completion_tokens();
+        let body = json!({
+            "id": id, "object": "text_completion", "created": created, "model": model, "choices": choices,
+            "service_tier": null, "system_fingerprint": app.fingerprint,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion, "completion_tokens": completion, "prompt_tokens_details": null},
+            "kv_transfer_params": null
+        });
+        return with_request_id(&app, &request_id, json_response(StatusCode::OK, &body));
+    }
+    let include_usage = stream.include_usage;
+    let fingerprint = app.fingerprint.clone();
+    let state = (job, false);
+    let frames = futures_util::stream::unfold(state, move |(mut job, done)| {
+        let (id, model, fingerprint) = (id.clone(), model.clone(), fingerprint.clone());
+        async move {
+            if done {
+                return None;
+            }
+            let chunk = |choices: Value| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
+            loop {
+                match job.next().await {
+                    Some(Step::Delta(i, d)) => {
+                        if d.content.is_empty() && !d.last {
+                            continue;
+                        }
+                        let finish = if d.last {
+                            Value::String(job.choices[i].finish.into())
+                        } else {
+                            Value::Null
+                        };
+                        let c = chunk(
+                            json!([{"index": i, "text": d.content, "logprobs": null, "finish_reason": finish, "stop_reason": null}]),
+                        );
+                        return Some((frame(&c), (job, false)));
+                    }
+                    Some(Step::Failed(msg)) => {
+                        let mut b = error_frame(&msg).to_vec();
+                        b.extend_from_slice(DONE);
+                        return Some((Bytes::from(b), (job, true)));
+                    }
+                    None => {
+                        let mut b = Vec::new();
+                        if include_usage {
+                            let completion = job.completion_tokens();
+                            let mut c = chunk(json!([]));
+                            c["usage"] = json!({"prompt_tokens": job.prompt_tokens, "total_tokens": job.prompt_tokens + completion, "completion_tokens": completion});
+                            c["system_fingerprint"] = Value::String(fingerprint.clone());
+                            b.extend_from_slice(&frame(&c));
+                        }
+                        b.extend_from_slice(DONE);
+                        return Some((Bytes::from(b), (job, true)));
+                    }
+                }
+            }
+        }
+    });
+    sse_response(&app, &request_id, frames)
+}

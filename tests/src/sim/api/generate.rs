@@ -1,0 +1,184 @@
+//! A generation in flight: each choice's planned tokens, their submission to the engine, and
+//! the deltas the engine's steps release.
+
+use axum::http::StatusCode;
+use axum::response::Response;
+use tokio::sync::mpsc;
+
+use super::{error, App};
+use crate::sim::engine::{Event, Refused, ENGINE_DEAD};
+use crate::sim::metrics::Finished;
+use crate::sim::text::{self, Output, ToolCall};
+
+/// One choice's output plan and how much of it has been released.
+#[derive(Debug)]
+pub(crate) struct ChoicePlan {
+    tokens: Vec<String>,
+    reasoning_len: usize,
+    /// Tokens of the trailing tool call (released as one tool-call delta at the end).
+    tool_tokens: usize,
+    pub(crate) tool_call: Option<ToolCall>,
+    pub(crate) finish: &'static str,
+    produced: usize,
+}
+
+/// What one engine step released for a choice.
+#[derive(Debug, Default)]
+pub(crate) struct Delta {
+    pub(crate) reasoning: String,
+    pub(crate) content: String,
+    /// The choice's last token was released with this step.
+    pub(crate) last: bool,
+}
+
+impl ChoicePlan {
+    /// Fits `out` into `budget` output tokens; `ignore_eos` keeps generating up to the budget.
+    pub(crate) fn new(out: Output, budget: usize, ignore_eos: bool, min_tokens: usize) -> Self {
+        let reasoning_len = out.reasoning.len();
+        let mut tokens = out.reasoning;
+        tokens.extend(out.content);
+        let tool_tokens = out
+            .tool_call
+            .as_ref()
+            .map_or(0, |c| text::count_tokens(&c.arguments) + 1);
+        let floor = if ignore_eos { budget } else { min_tokens.min(budget) };
+        if out.tool_call.is_none() && tokens.len() < floor {
+            let filler = text::plan_completion(&tokens.concat());
+            let mut i = 0;
+            while tokens.len() < floor {
+                tokens.push(filler[i % filler.len()].clone());
+                i += 1;
+            }
+        }
+        let natural = tokens.len() + tool_tokens;
+        let (tool_call, finish) = if natural > budget {
+            tokens.truncate(budget);
+            (None, "length")
+        } else if out.tool_call.is_some() {
+            (out.tool_call, "tool_calls")
+        } else {
+            (None, "stop")
+        };
+        let tool_tokens = if tool_call.is_some() { tool_tokens } else { 0 };
+        Self {
+            tokens,
+            reasoning_len,
+            tool_tokens,
+            tool_call,
+            finish,
+            produced: 0,
+        }
+    }
+
+    pub(crate) fn total(&self) -> usize {
+        self.tokens.len() + self.tool_tokens
+    }
+
+    pub(crate) fn reasoning_text(&self) -> Option<String> {
+        (self.reasoning_len > 0).then(|| self.tokens[..self.reasoning_len.min(self.tokens.len())].concat())
+    }
+
+    pub(crate) fn content_text(&self) -> String {
+        self.tokens[self.reasoning_len.min(self.tokens.len())..].concat()
+    }
+
+    fn release(&mut self, n: usize) -> Delta {
+        let start = self.produced;
+        self.produced = (self.produced + n).min(self.total());
+        let text_end = self.produced.min(self.tokens.len());
+        let mut d = Delta {
+            last: self.produced == self.total(),
+            ..Delta::default()
+        };
+        for i in start.min(text_end)..text_end {
+            if i < self.reasoning_len {
+                d.reasoning.push_str(&self.tokens[i]);
+            } else {
+                d.content.push_str(&self.tokens[i]);
+            }
+        }
+        d
+    }
+
+    fn metric_finish(&self) -> Finished {
+        if self.finish == "length" {
+            Finished::Length
+        } else {
+            Finished::Stop
+        }
+    }
+}
+
+/// A request's choices, submitted to the engine.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub(crate) choices: Vec<ChoicePlan>,
+    pub(crate) prompt_tokens: usize,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    open: usize,
+}
+
+/// What the stream of a job yields.
+#[derive(Debug)]
+pub(crate) enum Step {
+    Delta(usize, Delta),
+    Failed(String),
+}
+
+impl Job {
+    /// Submits every choice. Refusals become vLLM's responses: 500 when the engine is dead, 503
+    /// when `--max-num-queued-reqs` is reached.
+    pub(crate) fn start(app: &App, prompt_tokens: usize, choices: Vec<ChoicePlan>) -> Result<Job, Response> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (index, c) in choices.iter().enumerate() {
+            match app.engine.submit(prompt_tokens, c.total(), c.metric_finish(), index, &tx) {
+                Ok(()) => {}
+                Err(Refused::Dead) => return Err(error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", ENGINE_DEAD, None)),
+                Err(Refused::QueueFull) => {
+                    return Err(error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "Service Unavailable",
+                        "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.",
+                        None,
+                    ))
+                }
+            }
+        }
+        let open = choices.len();
+        Ok(Job {
+            choices,
+            prompt_tokens,
+            rx,
+            open,
+        })
+    }
+
+    /// The next released delta, a failure, or `None` when every choice is done.
+    pub(crate) async fn next(&mut self) -> Option<Step> {
+        while self.open > 0 {
+            match self.rx.recv().await? {
+                (i, Event::Tokens(n)) => return Some(Step::Delta(i, self.choices[i].release(n))),
+                (_, Event::Done) => self.open -= 1,
+                (_, Event::Failed(msg)) => {
+                    self.open = 0;
+                    return Some(Step::Failed(msg));
+                }
+            }
+        }
+        None
+    }
+
+    /// Waits for every choice (non-streaming).
+    pub(crate) async fn complete(&mut self) -> Result<(), String> {
+        while let Some(step) = self.next().await {
+            if let Step::Failed(msg) = step {
+                return Err(msg);
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn completion_tokens(&self) -> usize {
+        self.choices.iter().map(|c| c.produced).sum()
+    }
+}

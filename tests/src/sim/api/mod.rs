@@ -1,0 +1,176 @@
+//! vLLM 0.33's HTTP surface: routes, the error envelope, API-key scope, request ids and the
+//! connection handling (5 s keep-alive idle close) of its uvicorn server.
+
+mod chat;
+mod completions;
+mod generate;
+mod request;
+mod responses;
+mod serve;
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::args::ServeArgs;
+use super::engine::Engine;
+use super::metrics::Metrics;
+use super::text::{self, Template};
+
+pub(crate) use serve::serve;
+
+/// Everything a handler needs.
+#[derive(Debug)]
+pub(crate) struct App {
+    pub(crate) args: ServeArgs,
+    pub(crate) template: Template,
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) created: u64,
+    pub(crate) fingerprint: String,
+}
+
+pub(crate) type Shared = Arc<App>;
+
+/// vLLM's error envelope with the given status, type and param.
+pub(crate) fn error(status: StatusCode, kind: &str, message: &str, param: Option<&str>) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": param, "code": status.as_u16()}});
+    json_response(status, &body)
+}
+
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
+    (status, [("content-type", "application/json")], body.to_string()).into_response()
+}
+
+/// The request body failed FastAPI/pydantic validation: 400 `Bad Request`.
+pub(crate) fn validation_error(detail: &str, param: Option<&str>) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "Bad Request",
+        &format!("1 validation error:\n  {detail}"),
+        param,
+    )
+}
+
+pub(crate) fn router(app: Shared) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/ping", get(health).post(health))
+        .route(
+            "/version",
+            get(|| async { json_response(StatusCode::OK, &json!({"version": "0.33.0"})) }),
+        )
+        .route(
+            "/load",
+            get(|| async { json_response(StatusCode::OK, &json!({"server_load": 0})) }),
+        )
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat::handle))
+        .route("/v1/completions", post(completions::handle))
+        .route("/v1/responses", post(responses::handle))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(|| async { json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"})) })
+        .method_not_allowed_fallback(|| async {
+            json_response(StatusCode::METHOD_NOT_ALLOWED, &json!({"detail": "Method Not Allowed"}))
+        })
+        .with_state(app)
+}
+
+/// 200 with an empty body while the engine lives; 503, empty, once it is dead.
+async fn health(State(app): State<Shared>) -> Response {
+    if app.engine.is_dead() {
+        StatusCode::SERVICE_UNAVAILABLE.into_response()
+    } else {
+        StatusCode::OK.into_response()
+    }
+}
+
+async fn metrics(State(app): State<Shared>) -> Response {
+    (
+        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn models(State(app): State<Shared>) -> Response {
+    let a = &app.args;
+    let data: Vec<Value> = a
+        .served_model_names
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name, "object": "model", "created": app.created, "owned_by": "vllm", "root": a.model,
+                "parent": null, "max_model_len": a.max_model_len,
+                "permission": [{
+                    "id": format!("modelperm-{}", request::random_hex(32)), "object": "model_permission",
+                    "created": app.created, "allow_create_engine": false, "allow_sampling": true,
+                    "allow_logprobs": true, "allow_search_indices": false, "allow_view": true,
+                    "allow_fine_tuning": false, "organization": "*", "group": null, "is_blocking": false
+                }]
+            })
+        })
+        .collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let req = match request::json_object(&headers, &body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if let Err(resp) = request::check_model(&app, &req) {
+        return resp;
+    }
+    let text = match (req.get("prompt"), req.get("messages")) {
+        (Some(Value::String(p)), _) => p.clone(),
+        (_, Some(Value::Array(messages))) => {
+            let rendering = app
+                .template
+                .render(&request::template_kwargs(&app, &req).unwrap_or_default());
+            text::render_prompt(messages, &rendering)
+        }
+        _ => {
+            return validation_error(
+                "{'type': 'missing', 'loc': 'body.prompt', 'msg': 'Field required'}",
+                Some("body.prompt"),
+            )
+        }
+    };
+    let tokens = text::tokenize(&text);
+    json_response(
+        StatusCode::OK,
+        &json!({"count": tokens.len(), "max_model_len": app.args.max_model_len, "tokens": tokens, "token_strs": null}),
+    )
+}
+
+async fn detokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let req = match request::json_object(&headers, &body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if let Err(resp) = request::check_model(&app, &req) {
+        return resp;
+    }
+    let ids: Option<Vec<u64>> = req
+        .get("tokens")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().map(Value::as_u64).collect());
+    match ids.and_then(|ids| text::detokenize(&ids)) {
+        Some(prompt) => json_response(StatusCode::OK, &json!({"prompt": prompt})),
+        None => error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "Token id out of vocabulary",
+            Some("tokens"),
+        ),
+    }
+}

@@ -1,0 +1,262 @@
+//! Request parsing shared by the generation routes, with vLLM's validation order and messages:
+//! content type and JSON first (400 `Bad Request`), field rules, then the model check (404).
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use serde_json::{Map, Value};
+
+use super::{error, validation_error, App};
+
+/// vLLM's `ReasoningEffort` literal set.
+const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+
+pub(crate) fn random_hex(len: usize) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut rng = super::text::Rng::new(
+        nanos
+            ^ COUNTER
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ u64::from(std::process::id()),
+    );
+    let mut s = String::with_capacity(len);
+    while s.len() < len {
+        s.push_str(&format!("{:016x}", rng.next()));
+    }
+    s.truncate(len);
+    s
+}
+
+/// Python's repr of a summarised pydantic input.
+fn summarise(v: &Value) -> String {
+    match v {
+        Value::Object(m) => format!("'<dict of {} items>'", m.len()),
+        Value::Array(a) => format!("'<list of {} items>'", a.len()),
+        Value::String(s) => format!("'{}'", s.chars().take(200).collect::<String>()),
+        Value::Null => "None".into(),
+        Value::Bool(b) => if *b { "True" } else { "False" }.into(),
+        other => other.to_string(),
+    }
+}
+
+/// A pydantic-style validation failure for field `loc` of the body.
+pub(crate) fn invalid(kind: &str, field: &str, msg: &str, input: &Value) -> Response {
+    let loc = format!("body.{field}");
+    validation_error(
+        &format!(
+            "{{'type': '{kind}', 'loc': '{loc}', 'msg': \"{msg}\", 'input': {}}}",
+            summarise(input)
+        ),
+        Some(&loc),
+    )
+}
+
+/// The body as a JSON object, after vLLM's content-type check.
+pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, Response> {
+    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if content_type.split(';').next().map(str::trim) != Some("application/json") {
+        return Err(validation_error(
+            "Unsupported Media Type: Only 'application/json' is allowed",
+            None,
+        ));
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(other) => Err(validation_error(
+            &format!("{{'type': 'model_attributes_type', 'loc': 'body', 'msg': 'Input should be a valid dictionary or object to extract fields from', 'input': {}}}", summarise(&other)),
+            Some("body"),
+        )),
+        Err(e) => Err(validation_error(
+            &format!("{{'type': 'json_invalid', 'loc': 'body.{}', 'msg': 'JSON decode error', 'input': {{}}, 'ctx': {{'error': '{}'}}}}", e.column().saturating_sub(1), e.to_string().split(" at line").next().unwrap_or("invalid JSON")),
+            Some("body"),
+        )),
+    }
+}
+
+/// 404 for a model that is not one of the served names; absent, null or empty is fine.
+pub(crate) fn check_model(app: &App, req: &Map<String, Value>) -> Result<(), Response> {
+    match req.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if m.is_empty() || app.args.served_model_names.contains(m) => Ok(()),
+        Some(Value::String(m)) => Err(error(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            &format!(
+                "The model `{m}` does not exist. Valid aliases: {}.",
+                app.args.served_model_names.join(", ")
+            ),
+            Some("model"),
+        )),
+        Some(other) => Err(invalid("string_type", "model", "Input should be a valid string", other)),
+    }
+}
+
+/// The id the response carries: header `X-Request-Id`, else body `request_id`, else random.
+pub(crate) fn request_id(headers: &HeaderMap, req: &Map<String, Value>) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.get("request_id").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| random_hex(32))
+}
+
+/// The chat template kwargs after vLLM's merge: request kwargs, overridden by the top-level
+/// `reasoning_effort` (and the `enable_thinking` it implies), over the server defaults.
+pub(crate) fn template_kwargs(app: &App, req: &Map<String, Value>) -> Result<Map<String, Value>, Response> {
+    let effort = match req.get("reasoning_effort") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e)) if EFFORTS.contains(&e.as_str()) => Some(e.clone()),
+        Some(other) => {
+            return Err(invalid(
+                "literal_error",
+                "reasoning_effort",
+                "Input should be 'none', 'minimal', 'low', 'medium', 'high', 'xhigh' or 'max'",
+                other,
+            ))
+        }
+    };
+    let mut kwargs = match req.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(other) => {
+            return Err(invalid(
+                "dict_type",
+                "chat_template_kwargs",
+                "Input should be a valid dictionary",
+                other,
+            ))
+        }
+    };
+    if let Some(effort) = effort {
+        if !kwargs.contains_key("enable_thinking") {
+            kwargs.insert("enable_thinking".into(), Value::Bool(effort != "none"));
+        }
+        kwargs.insert("reasoning_effort".into(), Value::String(effort));
+    }
+    let mut merged = app.args.default_chat_template_kwargs.clone();
+    for (k, v) in kwargs {
+        if !v.is_null() && v != Value::String("auto".into()) {
+            merged.insert(k, v);
+        }
+    }
+    Ok(merged)
+}
+
+/// Refuses a request-supplied chat template (vLLM needs `--trust-request-chat-template`).
+pub(crate) fn refuse_chat_template(app: &App, req: &Map<String, Value>) -> Result<(), Response> {
+    let in_kwargs = req
+        .get("chat_template_kwargs")
+        .and_then(Value::as_object)
+        .is_some_and(|k| k.contains_key("chat_template"));
+    if (req.get("chat_template").is_some_and(|v| !v.is_null()) || in_kwargs) && !app.args.trust_request_chat_template {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.",
+            None,
+        ));
+    }
+    Ok(())
+}
+
+/// Streaming switches: `stream` (bool), and `stream_options` only when streaming.
+pub(crate) struct StreamOptions {
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) continuous_usage: bool,
+}
+
+pub(crate) fn stream_options(app: &App, req: &Map<String, Value>) -> Result<StreamOptions, Response> {
+    let stream = match req.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(invalid("bool_type", "stream", "Input should be a valid boolean", other)),
+    };
+    let opts = req.get("stream_options").filter(|v| !v.is_null());
+    if opts.is_some() && !stream {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request",
+            "1 validation error:\n  Value error, Stream options can only be defined when `stream=True`.",
+            Some("stream_options"),
+        ));
+    }
+    let flag = |k: &str| opts.and_then(|o| o.get(k)).and_then(Value::as_bool).unwrap_or(false);
+    let force = app.args.enable_force_include_usage;
+    Ok(StreamOptions {
+        stream,
+        include_usage: flag("include_usage") || force,
+        continuous_usage: flag("continuous_usage_stats") || force,
+    })
+}
+
+/// `max_tokens` (or `max_completion_tokens`): a positive integer no larger than max_model_len.
+pub(crate) fn max_tokens(app: &App, req: &Map<String, Value>, names: &[&str]) -> Result<Option<u64>, Response> {
+    for name in names {
+        match req.get(*name) {
+            None | Some(Value::Null) => continue,
+            Some(Value::Number(n)) if n.as_u64().is_some_and(|v| v >= 1) => {
+                let v = n.as_u64().unwrap_or(1);
+                if v > app.args.max_model_len {
+                    return Err(error(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequestError",
+                        &format!(
+                            "{name}={v} cannot be greater than max_model_len={}. Please request fewer output tokens.",
+                            app.args.max_model_len
+                        ),
+                        Some(name),
+                    ));
+                }
+                return Ok(Some(v));
+            }
+            Some(other) => {
+                return Err(invalid(
+                    "greater_than_equal",
+                    name,
+                    "Input should be greater than or equal to 1",
+                    other,
+                ))
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// `n`: a positive integer (default 1).
+pub(crate) fn n_choices(req: &Map<String, Value>) -> Result<usize, Response> {
+    match req.get("n") {
+        None | Some(Value::Null) => Ok(1),
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|v| (1..=128).contains(&v)) => {
+            Ok(n.as_u64().unwrap_or(1) as usize)
+        }
+        Some(other) => Err(invalid(
+            "greater_than_equal",
+            "n",
+            "Input should be greater than or equal to 1",
+            other,
+        )),
+    }
+}
+
+/// The context-length check on the rendered prompt.
+pub(crate) fn check_prompt_length(app: &App, prompt_tokens: usize) -> Result<(), Response> {
+    if prompt_tokens as u64 > app.args.max_model_len {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            &format!(
+                "This model's maximum context length is {} tokens. However, your prompt contains {prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.",
+                app.args.max_model_len
+            ),
+            Some("input_tokens"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,324 @@
+//! `POST /v1/responses` for plain turns (text in, text or a function call out), non-streaming
+//! and as the `event: …` / `data: …` event sequence agent frameworks consume.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use super::chat::{now_secs, sse_response, with_request_id};
+use super::generate::{ChoicePlan, Job, Step};
+use super::request::{self, invalid};
+use super::{error, json_response, Shared};
+use crate::sim::text;
+
+/// Responses `input` (plus `instructions`) as chat messages.
+fn messages(req: &Map<String, Value>) -> Result<Vec<Value>, Response> {
+    let mut out = Vec::new();
+    if let Some(Value::String(i)) = req.get("instructions") {
+        out.push(json!({"role": "system", "content": i}));
+    }
+    match req.get("input") {
+        Some(Value::String(s)) => out.push(json!({"role": "user", "content": s})),
+        Some(Value::Array(items)) => {
+            for item in items {
+                match item.get("type").and_then(Value::as_str) {
+                    Some("function_call_output") => out.push(json!({"role": "tool", "content": item.get("output").cloned().unwrap_or(Value::Null)})),
+                    Some("function_call") | Some("reasoning") => {}
+                    _ => out.push(json!({"role": item.get("role").cloned().unwrap_or(json!("user")), "content": item.get("content").cloned().unwrap_or(Value::Null)})),
+                }
+            }
+        }
+        Some(other) => return Err(invalid("string_type", "input", "Input should be a valid string", other)),
+        None => {
+            return Err(invalid(
+                "missing",
+                "input",
+                "Field required",
+                &Value::Object(req.clone()),
+            ))
+        }
+    }
+    Ok(out)
+}
+
+struct Turn {
+    id: String,
+    created: u64,
+    model: String,
+    msg_id: String,
+    rs_id: String,
+    call_id: String,
+    fc_id: String,
+    max_output_tokens: Option<u64>,
+}
+
+fn response_object(turn: &Turn, status: &str, output: Vec<Value>, usage: Value) -> Value {
+    json!({
+        "id": turn.id, "created_at": turn.created, "incomplete_details": null, "instructions": null, "metadata": null,
+        "model": turn.model, "object": "response", "output": output, "parallel_tool_calls": true, "temperature": 1.0,
+        "tool_choice": "auto", "tools": [], "top_p": 1.0, "background": false, "max_output_tokens": turn.max_output_tokens,
+        "max_tool_calls": null, "previous_response_id": null, "prompt": null, "reasoning": null, "service_tier": "auto",
+        "status": status, "text": null, "top_logprobs": null, "truncation": "disabled", "usage": usage, "user": null
+    })
+}
+
+fn usage(prompt: usize, completion: usize, reasoning: usize) -> Value {
+    json!({"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": completion,
+           "output_tokens_details": {"reasoning_tokens": reasoning}, "total_tokens": prompt + completion})
+}
+
+fn reasoning_item(turn: &Turn, text: &str) -> Value {
+    json!({"id": turn.rs_id, "summary": [], "type": "reasoning", "content": [{"text": text, "type": "reasoning_text"}], "encrypted_content": null, "status": null})
+}
+
+fn message_item(turn: &Turn, text: &str, status: &str) -> Value {
+    let content = if status == "in_progress" {
+        json!([])
+    } else {
+        json!([{"annotations": [], "text": text, "type": "output_text", "logprobs": null}])
+    };
+    json!({"id": turn.msg_id, "content": content, "role": "assistant", "status": status, "type": "message"})
+}
+
+fn call_item(turn: &Turn, name: &str, arguments: &str, status: &str) -> Value {
+    json!({"arguments": arguments, "call_id": turn.call_id, "name": name, "type": "function_call", "id": turn.fc_id, "status": status})
+}
+
+fn final_output(turn: &Turn, plan: &ChoicePlan) -> Vec<Value> {
+    let mut output = Vec::new();
+    if let Some(r) = plan.reasoning_text() {
+        output.push(reasoning_item(turn, &r));
+    }
+    match &plan.tool_call {
+        Some(call) => output.push(call_item(turn, &call.name, &call.arguments, "completed")),
+        None => output.push(message_item(turn, &plan.content_text(), "completed")),
+    }
+    output
+}
+
+pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let req = match request::json_object(&headers, &body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let msgs = match messages(&req) {
+        Ok(m) => m,
+        Err(resp) => return resp,
+    };
+    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    // `reasoning.effort` reaches the template as `reasoning_effort`.
+    let mut chat_like = req.clone();
+    if let Some(effort) = req
+        .get("reasoning")
+        .and_then(|r| r.get("effort"))
+        .filter(|e| !e.is_null())
+    {
+        chat_like.insert("reasoning_effort".into(), effort.clone());
+    }
+    let kwargs = match request::template_kwargs(&app, &chat_like) {
+        Ok(k) => k,
+        Err(resp) => return resp,
+    };
+    let max_output_tokens = match request::max_tokens(&app, &req, &["max_output_tokens"]) {
+        Ok(m) => m,
+        Err(resp) => return resp,
+    };
+    if let Err(resp) = request::check_model(&app, &req) {
+        return resp;
+    }
+    let tools: Option<Vec<Value>> = req
+        .get("tools")
+        .and_then(Value::as_array)
+        .filter(|t| !t.is_empty())
+        .cloned();
+    let rendering = app.template.render(&kwargs);
+    let prompt_tokens = text::count_tokens(&text::render_prompt(&msgs, &rendering));
+    if let Err(resp) = request::check_prompt_length(&app, prompt_tokens) {
+        return resp;
+    }
+    let budget =
+        (app.args.max_model_len as usize - prompt_tokens).min(max_output_tokens.map_or(usize::MAX, |m| m as usize));
+    let out = text::plan_chat(&msgs, tools.as_deref(), req.get("tool_choice"), &rendering);
+    let plan = ChoicePlan::new(out, budget, false, 0);
+    let request_id = request::request_id(&headers, &req);
+    let mut job = match Job::start(&app, prompt_tokens, vec![plan]) {
+        Ok(j) => j,
+        Err(resp) => return resp,
+    };
+    let turn = Turn {
+        id: format!("resp_{request_id}"),
+        created: now_secs(),
+        model: app.args.served_name().to_owned(),
+        msg_id: format!("msg_{}", request::random_hex(32)),
+        rs_id: format!("rs_{}", request::random_hex(32)),
+        call_id: format!("call_{}", request::random_hex(24)),
+        fc_id: format!("fc_{}", request::random_hex(32)),
+        max_output_tokens,
+    };
+    if !stream {
+        if let Err(msg) = job.complete().await {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None);
+        }
+        let plan = &job.choices[0];
+        let reasoning = plan.reasoning_text().map_or(0, |r| text::count_tokens(&r));
+        let status = if plan.finish == "length" {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        let body = response_object(
+            &turn,
+            status,
+            final_output(&turn, plan),
+            usage(prompt_tokens, job.completion_tokens(), reasoning),
+        );
+        return with_request_id(&app, &request_id, json_response(StatusCode::OK, &body));
+    }
+    let frames = async_events(job, turn, prompt_tokens);
+    sse_response(&app, &request_id, frames)
+}
+
+/// The streaming event sequence; each frame is `event: <type>\ndata: <json>\n\n`.
+fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util::Stream<Item = Bytes> + Send {
+    struct S {
+        job: Job,
+        turn: Turn,
+        seq: u64,
+        queue: std::collections::VecDeque<Bytes>,
+        started_reasoning: bool,
+        started_message: bool,
+        reasoning: String,
+        content: String,
+        done: bool,
+        prompt_tokens: usize,
+    }
+    impl S {
+        fn emit(&mut self, kind: &str, mut data: Value) {
+            data["type"] = json!(kind);
+            data["sequence_number"] = json!(self.seq);
+            self.seq += 1;
+            self.queue
+                .push_back(Bytes::from(format!("event: {kind}\ndata: {data}\n\n")));
+        }
+        fn close_reasoning(&mut self) {
+            if self.started_reasoning {
+                self.started_reasoning = false;
+                let text = self.reasoning.clone();
+                self.emit(
+                    "response.reasoning_text.done",
+                    json!({"item_id": self.turn.rs_id, "output_index": 0, "content_index": 0, "text": text}),
+                );
+                let item = reasoning_item(&self.turn, &text);
+                self.emit("response.output_item.done", json!({"item": item, "output_index": 0}));
+            }
+        }
+        fn message_index(&self) -> usize {
+            usize::from(!self.reasoning.is_empty())
+        }
+    }
+    let mut s = S {
+        job,
+        turn,
+        seq: 0,
+        queue: Default::default(),
+        started_reasoning: false,
+        started_message: false,
+        reasoning: String::new(),
+        content: String::new(),
+        done: false,
+        prompt_tokens,
+    };
+    let initial = response_object(&s.turn, "in_progress", vec![], Value::Null);
+    s.emit("response.created", json!({"response": initial.clone()}));
+    s.emit("response.in_progress", json!({"response": initial}));
+    futures_util::stream::unfold(s, |mut s| async move {
+        loop {
+            if let Some(b) = s.queue.pop_front() {
+                return Some((b, s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.job.next().await {
+                Some(Step::Delta(_, d)) => {
+                    if !d.reasoning.is_empty() {
+                        if !s.started_reasoning && s.reasoning.is_empty() {
+                            s.started_reasoning = true;
+                            let item = json!({"id": s.turn.rs_id, "summary": [], "type": "reasoning", "content": [], "encrypted_content": null, "status": "in_progress"});
+                            s.emit("response.output_item.added", json!({"item": item, "output_index": 0}));
+                        }
+                        s.reasoning.push_str(&d.reasoning);
+                        let rs = s.turn.rs_id.clone();
+                        s.emit(
+                            "response.reasoning_text.delta",
+                            json!({"item_id": rs, "output_index": 0, "content_index": 0, "delta": d.reasoning}),
+                        );
+                    }
+                    if !d.content.is_empty() {
+                        s.close_reasoning();
+                        let idx = s.message_index();
+                        if !s.started_message {
+                            s.started_message = true;
+                            let item = message_item(&s.turn, "", "in_progress");
+                            s.emit("response.output_item.added", json!({"item": item, "output_index": idx}));
+                            let msg = s.turn.msg_id.clone();
+                            s.emit("response.content_part.added", json!({"item_id": msg, "output_index": idx, "content_index": 0, "part": {"annotations": [], "text": "", "type": "output_text", "logprobs": null}}));
+                        }
+                        s.content.push_str(&d.content);
+                        let msg = s.turn.msg_id.clone();
+                        s.emit("response.output_text.delta", json!({"item_id": msg, "output_index": idx, "content_index": 0, "delta": d.content, "logprobs": []}));
+                    }
+                }
+                Some(Step::Failed(msg)) => {
+                    let resp = response_object(&s.turn, "failed", vec![], Value::Null);
+                    let mut r = resp;
+                    r["error"] = json!({"code": "server_error", "message": msg});
+                    s.emit("response.failed", json!({"response": r}));
+                    s.done = true;
+                }
+                None => {
+                    s.close_reasoning();
+                    let idx = s.message_index();
+                    let plan = &s.job.choices[0];
+                    let call = plan.tool_call.clone();
+                    let finish = plan.finish;
+                    if let Some(call) = call {
+                        let item = call_item(&s.turn, &call.name, "", "in_progress");
+                        s.emit("response.output_item.added", json!({"item": item, "output_index": idx}));
+                        let fc = s.turn.fc_id.clone();
+                        s.emit(
+                            "response.function_call_arguments.delta",
+                            json!({"item_id": fc, "output_index": idx, "delta": call.arguments}),
+                        );
+                        s.emit(
+                            "response.function_call_arguments.done",
+                            json!({"item_id": fc, "output_index": idx, "arguments": call.arguments, "name": call.name}),
+                        );
+                        let item = call_item(&s.turn, &call.name, &call.arguments, "completed");
+                        s.emit("response.output_item.done", json!({"item": item, "output_index": idx}));
+                    } else if s.started_message {
+                        let (msg, text) = (s.turn.msg_id.clone(), s.content.clone());
+                        s.emit("response.output_text.done", json!({"item_id": msg, "output_index": idx, "content_index": 0, "text": text, "logprobs": []}));
+                        s.emit("response.content_part.done", json!({"item_id": msg, "output_index": idx, "content_index": 0, "part": {"annotations": [], "text": text, "type": "output_text", "logprobs": null}}));
+                        let item = message_item(&s.turn, &text, "completed");
+                        s.emit("response.output_item.done", json!({"item": item, "output_index": idx}));
+                    }
+                    let plan = &s.job.choices[0];
+                    let reasoning = plan.reasoning_text().map_or(0, |r| text::count_tokens(&r));
+                    let output = final_output(&s.turn, plan);
+                    let u = usage(s.prompt_tokens, s.job.completion_tokens(), reasoning);
+                    let (kind, status) = if finish == "length" {
+                        ("response.incomplete", "incomplete")
+                    } else {
+                        ("response.completed", "completed")
+                    };
+                    let resp = response_object(&s.turn, status, output, u);
+                    s.emit(kind, json!({"response": resp}));
+                    s.done = true;
+                }
+            }
+        }
+    })
+}

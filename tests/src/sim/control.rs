@@ -1,0 +1,116 @@
+//! The simulator's control endpoint (`SIM_CONTROL_PORT`, loopback only): arms faults at run
+//! time and reports engine state, so tests need no sleeps to reach a fault.
+//!
+//! `POST /fault/crash` · `POST /fault/crash-after-requests?n=N` · `POST /fault/hang` ·
+//! `POST /fault/stream-error?after_tokens=N` · `POST /fault/refuse-connections` ·
+//! `POST /fault/clear` · `GET /state`
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::json;
+
+use super::engine::Engine;
+use super::faults::Faults;
+use super::log;
+
+#[derive(Debug, Clone)]
+struct Ctl {
+    faults: Arc<Faults>,
+    engine: Arc<Engine>,
+}
+
+fn n(q: &HashMap<String, String>, key: &str) -> Option<u64> {
+    q.get(key).and_then(|v| v.parse().ok())
+}
+
+pub(crate) async fn serve(port: u16, faults: Arc<Faults>, engine: Arc<Engine>) {
+    let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+        Ok(l) => l,
+        Err(e) => {
+            log::error(
+                "APIServer",
+                "control.py:1",
+                &format!("vllm-sim control endpoint: cannot bind 127.0.0.1:{port}: {e}"),
+            );
+            return;
+        }
+    };
+    let addr = listener.local_addr().expect("bound");
+    log::info(
+        "APIServer",
+        "control.py:1",
+        &format!("vllm-sim control endpoint on http://{addr}"),
+    );
+    let app = Router::new()
+        .route(
+            "/fault/crash",
+            post(|State(c): State<Ctl>| async move {
+                c.faults.crash();
+                #[allow(unreachable_code)]
+                StatusCode::NO_CONTENT
+            }),
+        )
+        .route(
+            "/fault/crash-after-requests",
+            post(
+                |State(c): State<Ctl>, Query(q): Query<HashMap<String, String>>| async move {
+                    c.faults.arm_crash_after_requests(n(&q, "n").unwrap_or(1));
+                    StatusCode::NO_CONTENT
+                },
+            ),
+        )
+        .route(
+            "/fault/hang",
+            post(|State(c): State<Ctl>| async move {
+                c.faults.hang();
+                StatusCode::NO_CONTENT
+            }),
+        )
+        .route(
+            "/fault/stream-error",
+            post(
+                |State(c): State<Ctl>, Query(q): Query<HashMap<String, String>>| async move {
+                    c.faults
+                        .set_stream_error_after(n(&q, "after_tokens").unwrap_or(1).max(1));
+                    StatusCode::NO_CONTENT
+                },
+            ),
+        )
+        .route(
+            "/fault/refuse-connections",
+            post(|State(c): State<Ctl>| async move {
+                c.faults.refuse_connections.store(true, SeqCst);
+                StatusCode::NO_CONTENT
+            }),
+        )
+        .route(
+            "/fault/clear",
+            post(|State(c): State<Ctl>| async move {
+                c.faults.clear();
+                StatusCode::NO_CONTENT
+            }),
+        )
+        .route("/state", get(state))
+        .with_state(Ctl { faults, engine });
+    let _ = axum::serve(listener, app).await;
+}
+
+async fn state(State(c): State<Ctl>) -> Response {
+    let m = &c.engine.metrics;
+    let body = json!({
+        "running": m.running.load(SeqCst),
+        "waiting": m.waiting.load(SeqCst),
+        "aborted": m.aborted(),
+        "generation_tokens": m.generation_tokens_total(),
+        "dead": c.engine.is_dead(),
+        "hung": c.faults.is_hung(),
+    });
+    ([("content-type", "application/json")], body.to_string()).into_response()
+}

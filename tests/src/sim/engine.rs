@@ -1,0 +1,299 @@
+//! The simulated engine core: FCFS scheduler capped at `max_num_seqs` with an unbounded waiting
+//! queue, steps paced from the profile's throughput table, speculative acceptance, and engine
+//! death after a lost rank — the parts of vLLM's scheduler the gateway can observe.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sparkgate_config::ThroughputTable;
+use tokio::sync::{mpsc, Notify};
+
+use super::faults::Faults;
+use super::group::Group;
+use super::log;
+use super::metrics::{Finished, Metrics};
+use super::text::Rng;
+
+/// What a sequence reports to its HTTP handler.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Event {
+    /// `n` more output tokens are ready (one engine step; several with speculation).
+    Tokens(usize),
+    /// All planned tokens were delivered.
+    Done,
+    /// The request failed (mid-stream error, engine death); the message is vLLM's.
+    Failed(String),
+}
+
+/// vLLM's message for requests caught by an engine death.
+pub(crate) const ENGINE_DEAD: &str = "The server had an error while processing your request.";
+
+/// Pacing: aggregate tokens/s by batch width, scaled by SIM_SPEED; `None` = instant.
+#[derive(Debug, Clone)]
+pub(crate) struct Pacing {
+    pub(crate) table: ThroughputTable,
+    pub(crate) speed: Option<f64>,
+    /// Prefill tokens/s at speed 1.
+    pub(crate) prefill_tps: f64,
+    /// Per-position acceptance probabilities of the speculation mode (empty: none).
+    pub(crate) acceptance: Vec<f64>,
+}
+
+impl Pacing {
+    fn step_duration(&self, width: usize, tokens: usize, prefill: usize) -> Duration {
+        let Some(speed) = self.speed else { return Duration::ZERO };
+        let tps = self.table.at(width as u32).max(0.1) * speed;
+        let secs = tokens as f64 / tps + prefill as f64 / (self.prefill_tps * speed);
+        Duration::from_secs_f64(secs)
+    }
+}
+
+#[derive(Debug)]
+struct Seq {
+    prompt_tokens: usize,
+    total: usize,
+    produced: usize,
+    finish: Finished,
+    index: usize,
+    tx: mpsc::UnboundedSender<(usize, Event)>,
+    arrived: Instant,
+    last_token: Option<Instant>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Engine {
+    waiting: Mutex<VecDeque<Seq>>,
+    wake: Notify,
+    dead: AtomicBool,
+    max_num_seqs: usize,
+    max_queued: Option<u64>,
+    pacing: Pacing,
+    pub(crate) metrics: Arc<Metrics>,
+    faults: Arc<Faults>,
+    group: Arc<Group>,
+    execute_timeout: Duration,
+    watchdog: Duration,
+}
+
+/// Why a submission was refused before it started.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Refused {
+    Dead,
+    QueueFull,
+}
+
+impl Engine {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        max_num_seqs: u32,
+        max_queued: Option<u64>,
+        pacing: Pacing,
+        metrics: Arc<Metrics>,
+        faults: Arc<Faults>,
+        group: Arc<Group>,
+        execute_timeout: Duration,
+        watchdog: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            waiting: Mutex::new(VecDeque::new()),
+            wake: Notify::new(),
+            dead: AtomicBool::new(false),
+            max_num_seqs: max_num_seqs as usize,
+            max_queued,
+            pacing,
+            metrics,
+            faults,
+            group,
+            execute_timeout,
+            watchdog,
+        })
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(SeqCst)
+    }
+
+    /// Queues choice `index` of a request: `total` output tokens after `prompt_tokens` of
+    /// prefill, ending as `finish`. Events arrive on `tx` tagged with `index`; dropping the
+    /// receiver aborts the sequence, as a client disconnect does in vLLM.
+    pub(crate) fn submit(
+        &self,
+        prompt_tokens: usize,
+        total: usize,
+        finish: Finished,
+        index: usize,
+        tx: &mpsc::UnboundedSender<(usize, Event)>,
+    ) -> Result<(), Refused> {
+        if self.is_dead() {
+            return Err(Refused::Dead);
+        }
+        let tx = tx.clone();
+        {
+            let mut waiting = self.waiting.lock().expect("queue lock");
+            if let Some(limit) = self.max_queued {
+                let in_flight = waiting.len() as u64 + self.metrics.running.load(SeqCst);
+                if in_flight >= limit {
+                    return Err(Refused::QueueFull);
+                }
+            }
+            waiting.push_back(Seq {
+                prompt_tokens,
+                total,
+                produced: 0,
+                finish,
+                index,
+                tx,
+                arrived: Instant::now(),
+                last_token: None,
+            });
+            self.metrics.waiting.store(waiting.len() as u64, SeqCst);
+        }
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// The engine loop; runs until the engine dies.
+    pub(crate) async fn run(self: Arc<Self>) {
+        let mut running: Vec<Seq> = Vec::new();
+        let mut rng = Rng::new(0x5151);
+        let mut next_step = Instant::now();
+        loop {
+            self.faults.wait_while_hung().await;
+            // Admit FCFS up to max_num_seqs; the rest wait, unbounded, as in vLLM.
+            let mut prefill = 0;
+            {
+                let mut waiting = self.waiting.lock().expect("queue lock");
+                waiting.retain(|s| {
+                    !s.tx.is_closed() || {
+                        self.metrics.finished(Finished::Abort, 0.0);
+                        false
+                    }
+                });
+                while running.len() < self.max_num_seqs {
+                    let Some(seq) = waiting.pop_front() else { break };
+                    self.metrics
+                        .prompt(seq.prompt_tokens as u64, seq.arrived.elapsed().as_secs_f64());
+                    prefill += seq.prompt_tokens;
+                    running.push(seq);
+                }
+                self.metrics.waiting.store(waiting.len() as u64, SeqCst);
+            }
+            running.retain(|s| {
+                let gone = s.tx.is_closed();
+                if gone {
+                    self.metrics
+                        .finished(Finished::Abort, s.arrived.elapsed().as_secs_f64());
+                }
+                !gone
+            });
+            self.metrics.running.store(running.len() as u64, SeqCst);
+            if running.is_empty() {
+                let notified = self.wake.notified();
+                if self.waiting.lock().expect("queue lock").is_empty() {
+                    notified.await;
+                }
+                next_step = Instant::now();
+                continue;
+            }
+
+            // The collective with the other ranks; a lost peer hangs it until the execute timeout.
+            let step = async {
+                if self.group.step().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            if tokio::time::timeout(self.execute_timeout, step).await.is_err() {
+                self.die(&mut running).await;
+                return;
+            }
+
+            let k = self.pacing.acceptance.len() as u32;
+            let mut grants: Vec<usize> = Vec::with_capacity(running.len());
+            for seq in &running {
+                let mut accepted = 0;
+                if k > 0 {
+                    while (accepted as usize) < self.pacing.acceptance.len()
+                        && rng.unit() < self.pacing.acceptance[accepted as usize]
+                    {
+                        accepted += 1;
+                    }
+                    self.metrics.draft(k, accepted);
+                }
+                grants.push((1 + accepted as usize).min(seq.total - seq.produced));
+            }
+            let step_tokens: usize = grants.iter().sum();
+            self.metrics.iteration(step_tokens as u64 + prefill as u64);
+            let duration = self.pacing.step_duration(running.len(), step_tokens, prefill);
+            if !duration.is_zero() {
+                next_step = next_step.max(Instant::now() - Duration::from_millis(50)) + duration;
+                tokio::time::sleep_until(next_step.into()).await;
+            }
+            self.faults.wait_while_hung().await;
+
+            let now = Instant::now();
+            let fail_after = self.faults.stream_error_after();
+            let mut i = 0;
+            while i < running.len() {
+                let seq = &mut running[i];
+                let n = grants[i];
+                seq.produced += n;
+                let gap = seq.last_token.map(|t| now.duration_since(t).as_secs_f64() / n as f64);
+                if seq.last_token.is_none() {
+                    self.metrics.first_token(now.duration_since(seq.arrived).as_secs_f64());
+                }
+                seq.last_token = Some(now);
+                self.metrics.tokens(n as u64, gap);
+                let _ = seq.tx.send((seq.index, Event::Tokens(n)));
+                let failed = fail_after.is_some_and(|f| seq.produced as u64 >= f && seq.produced < seq.total);
+                if failed || seq.produced >= seq.total {
+                    let seq = running.swap_remove(i);
+                    grants.swap_remove(i);
+                    let e2e = seq.arrived.elapsed().as_secs_f64();
+                    if failed {
+                        let _ = seq.tx.send((seq.index, Event::Failed("Internal server error".into())));
+                        self.metrics.finished(Finished::Error, e2e);
+                    } else {
+                        let _ = seq.tx.send((seq.index, Event::Done));
+                        self.metrics.finished(seq.finish, e2e);
+                    }
+                    self.faults.request_finished();
+                } else {
+                    i += 1;
+                }
+            }
+            self.metrics.running.store(running.len() as u64, SeqCst);
+        }
+    }
+
+    /// Engine death: every request in flight or queued fails, `/health` turns 503, and the
+    /// API server's watchdog ends the process.
+    async fn die(&self, running: &mut Vec<Seq>) {
+        self.dead.store(true, SeqCst);
+        log::error(
+            "EngineCore_DP0",
+            "core.py:933",
+            &format!(
+                "TimeoutError: RPC call to execute_model timed out after {}s.",
+                self.execute_timeout.as_secs_f64()
+            ),
+        );
+        log::error("EngineCore_DP0", "core.py:935", "EngineCore encountered a fatal error.");
+        let waiting: Vec<Seq> = self.waiting.lock().expect("queue lock").drain(..).collect();
+        for seq in running.drain(..).chain(waiting) {
+            let _ = seq.tx.send((seq.index, Event::Failed(ENGINE_DEAD.into())));
+            self.metrics
+                .finished(Finished::Error, seq.arrived.elapsed().as_secs_f64());
+        }
+        self.metrics.running.store(0, SeqCst);
+        self.metrics.waiting.store(0, SeqCst);
+        tokio::time::sleep(self.watchdog).await;
+        log::error(
+            "APIServer",
+            "launcher.py:101",
+            "Engine is dead; shutting down the API server.",
+        );
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,303 @@
+//! `vllm-sim`: a CPU simulator of one `vllm serve` rank of vLLM 0.33 — same command line, a real
+//! TCP rendezvous between ranks, vLLM's HTTP surface, deterministic output paced from the
+//! profile's throughput table, and fault injection. See `tests/vllm-sim.md` for where it
+//! knowingly differs from vLLM.
+
+mod api;
+mod args;
+mod control;
+mod engine;
+mod faults;
+mod group;
+mod log;
+mod metrics;
+mod text;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sparkgate_config::{seeded_throughput, ProfileId, SpecMethod};
+
+pub use args::{parse as parse_args, ArgError, ServeArgs};
+
+fn env_f64(name: &str) -> Option<f64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+fn env_secs(name: &str, default: f64) -> Duration {
+    Duration::from_secs_f64(env_f64(name).unwrap_or(default).max(0.0))
+}
+
+/// Runs the simulator with `argv` (without the program name); returns the exit status.
+pub fn main(argv: &[String]) -> i32 {
+    let args = match args::parse(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{}", e.message);
+            return e.status;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(run(args))
+}
+
+/// The simulated model family, from the reasoning parser (or `SIM_PROFILE`).
+fn profile_of(args: &ServeArgs) -> ProfileId {
+    match args.reasoning_parser.as_deref() {
+        Some(p) if p.starts_with("glm") => ProfileId::Glm53Flash,
+        Some(p) if p.starts_with("deepseek") => ProfileId::DeepSeekV41Flash,
+        _ => std::env::var("SIM_PROFILE")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(ProfileId::DeepSeekV41Flash),
+    }
+}
+
+/// Per-position acceptance of each method (GLM's structured measurements for DFlash2).
+fn acceptance(method: &str, k: u32) -> Vec<f64> {
+    let base: &[f64] = match method {
+        "dflash" => &[0.98, 0.98, 0.94, 0.94, 0.91, 0.83, 0.83],
+        "dspark" => &[0.75, 0.55, 0.35, 0.2, 0.1],
+        "mtp" => &[0.8, 0.55],
+        _ => &[0.7, 0.5, 0.3],
+    };
+    (0..k as usize).map(|i| *base.get(i).unwrap_or(&0.05)).collect()
+}
+
+/// Loading weights: progress lines, then done; a hang-at-start fault freezes it midway.
+async fn load(component: &str, faults: &faults::Faults, seconds: Duration) {
+    let steps = 10u32;
+    for i in 0..=steps {
+        log::info(
+            component,
+            "default_loader.py:291",
+            &format!(
+                "Loading safetensors checkpoint shards: {:3}% Completed | {i}/{steps}",
+                i * 100 / steps
+            ),
+        );
+        if faults.hang_at_start && i == 2 {
+            faults.hang();
+            faults.wait_while_hung().await;
+        }
+        if i < steps {
+            tokio::time::sleep(seconds / steps).await;
+        }
+    }
+    log::info(
+        component,
+        "default_loader.py:310",
+        &format!("Loading weights took {:.2} seconds", seconds.as_secs_f64()),
+    );
+}
+
+async fn run(args: ServeArgs) -> i32 {
+    let faults = Arc::new(faults::Faults::from_env());
+    let started = Instant::now();
+    let load_time = env_secs("SIM_LOAD_SECONDS", 1.0);
+    let ready_timeout = env_secs("VLLM_ENGINE_READY_TIMEOUT_S", 600.0);
+    if let Some(after) = faults.crash_after {
+        let f = faults.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            f.crash();
+        });
+    }
+    if let Some(after) = faults.hang_after {
+        let f = faults.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            f.hang();
+        });
+    }
+    log::info("APIServer", "api_server.py:1893", "vLLM API server version 0.33.0");
+    let given: serde_json::Map<String, serde_json::Value> = args
+        .given
+        .iter()
+        .map(|(k, v)| (k.replace('-', "_"), serde_json::Value::from(v.join(" "))))
+        .collect();
+    log::info(
+        "APIServer",
+        "utils.py:327",
+        &format!("non-default args: {}", serde_json::Value::Object(given)),
+    );
+
+    if args.headless {
+        log::info(
+            "APIServer",
+            "serve.py:216",
+            &format!(
+                "Launching vLLM (v0.33.0) headless multiproc executor, with head node address {}:{} for torch.distributed process group.",
+                args.master_addr, args.master_port
+            ),
+        );
+        load("Worker_TP1", &faults, load_time).await;
+        return group::run_headless(
+            &args.master_addr,
+            args.master_port,
+            args.node_rank,
+            args.nnodes,
+            args.tensor_parallel_size,
+            ready_timeout,
+            faults,
+        )
+        .await;
+    }
+
+    let rendezvous = group::Group::rendezvous(
+        &args.master_addr,
+        args.master_port,
+        args.nnodes,
+        args.tensor_parallel_size,
+        ready_timeout,
+    );
+    let (group, ()) = tokio::join!(rendezvous, load("EngineCore_DP0", &faults, load_time));
+    let group = match group {
+        Ok(g) => g,
+        Err(e) => {
+            log::error("EngineCore_DP0", "core_client.py:742", &format!("TimeoutError: {e}"));
+            return 1;
+        }
+    };
+
+    let profile = profile_of(&args);
+    let method = args.speculative.as_ref().map(|s| s.method.as_str()).unwrap_or("none");
+    let spec_method = method.parse::<SpecMethod>().unwrap_or(SpecMethod::None);
+    let table = seeded_throughput(profile, spec_method)
+        .or_else(|| seeded_throughput(profile, SpecMethod::None))
+        .expect("every profile has a none mode");
+    let k = args.speculative.as_ref().map(|s| s.num_speculative_tokens);
+    let speed = match std::env::var("SIM_SPEED").ok().as_deref().map(str::trim) {
+        Some("instant") | Some("0") => None,
+        Some(v) => Some(v.parse::<f64>().ok().filter(|s| *s > 0.0).unwrap_or(1.0)),
+        None => Some(1.0),
+    };
+    let pacing = engine::Pacing {
+        table,
+        speed,
+        prefill_tps: if profile == ProfileId::Glm53Flash {
+            1500.0
+        } else {
+            970.0
+        },
+        acceptance: k.map(|k| acceptance(method, k)).unwrap_or_default(),
+    };
+    let metrics = Arc::new(metrics::Metrics::new(args.served_name(), args.max_num_seqs, k));
+    let engine = engine::Engine::new(
+        args.max_num_seqs,
+        args.max_num_queued_reqs,
+        pacing,
+        metrics.clone(),
+        faults.clone(),
+        group,
+        env_secs("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0),
+        env_secs("SIM_WATCHDOG_S", 5.0),
+    );
+    tokio::spawn(engine.clone().run());
+    tokio::spawn(stats_logger(metrics.clone(), env_secs("VLLM_LOG_STATS_INTERVAL", 10.0)));
+
+    let listener = match tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await {
+        Ok(l) => l,
+        Err(e) => {
+            log::error(
+                "APIServer",
+                "api_server.py:1850",
+                &format!("OSError: [Errno 98] could not bind on {}:{}: {e}", args.host, args.port),
+            );
+            return 1;
+        }
+    };
+    let addr = listener.local_addr().expect("bound");
+    let template = if profile == ProfileId::Glm53Flash {
+        text::Template::Glm
+    } else {
+        text::Template::DeepSeek
+    };
+    let fingerprint = format!(
+        "vllm-0.33.0-tp{}-{:08x}",
+        args.tensor_parallel_size,
+        args.served_name()
+            .bytes()
+            .fold(0u32, |h, b| h.rotate_left(5) ^ u32::from(b))
+    );
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let app = Arc::new(api::App {
+        args,
+        template,
+        engine: engine.clone(),
+        metrics,
+        created,
+        fingerprint,
+    });
+
+    log::info("APIServer", "api_server.py:1925", "Supported tasks: ['generate']");
+    log::info(
+        "APIServer",
+        "api_server.py:1931",
+        &format!("Starting vLLM server on http://{addr}"),
+    );
+    log::info("APIServer", "launcher.py:37", "Available routes are:");
+    for (route, methods) in [
+        ("/health", "GET"),
+        ("/ping", "GET, POST"),
+        ("/version", "GET"),
+        ("/metrics", "GET"),
+        ("/tokenize", "POST"),
+        ("/detokenize", "POST"),
+        ("/v1/models", "GET"),
+        ("/v1/chat/completions", "POST"),
+        ("/v1/completions", "POST"),
+        ("/v1/responses", "POST"),
+    ] {
+        log::info(
+            "APIServer",
+            "launcher.py:45",
+            &format!("Route: {route}, Methods: {methods}"),
+        );
+    }
+    let pid = std::process::id();
+    log::info("APIServer", "server.py:83", &format!("Started server process [{pid}]"));
+    log::info("APIServer", "on.py:48", "Waiting for application startup.");
+    log::info("APIServer", "on.py:62", "Application startup complete.");
+    log::info(
+        "APIServer",
+        "api_server.py:1950",
+        &format!("vllm-sim ready in {:.2}s", started.elapsed().as_secs_f64()),
+    );
+    if let Some(port) = env_f64("SIM_CONTROL_PORT") {
+        tokio::spawn(control::serve(port as u16, faults.clone(), engine));
+    }
+    api::serve(listener, app, faults).await;
+    0
+}
+
+/// vLLM's periodic stats line, printed while there is work.
+async fn stats_logger(metrics: Arc<metrics::Metrics>, every: Duration) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut last_tokens = metrics.generation_tokens_total();
+    let every = every.max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(every).await;
+        let tokens = metrics.generation_tokens_total();
+        let (running, waiting) = (metrics.running.load(SeqCst), metrics.waiting.load(SeqCst));
+        if tokens == last_tokens && running == 0 && waiting == 0 {
+            continue;
+        }
+        let tps = (tokens - last_tokens) as f64 / every.as_secs_f64();
+        last_tokens = tokens;
+        log::info(
+            "EngineCore_DP0",
+            "loggers.py:248",
+            &format!(
+                "Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: {tps:.1} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%"
+            ),
+        );
+    }
+}

@@ -1,0 +1,663 @@
+//! Deterministic "model" output: the word tokenizer, prompt rendering, reasoning as the chat
+//! template would shape it, answers and tool calls. Same input, same output, every time.
+
+use serde_json::{json, Map, Value};
+
+/// Words the simulated model speaks. Each (with and without a leading space) is one token.
+const WORDS: &[&str] = &[
+    "the",
+    "a",
+    "model",
+    "tensor",
+    "parallel",
+    "rank",
+    "node",
+    "token",
+    "stream",
+    "batch",
+    "cache",
+    "memory",
+    "weights",
+    "layer",
+    "expert",
+    "attention",
+    "decode",
+    "prefill",
+    "step",
+    "draft",
+    "accept",
+    "speculative",
+    "throughput",
+    "latency",
+    "request",
+    "response",
+    "gateway",
+    "server",
+    "client",
+    "queue",
+    "limit",
+    "context",
+    "length",
+    "sequence",
+    "value",
+    "result",
+    "answer",
+    "question",
+    "first",
+    "second",
+    "then",
+    "next",
+    "because",
+    "therefore",
+    "so",
+    "and",
+    "or",
+    "but",
+    "with",
+    "without",
+    "for",
+    "of",
+    "in",
+    "on",
+    "to",
+    "from",
+    "by",
+    "is",
+    "are",
+    "was",
+    "be",
+    "it",
+    "this",
+    "that",
+    "each",
+    "every",
+    "all",
+    "one",
+    "two",
+    "four",
+    "many",
+    "more",
+    "less",
+    "fast",
+    "slow",
+    "large",
+    "small",
+    "split",
+    "across",
+    "between",
+    "over",
+    "under",
+    "shared",
+    "local",
+    "remote",
+    "compute",
+    "send",
+    "receive",
+    "wait",
+    "check",
+    "keep",
+    "hold",
+    "run",
+    "runs",
+    "uses",
+    "makes",
+    "works",
+    "holds",
+    "moves",
+    "careful",
+    "simple",
+    "clear",
+    "Considering",
+    "Looking",
+    "Checking",
+    "Weighing",
+    "Noting",
+    "Recalling",
+    "step",
+    "by",
+    "options",
+    "carefully",
+    "Reasoning",
+    "Effort",
+    "High",
+    "Low",
+    "Max",
+    "The",
+    "In",
+    "Each",
+    "When",
+    "This",
+    "Tensor",
+    "A",
+    "We",
+    "weather",
+    "Paris",
+    "sunny",
+    "degrees",
+    "tool",
+    "returned",
+    "called",
+    "Calling",
+    "function",
+    "Done",
+    "result",
+];
+
+/// Markers of the rendered chat prompt; each is one token.
+const SPECIALS: &[&str] = &[
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|tool|>",
+    "<think>",
+    "</think>",
+];
+
+const PUNCT: &[&str] = &[".", ",", ":", ";", "?", "!", "\n", "(", ")", "-", "*", "'", "\""];
+
+const BYTE_IDS: u32 = 256;
+
+/// The fixed vocabulary: specials, punctuation, numbers 0..=1000, words; each plain and with a
+/// leading space. Token id = 256 + index; ids below 256 are raw bytes (anything unknown).
+struct Vocab {
+    entries: Vec<String>,
+    index: std::collections::HashMap<String, u32>,
+}
+
+fn vocab() -> &'static Vocab {
+    static VOCAB: std::sync::OnceLock<Vocab> = std::sync::OnceLock::new();
+    VOCAB.get_or_init(|| {
+        let mut entries: Vec<String> = SPECIALS.iter().map(|s| (*s).to_owned()).collect();
+        let numbers: Vec<String> = (0..=1000).map(|n| n.to_string()).collect();
+        for w in PUNCT
+            .iter()
+            .map(|s| (*s).to_owned())
+            .chain(numbers)
+            .chain(WORDS.iter().map(|s| (*s).to_owned()))
+        {
+            entries.push(format!(" {w}"));
+            entries.push(w);
+        }
+        entries.dedup();
+        let mut index = std::collections::HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            index.entry(e.clone()).or_insert(BYTE_IDS + i as u32);
+        }
+        Vocab { entries, index }
+    })
+}
+
+/// Splits text into token strings: specials, then an optional single space followed by a run of
+/// letters/digits or one other character.
+pub(crate) fn split_tokens(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        if let Some(s) = SPECIALS.iter().find(|s| rest.starts_with(**s)) {
+            out.push(&rest[..s.len()]);
+            rest = &rest[s.len()..];
+            continue;
+        }
+        let mut chars = rest.char_indices();
+        let (_, first) = chars.next().expect("non-empty");
+        let body_start = if first == ' ' && rest.len() > 1 { 1 } else { 0 };
+        let body = &rest[body_start..];
+        let c0 = body.chars().next().expect("non-empty");
+        let len = if c0.is_alphanumeric() {
+            body.char_indices()
+                .find(|(_, c)| !c.is_alphanumeric())
+                .map(|(i, _)| i)
+                .unwrap_or(body.len())
+        } else {
+            c0.len_utf8()
+        };
+        let end = body_start + len;
+        out.push(&rest[..end]);
+        rest = &rest[end..];
+    }
+    out
+}
+
+pub(crate) fn tokenize(text: &str) -> Vec<u32> {
+    let v = vocab();
+    let mut ids = Vec::new();
+    for t in split_tokens(text) {
+        match v.index.get(t) {
+            Some(id) => ids.push(*id),
+            None => ids.extend(t.bytes().map(u32::from)),
+        }
+    }
+    ids
+}
+
+pub(crate) fn count_tokens(text: &str) -> usize {
+    let v = vocab();
+    split_tokens(text)
+        .iter()
+        .map(|t| if v.index.contains_key(*t) { 1 } else { t.len() })
+        .sum()
+}
+
+/// Inverse of [`tokenize`]; `None` for an id outside the vocabulary.
+pub(crate) fn detokenize(ids: &[u64]) -> Option<String> {
+    let v = vocab();
+    let mut bytes = Vec::new();
+    for &id in ids {
+        if id < u64::from(BYTE_IDS) {
+            bytes.push(id as u8);
+        } else {
+            bytes.extend(
+                v.entries
+                    .get(usize::try_from(id - u64::from(BYTE_IDS)).ok()?)?
+                    .as_bytes(),
+            );
+        }
+    }
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A small deterministic generator (xorshift) so runs repeat exactly.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+    pub(crate) fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Which chat template the simulated model has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Template {
+    /// `low`=50, `high`=75 (default), `max`=100 or an integer 1..=100.
+    DeepSeek,
+    /// `low` or `high`; anything else (or nothing) renders Max.
+    Glm,
+}
+
+/// What the chat template received, after vLLM's kwargs merge.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Rendering {
+    pub(crate) thinking: bool,
+    /// The effort line the template renders (`75`, `High`, …).
+    pub(crate) effort_label: String,
+    /// How many reasoning lines the model thinks for (grows with effort).
+    pub(crate) reasoning_lines: usize,
+}
+
+/// Jinja truthiness, which is what a template's `{% if enable_thinking %}` applies.
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+impl Template {
+    /// Renders the effort and thinking switch from the final template kwargs.
+    pub(crate) fn render(self, kwargs: &Map<String, Value>) -> Rendering {
+        let thinking = ["enable_thinking", "thinking"]
+            .iter()
+            .all(|k| kwargs.get(*k).is_none_or(truthy));
+        let effort = kwargs.get("reasoning_effort");
+        match self {
+            Template::DeepSeek => {
+                let value = match effort {
+                    Some(Value::String(s)) if s == "low" => 50,
+                    Some(Value::String(s)) if s == "max" => 100,
+                    Some(Value::Number(n)) => n.as_u64().filter(|v| (1..=100).contains(v)).unwrap_or(75),
+                    // "high", absent, or a value outside the documented set: the default.
+                    _ => 75,
+                };
+                Rendering {
+                    thinking,
+                    effort_label: value.to_string(),
+                    reasoning_lines: (value as usize).div_ceil(10),
+                }
+            }
+            Template::Glm => {
+                let (label, lines) = match effort.and_then(Value::as_str) {
+                    Some("low") => ("Low", 3),
+                    Some("high") => ("High", 6),
+                    _ => ("Max", 28),
+                };
+                Rendering {
+                    thinking,
+                    effort_label: label.to_owned(),
+                    reasoning_lines: lines,
+                }
+            }
+        }
+    }
+}
+
+/// Flattens chat messages into the prompt the template would render.
+pub(crate) fn render_prompt(messages: &[Value], rendering: &Rendering) -> String {
+    let mut out = String::new();
+    for m in messages {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+        out.push_str(match role {
+            "system" | "developer" => "<|system|>",
+            "assistant" => "<|assistant|>",
+            "tool" => "<|tool|>",
+            _ => "<|user|>",
+        });
+        out.push_str(&content_text(m.get("content")));
+    }
+    out.push_str("<|assistant|>");
+    if rendering.thinking {
+        out.push_str("<think>");
+    } else {
+        out.push_str("</think>");
+    }
+    out
+}
+
+/// The text of a message's `content`: a string, or the text parts of a list.
+pub(crate) fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str).or_else(|| p.as_str()))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// The output plan of one sequence: reasoning tokens first, then content tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Output {
+    pub(crate) reasoning: Vec<String>,
+    pub(crate) content: Vec<String>,
+    pub(crate) tool_call: Option<ToolCall>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ToolCall {
+    pub(crate) name: String,
+    pub(crate) arguments: String,
+}
+
+fn reasoning_tokens(rendering: &Rendering, seed: u64) -> Vec<String> {
+    let mut text = format!("Reasoning Effort: {}\n", rendering.effort_label);
+    let openers = ["Considering", "Looking", "Checking", "Weighing", "Noting", "Recalling"];
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    for i in 0..rendering.reasoning_lines {
+        text.push_str(openers[i % openers.len()]);
+        for _ in 0..5 {
+            text.push(' ');
+            text.push_str(WORDS[rng.below(60) as usize]);
+        }
+        text.push_str(".\n");
+    }
+    split_tokens(&text).into_iter().map(str::to_owned).collect()
+}
+
+/// The prose answer to `prompt`: deterministic, 64..=255 tokens, ending in a full stop.
+fn prose(seed: u64) -> Vec<String> {
+    let mut rng = Rng::new(seed);
+    let target = 64 + rng.below(192) as usize;
+    let mut tokens = vec!["The".to_owned()];
+    let mut since_stop = 1;
+    while tokens.len() < target - 1 {
+        if since_stop > 8 && rng.below(6) == 0 {
+            tokens.push(".".into());
+            tokens.push(format!(
+                " {}",
+                ["In", "Each", "When", "This", "We", "A"][rng.below(6) as usize]
+            ));
+            since_stop = 1;
+        } else {
+            tokens.push(format!(" {}", WORDS[rng.below(100) as usize]));
+            since_stop += 1;
+        }
+    }
+    tokens.push(".".into());
+    tokens
+}
+
+/// Plans the output for a chat turn: reasoning (when thinking), then the answer or a tool call.
+pub(crate) fn plan_chat(
+    messages: &[Value],
+    tools: Option<&[Value]>,
+    tool_choice: Option<&Value>,
+    rendering: &Rendering,
+) -> Output {
+    let prompt = render_prompt(messages, rendering);
+    let seed = fnv(&prompt);
+    let reasoning = if rendering.thinking {
+        reasoning_tokens(rendering, seed)
+    } else {
+        Vec::new()
+    };
+    let last = messages.last();
+    let last_role = last
+        .and_then(|m| m.get("role"))
+        .and_then(Value::as_str)
+        .unwrap_or("user");
+    let last_text = content_text(last.and_then(|m| m.get("content")));
+    if last_role == "tool" {
+        let text = format!("The tool returned: {}", last_text.trim());
+        return Output {
+            reasoning,
+            content: split_tokens(&text).into_iter().map(str::to_owned).collect(),
+            tool_call: None,
+        };
+    }
+    if let Some(call) = tools.and_then(|t| choose_tool(t, tool_choice, &last_text)) {
+        return Output {
+            reasoning,
+            content: Vec::new(),
+            tool_call: Some(call),
+        };
+    }
+    Output {
+        reasoning,
+        content: answer_tokens(&last_text, seed),
+        tool_call: None,
+    }
+}
+
+/// The answer tokens for a plain prompt.
+pub(crate) fn answer_tokens(prompt: &str, seed: u64) -> Vec<String> {
+    if prompt.replace(' ', "").contains("17*19") {
+        return vec!["323".to_owned()];
+    }
+    prose(seed)
+}
+
+pub(crate) fn plan_completion(prompt: &str) -> Vec<String> {
+    prose(fnv(prompt))
+}
+
+/// The function name of an OpenAI tool entry (chat: `{type, function: {name, parameters}}`,
+/// responses: `{type, name, parameters}`).
+pub(crate) fn tool_name(tool: &Value) -> Option<&str> {
+    tool.get("function")
+        .and_then(|f| f.get("name"))
+        .or_else(|| tool.get("name"))
+        .and_then(Value::as_str)
+}
+
+fn tool_parameters(tool: &Value) -> Option<&Value> {
+    tool.get("function")
+        .and_then(|f| f.get("parameters"))
+        .or_else(|| tool.get("parameters"))
+}
+
+/// Picks the tool to call: a forced choice, `required`, or one whose name the prompt mentions.
+fn choose_tool(tools: &[Value], tool_choice: Option<&Value>, prompt: &str) -> Option<ToolCall> {
+    let forced = tool_choice
+        .and_then(|c| c.get("function").and_then(|f| f.get("name")).or_else(|| c.get("name")))
+        .and_then(Value::as_str);
+    let mode = tool_choice.and_then(Value::as_str).unwrap_or("auto");
+    if mode == "none" {
+        return None;
+    }
+    let lower = prompt.to_lowercase();
+    let tool = match forced {
+        Some(name) => tools.iter().find(|t| tool_name(t) == Some(name)),
+        None => tools
+            .iter()
+            .find(|t| tool_name(t).is_some_and(|n| lower.contains(&n.to_lowercase())))
+            .or_else(|| (mode == "required").then(|| tools.first()).flatten()),
+    }?;
+    Some(ToolCall {
+        name: tool_name(tool)?.to_owned(),
+        arguments: arguments_for(tool_parameters(tool), prompt).to_string(),
+    })
+}
+
+/// Arguments that satisfy the schema's properties, filled from the prompt where possible.
+fn arguments_for(schema: Option<&Value>, prompt: &str) -> Value {
+    let mut args = Map::new();
+    let Some(props) = schema.and_then(|s| s.get("properties")).and_then(Value::as_object) else {
+        return Value::Object(args);
+    };
+    let capitalised = prompt
+        .split(|c: char| !c.is_alphanumeric())
+        .skip(1)
+        .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
+        .last()
+        .unwrap_or("example");
+    let number = prompt
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|w| !w.is_empty())
+        .and_then(|n| n.parse::<i64>().ok())
+        .unwrap_or(1);
+    for (name, prop) in props {
+        let value = match prop.get("type").and_then(Value::as_str) {
+            Some("integer") => json!(number),
+            Some("number") => json!(number as f64),
+            Some("boolean") => json!(true),
+            Some("array") => json!([]),
+            Some("object") => json!({}),
+            _ => match prop.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+                Some(first) => first.clone(),
+                None => json!(capitalised),
+            },
+        };
+        args.insert(name.clone(), value);
+    }
+    Value::Object(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_round_trips_and_counts() {
+        let text = "<|user|>What is 17*19? Reply with the integer only.<|assistant|></think>";
+        let ids = tokenize(text);
+        assert_eq!(ids.len(), count_tokens(text));
+        let as_u64: Vec<u64> = ids.iter().map(|&i| u64::from(i)).collect();
+        assert_eq!(detokenize(&as_u64).unwrap(), text);
+        assert_eq!(tokenize(" model").len(), 1);
+        assert_eq!(tokenize("zqxj").len(), 4, "unknown words fall back to bytes");
+        assert_eq!(tokenize("héllo").len(), "héllo".len());
+    }
+
+    #[test]
+    fn the_smoke_question_answers_323() {
+        let r = Template::DeepSeek.render(&Map::from_iter([("enable_thinking".into(), json!(false))]));
+        let msgs = [json!({"role":"user","content":"What is 17*19? Reply with the integer only."})];
+        let out = plan_chat(&msgs, None, None, &r);
+        assert!(out.reasoning.is_empty());
+        assert_eq!(out.content, vec!["323"]);
+    }
+
+    #[test]
+    fn templates_render_effort_like_the_guides() {
+        let kw = |v: Value| Map::from_iter([("reasoning_effort".into(), v)]);
+        assert_eq!(Template::DeepSeek.render(&Map::new()).effort_label, "75");
+        assert_eq!(Template::DeepSeek.render(&kw(json!("low"))).effort_label, "50");
+        assert_eq!(Template::DeepSeek.render(&kw(json!("max"))).effort_label, "100");
+        assert_eq!(Template::DeepSeek.render(&kw(json!(33))).effort_label, "33");
+        assert_eq!(Template::Glm.render(&Map::new()).effort_label, "Max");
+        assert_eq!(Template::Glm.render(&kw(json!("medium"))).effort_label, "Max");
+        assert_eq!(Template::Glm.render(&kw(json!("high"))).effort_label, "High");
+        let high = Template::Glm.render(&kw(json!("high")));
+        let max = Template::Glm.render(&Map::new());
+        assert!(max.reasoning_lines > 4 * high.reasoning_lines);
+        assert!(
+            !Template::Glm
+                .render(&Map::from_iter([("thinking".into(), json!(false))]))
+                .thinking
+        );
+        assert!(
+            Template::Glm
+                .render(&Map::from_iter([("enable_thinking".into(), json!("false"))]))
+                .thinking,
+            "Jinja truthiness"
+        );
+    }
+
+    #[test]
+    fn reasoning_first_line_names_the_effort() {
+        let r = Template::Glm.render(&Map::from_iter([("reasoning_effort".into(), json!("low"))]));
+        let out = plan_chat(&[json!({"role":"user","content":"hi"})], None, None, &r);
+        assert!(out.reasoning.concat().starts_with("Reasoning Effort: Low\n"));
+    }
+
+    #[test]
+    fn tools_are_called_when_named_and_results_are_answered() {
+        let tools = [
+            json!({"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}),
+        ];
+        let r = Template::DeepSeek.render(&Map::from_iter([("enable_thinking".into(), json!(false))]));
+        let out = plan_chat(
+            &[json!({"role":"user","content":"Use get_weather for Paris please"})],
+            Some(&tools),
+            None,
+            &r,
+        );
+        let call = out.tool_call.expect("tool call");
+        assert_eq!(call.name, "get_weather");
+        assert_eq!(
+            serde_json::from_str::<Value>(&call.arguments).unwrap(),
+            json!({"city":"Paris"})
+        );
+        let after = plan_chat(
+            &[json!({"role":"tool","content":"sunny, 21 degrees"})],
+            Some(&tools),
+            None,
+            &r,
+        );
+        assert!(after.tool_call.is_none());
+        assert!(after.content.concat().contains("sunny"));
+    }
+
+    #[test]
+    fn prose_is_deterministic_and_bounded() {
+        let a = plan_completion("hello");
+        assert_eq!(a, plan_completion("hello"));
+        assert!((64..=255).contains(&a.len()), "{}", a.len());
+        assert_eq!(a.concat().chars().last(), Some('.'));
+    }
+}
