@@ -1,4 +1,5 @@
 //! Test support for sparkgate: `vllm-sim` (the simulator of a vLLM 0.33 rank) and the helpers
 //! the integration tests share.
 
+pub mod harness;
 pub mod sim;

@@ -1,0 +1,418 @@
+//! Test harness: start `vllm-sim` (or any server that logs like it) as a child process, wait on
+//! its log lines instead of sleeping, and speak raw HTTP/1.1 to it so tests see exact bytes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a test waits for a process to reach a log line before failing.
+pub const STARTUP: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct Lines {
+    lines: Vec<String>,
+    closed: bool,
+}
+
+/// A child process whose stdout is collected line by line.
+pub struct Proc {
+    child: Child,
+    lines: Arc<(Mutex<Lines>, Condvar)>,
+}
+
+impl std::fmt::Debug for Proc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proc").field("pid", &self.child.id()).finish()
+    }
+}
+
+impl Proc {
+    /// Spawns `program args…` with extra environment; stdout and stderr are both collected.
+    pub fn spawn(program: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {program}: {e}"));
+        let lines: Arc<(Mutex<Lines>, Condvar)> = Arc::default();
+        let out = child.stdout.take().expect("piped stdout");
+        let err = child.stderr.take().expect("piped stderr");
+        let open = Arc::new(std::sync::atomic::AtomicUsize::new(2));
+        for stream in [Box::new(out) as Box<dyn Read + Send>, Box::new(err)] {
+            let lines = lines.clone();
+            let open = open.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines() {
+                    let Ok(line) = line else { break };
+                    let (m, cv) = &*lines;
+                    m.lock().expect("lines").lines.push(line);
+                    cv.notify_all();
+                }
+                if open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                    let (m, cv) = &*lines;
+                    m.lock().expect("lines").closed = true;
+                    cv.notify_all();
+                }
+            });
+        }
+        Proc { child, lines }
+    }
+
+    /// The first line containing `needle` (waiting for it), or a panic with the log so far.
+    pub fn wait_for(&self, needle: &str) -> String {
+        self.wait_for_within(needle, STARTUP)
+    }
+
+    pub fn wait_for_within(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        let (m, cv) = &*self.lines;
+        let mut g = m.lock().expect("lines");
+        loop {
+            if let Some(l) = g.lines.iter().find(|l| l.contains(needle)) {
+                return l.clone();
+            }
+            let now = Instant::now();
+            if g.closed || now >= deadline {
+                panic!(
+                    "no line containing {needle:?} (output closed: {}); log:\n{}",
+                    g.closed,
+                    g.lines.join("\n")
+                );
+            }
+            g = cv.wait_timeout(g, deadline - now).expect("lines").0;
+        }
+    }
+
+    pub fn log(&self) -> Vec<String> {
+        self.lines.0.lock().expect("lines").lines.clone()
+    }
+
+    pub fn has_line(&self, needle: &str) -> bool {
+        self.log().iter().any(|l| l.contains(needle))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, as a crashing node or `docker kill` would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process {} still running after {timeout:?}; log:\n{}",
+                self.pid(),
+                self.log().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The address in a log line such as `Starting vLLM server on http://127.0.0.1:43861`.
+pub fn addr_in(line: &str) -> SocketAddr {
+    let tail = line.rsplit("http://").next().unwrap_or(line);
+    let tail = tail.rsplit(' ').next().unwrap_or(tail);
+    tail.trim().parse().unwrap_or_else(|_| panic!("no address in {line:?}"))
+}
+
+/// A simulated rank started as a process.
+#[derive(Debug)]
+pub struct Sim {
+    pub proc: Proc,
+    pub http: Option<SocketAddr>,
+    pub control: Option<SocketAddr>,
+}
+
+impl Sim {
+    /// Starts `vllm-sim serve MODEL args…` and, unless headless, waits until it serves HTTP.
+    /// `--host 127.0.0.1 --port 0` and a control port are added.
+    pub fn start(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Sim {
+        let mut argv: Vec<String> = vec!["serve".into()];
+        argv.extend(args.iter().map(|s| (*s).to_owned()));
+        let headless = args.contains(&"--headless");
+        if !args.contains(&"--port") {
+            argv.extend(["--host", "127.0.0.1", "--port", "0"].map(String::from));
+        }
+        let mut full_env: Vec<(&str, &str)> = vec![
+            ("SIM_LOAD_SECONDS", "0"),
+            ("SIM_CONTROL_PORT", "0"),
+            ("SIM_SPEED", "instant"),
+        ];
+        full_env.extend_from_slice(env);
+        let proc = Proc::spawn(bin, &argv, &full_env);
+        if headless {
+            return Sim {
+                proc,
+                http: None,
+                control: None,
+            };
+        }
+        let http = addr_in(&proc.wait_for("Starting vLLM server on http://"));
+        proc.wait_for("Application startup complete.");
+        let control = addr_in(&proc.wait_for("vllm-sim control endpoint on http://"));
+        Sim {
+            proc,
+            http: Some(http),
+            control: Some(control),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.http.expect("rank 0 serves HTTP")
+    }
+
+    /// JSON state from the control endpoint.
+    pub fn state(&self) -> serde_json::Value {
+        let r = request(self.control.expect("control endpoint"), "GET", "/state", &[], b"");
+        serde_json::from_slice(&r.body).expect("state JSON")
+    }
+
+    pub fn fault(&self, path: &str) {
+        let r = request(self.control.expect("control endpoint"), "POST", path, &[], b"");
+        assert!(r.status < 300, "fault {path}: {}", r.status);
+    }
+
+    /// Polls the control state until `pred` holds (a readiness signal, not a fixed sleep).
+    pub fn wait_state(&self, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = self.state();
+            if pred(&s) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "state never reached {what}: {s}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// A complete HTTP response.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("JSON body ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+fn write_request(stream: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8], close: bool) {
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if close {
+        head.push_str("Connection: close\r\n");
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).expect("write head");
+    stream.write_all(body).expect("write body");
+}
+
+/// An HTTP/1.1 response being read incrementally (chunked or sized body).
+pub struct Streaming {
+    reader: BufReader<TcpStream>,
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    chunked: bool,
+    remaining: Option<usize>,
+    done: bool,
+}
+
+impl std::fmt::Debug for Streaming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streaming").field("status", &self.status).finish()
+    }
+}
+
+impl Streaming {
+    /// Sends a request on a new connection and reads the status line and headers.
+    pub fn open(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Streaming {
+        let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        stream
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .expect("timeout");
+        write_request(&mut stream, method, path, headers, body, true);
+        Self::read_head(BufReader::new(stream))
+    }
+
+    fn read_head(mut reader: BufReader<TcpStream>) -> Streaming {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("status line");
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("bad status line {line:?}"));
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            reader.read_line(&mut line).expect("header line");
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                headers.push((k.trim().to_owned(), v.trim().to_owned()));
+            }
+        }
+        let get = |n: &str| {
+            headers
+                .iter()
+                .find(|(k, _): &&(String, String)| k.eq_ignore_ascii_case(n))
+                .map(|(_, v)| v.clone())
+        };
+        let chunked = get("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+        let remaining = get("content-length").and_then(|v| v.parse().ok());
+        Streaming {
+            reader,
+            status,
+            headers,
+            chunked,
+            remaining,
+            done: false,
+        }
+    }
+
+    /// The next piece of body as the server flushed it; `None` at the end.
+    pub fn next_chunk(&mut self) -> Option<Vec<u8>> {
+        if self.done {
+            return None;
+        }
+        if self.chunked {
+            let mut line = String::new();
+            if self.reader.read_line(&mut line).ok()? == 0 {
+                self.done = true;
+                return None;
+            }
+            let size = usize::from_str_radix(line.trim(), 16).ok()?;
+            if size == 0 {
+                self.done = true;
+                return None;
+            }
+            let mut buf = vec![0; size + 2];
+            self.reader.read_exact(&mut buf).ok()?;
+            buf.truncate(size);
+            return Some(buf);
+        }
+        let mut buf = vec![0; self.remaining.unwrap_or(64 * 1024).min(64 * 1024)];
+        let n = self.reader.read(&mut buf).ok()?;
+        if n == 0 {
+            self.done = true;
+            return None;
+        }
+        buf.truncate(n);
+        if let Some(r) = self.remaining.as_mut() {
+            *r -= n;
+            if *r == 0 {
+                self.done = true;
+            }
+        }
+        Some(buf)
+    }
+
+    pub fn read_all(&mut self) -> Vec<u8> {
+        let mut body = Vec::new();
+        while let Some(c) = self.next_chunk() {
+            body.extend(c);
+        }
+        body
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One request on a new connection; the whole response.
+pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
+    let mut s = Streaming::open(addr, method, path, headers, body);
+    let body = s.read_all();
+    HttpResponse {
+        status: s.status,
+        headers: s.headers.clone(),
+        body,
+    }
+}
+
+/// `POST path` with a JSON body.
+pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> HttpResponse {
+    request(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+}
+
+/// The `data:` payloads of an SSE body, in order, checking the framing on the way.
+pub fn sse_data(body: &[u8]) -> Vec<String> {
+    let text = std::str::from_utf8(body).expect("UTF-8 SSE");
+    assert!(text.ends_with("\n\n"), "every event ends with a blank line: {text:?}");
+    text.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("event without `data: `: {e:?}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+/// A free TCP port on 127.0.0.1 (bound then released; for tools that cannot take port 0).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
