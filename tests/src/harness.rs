@@ -70,20 +70,23 @@ impl Proc {
     }
 
     pub fn wait_for_within(&self, needle: &str, timeout: Duration) -> String {
+        self.try_wait_for(needle, timeout)
+            .unwrap_or_else(|| panic!("no line containing {needle:?} within {timeout:?}; log:\n{}", self.log().join("\n")))
+    }
+
+    /// The first line containing `needle`, waiting up to `timeout`; `None` if it never came
+    /// (or the process closed its output first).
+    pub fn try_wait_for(&self, needle: &str, timeout: Duration) -> Option<String> {
         let deadline = Instant::now() + timeout;
         let (m, cv) = &*self.lines;
         let mut g = m.lock().expect("lines");
         loop {
             if let Some(l) = g.lines.iter().find(|l| l.contains(needle)) {
-                return l.clone();
+                return Some(l.clone());
             }
             let now = Instant::now();
             if g.closed || now >= deadline {
-                panic!(
-                    "no line containing {needle:?} (output closed: {}); log:\n{}",
-                    g.closed,
-                    g.lines.join("\n")
-                );
+                return None;
             }
             g = cv.wait_timeout(g, deadline - now).expect("lines").0;
         }
@@ -370,6 +373,22 @@ impl Streaming {
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
+}
+
+/// One request on a new connection; `None` if the connection failed or closed before a
+/// complete response (a crashed server).
+pub fn try_request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Option<HttpResponse> {
+    let addr_copy = addr;
+    let method = method.to_owned();
+    let path = path.to_owned();
+    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    let body = body.to_vec();
+    std::thread::spawn(move || {
+        let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        request(addr_copy, &method, &path, &h, &body)
+    })
+    .join()
+    .ok()
 }
 
 /// One request on a new connection; the whole response.
