@@ -70,8 +70,12 @@ impl Proc {
     }
 
     pub fn wait_for_within(&self, needle: &str, timeout: Duration) -> String {
-        self.try_wait_for(needle, timeout)
-            .unwrap_or_else(|| panic!("no line containing {needle:?} within {timeout:?}; log:\n{}", self.log().join("\n")))
+        self.try_wait_for(needle, timeout).unwrap_or_else(|| {
+            panic!(
+                "no line containing {needle:?} within {timeout:?}; log:\n{}",
+                self.log().join("\n")
+            )
+        })
     }
 
     /// The first line containing `needle`, waiting up to `timeout`; `None` if it never came
@@ -377,11 +381,20 @@ impl Streaming {
 
 /// One request on a new connection; `None` if the connection failed or closed before a
 /// complete response (a crashed server).
-pub fn try_request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Option<HttpResponse> {
+pub fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Option<HttpResponse> {
     let addr_copy = addr;
     let method = method.to_owned();
     let path = path.to_owned();
-    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
     let body = body.to_vec();
     std::thread::spawn(move || {
         let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();

@@ -9,13 +9,24 @@ use sparkgate_tests::sim::parse_args;
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
 fn config(profile: ProfileId, extra: &[(&str, &str)]) -> Config {
-    let mut env: BTreeMap<String, String> = [("HOME", "/home/t"), ("USER", "t"), ("HEAD_IP", "127.0.0.1"), ("WORKER_IP", "127.0.0.2")]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
+    let mut env: BTreeMap<String, String> = [
+        ("HOME", "/home/t"),
+        ("USER", "t"),
+        ("HEAD_IP", "127.0.0.1"),
+        ("WORKER_IP", "127.0.0.2"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
     env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     let dir = tempfile::tempdir().unwrap();
-    Config::load(&LoadOptions { env_file: None, profile: Some(profile.as_str().into()), process_env: env, working_dir: dir.path().into() }).unwrap()
+    Config::load(&LoadOptions {
+        env_file: None,
+        profile: Some(profile.as_str().into()),
+        process_env: env,
+        working_dir: dir.path().into(),
+    })
+    .unwrap()
 }
 
 #[test]
@@ -38,7 +49,8 @@ fn every_plan_argv_is_accepted() {
             for mode in c.speculation.modes.iter().map(|m| m.method) {
                 for rank in c.plan_for(mode).ranks {
                     let argv = rank.vllm_argv();
-                    let parsed = parse_args(argv).unwrap_or_else(|e| panic!("{profile} {mode} rank {}: {}\n{argv:?}", rank.rank, e.message));
+                    let parsed = parse_args(argv)
+                        .unwrap_or_else(|e| panic!("{profile} {mode} rank {}: {}\n{argv:?}", rank.rank, e.message));
                     assert_eq!(parsed.node_rank, rank.rank);
                     assert_eq!(parsed.headless, rank.rank > 0);
                     assert_eq!(parsed.max_num_seqs, c.speculation.mode(mode).unwrap().max_num_seqs);
@@ -61,13 +73,29 @@ fn a_wrong_flag_or_value_is_refused_by_the_process() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.starts_with("usage: vllm serve"), "{stderr}");
-    assert!(stderr.contains("vllm serve: error: unrecognized arguments: --max-num-seq 4"), "{stderr}");
+    assert!(
+        stderr.contains("vllm serve: error: unrecognized arguments: --max-num-seq 4"),
+        "{stderr}"
+    );
 
-    let out = std::process::Command::new(SIM).args(["serve", "/m", "--gpu-memory-utilization", "most"]).output().unwrap();
+    let out = std::process::Command::new(SIM)
+        .args(["serve", "/m", "--gpu-memory-utilization", "most"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("argument --gpu-memory-utilization: invalid float value: 'most'"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("argument --gpu-memory-utilization: invalid float value: 'most'")
+    );
 
-    let out = std::process::Command::new(SIM).args(["serve", "/m", "--speculative-config", r#"{"method":"mtp","num_speculative_tokens":2,"disable_by_batch_size":4}"#]).output().unwrap();
+    let out = std::process::Command::new(SIM)
+        .args([
+            "serve",
+            "/m",
+            "--speculative-config",
+            r#"{"method":"mtp","num_speculative_tokens":2,"disable_by_batch_size":4}"#,
+        ])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Extra inputs are not permitted"));
 }

@@ -10,11 +10,42 @@ use sparkgate_tests::harness::{addr_in, post_json, request, sse_data, try_reques
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
 fn rank_args(rank: u32, master_port: u16) -> Vec<String> {
-    let mut a: Vec<String> = ["serve", "/model", "--served-model-name", "M", "--reasoning-parser", "deepseek_v41", "--tensor-parallel-size", "2"]
-        .map(String::from)
-        .to_vec();
-    a.extend(["--nnodes", "2", "--node-rank", &rank.to_string(), "--master-addr", "127.0.0.1", "--master-port", &master_port.to_string()].map(String::from));
-    a.extend(["--distributed-executor-backend", "mp", "--host", "127.0.0.1", "--port", "0"].map(String::from));
+    let mut a: Vec<String> = [
+        "serve",
+        "/model",
+        "--served-model-name",
+        "M",
+        "--reasoning-parser",
+        "deepseek_v41",
+        "--tensor-parallel-size",
+        "2",
+    ]
+    .map(String::from)
+    .to_vec();
+    a.extend(
+        [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            &rank.to_string(),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &master_port.to_string(),
+        ]
+        .map(String::from),
+    );
+    a.extend(
+        [
+            "--distributed-executor-backend",
+            "mp",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ]
+        .map(String::from),
+    );
     if rank > 0 {
         a.push("--headless".into());
     }
@@ -35,13 +66,22 @@ fn group(env0: &[(&str, &str)]) -> (Proc, Proc, std::net::SocketAddr) {
     let rank0 = Proc::spawn(SIM, &rank_args(0, 0), &env);
     let master = addr_in(&rank0.wait_for("torch.distributed rendezvous listening on"));
     rank0.wait_for("Loading weights took");
-    assert!(!rank0.has_line("Starting vLLM server"), "rank 0 must not serve before rank 1 joined");
+    assert!(
+        !rank0.has_line("Starting vLLM server"),
+        "rank 0 must not serve before rank 1 joined"
+    );
     let rank1 = Proc::spawn(SIM, &rank_args(1, master.port()), FAST);
     let http = addr_in(&rank0.wait_for("Starting vLLM server on http://"));
     rank0.wait_for("Application startup complete.");
     let log = rank0.log();
-    let joined = log.iter().position(|l| l.contains("Rank 1 joined")).expect("join logged");
-    let serving = log.iter().position(|l| l.contains("Starting vLLM server")).expect("serving logged");
+    let joined = log
+        .iter()
+        .position(|l| l.contains("Rank 1 joined"))
+        .expect("join logged");
+    let serving = log
+        .iter()
+        .position(|l| l.contains("Starting vLLM server"))
+        .expect("serving logged");
     assert!(joined < serving, "ready only after rank 1 joined");
     rank1.wait_for("headless multiproc executor");
     (rank0, rank1, http)
@@ -67,7 +107,10 @@ fn losing_rank_1_is_silent_while_idle_then_fatal_on_the_next_step() {
     let events = sse_data(&r.body);
     assert_eq!(events.last().unwrap(), "[DONE]");
     let err: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
-    assert_eq!(err["error"]["message"], "The server had an error while processing your request.");
+    assert_eq!(
+        err["error"]["message"],
+        "The server had an error while processing your request."
+    );
     assert_eq!(err["error"]["code"], 500);
     r0.wait_for("EngineCore encountered a fatal error.");
     let status = r0.wait_exit(Duration::from_secs(30));
@@ -77,7 +120,13 @@ fn losing_rank_1_is_silent_while_idle_then_fatal_on_the_next_step() {
 #[test]
 fn in_flight_non_streaming_requests_get_500_when_the_group_breaks() {
     let (mut r0, mut r1, http) = group(&[("SIM_SPEED", "1")]);
-    let handle = std::thread::spawn(move || post_json(http, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "ignore_eos": true})));
+    let handle = std::thread::spawn(move || {
+        post_json(
+            http,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "ignore_eos": true}),
+        )
+    });
     r0.wait_for("Rank 1 joined");
     // Wait until the request is running (its first step has been taken) before cutting rank 1.
     let ctl = addr_in(&r0.wait_for("vllm-sim control endpoint on http://"));
@@ -104,7 +153,11 @@ fn rank_1_exits_when_rank_0_goes_away() {
 
 #[test]
 fn a_rank_that_never_joins_times_the_start_out() {
-    let env: Vec<(&str, &str)> = FAST.iter().copied().chain([("VLLM_ENGINE_READY_TIMEOUT_S", "0.3")]).collect();
+    let env: Vec<(&str, &str)> = FAST
+        .iter()
+        .copied()
+        .chain([("VLLM_ENGINE_READY_TIMEOUT_S", "0.3")])
+        .collect();
     let mut r0 = Proc::spawn(SIM, &rank_args(0, 0), &env);
     r0.wait_for("Timed out after");
     assert_eq!(r0.wait_exit(Duration::from_secs(30)).code(), Some(1));
@@ -113,29 +166,53 @@ fn a_rank_that_never_joins_times_the_start_out() {
 
 #[test]
 fn scheduler_runs_at_most_max_num_seqs_and_queues_the_rest() {
-    let sim = Sim::start(SIM, &["/m", "--served-model-name", "M", "--max-num-seqs", "2"], &[("SIM_SPEED", "1")]);
+    let sim = Sim::start(
+        SIM,
+        &["/m", "--served-model-name", "M", "--max-num-seqs", "2"],
+        &[("SIM_SPEED", "1")],
+    );
     let addr = sim.addr();
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "ignore_eos": true, "chat_template_kwargs": {"enable_thinking": false}});
-    let workers: Vec<_> = (0..5).map(|_| {
-        let b = body.clone();
-        std::thread::spawn(move || post_json(addr, "/v1/chat/completions", &b))
-    }).collect();
+    let workers: Vec<_> = (0..5)
+        .map(|_| {
+            let b = body.clone();
+            std::thread::spawn(move || post_json(addr, "/v1/chat/completions", &b))
+        })
+        .collect();
     let s = sim.wait_state("2 running, 3 waiting", |s| s["running"] == 2 && s["waiting"] == 3);
     assert_eq!(s["running"], 2);
     let metrics = request(addr, "GET", "/metrics", &[], b"").text();
-    assert!(metrics.contains("vllm:num_requests_running{model_name=\"M\",engine=\"0\"} 2.0"), "{metrics}");
+    assert!(
+        metrics.contains("vllm:num_requests_running{model_name=\"M\",engine=\"0\"} 2.0"),
+        "{metrics}"
+    );
     assert!(metrics.contains("vllm:num_requests_waiting{model_name=\"M\",engine=\"0\"} 3.0"));
     for w in workers {
         assert_eq!(w.join().unwrap().json()["usage"]["completion_tokens"], 40);
     }
     let metrics = request(addr, "GET", "/metrics", &[], b"").text();
     assert!(metrics.contains("vllm:generation_tokens_total{model_name=\"M\",engine=\"0\"} 200.0"));
-    assert!(!metrics.contains("spec_decode"), "no speculative config, no spec-decode counters");
+    assert!(
+        !metrics.contains("spec_decode"),
+        "no speculative config, no spec-decode counters"
+    );
 }
 
 #[test]
 fn queued_admission_limit_answers_503() {
-    let sim = Sim::start(SIM, &["/m", "--served-model-name", "M", "--max-num-seqs", "1", "--max-num-queued-reqs", "1"], &[("SIM_SPEED", "1")]);
+    let sim = Sim::start(
+        SIM,
+        &[
+            "/m",
+            "--served-model-name",
+            "M",
+            "--max-num-seqs",
+            "1",
+            "--max-num-queued-reqs",
+            "1",
+        ],
+        &[("SIM_SPEED", "1")],
+    );
     let addr = sim.addr();
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "ignore_eos": true});
     let b = body.clone();
@@ -153,28 +230,61 @@ fn queued_admission_limit_answers_503() {
 fn mid_stream_error_fault_ends_with_an_error_event_and_done() {
     let sim = Sim::start(SIM, &["/m", "--served-model-name", "M"], &[]);
     sim.fault("/fault/stream-error?after_tokens=3");
-    let r = post_json(sim.addr(), "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "stream": true, "max_tokens": 50}));
+    let r = post_json(
+        sim.addr(),
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "stream": true, "max_tokens": 50}),
+    );
     let events = sse_data(&r.body);
     assert_eq!(events.last().unwrap(), "[DONE]");
     let err: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
-    assert_eq!(err, json!({"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}));
-    let r = post_json(sim.addr(), "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}));
+    assert_eq!(
+        err,
+        json!({"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}})
+    );
+    let r = post_json(
+        sim.addr(),
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}),
+    );
     assert_eq!(r.status, 500);
     sim.fault("/fault/clear");
-    assert_eq!(post_json(sim.addr(), "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})).status, 200);
+    assert_eq!(
+        post_json(
+            sim.addr(),
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})
+        )
+        .status,
+        200
+    );
 }
 
 #[test]
 fn hang_fault_stops_tokens_and_logs_but_health_stays_up() {
-    let sim = Sim::start(SIM, &["/m", "--served-model-name", "M"], &[("SIM_SPEED", "1"), ("VLLM_LOG_STATS_INTERVAL", "0.1")]);
+    let sim = Sim::start(
+        SIM,
+        &["/m", "--served-model-name", "M"],
+        &[("SIM_SPEED", "1"), ("VLLM_LOG_STATS_INTERVAL", "0.1")],
+    );
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "stream": true, "max_tokens": 1000, "ignore_eos": true});
-    let mut s = Streaming::open(sim.addr(), "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body.to_string().as_bytes());
+    let mut s = Streaming::open(
+        sim.addr(),
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
     s.next_chunk().unwrap();
     sim.proc.wait_for("Avg generation throughput");
     sim.fault("/fault/hang");
     let tokens = sim.state()["generation_tokens"].clone();
     let lines = sim.proc.log().len();
-    assert_eq!(request(sim.addr(), "GET", "/health", &[], b"").status, 200, "a hung engine still answers /health");
+    assert_eq!(
+        request(sim.addr(), "GET", "/health", &[], b"").status,
+        200,
+        "a hung engine still answers /health"
+    );
     // The engine produced nothing more while hung.
     assert_eq!(sim.state()["generation_tokens"], tokens);
     assert_eq!(sim.state()["hung"], true);
@@ -185,17 +295,31 @@ fn hang_fault_stops_tokens_and_logs_but_health_stays_up() {
 
 #[test]
 fn crash_fault_exits_abruptly() {
-    let mut sim = Sim::start(SIM, &["/m", "--served-model-name", "M"], &[("SIM_FAULT_CRASH_AFTER_REQUESTS", "2")]);
+    let mut sim = Sim::start(
+        SIM,
+        &["/m", "--served-model-name", "M"],
+        &[("SIM_FAULT_CRASH_AFTER_REQUESTS", "2")],
+    );
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
     assert_eq!(post_json(sim.addr(), "/v1/chat/completions", &body).status, 200);
-    let second = try_request(sim.addr(), "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body.to_string().as_bytes());
+    let second = try_request(
+        sim.addr(),
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
     assert!(second.is_none(), "the process died before answering: {second:?}");
     assert_eq!(sim.proc.wait_exit(Duration::from_secs(30)).code(), Some(137));
 }
 
 #[test]
 fn hang_at_start_stalls_the_log_before_ready() {
-    let p = Proc::spawn(SIM, &["serve", "/m", "--host", "127.0.0.1", "--port", "0"].map(String::from), &[("SIM_FAULT_HANG_AT_START", "1"), ("SIM_LOAD_SECONDS", "0")]);
+    let p = Proc::spawn(
+        SIM,
+        &["serve", "/m", "--host", "127.0.0.1", "--port", "0"].map(String::from),
+        &[("SIM_FAULT_HANG_AT_START", "1"), ("SIM_LOAD_SECONDS", "0")],
+    );
     p.wait_for("Loading safetensors checkpoint shards:  20%");
     // Ready would follow within milliseconds; the hang keeps it (and every log line) away.
     let lines = p.log().len();

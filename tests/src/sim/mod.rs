@@ -12,6 +12,7 @@ mod group;
 mod log;
 mod metrics;
 mod text;
+mod tools;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

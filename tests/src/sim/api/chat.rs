@@ -3,13 +3,13 @@
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::generate::{ChoicePlan, Delta, Job, Step};
 use super::request::{self, invalid};
-use super::{error, json_response, App, Shared};
+use super::{error, json_response, ApiError, App, Shared};
 use crate::sim::text::{self, ToolCall};
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
@@ -21,9 +21,9 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
                 &ctx.request_id,
                 json_response(StatusCode::OK, &full_body(&app, &job, &ctx)),
             ),
-            Err(msg) => error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None),
+            Err(msg) => error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None).into_response(),
         },
-        Err(resp) => resp,
+        Err(e) => e.into_response(),
     }
 }
 
@@ -52,7 +52,7 @@ pub(crate) fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), Response> {
+fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiError> {
     let req = request::json_object(headers, body)?;
     let messages = match req.get("messages") {
         Some(Value::Array(m)) => m.clone(),

@@ -10,45 +10,37 @@ use serde_json::{json, Value};
 use super::chat::{error_frame, frame, now_secs, sse_response, with_request_id, DONE};
 use super::generate::{ChoicePlan, Job, Step};
 use super::request::{self, invalid};
-use super::{error, json_response, Shared};
+use super::{error, json_response, ApiError, Shared};
 use crate::sim::text::{self, Output};
 
-pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
-    let req = match request::json_object(&headers, &body) {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
+pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let req = request::json_object(&headers, &body)?;
     let prompts: Vec<String> =
         match req.get("prompt") {
             Some(Value::String(p)) => vec![p.clone()],
             Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
                 a.iter().filter_map(Value::as_str).map(str::to_owned).collect()
             }
-            Some(other) => return invalid("string_type", "prompt", "Input should be a valid string", other),
-            None => return error(
+            Some(other) => {
+                return Err(invalid(
+                    "string_type",
+                    "prompt",
+                    "Input should be a valid string",
+                    other,
+                ))
+            }
+            None => return Err(error(
                 StatusCode::BAD_REQUEST,
                 "Bad Request",
                 "1 validation error:\n  Value error, Either prompt or prompt_embeds must be provided and non-empty.",
                 Some("prompt"),
-            ),
+            )),
         };
-    let stream = match request::stream_options(&app, &req) {
-        Ok(s) => s,
-        Err(resp) => return resp,
-    };
-    let max_tokens = match request::max_tokens(&app, &req, &["max_tokens"]) {
-        Ok(m) => m.unwrap_or(16) as usize,
-        Err(resp) => return resp,
-    };
-    if let Err(resp) = request::check_model(&app, &req) {
-        return resp;
-    }
+    let stream = request::stream_options(&app, &req)?;
+    let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
+    request::check_model(&app, &req)?;
     let prompt_tokens: usize = prompts.iter().map(|p| text::count_tokens(p)).sum();
-    if let Err(resp) =
-        request::check_prompt_length(&app, prompts.iter().map(|p| text::count_tokens(p)).max().unwrap_or(0))
-    {
-        return resp;
-    }
+    request::check_prompt_length(&app, prompts.iter().map(|p| text::count_tokens(p)).max().unwrap_or(0))?;
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let choices: Vec<ChoicePlan> = prompts
         .iter()
@@ -62,16 +54,18 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         })
         .collect();
     let request_id = request::request_id(&headers, &req);
-    let mut job = match Job::start(&app, prompt_tokens, choices) {
-        Ok(j) => j,
-        Err(resp) => return resp,
-    };
+    let mut job = Job::start(&app, prompt_tokens, choices)?;
     let id = format!("cmpl-{request_id}");
     let model = app.args.served_name().to_owned();
     let created = now_secs();
     if !stream.stream {
         if let Err(msg) = job.complete().await {
-            return error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None);
+            return Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                &msg,
+                None,
+            ));
         }
         let choices: Vec<Value> = job
             .choices
@@ -86,7 +80,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion, "completion_tokens": completion, "prompt_tokens_details": null},
             "kv_transfer_params": null
         });
-        return with_request_id(&app, &request_id, json_response(StatusCode::OK, &body));
+        return Ok(with_request_id(&app, &request_id, json_response(StatusCode::OK, &body)));
     }
     let include_usage = stream.include_usage;
     let fingerprint = app.fingerprint.clone();
@@ -135,5 +129,5 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
             }
         }
     });
-    sse_response(&app, &request_id, frames)
+    Ok(sse_response(&app, &request_id, frames))
 }

@@ -2,10 +2,9 @@
 //! the deltas the engine's steps release.
 
 use axum::http::StatusCode;
-use axum::response::Response;
 use tokio::sync::mpsc;
 
-use super::{error, App};
+use super::{error, ApiError, App};
 use crate::sim::engine::{Event, Refused, ENGINE_DEAD};
 use crate::sim::metrics::Finished;
 use crate::sim::text::{self, Output, ToolCall};
@@ -128,7 +127,7 @@ pub(crate) enum Step {
 impl Job {
     /// Submits every choice. Refusals become vLLM's responses: 500 when the engine is dead, 503
     /// when `--max-num-queued-reqs` is reached.
-    pub(crate) fn start(app: &App, prompt_tokens: usize, choices: Vec<ChoicePlan>) -> Result<Job, Response> {
+    pub(crate) fn start(app: &App, prompt_tokens: usize, choices: Vec<ChoicePlan>) -> Result<Job, ApiError> {
         let (tx, rx) = mpsc::unbounded_channel();
         for (index, c) in choices.iter().enumerate() {
             match app.engine.submit(prompt_tokens, c.total(), c.metric_finish(), index, &tx) {

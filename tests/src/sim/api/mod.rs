@@ -38,10 +38,31 @@ pub(crate) struct App {
 
 pub(crate) type Shared = Arc<App>;
 
+/// An error answer in vLLM's envelope `{"error":{"message","type","param","code"}}`; the one
+/// place the simulator turns failures into HTTP.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    param: Option<String>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status.as_u16()}});
+        json_response(self.status, &body)
+    }
+}
+
 /// vLLM's error envelope with the given status, type and param.
-pub(crate) fn error(status: StatusCode, kind: &str, message: &str, param: Option<&str>) -> Response {
-    let body = json!({"error": {"message": message, "type": kind, "param": param, "code": status.as_u16()}});
-    json_response(status, &body)
+pub(crate) fn error(status: StatusCode, kind: &'static str, message: &str, param: Option<&str>) -> ApiError {
+    ApiError {
+        status,
+        kind,
+        message: message.to_owned(),
+        param: param.map(str::to_owned),
+    }
 }
 
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
@@ -49,7 +70,7 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
 }
 
 /// The request body failed FastAPI/pydantic validation: 400 `Bad Request`.
-pub(crate) fn validation_error(detail: &str, param: Option<&str>) -> Response {
+pub(crate) fn validation_error(detail: &str, param: Option<&str>) -> ApiError {
     error(
         StatusCode::BAD_REQUEST,
         "Bad Request",
@@ -122,14 +143,9 @@ async fn models(State(app): State<Shared>) -> Response {
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
-async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
-    let req = match request::json_object(&headers, &body) {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
-    if let Err(resp) = request::check_model(&app, &req) {
-        return resp;
-    }
+async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let req = request::json_object(&headers, &body)?;
+    request::check_model(&app, &req)?;
     let text = match (req.get("prompt"), req.get("messages")) {
         (Some(Value::String(p)), _) => p.clone(),
         (_, Some(Value::Array(messages))) => {
@@ -139,38 +155,33 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
             text::render_prompt(messages, &rendering)
         }
         _ => {
-            return validation_error(
+            return Err(validation_error(
                 "{'type': 'missing', 'loc': 'body.prompt', 'msg': 'Field required'}",
                 Some("body.prompt"),
-            )
+            ))
         }
     };
     let tokens = text::tokenize(&text);
-    json_response(
+    Ok(json_response(
         StatusCode::OK,
         &json!({"count": tokens.len(), "max_model_len": app.args.max_model_len, "tokens": tokens, "token_strs": null}),
-    )
+    ))
 }
 
-async fn detokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
-    let req = match request::json_object(&headers, &body) {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
-    if let Err(resp) = request::check_model(&app, &req) {
-        return resp;
-    }
+async fn detokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let req = request::json_object(&headers, &body)?;
+    request::check_model(&app, &req)?;
     let ids: Option<Vec<u64>> = req
         .get("tokens")
         .and_then(Value::as_array)
         .and_then(|a| a.iter().map(Value::as_u64).collect());
     match ids.and_then(|ids| text::detokenize(&ids)) {
-        Some(prompt) => json_response(StatusCode::OK, &json!({"prompt": prompt})),
-        None => error(
+        Some(prompt) => Ok(json_response(StatusCode::OK, &json!({"prompt": prompt}))),
+        None => Err(error(
             StatusCode::BAD_REQUEST,
             "BadRequestError",
             "Token id out of vocabulary",
             Some("tokens"),
-        ),
+        )),
     }
 }

@@ -2,10 +2,9 @@
 //! content type and JSON first (400 `Bad Request`), field rules, then the model check (404).
 
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
 use serde_json::{Map, Value};
 
-use super::{error, validation_error, App};
+use super::{error, validation_error, ApiError, App};
 
 /// vLLM's `ReasoningEffort` literal set.
 const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh", "max"];
@@ -45,7 +44,7 @@ fn summarise(v: &Value) -> String {
 }
 
 /// A pydantic-style validation failure for field `loc` of the body.
-pub(crate) fn invalid(kind: &str, field: &str, msg: &str, input: &Value) -> Response {
+pub(crate) fn invalid(kind: &str, field: &str, msg: &str, input: &Value) -> ApiError {
     let loc = format!("body.{field}");
     validation_error(
         &format!(
@@ -57,7 +56,7 @@ pub(crate) fn invalid(kind: &str, field: &str, msg: &str, input: &Value) -> Resp
 }
 
 /// The body as a JSON object, after vLLM's content-type check.
-pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, Response> {
+pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
     if content_type.split(';').next().map(str::trim) != Some("application/json") {
         return Err(validation_error(
@@ -79,7 +78,7 @@ pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String
 }
 
 /// 404 for a model that is not one of the served names; absent, null or empty is fine.
-pub(crate) fn check_model(app: &App, req: &Map<String, Value>) -> Result<(), Response> {
+pub(crate) fn check_model(app: &App, req: &Map<String, Value>) -> Result<(), ApiError> {
     match req.get("model") {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(m)) if m.is_empty() || app.args.served_model_names.contains(m) => Ok(()),
@@ -108,7 +107,7 @@ pub(crate) fn request_id(headers: &HeaderMap, req: &Map<String, Value>) -> Strin
 
 /// The chat template kwargs after vLLM's merge: request kwargs, overridden by the top-level
 /// `reasoning_effort` (and the `enable_thinking` it implies), over the server defaults.
-pub(crate) fn template_kwargs(app: &App, req: &Map<String, Value>) -> Result<Map<String, Value>, Response> {
+pub(crate) fn template_kwargs(app: &App, req: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     let effort = match req.get("reasoning_effort") {
         None | Some(Value::Null) => None,
         Some(Value::String(e)) if EFFORTS.contains(&e.as_str()) => Some(e.clone()),
@@ -149,7 +148,7 @@ pub(crate) fn template_kwargs(app: &App, req: &Map<String, Value>) -> Result<Map
 }
 
 /// Refuses a request-supplied chat template (vLLM needs `--trust-request-chat-template`).
-pub(crate) fn refuse_chat_template(app: &App, req: &Map<String, Value>) -> Result<(), Response> {
+pub(crate) fn refuse_chat_template(app: &App, req: &Map<String, Value>) -> Result<(), ApiError> {
     let in_kwargs = req
         .get("chat_template_kwargs")
         .and_then(Value::as_object)
@@ -172,7 +171,7 @@ pub(crate) struct StreamOptions {
     pub(crate) continuous_usage: bool,
 }
 
-pub(crate) fn stream_options(app: &App, req: &Map<String, Value>) -> Result<StreamOptions, Response> {
+pub(crate) fn stream_options(app: &App, req: &Map<String, Value>) -> Result<StreamOptions, ApiError> {
     let stream = match req.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -197,7 +196,7 @@ pub(crate) fn stream_options(app: &App, req: &Map<String, Value>) -> Result<Stre
 }
 
 /// `max_tokens` (or `max_completion_tokens`): a positive integer no larger than max_model_len.
-pub(crate) fn max_tokens(app: &App, req: &Map<String, Value>, names: &[&str]) -> Result<Option<u64>, Response> {
+pub(crate) fn max_tokens(app: &App, req: &Map<String, Value>, names: &[&str]) -> Result<Option<u64>, ApiError> {
     for name in names {
         match req.get(*name) {
             None | Some(Value::Null) => continue,
@@ -230,7 +229,7 @@ pub(crate) fn max_tokens(app: &App, req: &Map<String, Value>, names: &[&str]) ->
 }
 
 /// `n`: a positive integer (default 1).
-pub(crate) fn n_choices(req: &Map<String, Value>) -> Result<usize, Response> {
+pub(crate) fn n_choices(req: &Map<String, Value>) -> Result<usize, ApiError> {
     match req.get("n") {
         None | Some(Value::Null) => Ok(1),
         Some(Value::Number(n)) if n.as_u64().is_some_and(|v| (1..=128).contains(&v)) => {
@@ -246,7 +245,7 @@ pub(crate) fn n_choices(req: &Map<String, Value>) -> Result<usize, Response> {
 }
 
 /// The context-length check on the rendered prompt.
-pub(crate) fn check_prompt_length(app: &App, prompt_tokens: usize) -> Result<(), Response> {
+pub(crate) fn check_prompt_length(app: &App, prompt_tokens: usize) -> Result<(), ApiError> {
     if prompt_tokens as u64 > app.args.max_model_len {
         return Err(error(
             StatusCode::BAD_REQUEST,

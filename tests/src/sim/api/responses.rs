@@ -10,11 +10,11 @@ use serde_json::{json, Map, Value};
 use super::chat::{now_secs, sse_response, with_request_id};
 use super::generate::{ChoicePlan, Job, Step};
 use super::request::{self, invalid};
-use super::{error, json_response, Shared};
+use super::{error, json_response, ApiError, Shared};
 use crate::sim::text;
 
 /// Responses `input` (plus `instructions`) as chat messages.
-fn messages(req: &Map<String, Value>) -> Result<Vec<Value>, Response> {
+fn messages(req: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::new();
     if let Some(Value::String(i)) = req.get("instructions") {
         out.push(json!({"role": "system", "content": i}));
@@ -98,15 +98,9 @@ fn final_output(turn: &Turn, plan: &ChoicePlan) -> Vec<Value> {
     output
 }
 
-pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
-    let req = match request::json_object(&headers, &body) {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
-    let msgs = match messages(&req) {
-        Ok(m) => m,
-        Err(resp) => return resp,
-    };
+pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let req = request::json_object(&headers, &body)?;
+    let msgs = messages(&req)?;
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
     // `reasoning.effort` reaches the template as `reasoning_effort`.
     let mut chat_like = req.clone();
@@ -117,17 +111,9 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     {
         chat_like.insert("reasoning_effort".into(), effort.clone());
     }
-    let kwargs = match request::template_kwargs(&app, &chat_like) {
-        Ok(k) => k,
-        Err(resp) => return resp,
-    };
-    let max_output_tokens = match request::max_tokens(&app, &req, &["max_output_tokens"]) {
-        Ok(m) => m,
-        Err(resp) => return resp,
-    };
-    if let Err(resp) = request::check_model(&app, &req) {
-        return resp;
-    }
+    let kwargs = request::template_kwargs(&app, &chat_like)?;
+    let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
+    request::check_model(&app, &req)?;
     let tools: Option<Vec<Value>> = req
         .get("tools")
         .and_then(Value::as_array)
@@ -135,18 +121,13 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         .cloned();
     let rendering = app.template.render(&kwargs);
     let prompt_tokens = text::count_tokens(&text::render_prompt(&msgs, &rendering));
-    if let Err(resp) = request::check_prompt_length(&app, prompt_tokens) {
-        return resp;
-    }
+    request::check_prompt_length(&app, prompt_tokens)?;
     let budget =
         (app.args.max_model_len as usize - prompt_tokens).min(max_output_tokens.map_or(usize::MAX, |m| m as usize));
     let out = text::plan_chat(&msgs, tools.as_deref(), req.get("tool_choice"), &rendering);
     let plan = ChoicePlan::new(out, budget, false, 0);
     let request_id = request::request_id(&headers, &req);
-    let mut job = match Job::start(&app, prompt_tokens, vec![plan]) {
-        Ok(j) => j,
-        Err(resp) => return resp,
-    };
+    let mut job = Job::start(&app, prompt_tokens, vec![plan])?;
     let turn = Turn {
         id: format!("resp_{request_id}"),
         created: now_secs(),
@@ -159,7 +140,12 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     };
     if !stream {
         if let Err(msg) = job.complete().await {
-            return error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None);
+            return Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                &msg,
+                None,
+            ));
         }
         let plan = &job.choices[0];
         let reasoning = plan.reasoning_text().map_or(0, |r| text::count_tokens(&r));
@@ -174,10 +160,10 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
             final_output(&turn, plan),
             usage(prompt_tokens, job.completion_tokens(), reasoning),
         );
-        return with_request_id(&app, &request_id, json_response(StatusCode::OK, &body));
+        return Ok(with_request_id(&app, &request_id, json_response(StatusCode::OK, &body)));
     }
     let frames = async_events(job, turn, prompt_tokens);
-    sse_response(&app, &request_id, frames)
+    Ok(sse_response(&app, &request_id, frames))
 }
 
 /// The streaming event sequence; each frame is `event: <type>\ndata: <json>\n\n`.
