@@ -56,6 +56,7 @@ pub struct Config {
     pub containers: Containers,
     pub storage: Storage,
     pub supervision: Supervision,
+    pub gateway: Gateway,
     pub secrets: Secrets,
     /// Variables passed verbatim into both rank containers, in table order then by name.
     pub(crate) rank_env: Vec<(String, RankEnvValue)>,
@@ -220,6 +221,30 @@ pub struct Supervision {
     pub mem_guard: bool,
     pub mem_guard_gib: f64,
     pub boot_margin_gib: Option<f64>,
+}
+
+/// The gateway's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gateway {
+    pub bind: IpAddr,
+    /// vLLM rank 0's base URL, without a trailing slash (`http://host:port`).
+    pub upstream: String,
+    pub model_aliases: Vec<String>,
+    /// OpenAI effort name → what to send instead (a profile effort name, `none`, or for deepseek
+    /// an integer 1..=100 as text).
+    pub effort_map: Vec<(String, String)>,
+    pub queue_depth: usize,
+    pub queue_timeout: Duration,
+    pub first_token_timeout: Duration,
+    pub stream_idle_timeout: Duration,
+    pub request_timeout: Duration,
+    /// Requests per minute per key; `None` = no rate limit.
+    pub rate_limit_rpm: Option<u32>,
+    pub rate_limit_burst: u32,
+    pub max_body_bytes: usize,
+    pub header_read_timeout: Duration,
+    pub drain_timeout: Duration,
+    pub log_json: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]

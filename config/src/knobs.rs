@@ -30,6 +30,7 @@ pub(crate) enum Group {
     Containers,
     Storage,
     Supervision,
+    Gateway,
     Secrets,
 }
 
@@ -45,6 +46,7 @@ impl Group {
             Group::Containers => "Rank containers",
             Group::Storage => "Weights and caches (host paths)",
             Group::Supervision => "Supervision",
+            Group::Gateway => "Gateway (the OpenAI front door)",
             Group::Secrets => "Secrets (never printed)",
         }
     }
@@ -274,6 +276,24 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MEM_GUARD_GIB", Supervision, V("1.5"), V("1.5"), "Memguard threshold in GiB.").aliases(&["DSV41_MEM_GUARD_GIB"]),
     k("BOOT_MARGIN_GIB", Supervision, V("12"), V(""), "Free memory beyond the weights each node needs to boot; empty: no check.")
         .aliases(&["DSV41_BOOT_MARGIN_GIB"]),
+    // === Gateway ===
+    k("BIND_ADDR", Gateway, V("0.0.0.0"), V("0.0.0.0"), "Address the gateway listens on (with PORT)."),
+    k("UPSTREAM_URL", Gateway, V("http://127.0.0.1:${VLLM_PORT}"), V("http://127.0.0.1:${VLLM_PORT}"),
+      "vLLM rank 0's base URL; `sparkgate serve --upstream URL` fronts an already running vLLM."),
+    k("MODEL_ALIASES", Gateway, V(""), V(""), "Comma-separated extra model names accepted and rewritten to SERVED_MODEL_NAME."),
+    k("REASONING_EFFORT_MAP", Gateway, V("minimal=low,medium=high,xhigh=max"), V("minimal=low,medium=high,xhigh=max"),
+      "How OpenAI effort names the template lacks are mapped (from=to, comma-separated)."),
+    k("QUEUE_DEPTH", Gateway, V("256"), V("256"), "Generation requests that may wait for a MAX_NUM_SEQS slot; more get 429."),
+    k("QUEUE_TIMEOUT", Gateway, V("600"), V("600"), "Seconds a request may wait for a slot before 503."),
+    k("FIRST_TOKEN_TIMEOUT", Gateway, V("900"), V("900"), "Seconds a stream may wait for its first event (long prefills take minutes)."),
+    k("STREAM_IDLE_TIMEOUT", Gateway, V("120"), V("120"), "Seconds without an upstream event before a stream ends with an error."),
+    k("REQUEST_TIMEOUT", Gateway, V("3600"), V("3600"), "Seconds a non-streaming generation may take upstream."),
+    k("RATE_LIMIT_RPM", Gateway, V("0"), V("0"), "Requests per minute per API key (or client IP) on /v1/*; 0 = off."),
+    k("RATE_LIMIT_BURST", Gateway, V(""), V(""), "Burst of the rate limit; empty = RATE_LIMIT_RPM."),
+    k("MAX_BODY_BYTES", Gateway, V("33554432"), V("33554432"), "Largest request body accepted (413 beyond)."),
+    k("HEADER_READ_TIMEOUT", Gateway, V("30"), V("30"), "Seconds a client may take to send request headers."),
+    k("DRAIN_TIMEOUT", Gateway, V("60"), V("60"), "Seconds in-flight requests may finish on shutdown or before a restart."),
+    k("LOG_FORMAT", Gateway, V("text"), V("text"), "Access and event log format: text or json."),
     // === Secrets ===
     k("HF_TOKEN", Secrets, V(""), V(""), "Hugging Face token for downloads.").secret(),
     k("GHCR_USER", Secrets, V("MiaAI-Lab"), V("MiaAI-Lab"), "GHCR user for image pulls."),

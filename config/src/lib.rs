@@ -19,7 +19,7 @@ mod source;
 mod spec;
 
 pub use config::{
-    Config, Containers, DflashDraft, HostNccl, LoadOptions, Nic, Nodes, Ports, RankEnvValue, Secrets, Serving, Setting,
+    Config, Containers, DflashDraft, Gateway, HostNccl, LoadOptions, Nic, Nodes, Ports, RankEnvValue, Secrets, Serving, Setting,
     Speculation, Storage, Supervision, WeightSync, Weights,
 };
 pub use error::{ConfigError, InvalidValue};
