@@ -199,11 +199,18 @@ impl Builder<'_> {
             vllm: self.int("VLLM_PORT", 1..=65535),
             master: self.int("MASTER_PORT", 1..=65535),
         };
+        // vLLM's own port matters only when the gateway fronts the local rank 0 (not when it
+        // fronts another vLLM given by UPSTREAM_URL).
+        let local_rank = self.string("UPSTREAM_URL").trim_end_matches('/')
+            == format!("http://127.0.0.1:{}", self.string("VLLM_PORT"));
         for (a, b) in [
             ("PORT", "VLLM_PORT"),
             ("PORT", "MASTER_PORT"),
             ("VLLM_PORT", "MASTER_PORT"),
         ] {
+            if b == "VLLM_PORT" && !local_rank {
+                continue;
+            }
             if self.string(a) == self.string(b) {
                 self.fail(b, format!("must differ from {a}"));
             }
@@ -550,8 +557,13 @@ impl Builder<'_> {
         if !upstream_ok {
             self.fail("UPSTREAM_URL", "must be an http:// URL such as http://127.0.0.1:18888");
         }
-        let model_aliases: Vec<String> =
-            self.string("MODEL_ALIASES").split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
+        let model_aliases: Vec<String> = self
+            .string("MODEL_ALIASES")
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect();
         let effort_map = self.effort_map(profile);
         let rpm = self.int("RATE_LIMIT_RPM", 0..=1_000_000u32);
         let burst = self.opt_int("RATE_LIMIT_BURST", 1..=1_000_000u32).unwrap_or(rpm.max(1));
@@ -589,9 +601,14 @@ impl Builder<'_> {
             let to_ok = to == "none"
                 || facts.named.iter().any(|(n, _)| *n == to)
                 || (profile == ProfileId::Glm53Flash && to == "max")
-                || facts.integer_range.is_some_and(|(lo, hi)| to.parse::<u8>().is_ok_and(|v| (lo..=hi).contains(&v)));
+                || facts
+                    .integer_range
+                    .is_some_and(|(lo, hi)| to.parse::<u8>().is_ok_and(|v| (lo..=hi).contains(&v)));
             if !OPENAI.contains(&from) {
-                self.fail("REASONING_EFFORT_MAP", format!("`{from}` is not an effort name ({})", OPENAI.join(", ")));
+                self.fail(
+                    "REASONING_EFFORT_MAP",
+                    format!("`{from}` is not an effort name ({})", OPENAI.join(", ")),
+                );
             } else if !to_ok {
                 self.fail(
                     "REASONING_EFFORT_MAP",

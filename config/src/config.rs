@@ -23,6 +23,8 @@ pub struct LoadOptions {
     pub env_file: Option<PathBuf>,
     /// `--profile` from the command line (wins over every other layer).
     pub profile: Option<String>,
+    /// Other variables set by command-line flags (e.g. `serve --port`), as `NAME → value`.
+    pub overrides: BTreeMap<String, String>,
     /// The process environment.
     pub process_env: BTreeMap<String, String>,
     /// Where a default `.env` is looked for and relative paths resolve.
@@ -35,6 +37,7 @@ impl LoadOptions {
         Self {
             env_file,
             profile,
+            overrides: BTreeMap::new(),
             process_env: std::env::vars_os()
                 .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
                 .collect(),
@@ -284,7 +287,7 @@ impl Config {
             .and_then(Path::parent)
             .map(Path::to_path_buf)
             .unwrap_or_else(|| options.working_dir.clone());
-        let mut command_line = BTreeMap::new();
+        let mut command_line = options.overrides.clone();
         if let Some(profile) = &options.profile {
             command_line.insert("PROFILE".to_owned(), profile.clone());
         }

@@ -254,16 +254,32 @@ fn missing_or_broken_env_files_are_clear_errors() {
 
 #[test]
 fn gateway_settings_default_to_the_local_rank_and_parse_maps() {
-    let config = Fixture::new(None).env("VLLM_PORT", "19000").env("MODEL_ALIASES", "ds, deepseek ").config();
+    let config = Fixture::new(None)
+        .env("VLLM_PORT", "19000")
+        .env("MODEL_ALIASES", "ds, deepseek ")
+        .config();
     let g = &config.gateway;
-    assert_eq!(g.upstream, "http://127.0.0.1:19000", "rank 0's loopback port follows VLLM_PORT");
+    assert_eq!(
+        g.upstream, "http://127.0.0.1:19000",
+        "rank 0's loopback port follows VLLM_PORT"
+    );
     assert_eq!(g.model_aliases, vec!["ds", "deepseek"]);
     assert_eq!(
         g.effort_map,
-        vec![("minimal".into(), "low".into()), ("medium".into(), "high".into()), ("xhigh".into(), "max".into())]
+        vec![
+            ("minimal".into(), "low".into()),
+            ("medium".into(), "high".into()),
+            ("xhigh".into(), "max".into())
+        ]
     );
     assert_eq!(g.rate_limit_rpm, None);
-    let limited = Fixture::new(None).env("RATE_LIMIT_RPM", "60").env("UPSTREAM_URL", "http://127.0.0.1:8000/").config();
-    assert_eq!((limited.gateway.rate_limit_rpm, limited.gateway.rate_limit_burst), (Some(60), 60));
+    let limited = Fixture::new(None)
+        .env("RATE_LIMIT_RPM", "60")
+        .env("UPSTREAM_URL", "http://127.0.0.1:8000/")
+        .config();
+    assert_eq!(
+        (limited.gateway.rate_limit_rpm, limited.gateway.rate_limit_burst),
+        (Some(60), 60)
+    );
     assert_eq!(limited.gateway.upstream, "http://127.0.0.1:8000");
 }

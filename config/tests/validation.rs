@@ -242,14 +242,49 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "must be a decimal number in (0, 1024]",
     ),
     ("deepseek-v4.1-flash", "IMAGE", "", "must not be empty"),
-    ("deepseek-v4.1-flash", "UPSTREAM_URL", "ftp://10.0.0.1", "must be an http:// URL"),
-    ("deepseek-v4.1-flash", "REASONING_EFFORT_MAP", "medium=ultra", "`medium=ultra`: deepseek-v4.1-flash accepts low, high, max, none, an integer 1-100"),
-    ("glm-5.3-flash", "REASONING_EFFORT_MAP", "medium=60", "`medium=60`: glm-5.3-flash accepts low, high, max, none"),
-    ("deepseek-v4.1-flash", "REASONING_EFFORT_MAP", "turbo=high", "`turbo` is not an effort name"),
-    ("deepseek-v4.1-flash", "QUEUE_DEPTH", "-1", "must be an integer between 0 and 1000000"),
+    (
+        "deepseek-v4.1-flash",
+        "UPSTREAM_URL",
+        "ftp://10.0.0.1",
+        "must be an http:// URL",
+    ),
+    (
+        "deepseek-v4.1-flash",
+        "REASONING_EFFORT_MAP",
+        "medium=ultra",
+        "`medium=ultra`: deepseek-v4.1-flash accepts low, high, max, none, an integer 1-100",
+    ),
+    (
+        "glm-5.3-flash",
+        "REASONING_EFFORT_MAP",
+        "medium=60",
+        "`medium=60`: glm-5.3-flash accepts low, high, max, none",
+    ),
+    (
+        "deepseek-v4.1-flash",
+        "REASONING_EFFORT_MAP",
+        "turbo=high",
+        "`turbo` is not an effort name",
+    ),
+    (
+        "deepseek-v4.1-flash",
+        "QUEUE_DEPTH",
+        "-1",
+        "must be an integer between 0 and 1000000",
+    ),
     ("deepseek-v4.1-flash", "LOG_FORMAT", "xml", "must be one of: text, json"),
-    ("deepseek-v4.1-flash", "RATE_LIMIT_RPM", "fast", "must be an integer between 0 and 1000000"),
-    ("deepseek-v4.1-flash", "MAX_BODY_BYTES", "10", "must be an integer between 1024 and 1073741824"),
+    (
+        "deepseek-v4.1-flash",
+        "RATE_LIMIT_RPM",
+        "fast",
+        "must be an integer between 0 and 1000000",
+    ),
+    (
+        "deepseek-v4.1-flash",
+        "MAX_BODY_BYTES",
+        "10",
+        "must be an integer between 1024 and 1073741824",
+    ),
 ];
 
 #[test]

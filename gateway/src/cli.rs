@@ -38,6 +38,19 @@ pub enum Command {
         #[arg(long, conflicts_with = "json")]
         reference: bool,
     },
+    /// Serve the OpenAI gateway on PORT. Today this is gateway-only mode: it fronts an already
+    /// running vLLM (or vllm-sim) at UPSTREAM_URL and supervises nothing.
+    Serve {
+        /// vLLM rank 0's base URL (overrides UPSTREAM_URL), e.g. http://127.0.0.1:8000.
+        #[arg(long, value_name = "URL")]
+        upstream: Option<String>,
+        /// Port to listen on (overrides PORT); 0 picks a free one and logs it.
+        #[arg(long)]
+        port: Option<u16>,
+        /// Address to listen on (overrides BIND_ADDR).
+        #[arg(long, value_name = "ADDR")]
+        bind: Option<String>,
+    },
     /// Print each rank's container and `vllm serve` command line as you could paste them.
     Plan {
         /// Print the plan as JSON (container specs, argv, labels).
@@ -57,7 +70,19 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         emit(&sparkgate_config::reference_markdown())?;
         return Ok(ExitCode::SUCCESS);
     }
-    let config = match Config::load(&LoadOptions::from_process(cli.source.env_file, cli.source.profile)) {
+    let mut options = LoadOptions::from_process(cli.source.env_file, cli.source.profile);
+    if let Command::Serve { upstream, port, bind } = &cli.command {
+        for (name, value) in [
+            ("UPSTREAM_URL", upstream.clone()),
+            ("PORT", port.map(|p| p.to_string())),
+            ("BIND_ADDR", bind.clone()),
+        ] {
+            if let Some(v) = value {
+                options.overrides.insert(name.to_owned(), v);
+            }
+        }
+    }
+    let config = match Config::load(&options) {
         Ok(config) => config,
         // Every load error is the user's to fix: a bad value, file or syntax.
         Err(err) => {
@@ -72,6 +97,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config { json: true, .. } => serde_json::to_string_pretty(&config.settings_json())? + "\n",
         Command::Config { .. } => sparkgate_config::settings_table(&config),
         Command::Plan { json, rank } => render_plan(&config, json, rank)?,
+        Command::Serve { .. } => return serve(&config),
     };
     emit(&output)?;
     Ok(ExitCode::SUCCESS)
@@ -122,4 +148,43 @@ fn render_plan(config: &Config, json: bool, only: Option<u32>) -> anyhow::Result
         )?;
     }
     Ok(out)
+}
+
+/// Runs the gateway until SIGTERM or Ctrl-C, then drains.
+fn serve(config: &Config) -> anyhow::Result<ExitCode> {
+    crate::init_logging(config.gateway.log_json);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let addr = std::net::SocketAddr::new(config.gateway.bind, config.ports.public);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (is PORT {} in use?)", config.ports.public))?;
+        let local = crate::local_addr(&listener)?;
+        let mode = config.speculation.active_mode();
+        let control = crate::GatewayControl::new(
+            mode.max_num_seqs,
+            config.gateway.queue_depth,
+            config.gateway.queue_timeout,
+            mode.method.as_str(),
+        );
+        tracing::info!(
+            profile = %config.profile,
+            model = %config.serving.served_model_name,
+            upstream = %config.gateway.upstream,
+            max_num_seqs = mode.max_num_seqs,
+            "sparkgate listening on http://{local}"
+        );
+        crate::serve(config, listener, control, true, shutdown_signal()).await?;
+        tracing::info!("sparkgate stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutdown requested");
 }

@@ -1,3 +1,21 @@
-//! sparkgate's front door and command line: the only crate that knows OpenAI JSON.
+//! sparkgate's front door and command line: the only crate that knows OpenAI JSON. The HTTP
+//! server (`server`), request normalisation (`normalize`), admission (`admission`), the upstream
+//! client and SSE relay (`upstream`, `relay`), edge layers (`edge`), errors (`error`) and
+//! observability (`observe`).
 
+mod admission;
 pub mod cli;
+mod edge;
+mod error;
+mod normalize;
+mod observe;
+mod relay;
+mod server;
+mod state;
+mod upstream;
+
+pub use admission::AdmissionSnapshot;
+pub use error::GatewayError;
+pub use observe::init_logging;
+pub use server::{local_addr, serve};
+pub use state::{GatewayControl, UpstreamState};

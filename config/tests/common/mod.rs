@@ -43,6 +43,7 @@ impl Fixture {
         LoadOptions {
             env_file: self.env_file.clone(),
             profile: None,
+            overrides: Default::default(),
             process_env: self.process.clone(),
             working_dir: self.dir.path().to_path_buf(),
         }

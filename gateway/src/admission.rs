@@ -1,0 +1,330 @@
+//! Admission = MAX_NUM_SEQS: a generation holds `n` permits of the current capacity until its
+//! response body ends. Waiters queue FIFO with a deadline; the queue is bounded; capacity can
+//! change at run time and admission can pause (ranks restarting) — waiters are then held, not
+//! failed, until their deadline.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::error::GatewayError;
+
+/// A point-in-time view for `/ready`, `/admin/status` and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionSnapshot {
+    pub capacity: u32,
+    pub in_use: u32,
+    pub queued: usize,
+    pub paused: bool,
+}
+
+#[derive(Debug, PartialEq)]
+enum Slot {
+    Waiting,
+    Granted,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    n: u32,
+    slot: Slot,
+    wake: Option<oneshot::Sender<()>>,
+}
+
+#[derive(Debug)]
+struct State {
+    capacity: u32,
+    in_use: u32,
+    paused: bool,
+    order: VecDeque<u64>,
+    waiters: HashMap<u64, Waiter>,
+    next_id: u64,
+}
+
+impl State {
+    /// Grants waiters from the front while they fit (strict FIFO: a large head blocks).
+    fn dispatch(&mut self) {
+        while !self.paused {
+            let Some(&id) = self.order.front() else { break };
+            let w = self.waiters.get_mut(&id).expect("queued ids have waiters");
+            if self.in_use + w.n > self.capacity {
+                break;
+            }
+            self.order.pop_front();
+            self.in_use += w.n;
+            w.slot = Slot::Granted;
+            if let Some(tx) = w.wake.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+/// The admission controller; share it behind an `Arc`.
+#[derive(Debug)]
+pub struct Admission {
+    state: Mutex<State>,
+    depth: usize,
+    timeout: Duration,
+}
+
+/// `n` slots held; released on drop (the response body's end or a client disconnect).
+#[derive(Debug)]
+pub struct Permit {
+    admission: Arc<Admission>,
+    n: u32,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.admission.release(self.n);
+    }
+}
+
+/// Removes a queued waiter whose request went away, or returns a grant it never collected.
+struct Queued<'a> {
+    admission: &'a Admission,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut s = self.admission.state.lock().expect("admission lock");
+        if let Some(w) = s.waiters.remove(&self.id) {
+            match w.slot {
+                Slot::Waiting => s.order.retain(|id| *id != self.id),
+                Slot::Granted => {
+                    s.in_use -= w.n;
+                    s.dispatch();
+                }
+            }
+        }
+    }
+}
+
+impl Admission {
+    pub fn new(capacity: u32, depth: usize, timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                capacity,
+                in_use: 0,
+                paused: false,
+                order: VecDeque::new(),
+                waiters: HashMap::new(),
+                next_id: 0,
+            }),
+            depth,
+            timeout,
+        })
+    }
+
+    /// Waits FIFO for `n` slots. Errors: `n` above capacity (400), queue full (429), deadline
+    /// passed (503). Dropping the future leaves the queue at once.
+    pub async fn acquire(self: &Arc<Self>, n: u32) -> Result<Permit, GatewayError> {
+        let started = Instant::now();
+        let (id, rx) = {
+            let mut s = self.state.lock().expect("admission lock");
+            if n > s.capacity {
+                return Err(GatewayError::bad_request(
+                    format!(
+                        "n={n} needs more sequences than the model runs at once (MAX_NUM_SEQS={})",
+                        s.capacity
+                    ),
+                    "n",
+                ));
+            }
+            if !s.paused && s.order.is_empty() && s.in_use + n <= s.capacity {
+                s.in_use += n;
+                return Ok(Permit {
+                    admission: self.clone(),
+                    n,
+                });
+            }
+            if s.order.len() >= self.depth {
+                return Err(GatewayError::QueueFull { depth: self.depth });
+            }
+            let id = s.next_id;
+            s.next_id += 1;
+            let (tx, rx) = oneshot::channel();
+            s.waiters.insert(
+                id,
+                Waiter {
+                    n,
+                    slot: Slot::Waiting,
+                    wake: Some(tx),
+                },
+            );
+            s.order.push_back(id);
+            (id, rx)
+        };
+        let mut queued = Queued {
+            admission: self,
+            id,
+            armed: true,
+        };
+        let _ = tokio::time::timeout(self.timeout, rx).await;
+        let mut s = self.state.lock().expect("admission lock");
+        let granted = s.waiters.get(&id).is_some_and(|w| w.slot == Slot::Granted);
+        if granted {
+            s.waiters.remove(&id);
+            queued.armed = false;
+            return Ok(Permit {
+                admission: self.clone(),
+                n,
+            });
+        }
+        drop(s);
+        // Still waiting: the deadline passed. The guard removes it from the queue.
+        drop(queued);
+        Err(GatewayError::QueueTimeout {
+            waited: started.elapsed(),
+        })
+    }
+
+    fn release(&self, n: u32) {
+        let mut s = self.state.lock().expect("admission lock");
+        s.in_use -= n;
+        s.dispatch();
+    }
+
+    /// Changes the capacity (a mode switch); running requests keep their permits.
+    pub fn set_capacity(&self, capacity: u32) {
+        let mut s = self.state.lock().expect("admission lock");
+        s.capacity = capacity;
+        s.dispatch();
+    }
+
+    /// Holds every new and queued request (ranks restarting) until `resume`.
+    pub fn pause(&self) {
+        self.state.lock().expect("admission lock").paused = true;
+    }
+
+    pub fn resume(&self) {
+        let mut s = self.state.lock().expect("admission lock");
+        s.paused = false;
+        s.dispatch();
+    }
+
+    pub fn snapshot(&self) -> AdmissionSnapshot {
+        let s = self.state.lock().expect("admission lock");
+        AdmissionSnapshot {
+            capacity: s.capacity,
+            in_use: s.in_use,
+            queued: s.order.len(),
+            paused: s.paused,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn grants_up_to_capacity_then_queues_fifo() {
+        rt().block_on(async {
+            let a = Admission::new(2, 10, Duration::from_secs(60));
+            let p1 = a.acquire(1).await.unwrap();
+            let _p2 = a.acquire(1).await.unwrap();
+            let order = Arc::new(Mutex::new(Vec::new()));
+            let mut tasks = Vec::new();
+            for i in 0..3 {
+                let (a, order) = (a.clone(), order.clone());
+                tasks.push(tokio::spawn(async move {
+                    let p = a.acquire(1).await.unwrap();
+                    order.lock().unwrap().push(i);
+                    p
+                }));
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(a.snapshot().queued, 3);
+            drop(p1);
+            let p3 = tasks.remove(0).await.unwrap();
+            assert_eq!(*order.lock().unwrap(), vec![0]);
+            drop(p3);
+            let _p4 = tasks.remove(0).await.unwrap();
+            assert_eq!(*order.lock().unwrap(), vec![0, 1], "first in, first out");
+            assert_eq!(a.snapshot().in_use, 2);
+        });
+    }
+
+    #[test]
+    fn full_queue_and_deadline_and_oversized_n() {
+        rt().block_on(async {
+            let a = Admission::new(1, 1, Duration::from_secs(5));
+            let _p = a.acquire(1).await.unwrap();
+            let waiter = tokio::spawn({
+                let a = a.clone();
+                async move { a.acquire(1).await }
+            });
+            tokio::task::yield_now().await;
+            assert!(matches!(a.acquire(1).await, Err(GatewayError::QueueFull { depth: 1 })));
+            let e = waiter.await.unwrap().unwrap_err();
+            assert!(matches!(e, GatewayError::QueueTimeout { .. }), "{e}");
+            assert_eq!(a.snapshot().queued, 0, "a timed-out waiter leaves the queue");
+            assert_eq!(a.acquire(2).await.unwrap_err().param(), Some("n"));
+        });
+    }
+
+    #[test]
+    fn a_waiter_that_goes_away_frees_its_place() {
+        rt().block_on(async {
+            let a = Admission::new(1, 10, Duration::from_secs(60));
+            let p = a.acquire(1).await.unwrap();
+            let gone = tokio::spawn({
+                let a = a.clone();
+                async move { a.acquire(1).await }
+            });
+            tokio::task::yield_now().await;
+            assert_eq!(a.snapshot().queued, 1);
+            gone.abort();
+            let _ = gone.await;
+            assert_eq!(a.snapshot().queued, 0);
+            drop(p);
+            assert_eq!(a.snapshot().in_use, 0, "nothing was granted to the departed waiter");
+            let _p = a.acquire(1).await.unwrap();
+        });
+    }
+
+    #[test]
+    fn pause_holds_and_capacity_changes_apply() {
+        rt().block_on(async {
+            let a = Admission::new(1, 10, Duration::from_secs(600));
+            a.pause();
+            let granted = Arc::new(AtomicUsize::new(0));
+            let mut tasks = Vec::new();
+            for _ in 0..4 {
+                let (a, g) = (a.clone(), granted.clone());
+                tasks.push(tokio::spawn(async move {
+                    let p = a.acquire(1).await.unwrap();
+                    g.fetch_add(1, Ordering::SeqCst);
+                    p
+                }));
+            }
+            tokio::time::sleep(Duration::from_secs(300)).await;
+            assert_eq!(granted.load(Ordering::SeqCst), 0, "held while paused, not failed");
+            assert_eq!(a.snapshot().queued, 4);
+            a.set_capacity(4);
+            a.resume();
+            for t in tasks {
+                let _ = t.await.unwrap();
+            }
+            assert_eq!(granted.load(Ordering::SeqCst), 4, "all admitted with the new capacity");
+        });
+    }
+}

@@ -1,0 +1,203 @@
+//! Edge layers, outermost first (the order `server::router` installs them):
+//! 1. request id — `X-Request-Id` accepted (printable, ≤128 bytes) or generated, stored for the
+//!    handlers (which forward it upstream) and echoed on the response;
+//! 2. access log — one structured line per response (method, path, status, latency, id);
+//! 3. authentication — API keys on `/v1/*` (when `API_KEYS` is set), the admin token on
+//!    `/admin/*` (loopback peers only when no token is set); constant-time comparison;
+//! 4. rate limit — per API key (or client IP) on `/v1/*`, when `RATE_LIMIT_RPM` is set.
+//!
+//! Body size is bounded where the body is read (`server::read_body`), so the 413 carries the
+//! error envelope.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::HeaderValue;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use governor::clock::{Clock, DefaultClock};
+use governor::middleware::StateInformationMiddleware;
+use governor::state::keyed::DefaultKeyedStateStore;
+use governor::{Quota, RateLimiter};
+use sparkgate_config::Secret;
+
+use crate::error::GatewayError;
+use crate::server::Shared;
+
+/// The request's id, as accepted or generated.
+#[derive(Debug, Clone)]
+pub(crate) struct RequestId(pub(crate) String);
+
+fn generate_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mixed = (nanos ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id()))
+        .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    format!("sg-{mixed:016x}{n:08x}")
+}
+
+pub(crate) async fn request_id(mut req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_owned);
+    let id = given.unwrap_or_else(generate_id);
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let mut resp = next.run(req).await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+pub(crate) async fn access_log(req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let id = req
+        .extensions()
+        .get::<RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_default();
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip().to_string())
+        .unwrap_or_default();
+    let resp = next.run(req).await;
+    tracing::info!(
+        request_id = %id,
+        %method,
+        path,
+        status = resp.status().as_u16(),
+        latency_ms = started.elapsed().as_secs_f64() * 1e3,
+        peer,
+        "request"
+    );
+    resp
+}
+
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn bearer(req: &Request) -> Option<&str> {
+    let v = req.headers().get("authorization")?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+fn matches_any(token: Option<&str>, keys: &[Secret]) -> bool {
+    let Some(token) = token else { return false };
+    // Compare against every key so the time taken does not reveal which one matched.
+    keys.iter().fold(false, |hit, k| {
+        constant_time_eq(k.expose().as_bytes(), token.as_bytes()) | hit
+    })
+}
+
+pub(crate) async fn authenticate(State(app): State<Shared>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    if path.starts_with("/v1/") && !app.api_keys.is_empty() && !matches_any(bearer(&req), &app.api_keys) {
+        return GatewayError::Unauthorized.into_response();
+    }
+    if path.starts_with("/admin") {
+        match &app.admin_token {
+            Some(token) => {
+                if !matches_any(bearer(&req), std::slice::from_ref(token)) {
+                    return GatewayError::Unauthorized.into_response();
+                }
+            }
+            None => {
+                let loopback = req
+                    .extensions()
+                    .get::<ConnectInfo<SocketAddr>>()
+                    .is_some_and(|c| c.0.ip().is_loopback());
+                if !loopback {
+                    return GatewayError::Forbidden("/admin answers only loopback clients when ADMIN_TOKEN is not set")
+                        .into_response();
+                }
+            }
+        }
+    }
+    next.run(req).await
+}
+
+type Keyed = RateLimiter<String, DefaultKeyedStateStore<String>, DefaultClock, StateInformationMiddleware>;
+
+/// Requests per minute per API key (or client IP).
+#[derive(Debug)]
+pub(crate) struct Limiter {
+    limiter: Keyed,
+    rpm: u32,
+}
+
+impl Limiter {
+    pub(crate) fn new(rpm: u32, burst: u32) -> Arc<Self> {
+        let quota = Quota::per_minute(NonZeroU32::new(rpm).expect("rpm > 0"))
+            .allow_burst(NonZeroU32::new(burst.max(1)).expect("burst > 0"));
+        Arc::new(Self {
+            limiter: RateLimiter::keyed(quota).with_middleware::<StateInformationMiddleware>(),
+            rpm,
+        })
+    }
+
+    /// Drops state of keys that are at full capacity again (call periodically).
+    pub(crate) fn housekeeping(&self) {
+        self.limiter.retain_recent();
+        self.limiter.shrink_to_fit();
+    }
+}
+
+pub(crate) async fn rate_limit(State(app): State<Shared>, req: Request, next: Next) -> Response {
+    let Some(limiter) = app.limiter.as_ref().filter(|_| req.uri().path().starts_with("/v1/")) else {
+        return next.run(req).await;
+    };
+    let key = bearer(&req).map(|t| format!("key:{t}")).unwrap_or_else(|| {
+        let ip = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip().to_string())
+            .unwrap_or_default();
+        format!("ip:{ip}")
+    });
+    let limit = HeaderValue::from(limiter.rpm);
+    match limiter.limiter.check_key(&key) {
+        Ok(snapshot) => {
+            let mut resp = next.run(req).await;
+            let h = resp.headers_mut();
+            h.insert("x-ratelimit-limit-requests", limit);
+            h.insert(
+                "x-ratelimit-remaining-requests",
+                HeaderValue::from(snapshot.remaining_burst_capacity()),
+            );
+            resp
+        }
+        Err(not_until) => {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            metrics::counter!(crate::observe::REJECTIONS, "reason" => "rate_limit").increment(1);
+            let mut resp = GatewayError::RateLimited {
+                limit: limiter.rpm,
+                retry_after: wait,
+            }
+            .into_response();
+            let h = resp.headers_mut();
+            h.insert("x-ratelimit-limit-requests", limit);
+            h.insert("x-ratelimit-remaining-requests", HeaderValue::from(0));
+            h.insert(
+                "x-ratelimit-reset-requests",
+                HeaderValue::from_str(&format!("{:.3}s", wait.as_secs_f64())).expect("ascii"),
+            );
+            resp
+        }
+    }
+}

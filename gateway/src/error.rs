@@ -1,0 +1,257 @@
+//! `GatewayError`: every error the gateway itself makes, and the one place they become HTTP —
+//! vLLM 0.33's envelope `{"error":{"message","type","param","code"}}` plus `Retry-After` where a
+//! client should come back.
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        param: Option<&'static str>,
+    },
+    #[error("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed")]
+    UnsupportedMediaType,
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("The model `{model}` does not exist. Valid aliases: {valid}.")]
+    ModelNotFound { model: String, valid: String },
+    #[error("request body exceeds {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("missing or invalid API key")]
+    Unauthorized,
+    #[error("{0}")]
+    Forbidden(&'static str),
+    #[error("rate limit of {limit} requests per minute reached; retry in {}s", retry_after.as_secs().max(1))]
+    RateLimited { limit: u32, retry_after: Duration },
+    #[error("the queue for a generation slot is full ({depth} waiting); retry later")]
+    QueueFull { depth: usize },
+    #[error("no generation slot became free within {}s; retry later", waited.as_secs())]
+    QueueTimeout { waited: Duration },
+    #[error("the model is restarting; retry later")]
+    Restarting,
+    #[error("upstream vLLM at {upstream} is unreachable: {detail}")]
+    UpstreamUnreachable { upstream: String, detail: String },
+    #[error("upstream vLLM did not answer within {}s", after.as_secs())]
+    UpstreamTimeout { after: Duration },
+    #[error("no route for {0}")]
+    NotFound(String),
+    #[error("method not allowed")]
+    MethodNotAllowed,
+}
+
+impl GatewayError {
+    pub fn bad_request(message: impl Into<String>, param: &'static str) -> Self {
+        GatewayError::BadRequest {
+            message: message.into(),
+            param: Some(param),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::BadRequest { .. } | GatewayError::UnsupportedMediaType | GatewayError::InvalidJson(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            GatewayError::ModelNotFound { .. } | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
+            GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
+            GatewayError::RateLimited { .. } | GatewayError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::QueueTimeout { .. } | GatewayError::Restarting => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    /// `error.type`: vLLM's names for request errors, the HTTP phrase for the rest (as vLLM
+    /// does for its own 503).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GatewayError::BadRequest { .. } => "BadRequestError",
+            GatewayError::UnsupportedMediaType | GatewayError::InvalidJson(_) => "Bad Request",
+            GatewayError::ModelNotFound { .. } => "NotFoundError",
+            other => other.status().canonical_reason().unwrap_or("Error"),
+        }
+    }
+
+    pub fn param(&self) -> Option<&'static str> {
+        match self {
+            GatewayError::BadRequest { param, .. } => *param,
+            GatewayError::ModelNotFound { .. } => Some("model"),
+            GatewayError::InvalidJson(_) => Some("body"),
+            _ => None,
+        }
+    }
+
+    /// Seconds a client should wait before retrying, for the errors that invite a retry. Kept
+    /// at or under 120 s, which the OpenAI SDK honours.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
+            GatewayError::QueueFull { .. } => Some(Duration::from_secs(2)),
+            GatewayError::QueueTimeout { .. } => Some(Duration::from_secs(5)),
+            GatewayError::Restarting => Some(Duration::from_secs(10)),
+            _ => None,
+        }
+    }
+
+    /// The label admission rejections are counted under.
+    pub fn rejection_reason(&self) -> Option<&'static str> {
+        match self {
+            GatewayError::RateLimited { .. } => Some("rate_limit"),
+            GatewayError::QueueFull { .. } => Some("queue_full"),
+            GatewayError::QueueTimeout { .. } => Some("queue_timeout"),
+            GatewayError::Restarting => Some("restarting"),
+            GatewayError::BadRequest { param: Some("n"), .. } => Some("too_many_choices"),
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = json!({"error": {"message": self.to_string(), "type": self.kind(), "param": self.param(), "code": status.as_u16()}});
+        let mut resp = (status, [("content-type", "application/json")], body.to_string()).into_response();
+        if let Some(after) = self.retry_after() {
+            let secs = after.as_secs_f64().ceil().clamp(1.0, 120.0) as u64;
+            let h = resp.headers_mut();
+            h.insert("retry-after", HeaderValue::from(secs));
+            h.insert(
+                "retry-after-ms",
+                HeaderValue::from(after.as_millis().clamp(1, 120_000) as u64),
+            );
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(e: GatewayError) -> (StatusCode, Option<String>, serde_json::Value) {
+        let r = e.into_response();
+        let status = r.status();
+        let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+        let bytes = futures_util::executor::block_on(axum::body::to_bytes(r.into_body(), 1 << 20)).unwrap();
+        (status, retry, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[test]
+    fn every_variant_maps_to_the_envelope() {
+        let cases: Vec<(GatewayError, u16, &str, Option<&str>, Option<&str>)> = vec![
+            (
+                GatewayError::bad_request("x", "reasoning_effort"),
+                400,
+                "BadRequestError",
+                Some("reasoning_effort"),
+                None,
+            ),
+            (GatewayError::UnsupportedMediaType, 400, "Bad Request", None, None),
+            (
+                GatewayError::InvalidJson("eof".into()),
+                400,
+                "Bad Request",
+                Some("body"),
+                None,
+            ),
+            (
+                GatewayError::ModelNotFound {
+                    model: "m".into(),
+                    valid: "a, b".into(),
+                },
+                404,
+                "NotFoundError",
+                Some("model"),
+                None,
+            ),
+            (
+                GatewayError::PayloadTooLarge { limit: 10 },
+                413,
+                "Payload Too Large",
+                None,
+                None,
+            ),
+            (GatewayError::Unauthorized, 401, "Unauthorized", None, None),
+            (GatewayError::Forbidden("no"), 403, "Forbidden", None, None),
+            (
+                GatewayError::RateLimited {
+                    limit: 1,
+                    retry_after: Duration::from_millis(300),
+                },
+                429,
+                "Too Many Requests",
+                None,
+                Some("1"),
+            ),
+            (
+                GatewayError::QueueFull { depth: 3 },
+                429,
+                "Too Many Requests",
+                None,
+                Some("2"),
+            ),
+            (
+                GatewayError::QueueTimeout {
+                    waited: Duration::from_secs(9),
+                },
+                503,
+                "Service Unavailable",
+                None,
+                Some("5"),
+            ),
+            (GatewayError::Restarting, 503, "Service Unavailable", None, Some("10")),
+            (
+                GatewayError::UpstreamUnreachable {
+                    upstream: "u".into(),
+                    detail: "refused".into(),
+                },
+                502,
+                "Bad Gateway",
+                None,
+                None,
+            ),
+            (
+                GatewayError::UpstreamTimeout {
+                    after: Duration::from_secs(1),
+                },
+                504,
+                "Gateway Timeout",
+                None,
+                None,
+            ),
+            (GatewayError::NotFound("/x".into()), 404, "Not Found", None, None),
+            (GatewayError::MethodNotAllowed, 405, "Method Not Allowed", None, None),
+        ];
+        for (err, status, kind, param, retry) in cases {
+            let message = err.to_string();
+            let (s, r, b) = body(err);
+            assert_eq!(s.as_u16(), status);
+            assert_eq!(b["error"]["type"], kind);
+            assert_eq!(b["error"]["param"].as_str(), param);
+            assert_eq!(b["error"]["code"], status);
+            assert_eq!(b["error"]["message"], message);
+            assert_eq!(r.as_deref(), retry);
+        }
+    }
+
+    #[test]
+    fn model_not_found_reads_like_vllm() {
+        let (_, _, b) = body(GatewayError::ModelNotFound {
+            model: "gpt-4".into(),
+            valid: "M".into(),
+        });
+        assert_eq!(
+            b["error"]["message"],
+            "The model `gpt-4` does not exist. Valid aliases: M."
+        );
+    }
+}

@@ -1,0 +1,628 @@
+//! Request normalisation, in this order: flatten a stray `extra_body` the way the OpenAI SDK
+//! would have sent it, resolve `model`, validate and translate `reasoning_effort` and
+//! `chat_template_kwargs` for the profile's chat template. Pure functions on the JSON body.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+use sparkgate_config::ProfileId;
+
+use crate::error::GatewayError;
+
+/// How deep a literal `extra_body` may nest inside another.
+const EXTRA_BODY_DEPTH: usize = 4;
+/// Bounds on `chat_template_kwargs`: it reaches a Jinja template, keep it small.
+const KWARGS_MAX_KEYS: usize = 64;
+const KWARGS_MAX_BYTES: usize = 16 * 1024;
+
+/// Which API a request is for; decides which fields are normalised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Api {
+    Chat,
+    Completions,
+    Responses,
+    /// `/tokenize`, `/detokenize`: only the model is resolved.
+    Utility,
+}
+
+/// A normalised request, ready for admission and the upstream.
+#[derive(Debug)]
+pub(crate) struct Normalized {
+    pub(crate) body: Map<String, Value>,
+    pub(crate) stream: bool,
+    /// Sequences the request generates (`n`); the permits it needs.
+    pub(crate) n: u32,
+    pub(crate) extra_body_repaired: bool,
+    /// `(as sent, as forwarded)` when an effort was translated.
+    pub(crate) effort_mapping: Option<(String, String)>,
+    /// The gateway added `stream_options.include_usage` for its own accounting; the usage chunk
+    /// must not reach the client.
+    pub(crate) usage_injected: bool,
+}
+
+/// What the profile's template accepts, resolved once from the configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct Normalizer {
+    profile: ProfileId,
+    served: String,
+    aliases: Vec<String>,
+    effort_map: HashMap<String, String>,
+}
+
+/// An effort the template understands.
+#[derive(Debug, Clone, PartialEq)]
+enum Effort {
+    Named(&'static str),
+    Int(u8),
+    Off,
+}
+
+impl Effort {
+    fn label(&self) -> String {
+        match self {
+            Effort::Named(n) => (*n).to_owned(),
+            Effort::Int(v) => v.to_string(),
+            Effort::Off => "none".to_owned(),
+        }
+    }
+}
+
+impl Normalizer {
+    pub(crate) fn new(profile: ProfileId, served: &str, aliases: &[String], effort_map: &[(String, String)]) -> Self {
+        Self {
+            profile,
+            served: served.to_owned(),
+            aliases: aliases.to_vec(),
+            effort_map: effort_map.iter().cloned().collect(),
+        }
+    }
+
+    pub(crate) fn served(&self) -> &str {
+        &self.served
+    }
+
+    pub(crate) fn normalize(&self, api: Api, mut body: Map<String, Value>) -> Result<Normalized, GatewayError> {
+        let extra_body_repaired = flatten_extra_body(&mut body)?;
+        self.resolve_model(&mut body)?;
+        let effort_mapping = match api {
+            Api::Chat => self.chat_effort(&mut body)?,
+            Api::Responses => self.responses_effort(&mut body)?,
+            Api::Completions | Api::Utility => None,
+        };
+        let stream = match body.get("stream") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(GatewayError::bad_request("`stream` must be a boolean", "stream")),
+        };
+        let n = match body.get("n") {
+            None | Some(Value::Null) => 1,
+            Some(Value::Number(v)) if v.as_u64().is_some_and(|n| (1..=u64::from(u32::MAX)).contains(&n)) => {
+                v.as_u64().unwrap_or(1) as u32
+            }
+            Some(_) => return Err(GatewayError::bad_request("`n` must be a positive integer", "n")),
+        };
+        let usage_injected = stream && matches!(api, Api::Chat | Api::Completions) && !wants_usage(&body);
+        if usage_injected {
+            let opts = body
+                .entry("stream_options")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(o) = opts {
+                o.insert("include_usage".into(), Value::Bool(true));
+            }
+        }
+        Ok(Normalized {
+            body,
+            stream,
+            n,
+            extra_body_repaired,
+            effort_mapping,
+            usage_injected,
+        })
+    }
+
+    /// Aliases become the served name; absent, null or empty means the served name.
+    fn resolve_model(&self, body: &mut Map<String, Value>) -> Result<(), GatewayError> {
+        match body.get("model") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(m)) if m.is_empty() || *m == self.served || self.aliases.contains(m) => {}
+            Some(Value::String(m)) => {
+                let mut valid = vec![self.served.clone()];
+                valid.extend(self.aliases.iter().cloned());
+                return Err(GatewayError::ModelNotFound {
+                    model: m.clone(),
+                    valid: valid.join(", "),
+                });
+            }
+            Some(_) => return Err(GatewayError::bad_request("`model` must be a string", "model")),
+        }
+        body.insert("model".into(), Value::String(self.served.clone()));
+        Ok(())
+    }
+
+    fn accepted(&self) -> String {
+        let mut s = match self.profile {
+            ProfileId::DeepSeekV41Flash => "low, high, max, none or an integer 1-100".to_owned(),
+            ProfileId::Glm53Flash => "low, high, max or none".to_owned(),
+        };
+        if !self.effort_map.is_empty() {
+            let mut pairs: Vec<String> = self.effort_map.iter().map(|(f, t)| format!("{f}={t}")).collect();
+            pairs.sort();
+            s.push_str(&format!(
+                " ({} are mapped: {})",
+                self.effort_map.keys().cloned().collect::<Vec<_>>().join(", "),
+                pairs.join(", ")
+            ));
+        }
+        s
+    }
+
+    fn named(&self, s: &str) -> Option<Effort> {
+        match s {
+            "none" => Some(Effort::Off),
+            "low" => Some(Effort::Named("low")),
+            "high" => Some(Effort::Named("high")),
+            "max" => Some(Effort::Named("max")),
+            _ if self.profile == ProfileId::DeepSeekV41Flash => {
+                s.parse::<u8>().ok().filter(|v| (1..=100).contains(v)).map(Effort::Int)
+            }
+            _ => None,
+        }
+    }
+
+    /// One effort value as the client sent it → what the template takes.
+    fn parse_effort(&self, value: &Value, param: &'static str) -> Result<Effort, GatewayError> {
+        let refuse = |shown: String| {
+            GatewayError::bad_request(
+                format!(
+                    "{param} {shown} is not accepted by {}; use {}",
+                    self.profile,
+                    self.accepted()
+                ),
+                param,
+            )
+        };
+        match value {
+            Value::String(s) => {
+                let s = s.trim();
+                if let Some(e) = self.named(s) {
+                    return Ok(e);
+                }
+                match self.effort_map.get(s).and_then(|to| self.named(to)) {
+                    Some(e) => Ok(e),
+                    None => Err(refuse(format!("`{s}`"))),
+                }
+            }
+            Value::Number(n) if self.profile == ProfileId::DeepSeekV41Flash => {
+                match n.as_u64().filter(|v| (1..=100).contains(v)) {
+                    Some(v) => Ok(Effort::Int(v as u8)),
+                    None => Err(refuse(format!("`{n}`"))),
+                }
+            }
+            other => Err(refuse(format!("`{other}`"))),
+        }
+    }
+
+    /// Validates `chat_template_kwargs` (object, boolean switches, no template overrides, size).
+    fn kwargs<'a>(&self, body: &'a mut Map<String, Value>) -> Result<Option<&'a mut Map<String, Value>>, GatewayError> {
+        match body.get_mut("chat_template_kwargs") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Object(kw)) => {
+                for key in ["chat_template", "tokenize"] {
+                    if kw.contains_key(key) {
+                        return Err(GatewayError::bad_request(
+                            format!("chat_template_kwargs.{key} is not allowed"),
+                            "chat_template_kwargs",
+                        ));
+                    }
+                }
+                for key in ["enable_thinking", "thinking"] {
+                    if kw.get(key).is_some_and(|v| !v.is_boolean()) {
+                        return Err(GatewayError::bad_request(
+                            format!("chat_template_kwargs.{key} must be true or false"),
+                            "chat_template_kwargs",
+                        ));
+                    }
+                }
+                let size = serde_json::to_vec(kw).map(|v| v.len()).unwrap_or(usize::MAX);
+                if kw.len() > KWARGS_MAX_KEYS || size > KWARGS_MAX_BYTES {
+                    return Err(GatewayError::bad_request(
+                        format!(
+                            "chat_template_kwargs is limited to {KWARGS_MAX_KEYS} keys and {KWARGS_MAX_BYTES} bytes"
+                        ),
+                        "chat_template_kwargs",
+                    ));
+                }
+                Ok(Some(kw))
+            }
+            Some(_) => Err(GatewayError::bad_request(
+                "chat_template_kwargs must be an object",
+                "chat_template_kwargs",
+            )),
+        }
+    }
+
+    /// Chat: top-level `reasoning_effort` wins over `chat_template_kwargs.reasoning_effort`, as in
+    /// vLLM. Names stay top-level (vLLM forwards them to the template); integers go into the
+    /// kwargs (vLLM's field only takes its literal set); `none` turns thinking off.
+    fn chat_effort(&self, body: &mut Map<String, Value>) -> Result<Option<(String, String)>, GatewayError> {
+        let top = match body.get("reasoning_effort") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some((v.clone(), self.parse_effort(v, "reasoning_effort")?)),
+        };
+        let in_kwargs = match self.kwargs(body)?.and_then(|kw| kw.get("reasoning_effort").cloned()) {
+            None | Some(Value::Null) => None,
+            Some(v) => Some((
+                v.clone(),
+                self.parse_effort(&v, "chat_template_kwargs.reasoning_effort")?,
+            )),
+        };
+        let Some((original, effort)) = top.or(in_kwargs) else {
+            return Ok(None);
+        };
+        body.remove("reasoning_effort");
+        if let Some(Value::Object(kw)) = body.get_mut("chat_template_kwargs") {
+            kw.remove("reasoning_effort");
+        }
+        match &effort {
+            Effort::Named(n) => {
+                body.insert("reasoning_effort".into(), Value::String((*n).to_owned()));
+            }
+            Effort::Int(v) => {
+                kwargs_entry(body).insert("reasoning_effort".into(), Value::from(*v));
+            }
+            Effort::Off => {
+                kwargs_entry(body)
+                    .entry("enable_thinking")
+                    .or_insert(Value::Bool(false));
+            }
+        }
+        Ok(mapping(&original, &effort))
+    }
+
+    /// Responses: `reasoning.effort` under the same rules. OpenAI's field takes only OpenAI's
+    /// names, so `max` and integers travel in `chat_template_kwargs`.
+    fn responses_effort(&self, body: &mut Map<String, Value>) -> Result<Option<(String, String)>, GatewayError> {
+        self.kwargs(body)?;
+        let value = match body.get("reasoning") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Object(r)) => r.get("effort").cloned().filter(|e| !e.is_null()),
+            Some(_) => return Err(GatewayError::bad_request("reasoning must be an object", "reasoning")),
+        };
+        let Some(value) = value else { return Ok(None) };
+        let effort = self.parse_effort(&value, "reasoning.effort")?;
+        let reasoning = body
+            .get_mut("reasoning")
+            .and_then(Value::as_object_mut)
+            .expect("checked above");
+        reasoning.remove("effort");
+        match &effort {
+            Effort::Named(n @ ("low" | "high")) => {
+                reasoning.insert("effort".into(), Value::String((*n).to_owned()));
+            }
+            Effort::Named(n) => {
+                kwargs_entry(body).insert("reasoning_effort".into(), Value::String((*n).to_owned()));
+            }
+            Effort::Int(v) => {
+                kwargs_entry(body).insert("reasoning_effort".into(), Value::from(*v));
+            }
+            Effort::Off => {
+                kwargs_entry(body)
+                    .entry("enable_thinking")
+                    .or_insert(Value::Bool(false));
+            }
+        }
+        Ok(mapping(&value, &effort))
+    }
+}
+
+fn kwargs_entry(body: &mut Map<String, Value>) -> &mut Map<String, Value> {
+    let entry = body
+        .entry("chat_template_kwargs")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !entry.is_object() {
+        *entry = Value::Object(Map::new());
+    }
+    entry.as_object_mut().expect("just made an object")
+}
+
+/// `Some((as sent, as forwarded))` when the value changed on the way.
+fn mapping(original: &Value, effort: &Effort) -> Option<(String, String)> {
+    let sent = match original {
+        Value::String(s) => s.trim().to_owned(),
+        other => other.to_string(),
+    };
+    let to = effort.label();
+    let unchanged = sent == to && !matches!((original, effort), (Value::String(_), Effort::Int(_)));
+    (!unchanged).then_some((sent, to))
+}
+
+fn wants_usage(body: &Map<String, Value>) -> bool {
+    body.get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+/// Merges `value` into `target`: objects merge key by key (recursively), anything else replaces.
+fn deep_merge(target: &mut Value, value: Value) {
+    match (target, value) {
+        (Value::Object(t), Value::Object(v)) => {
+            for (k, v) in v {
+                match t.get_mut(&k) {
+                    Some(existing) => deep_merge(existing, v),
+                    None => {
+                        t.insert(k, v);
+                    }
+                }
+            }
+        }
+        (t, v) => *t = v,
+    }
+}
+
+/// Flattens a literal `extra_body` object into the body, as the OpenAI SDK does on the client:
+/// its keys override top-level keys, objects deep-merge, a nested `extra_body` is flattened in
+/// turn (up to EXTRA_BODY_DEPTH). `null` counts as absent.
+fn flatten_extra_body(body: &mut Map<String, Value>) -> Result<bool, GatewayError> {
+    let mut rounds = 0;
+    while let Some(extra) = body.remove("extra_body") {
+        let extra = match extra {
+            Value::Null => continue,
+            Value::Object(o) => o,
+            _ => return Err(GatewayError::bad_request("extra_body must be an object", "extra_body")),
+        };
+        rounds += 1;
+        if rounds > EXTRA_BODY_DEPTH {
+            return Err(GatewayError::bad_request(
+                format!("extra_body is nested more than {EXTRA_BODY_DEPTH} levels deep"),
+                "extra_body",
+            ));
+        }
+        for (k, v) in extra {
+            match body.get_mut(&k) {
+                Some(existing) if k != "extra_body" => deep_merge(existing, v),
+                _ => {
+                    body.insert(k, v);
+                }
+            }
+        }
+    }
+    Ok(rounds > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ds() -> Normalizer {
+        let map = [("minimal", "low"), ("medium", "high"), ("xhigh", "max")].map(|(a, b)| (a.to_owned(), b.to_owned()));
+        Normalizer::new(ProfileId::DeepSeekV41Flash, "DS", &["ds".to_owned()], &map)
+    }
+
+    fn glm() -> Normalizer {
+        let map = [("minimal", "low"), ("medium", "high"), ("xhigh", "max")].map(|(a, b)| (a.to_owned(), b.to_owned()));
+        Normalizer::new(ProfileId::Glm53Flash, "GLM", &[], &map)
+    }
+
+    fn run(n: &Normalizer, api: Api, body: Value) -> Result<Normalized, GatewayError> {
+        n.normalize(api, body.as_object().unwrap().clone())
+    }
+
+    fn ok(n: &Normalizer, api: Api, body: Value) -> Value {
+        Value::Object(run(n, api, body).unwrap_or_else(|e| panic!("{e}")).body)
+    }
+
+    #[test]
+    fn extra_body_is_flattened_like_the_sdk() {
+        let out = run(
+            &ds(),
+            Api::Chat,
+            json!({"messages": [], "top_k": 1, "chat_template_kwargs": {"a": 1},
+                   "extra_body": {"top_k": 5, "chat_template_kwargs": {"enable_thinking": false}, "extra_body": {"seed": 7}}}),
+        )
+        .unwrap();
+        assert!(out.extra_body_repaired);
+        let b = Value::Object(out.body);
+        assert_eq!(b["top_k"], 5, "extra_body keys override");
+        assert_eq!(
+            b["chat_template_kwargs"],
+            json!({"a": 1, "enable_thinking": false}),
+            "objects deep-merge"
+        );
+        assert_eq!(b["seed"], 7, "nested extra_body is flattened too");
+        assert!(b.get("extra_body").is_none());
+        let plain = run(&ds(), Api::Chat, json!({"messages": []})).unwrap();
+        assert!(!plain.extra_body_repaired);
+        for bad in [json!("x"), json!([1]), json!(3)] {
+            let e = run(&ds(), Api::Chat, json!({"messages": [], "extra_body": bad})).unwrap_err();
+            assert_eq!(e.param(), Some("extra_body"));
+        }
+        let deep = json!({"extra_body": {"extra_body": {"extra_body": {"extra_body": {"extra_body": {"x": 1}}}}}});
+        assert_eq!(run(&ds(), Api::Chat, deep).unwrap_err().param(), Some("extra_body"));
+    }
+
+    #[test]
+    fn model_aliases_and_defaults() {
+        assert_eq!(ok(&ds(), Api::Chat, json!({"model": "ds"}))["model"], "DS");
+        assert_eq!(ok(&ds(), Api::Chat, json!({}))["model"], "DS");
+        assert_eq!(ok(&ds(), Api::Chat, json!({"model": null}))["model"], "DS");
+        assert_eq!(ok(&ds(), Api::Chat, json!({"model": ""}))["model"], "DS");
+        let e = run(&ds(), Api::Chat, json!({"model": "gpt-4", "stream": true})).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "The model `gpt-4` does not exist. Valid aliases: DS, ds."
+        );
+        assert_eq!(
+            run(&ds(), Api::Chat, json!({"model": 3})).unwrap_err().param(),
+            Some("model")
+        );
+    }
+
+    #[test]
+    fn deepseek_efforts() {
+        let n = ds();
+        let chat = |extra: Value| {
+            let mut b = json!({"messages": []});
+            b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            ok(&n, Api::Chat, b)
+        };
+        assert_eq!(chat(json!({"reasoning_effort": "high"}))["reasoning_effort"], "high");
+        assert_eq!(chat(json!({"reasoning_effort": "max"}))["reasoning_effort"], "max");
+        let b = chat(json!({"reasoning_effort": 33}));
+        assert!(
+            b.get("reasoning_effort").is_none(),
+            "integers leave vLLM's literal field"
+        );
+        assert_eq!(b["chat_template_kwargs"]["reasoning_effort"], 33);
+        assert_eq!(
+            chat(json!({"reasoning_effort": "40"}))["chat_template_kwargs"]["reasoning_effort"],
+            40
+        );
+        assert_eq!(chat(json!({"reasoning_effort": "medium"}))["reasoning_effort"], "high");
+        assert_eq!(chat(json!({"reasoning_effort": "minimal"}))["reasoning_effort"], "low");
+        assert_eq!(chat(json!({"reasoning_effort": "xhigh"}))["reasoning_effort"], "max");
+        let off = chat(json!({"reasoning_effort": "none"}));
+        assert_eq!(off["chat_template_kwargs"]["enable_thinking"], false);
+        assert!(off.get("reasoning_effort").is_none());
+        // Top-level wins over kwargs.
+        let both = chat(json!({"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": 90}}));
+        assert_eq!(both["reasoning_effort"], "low");
+        assert!(both["chat_template_kwargs"].get("reasoning_effort").is_none());
+        assert_eq!(
+            chat(json!({"chat_template_kwargs": {"reasoning_effort": "max"}}))["reasoning_effort"],
+            "max"
+        );
+        for bad in [
+            json!("extreme"),
+            json!(0),
+            json!(101),
+            json!("150"),
+            json!(true),
+            json!(2.5),
+        ] {
+            let e = run(&n, Api::Chat, json!({"messages": [], "reasoning_effort": bad})).unwrap_err();
+            assert_eq!(e.param(), Some("reasoning_effort"));
+            assert!(
+                e.to_string().contains("use low, high, max, none or an integer 1-100"),
+                "{e}"
+            );
+        }
+        let e = run(
+            &n,
+            Api::Chat,
+            json!({"chat_template_kwargs": {"reasoning_effort": "turbo"}}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param(), Some("chat_template_kwargs.reasoning_effort"));
+        assert_eq!(
+            run(&n, Api::Chat, json!({"reasoning_effort": "medium"}))
+                .unwrap()
+                .effort_mapping,
+            Some(("medium".into(), "high".into()))
+        );
+        assert_eq!(
+            run(&n, Api::Chat, json!({"reasoning_effort": "high"}))
+                .unwrap()
+                .effort_mapping,
+            None
+        );
+    }
+
+    #[test]
+    fn glm_efforts() {
+        let n = glm();
+        assert_eq!(
+            ok(&n, Api::Chat, json!({"reasoning_effort": "low"}))["reasoning_effort"],
+            "low"
+        );
+        assert_eq!(
+            ok(&n, Api::Chat, json!({"reasoning_effort": "max"}))["reasoning_effort"],
+            "max"
+        );
+        assert_eq!(
+            ok(&n, Api::Chat, json!({"reasoning_effort": "medium"}))["reasoning_effort"],
+            "high"
+        );
+        for bad in [json!(50), json!("50"), json!("ultra")] {
+            let e = run(&n, Api::Chat, json!({"reasoning_effort": bad})).unwrap_err();
+            assert_eq!(e.param(), Some("reasoning_effort"));
+            assert!(e.to_string().contains("use low, high, max or none"), "{e}");
+        }
+    }
+
+    #[test]
+    fn responses_effort_travels_where_vllm_reads_it() {
+        let n = ds();
+        let b = ok(
+            &n,
+            Api::Responses,
+            json!({"input": "x", "reasoning": {"effort": "high"}}),
+        );
+        assert_eq!(b["reasoning"]["effort"], "high");
+        let b = ok(
+            &n,
+            Api::Responses,
+            json!({"input": "x", "reasoning": {"effort": "max"}}),
+        );
+        assert!(b["reasoning"].get("effort").is_none());
+        assert_eq!(b["chat_template_kwargs"]["reasoning_effort"], "max");
+        let b = ok(
+            &n,
+            Api::Responses,
+            json!({"input": "x", "reasoning": {"effort": "none"}}),
+        );
+        assert_eq!(b["chat_template_kwargs"]["enable_thinking"], false);
+        let e = run(
+            &n,
+            Api::Responses,
+            json!({"input": "x", "reasoning": {"effort": "extreme"}}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param(), Some("reasoning.effort"));
+    }
+
+    #[test]
+    fn chat_template_kwargs_rules() {
+        let n = ds();
+        for (kw, needle) in [
+            (json!("x"), "must be an object"),
+            (
+                json!({"enable_thinking": "false"}),
+                "enable_thinking must be true or false",
+            ),
+            (json!({"thinking": 0}), "thinking must be true or false"),
+            (json!({"chat_template": "{{x}}"}), "chat_template is not allowed"),
+            (json!({"tokenize": true}), "tokenize is not allowed"),
+        ] {
+            let e = run(&n, Api::Chat, json!({"chat_template_kwargs": kw})).unwrap_err();
+            assert_eq!(e.param(), Some("chat_template_kwargs"));
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+        let big: Map<String, Value> = (0..100).map(|i| (format!("k{i}"), json!(i))).collect();
+        assert!(run(&n, Api::Chat, json!({"chat_template_kwargs": big})).is_err());
+    }
+
+    #[test]
+    fn streams_get_usage_for_accounting() {
+        let n = ds();
+        let out = run(&n, Api::Chat, json!({"stream": true})).unwrap();
+        assert!(out.usage_injected);
+        assert_eq!(out.body["stream_options"]["include_usage"], true);
+        let out = run(
+            &n,
+            Api::Chat,
+            json!({"stream": true, "stream_options": {"include_usage": true}}),
+        )
+        .unwrap();
+        assert!(!out.usage_injected);
+        let out = run(&n, Api::Chat, json!({"stream": false})).unwrap();
+        assert!(!out.usage_injected && out.body.get("stream_options").is_none());
+        assert_eq!(run(&n, Api::Chat, json!({"n": 3})).unwrap().n, 3);
+        assert_eq!(run(&n, Api::Chat, json!({"n": 0})).unwrap_err().param(), Some("n"));
+        assert_eq!(
+            run(&n, Api::Chat, json!({"stream": "yes"})).unwrap_err().param(),
+            Some("stream")
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! Observability: the Prometheus recorder and the gateway's metric names, and the tracing
+//! subscriber for access and event logs (text or JSON).
+
+use std::sync::OnceLock;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub(crate) const REQUESTS: &str = "sparkgate_requests_total";
+pub(crate) const REQUEST_SECONDS: &str = "sparkgate_request_duration_seconds";
+pub(crate) const TTFT_SECONDS: &str = "sparkgate_time_to_first_token_seconds";
+pub(crate) const ITL_SECONDS: &str = "sparkgate_inter_token_latency_seconds";
+pub(crate) const TOKENS: &str = "sparkgate_generated_tokens_total";
+pub(crate) const QUEUE_DEPTH: &str = "sparkgate_queue_depth";
+pub(crate) const QUEUE_WAIT_SECONDS: &str = "sparkgate_queue_wait_seconds";
+pub(crate) const IN_FLIGHT: &str = "sparkgate_in_flight_sequences";
+pub(crate) const REJECTIONS: &str = "sparkgate_admission_rejections_total";
+pub(crate) const EXTRA_BODY_REPAIRS: &str = "sparkgate_extra_body_repairs_total";
+pub(crate) const EFFORT_MAPPINGS: &str = "sparkgate_reasoning_effort_mappings_total";
+pub(crate) const OVERHEAD_SECONDS: &str = "sparkgate_gateway_overhead_seconds";
+pub(crate) const STREAM_ERRORS: &str = "sparkgate_stream_errors_total";
+pub(crate) const UPSTREAM_ERRORS: &str = "sparkgate_upstream_errors_total";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+];
+const FINE_BUCKETS: &[f64] = &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1];
+
+/// The process-wide recorder (one per process; tests that start several gateways share it).
+pub(crate) fn metrics_handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(OVERHEAD_SECONDS.into()), FINE_BUCKETS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS))
+            .expect("static buckets are valid")
+            .install_recorder()
+            .expect("the gateway installs the only metrics recorder");
+        describe();
+        handle
+    })
+}
+
+fn describe() {
+    describe_counter!(REQUESTS, "Requests answered, by route and status.");
+    describe_histogram!(REQUEST_SECONDS, Unit::Seconds, "Time to response headers, by route.");
+    describe_histogram!(
+        TTFT_SECONDS,
+        Unit::Seconds,
+        "Time from request to the first streamed event."
+    );
+    describe_histogram!(ITL_SECONDS, Unit::Seconds, "Gap between streamed events.");
+    describe_counter!(
+        TOKENS,
+        "Completion tokens generated, by speculation mode (from upstream usage)."
+    );
+    describe_gauge!(QUEUE_DEPTH, "Generation requests waiting for a MAX_NUM_SEQS slot.");
+    describe_histogram!(QUEUE_WAIT_SECONDS, Unit::Seconds, "Time spent waiting for a slot.");
+    describe_gauge!(IN_FLIGHT, "Sequences admitted and not yet finished.");
+    describe_counter!(REJECTIONS, "Requests refused by admission, by reason.");
+    describe_counter!(
+        EXTRA_BODY_REPAIRS,
+        "Request bodies whose literal extra_body was flattened."
+    );
+    describe_counter!(EFFORT_MAPPINGS, "reasoning_effort values translated, by from and to.");
+    describe_histogram!(
+        OVERHEAD_SECONDS,
+        Unit::Seconds,
+        "Gateway time before the upstream request (parse, normalise, admit) excluding queueing."
+    );
+    describe_counter!(
+        STREAM_ERRORS,
+        "Streams ended by the gateway or upstream with an error event, by reason."
+    );
+    describe_counter!(
+        UPSTREAM_ERRORS,
+        "Upstream requests that failed before headers, by kind."
+    );
+}
+
+pub(crate) fn request_done(route: &'static str, status: u16, seconds: f64) {
+    counter!(REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
+    histogram!(REQUEST_SECONDS, "route" => route).record(seconds);
+}
+
+pub(crate) fn admission(queued: usize, in_use: u32) {
+    gauge!(QUEUE_DEPTH).set(queued as f64);
+    gauge!(IN_FLIGHT).set(f64::from(in_use));
+}
+
+/// Installs the log subscriber: `RUST_LOG`-style filtering via `SPARKGATE_LOG` (default info),
+/// text or JSON lines on stderr.
+pub fn init_logging(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("SPARKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(ansi);
+    let _ = if json {
+        builder.json().flatten_event(true).try_init()
+    } else {
+        builder.try_init()
+    };
+}

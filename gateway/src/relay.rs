@@ -1,0 +1,315 @@
+//! The SSE relay: vLLM's event bytes reach the client unchanged and unflushed-by-nobody (each
+//! event is sent as it completes), while a tap reads them for time to first token, inter-event
+//! gaps, exact token counts and upstream error events. The gateway's own accounting usage chunk
+//! is removed, a stalled or broken upstream ends the stream with an error event and `[DONE]`,
+//! and dropping the stream (client gone) drops the upstream request, which vLLM aborts.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use metrics::{counter, histogram};
+use serde_json::{json, Value};
+
+use crate::admission::Permit;
+use crate::observe;
+
+/// What a relay needs to know about its request.
+#[derive(Debug)]
+pub(crate) struct RelayCtx {
+    pub(crate) started: Instant,
+    pub(crate) usage_injected: bool,
+    pub(crate) responses_api: bool,
+    pub(crate) first_token_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    /// Held for its drop: the slot is free when the stream ends or the client leaves.
+    pub(crate) _permit: Permit,
+    pub(crate) mode: String,
+    pub(crate) request_id: String,
+    pub(crate) route: &'static str,
+}
+
+#[derive(Debug)]
+struct Relay {
+    body: Option<Incoming>,
+    buf: BytesMut,
+    scanned: usize,
+    out: VecDeque<Bytes>,
+    /// Final chunks held back until the injected usage chunk gives their system_fingerprint.
+    held: Vec<Vec<u8>>,
+    ctx: RelayCtx,
+    first_at: Option<Instant>,
+    last_at: Instant,
+    tokens: Option<u64>,
+    saw_done: bool,
+    done: bool,
+    outcome: &'static str,
+}
+
+/// Why the gateway ended a stream itself.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    FirstTokenTimeout,
+    IdleTimeout,
+    Broken,
+    Truncated,
+}
+
+impl Cut {
+    fn label(self) -> &'static str {
+        match self {
+            Cut::FirstTokenTimeout => "first_token_timeout",
+            Cut::IdleTimeout => "idle_timeout",
+            Cut::Broken => "upstream_broken",
+            Cut::Truncated => "upstream_truncated",
+        }
+    }
+}
+
+fn find_blank_line(buf: &[u8], from: usize) -> Option<usize> {
+    buf[from..].windows(2).position(|w| w == b"\n\n").map(|p| from + p)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Inserts `,"system_fingerprint":FP` before the closing brace of a held `data: {…}\n\n` chunk.
+fn splice_fingerprint(chunk: &mut Vec<u8>, fingerprint: &Value) {
+    if contains(chunk, b"\"system_fingerprint\"") || !chunk.ends_with(b"}\n\n") {
+        return;
+    }
+    let at = chunk.len() - 3;
+    let insert = format!(",\"system_fingerprint\":{fingerprint}");
+    chunk.splice(at..at, insert.into_bytes());
+}
+
+impl Relay {
+    fn error_event(&mut self, cut: Cut) {
+        let (code, kind, message) = match cut {
+            Cut::FirstTokenTimeout => (
+                504,
+                "Gateway Timeout",
+                format!(
+                    "no response from the model within {}s (FIRST_TOKEN_TIMEOUT); the request was aborted",
+                    self.ctx.first_token_timeout.as_secs()
+                ),
+            ),
+            Cut::IdleTimeout => (
+                504,
+                "Gateway Timeout",
+                format!(
+                    "the model stopped producing tokens for {}s (STREAM_IDLE_TIMEOUT); the request was aborted",
+                    self.ctx.idle_timeout.as_secs()
+                ),
+            ),
+            Cut::Broken => (
+                502,
+                "Bad Gateway",
+                "the connection to the model broke mid-stream".to_owned(),
+            ),
+            Cut::Truncated => (
+                502,
+                "Bad Gateway",
+                "the model's stream ended before it finished".to_owned(),
+            ),
+        };
+        counter!(observe::STREAM_ERRORS, "reason" => cut.label()).increment(1);
+        self.outcome = cut.label();
+        for h in std::mem::take(&mut self.held) {
+            self.out.push_back(Bytes::from(h));
+        }
+        if self.ctx.responses_api {
+            let e = json!({"type": "error", "code": kind, "message": message, "param": null});
+            self.out.push_back(Bytes::from(format!("event: error\ndata: {e}\n\n")));
+        } else {
+            let e = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+            self.out.push_back(Bytes::from(format!("data: {e}\n\n")));
+            self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        }
+        // Dropping the upstream body closes its connection; vLLM aborts the request.
+        self.body = None;
+        self.done = true;
+    }
+
+    fn on_event(&mut self, event: Bytes) {
+        let now = Instant::now();
+        match self.first_at {
+            None => {
+                self.first_at = Some(now);
+                histogram!(observe::TTFT_SECONDS).record(now.duration_since(self.ctx.started).as_secs_f64());
+            }
+            Some(_) => histogram!(observe::ITL_SECONDS).record(now.duration_since(self.last_at).as_secs_f64()),
+        }
+        self.last_at = now;
+        let payload = event
+            .strip_prefix(b"data: ")
+            .map(|p| p.strip_suffix(b"\n\n").unwrap_or(p));
+        let Some(payload) = payload else {
+            // `event: …` frames (the Responses API): forward, and read the final usage.
+            if contains(&event, b"event: response.completed") || contains(&event, b"event: response.incomplete") {
+                if let Some(data) = event.split(|b| *b == b'\n').find_map(|l| l.strip_prefix(b"data: ")) {
+                    let v: Value = serde_json::from_slice(data).unwrap_or(Value::Null);
+                    self.tokens = v["response"]["usage"]["output_tokens"].as_u64().or(self.tokens);
+                }
+            }
+            self.out.push_back(event);
+            return;
+        };
+        if payload == b"[DONE]" {
+            self.saw_done = true;
+            for h in std::mem::take(&mut self.held) {
+                self.out.push_back(Bytes::from(h));
+            }
+            self.out.push_back(event);
+            return;
+        }
+        if payload.starts_with(b"{\"error\"") {
+            counter!(observe::STREAM_ERRORS, "reason" => "upstream_error_event").increment(1);
+            self.outcome = "upstream_error_event";
+            self.out.push_back(event);
+            return;
+        }
+        if contains(payload, b"\"choices\":[]") && contains(payload, b"\"usage\":") {
+            let v: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
+            self.tokens = v["usage"]["completion_tokens"].as_u64().or(self.tokens);
+            if self.ctx.usage_injected {
+                let fingerprint = v.get("system_fingerprint").cloned().unwrap_or(Value::Null);
+                for mut h in std::mem::take(&mut self.held) {
+                    if !fingerprint.is_null() {
+                        splice_fingerprint(&mut h, &fingerprint);
+                    }
+                    self.out.push_back(Bytes::from(h));
+                }
+                return;
+            }
+            self.out.push_back(event);
+            return;
+        }
+        if self.ctx.usage_injected && contains(payload, b"\"finish_reason\":\"") {
+            self.held.push(event.to_vec());
+            return;
+        }
+        self.out.push_back(event);
+    }
+
+    fn on_data(&mut self, data: Bytes) {
+        self.buf.extend_from_slice(&data);
+        while let Some(pos) = find_blank_line(&self.buf, self.scanned) {
+            let event = self.buf.split_to(pos + 2).freeze();
+            self.scanned = 0;
+            self.on_event(event);
+        }
+        self.scanned = self.buf.len().saturating_sub(1);
+    }
+
+    async fn step(&mut self) {
+        let deadline = match self.first_at {
+            None => self.ctx.started + self.ctx.first_token_timeout,
+            Some(_) => self.last_at + self.ctx.idle_timeout,
+        };
+        let Some(body) = self.body.as_mut() else {
+            self.done = true;
+            return;
+        };
+        match tokio::time::timeout_at(deadline.into(), body.frame()).await {
+            Err(_) => self.error_event(if self.first_at.is_none() {
+                Cut::FirstTokenTimeout
+            } else {
+                Cut::IdleTimeout
+            }),
+            Ok(None) => {
+                if self.saw_done || self.ctx.responses_api {
+                    for h in std::mem::take(&mut self.held) {
+                        self.out.push_back(Bytes::from(h));
+                    }
+                    self.done = true;
+                } else {
+                    self.error_event(Cut::Truncated);
+                }
+            }
+            Ok(Some(Err(_))) => self.error_event(Cut::Broken),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    self.on_data(data);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let outcome = if self.done { self.outcome } else { "client_disconnected" };
+        if let Some(t) = self.tokens {
+            counter!(observe::TOKENS, "mode" => self.ctx.mode.clone()).increment(t);
+        }
+        tracing::info!(
+            request_id = %self.ctx.request_id,
+            route = self.ctx.route,
+            outcome,
+            tokens = self.tokens,
+            ttft_ms = self.first_at.map(|f| f.duration_since(self.ctx.started).as_millis() as u64),
+            duration_ms = self.ctx.started.elapsed().as_millis() as u64,
+            "stream finished"
+        );
+    }
+}
+
+/// The client-facing event stream for one upstream SSE response.
+pub(crate) fn relay(
+    upstream: Incoming,
+    ctx: RelayCtx,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
+    let relay = Relay {
+        body: Some(upstream),
+        buf: BytesMut::with_capacity(4096),
+        scanned: 0,
+        out: VecDeque::new(),
+        held: Vec::new(),
+        last_at: ctx.started,
+        ctx,
+        first_at: None,
+        tokens: None,
+        saw_done: false,
+        done: false,
+        outcome: "completed",
+    };
+    futures_util::stream::unfold(relay, |mut r| async move {
+        loop {
+            if let Some(b) = r.out.pop_front() {
+                return Some((Ok(b), r));
+            }
+            if r.done {
+                return None;
+            }
+            r.step().await;
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprint_is_spliced_before_the_closing_brace() {
+        let mut chunk = br#"data: {"id":"x","choices":[{"index":0,"finish_reason":"stop"}]}"#.to_vec();
+        chunk.extend_from_slice(b"\n\n");
+        splice_fingerprint(&mut chunk, &json!("fp-1"));
+        assert_eq!(
+            String::from_utf8(chunk).unwrap(),
+            "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"finish_reason\":\"stop\"}],\"system_fingerprint\":\"fp-1\"}\n\n"
+        );
+    }
+
+    #[test]
+    fn events_split_on_blank_lines_across_frames() {
+        assert_eq!(find_blank_line(b"data: a\n\ndata: b", 0), Some(7));
+        assert_eq!(find_blank_line(b"data: a\n", 0), None);
+        assert_eq!(find_blank_line(b"xx\n\n", 2), Some(2));
+    }
+}

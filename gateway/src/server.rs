@@ -1,0 +1,515 @@
+//! The HTTP server on PORT: routes, the generation path (parse → normalise → admit → proxy →
+//! relay), transparent proxying of the rest of `/v1/*`, `/health`, `/ready`, `/metrics`,
+//! `/admin/status`, and the connection loop (header read timeout, graceful drain).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{middleware, Extension, Router};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use metrics::{counter, histogram};
+use serde_json::{json, Map, Value};
+use sparkgate_config::{Config, Secret};
+use tokio::net::TcpListener;
+
+use crate::admission::Permit;
+use crate::edge::{self, Limiter, RequestId};
+use crate::error::GatewayError;
+use crate::normalize::{Api, Normalizer};
+use crate::observe;
+use crate::relay::{relay, RelayCtx};
+use crate::state::{GatewayControl, UpstreamState};
+use crate::upstream::{is_hop_by_hop, Upstream};
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub(crate) struct App {
+    pub(crate) normalizer: Normalizer,
+    pub(crate) upstream: Upstream,
+    pub(crate) control: GatewayControl,
+    pub(crate) api_keys: Vec<Secret>,
+    pub(crate) admin_token: Option<Secret>,
+    pub(crate) limiter: Option<Arc<Limiter>>,
+    first_token_timeout: Duration,
+    idle_timeout: Duration,
+    request_timeout: Duration,
+    max_body: usize,
+    profile: String,
+}
+
+pub(crate) type Shared = Arc<App>;
+
+impl App {
+    pub(crate) fn new(config: &Config, control: GatewayControl) -> Shared {
+        let g = &config.gateway;
+        Arc::new(App {
+            normalizer: Normalizer::new(
+                config.profile,
+                &config.serving.served_model_name,
+                &g.model_aliases,
+                &g.effort_map,
+            ),
+            upstream: Upstream::new(&g.upstream, config.secrets.vllm_api_key.as_ref()),
+            control,
+            api_keys: config.secrets.api_keys.clone(),
+            admin_token: config.secrets.admin_token.clone(),
+            limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
+            first_token_timeout: g.first_token_timeout,
+            idle_timeout: g.stream_idle_timeout,
+            request_timeout: g.request_timeout,
+            max_body: g.max_body_bytes,
+            profile: config.profile.to_string(),
+        })
+    }
+}
+
+/// The router with its layers (see `edge` for their order).
+pub(crate) fn router(app: Shared) -> Router {
+    Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|s, id, h, b| generate(s, id, h, b, Api::Chat, "chat")),
+        )
+        .route(
+            "/v1/completions",
+            post(|s, id, h, b| generate(s, id, h, b, Api::Completions, "completions")),
+        )
+        .route(
+            "/v1/responses",
+            post(|s, id, h, b| generate(s, id, h, b, Api::Responses, "responses")),
+        )
+        .route("/tokenize", post(utility))
+        .route("/detokenize", post(utility))
+        .route("/v1/{*rest}", any(passthrough))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics_text))
+        .route("/admin/status", get(admin_status))
+        .fallback(|req: Request| async move { GatewayError::NotFound(req.uri().path().to_owned()) })
+        .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
+        .layer(middleware::from_fn_with_state(app.clone(), edge::rate_limit))
+        .layer(middleware::from_fn_with_state(app.clone(), edge::authenticate))
+        .layer(middleware::from_fn(edge::access_log))
+        .layer(middleware::from_fn(edge::request_id))
+        .with_state(app)
+}
+
+/// Reads the whole body, refusing more than `limit` bytes with 413.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
+    let limited = http_body_util::Limited::new(body, limit);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            Err(GatewayError::PayloadTooLarge { limit })
+        }
+        Err(e) => Err(GatewayError::InvalidJson(format!("could not read the body: {e}"))),
+    }
+}
+
+/// The body as a JSON object, after vLLM's content-type rule.
+fn json_object(headers: &HeaderMap, bytes: &[u8]) -> Result<Map<String, Value>, GatewayError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ct.split(';').next().map(str::trim) != Some("application/json") {
+        return Err(GatewayError::UnsupportedMediaType);
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(GatewayError::InvalidJson("the body must be a JSON object".into())),
+        Err(e) => Err(GatewayError::InvalidJson(e.to_string())),
+    }
+}
+
+/// Maps a failure to reach the upstream: held-for-restart states answer 503, otherwise 502.
+fn unreachable(app: &App, err: &hyper_util::client::legacy::Error) -> GatewayError {
+    counter!(observe::UPSTREAM_ERRORS, "kind" => if err.is_connect() { "connect" } else { "request" }).increment(1);
+    match app.control.upstream() {
+        UpstreamState::Restarting(_) | UpstreamState::Starting => GatewayError::Restarting,
+        _ => GatewayError::UpstreamUnreachable {
+            upstream: app.upstream.base().to_owned(),
+            detail: error_chain(err),
+        },
+    }
+}
+
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut s = err.to_string();
+    let mut src = err.source();
+    while let Some(e) = src {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+        src = e.source();
+    }
+    s
+}
+
+/// Upstream response headers the client gets (hop-by-hop and length dropped; hyper re-frames).
+fn response_head(upstream: &hyper::Response<Incoming>) -> axum::http::response::Builder {
+    let mut b = Response::builder().status(upstream.status());
+    for (k, v) in upstream.headers() {
+        if !is_hop_by_hop(k) && k != header::CONTENT_LENGTH {
+            b = b.header(k, v);
+        }
+    }
+    b
+}
+
+/// A response body that keeps the admission permit until it is fully sent or dropped.
+struct HoldPermit<B> {
+    inner: B,
+    _permit: Permit,
+}
+
+impl<B> http_body::Body for HoldPermit<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+async fn generate(
+    State(app): State<Shared>,
+    Extension(id): Extension<RequestId>,
+    headers: HeaderMap,
+    body: Body,
+    api: Api,
+    route: &'static str,
+) -> Response {
+    let started = Instant::now();
+    let result = generate_inner(&app, &id.0, headers, body, api, route, started).await;
+    let resp = result.unwrap_or_else(|e| {
+        if let Some(reason) = e.rejection_reason() {
+            counter!(observe::REJECTIONS, "reason" => reason).increment(1);
+        }
+        e.into_response()
+    });
+    observe::request_done(route, resp.status().as_u16(), started.elapsed().as_secs_f64());
+    resp
+}
+
+async fn generate_inner(
+    app: &App,
+    request_id: &str,
+    headers: HeaderMap,
+    body: Body,
+    api: Api,
+    route: &'static str,
+    started: Instant,
+) -> Result<Response, GatewayError> {
+    let bytes = read_body(body, app.max_body).await?;
+    let norm = app.normalizer.normalize(api, json_object(&headers, &bytes)?)?;
+    if norm.extra_body_repaired {
+        counter!(observe::EXTRA_BODY_REPAIRS).increment(1);
+    }
+    if let Some((from, to)) = &norm.effort_mapping {
+        counter!(observe::EFFORT_MAPPINGS, "from" => from.clone(), "to" => to.clone()).increment(1);
+    }
+    let forward = serde_json::to_vec(&norm.body).expect("a JSON map serialises");
+    let queued_at = Instant::now();
+    let permit = app.control.admission().acquire(norm.n).await?;
+    let waited = queued_at.elapsed();
+    histogram!(observe::QUEUE_WAIT_SECONDS).record(waited.as_secs_f64());
+    let snap = app.control.snapshot();
+    observe::admission(snap.queued, snap.in_use);
+    let path = match api {
+        Api::Chat => "/v1/chat/completions",
+        Api::Completions => "/v1/completions",
+        Api::Responses => "/v1/responses",
+        Api::Utility => unreachable!("utility routes do not generate"),
+    };
+    let send = app
+        .upstream
+        .send(Method::POST, path, &headers, request_id, Bytes::from(forward));
+    // The gateway's own time before the upstream request: everything but the queue wait.
+    histogram!(observe::OVERHEAD_SECONDS).record(started.elapsed().saturating_sub(waited).as_secs_f64());
+    let limit = if norm.stream {
+        app.first_token_timeout
+    } else {
+        app.request_timeout
+    };
+    let upstream = match tokio::time::timeout(limit, send).await {
+        Err(_) => return Err(GatewayError::UpstreamTimeout { after: limit }),
+        Ok(Err(e)) => return Err(unreachable(app, &e)),
+        Ok(Ok(r)) => r,
+    };
+    let is_sse = upstream
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    let head = response_head(&upstream);
+    if norm.stream && is_sse && upstream.status().is_success() {
+        let ctx = RelayCtx {
+            started,
+            usage_injected: norm.usage_injected,
+            responses_api: api == Api::Responses,
+            first_token_timeout: app.first_token_timeout,
+            idle_timeout: app.idle_timeout,
+            _permit: permit,
+            mode: app.control.mode(),
+            request_id: request_id.to_owned(),
+            route,
+        };
+        let events = relay(upstream.into_body(), ctx);
+        return Ok(head.body(Body::from_stream(events)).expect("valid response parts"));
+    }
+    // Non-streaming (or an upstream error before streaming): the body is complete upstream
+    // work; read it within the request timeout, count its tokens, pass the bytes through.
+    let status = upstream.status();
+    let collected = tokio::time::timeout(app.request_timeout, upstream.into_body().collect()).await;
+    let bytes = match collected {
+        Err(_) => {
+            return Err(GatewayError::UpstreamTimeout {
+                after: app.request_timeout,
+            })
+        }
+        Ok(Err(e)) => {
+            return Err(GatewayError::UpstreamUnreachable {
+                upstream: app.upstream.base().to_owned(),
+                detail: error_chain(&e),
+            })
+        }
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    if status.is_success() {
+        #[derive(serde::Deserialize)]
+        struct UsageOnly {
+            usage: Option<Usage>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Usage {
+            completion_tokens: Option<u64>,
+            output_tokens: Option<u64>,
+        }
+        if let Ok(UsageOnly { usage: Some(u) }) = serde_json::from_slice::<UsageOnly>(&bytes) {
+            if let Some(t) = u.completion_tokens.or(u.output_tokens) {
+                counter!(observe::TOKENS, "mode" => app.control.mode()).increment(t);
+            }
+        }
+    }
+    let body = HoldPermit {
+        inner: http_body_util::Full::new(bytes),
+        _permit: permit,
+    };
+    Ok(head.body(Body::new(body)).expect("valid response parts"))
+}
+
+/// `/tokenize`, `/detokenize`: the model is resolved like a generation's; no admission.
+async fn utility(
+    State(app): State<Shared>,
+    Extension(id): Extension<RequestId>,
+    req: Request,
+) -> Result<Response, GatewayError> {
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(body, app.max_body).await?;
+    let norm = app
+        .normalizer
+        .normalize(Api::Utility, json_object(&parts.headers, &bytes)?)?;
+    let forward = Bytes::from(serde_json::to_vec(&norm.body).expect("a JSON map serialises"));
+    forward_as_is(&app, &id.0, parts.method, parts.uri.path(), &parts.headers, forward).await
+}
+
+/// Any other `/v1/*` route: forwarded unchanged.
+async fn passthrough(
+    State(app): State<Shared>,
+    Extension(id): Extension<RequestId>,
+    req: Request,
+) -> Result<Response, GatewayError> {
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(body, app.max_body).await?;
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    forward_as_is(&app, &id.0, parts.method, &path, &parts.headers, bytes).await
+}
+
+async fn forward_as_is(
+    app: &App,
+    request_id: &str,
+    method: Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, GatewayError> {
+    let send = app.upstream.send(method, path, headers, request_id, body);
+    let upstream = match tokio::time::timeout(app.request_timeout, send).await {
+        Err(_) => {
+            return Err(GatewayError::UpstreamTimeout {
+                after: app.request_timeout,
+            })
+        }
+        Ok(Err(e)) => return Err(unreachable(app, &e)),
+        Ok(Ok(r)) => r,
+    };
+    let head = response_head(&upstream);
+    Ok(head
+        .body(Body::new(upstream.into_body()))
+        .expect("valid response parts"))
+}
+
+fn status_json(app: &App) -> Value {
+    let snap = app.control.snapshot();
+    let upstream = app.control.upstream();
+    json!({
+        "ready": app.control.is_ready(),
+        "upstream": upstream,
+        "upstream_url": app.upstream.base(),
+        "profile": app.profile,
+        "model": app.normalizer.served(),
+        "mode": app.control.mode(),
+        "admission": {"open": !snap.paused, "capacity": snap.capacity, "in_flight": snap.in_use, "queued": snap.queued},
+    })
+}
+
+/// 200 only when the upstream is ready and admission is open; 503 otherwise, with the state.
+async fn ready(State(app): State<Shared>) -> Response {
+    let status = if app.control.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        status_json(&app).to_string(),
+    )
+        .into_response()
+}
+
+async fn admin_status(State(app): State<Shared>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        status_json(&app).to_string(),
+    )
+        .into_response()
+}
+
+async fn metrics_text(State(app): State<Shared>) -> Response {
+    let snap = app.control.snapshot();
+    observe::admission(snap.queued, snap.in_use);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        observe::metrics_handle().render(),
+    )
+        .into_response()
+}
+
+/// In gateway-only mode nobody supervises the upstream: probe its `/health` every second.
+async fn probe_upstream(app: Shared) {
+    loop {
+        let state = if app.upstream.healthy().await {
+            UpstreamState::Ready
+        } else {
+            UpstreamState::Unreachable(format!("{}/health does not answer 200", app.upstream.base()))
+        };
+        app.control.set_upstream(state);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Serves the gateway on `listener` until `shutdown` resolves, then drains connections for at
+/// most the configured drain timeout. With `probe` the gateway watches the upstream itself
+/// (gateway-only mode); otherwise the supervisor drives `control`.
+pub async fn serve(
+    config: &Config,
+    listener: TcpListener,
+    control: GatewayControl,
+    probe: bool,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    observe::metrics_handle();
+    let app = App::new(config, control);
+    if probe {
+        tokio::spawn(probe_upstream(app.clone()));
+    }
+    if let Some(l) = app.limiter.clone() {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                l.housekeeping();
+            }
+        });
+    }
+    let router = router(app);
+    let header_timeout = config.gateway.header_read_timeout;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let Ok((stream, peer)) = accepted else { continue };
+                let router = router.clone();
+                let mut stop = stop_rx.clone();
+                connections.spawn(async move {
+                    let _ = stream.set_nodelay(true);
+                    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+                        req.extensions_mut().insert(ConnectInfo(peer));
+                        let router = router.clone();
+                        async move {
+                            use hyper::service::Service as _;
+                            hyper_util::service::TowerToHyperService::new(router).call(req).await
+                        }
+                    });
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(header_timeout)
+                        .keep_alive(true)
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = async { let _ = stop.wait_for(|s| *s).await; } => {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
+                    }
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drain = config.gateway.drain_timeout;
+    tracing::info!(connections = connections.len(), drain_s = drain.as_secs(), "draining");
+    if tokio::time::timeout(drain, async { while connections.join_next().await.is_some() {} })
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            remaining = connections.len(),
+            "drain timeout; closing the remaining connections"
+        );
+        connections.abort_all();
+    }
+    Ok(())
+}
+
+/// The address a listener ended up on (for logs when PORT is 0).
+pub fn local_addr(listener: &TcpListener) -> std::io::Result<SocketAddr> {
+    listener.local_addr()
+}
