@@ -23,6 +23,7 @@ fn config(profile: ProfileId, extra: &[(&str, &str)]) -> Config {
     Config::load(&LoadOptions {
         env_file: None,
         profile: Some(profile.as_str().into()),
+        overrides: Default::default(),
         process_env: env,
         working_dir: dir.path().into(),
     })
