@@ -141,7 +141,8 @@ mod tests {
         let r = e.into_response();
         let status = r.status();
         let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
-        let bytes = futures_util::executor::block_on(axum::body::to_bytes(r.into_body(), 1 << 20)).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let bytes = rt.block_on(axum::body::to_bytes(r.into_body(), 1 << 20)).unwrap();
         (status, retry, serde_json::from_slice(&bytes).unwrap())
     }
 
