@@ -148,7 +148,9 @@ mod tests {
 
     #[test]
     fn every_variant_maps_to_the_envelope() {
-        let cases: Vec<(GatewayError, u16, &str, Option<&str>, Option<&str>)> = vec![
+        /// (error, status, type, param, Retry-After)
+        type Case = (GatewayError, u16, &'static str, Option<&'static str>, Option<&'static str>);
+        let cases: Vec<Case> = vec![
             (
                 GatewayError::bad_request("x", "reasoning_effort"),
                 400,
