@@ -195,7 +195,7 @@ impl Builder<'_> {
         self.int("NCCL_IB_GID_INDEX", 0..=255u32);
 
         let ports = Ports {
-            public: self.int("PORT", 1..=65535),
+            public: self.int("PORT", 0..=65535),
             vllm: self.int("VLLM_PORT", 1..=65535),
             master: self.int("MASTER_PORT", 1..=65535),
         };

@@ -161,7 +161,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("IMAGE", Serving, V("ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw"), V("ghcr.io/miaai-lab/glm-5.3-flash-2x-dgx-sparks:exl3"),
       "Rank container image."),
     k("SERVED_MODEL_NAME", Serving, V("DeepSeek-v4.1-Flash-EXL3"), V("GLM-5.3-Flash-EXL3"), "Model id clients send and `/v1/models` lists."),
-    k("PORT", Serving, V("8888"), V("8888"), "Public port; the gateway owns it."),
+    k("PORT", Serving, V("8888"), V("8888"), "Public port; the gateway owns it (0: any free port, logged)."),
     k("VLLM_PORT", Serving, V("18888"), V("18888"),
       "Rank 0's own HTTP port, bound to 127.0.0.1 (sparkgate addition: the launchers let vLLM own PORT)."),
     k("MASTER_PORT", Serving, V("29521"), V("29521"), "torch.distributed rendezvous port on HEAD_IP."),

@@ -149,7 +149,13 @@ mod tests {
     #[test]
     fn every_variant_maps_to_the_envelope() {
         /// (error, status, type, param, Retry-After)
-        type Case = (GatewayError, u16, &'static str, Option<&'static str>, Option<&'static str>);
+        type Case = (
+            GatewayError,
+            u16,
+            &'static str,
+            Option<&'static str>,
+            Option<&'static str>,
+        );
         let cases: Vec<Case> = vec![
             (
                 GatewayError::bad_request("x", "reasoning_effort"),

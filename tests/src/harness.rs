@@ -143,11 +143,16 @@ impl Drop for Proc {
     }
 }
 
-/// The address in a log line such as `Starting vLLM server on http://127.0.0.1:43861`.
+/// The address in a log line: the first `http://ADDR`, else the last word
+/// (`Starting vLLM server on http://127.0.0.1:43861`, `… listening on 127.0.0.1:29501`).
 pub fn addr_in(line: &str) -> SocketAddr {
-    let tail = line.rsplit("http://").next().unwrap_or(line);
-    let tail = tail.rsplit(' ').next().unwrap_or(tail);
-    tail.trim().parse().unwrap_or_else(|_| panic!("no address in {line:?}"))
+    let word = match line.split_once("http://") {
+        Some((_, rest)) => rest.split_whitespace().next().unwrap_or(rest),
+        None => line.split_whitespace().last().unwrap_or(line),
+    };
+    word.trim_matches(|c: char| c == '"' || c == '/')
+        .parse()
+        .unwrap_or_else(|_| panic!("no address in {line:?}"))
 }
 
 /// A simulated rank started as a process.
@@ -447,4 +452,70 @@ pub fn free_port() -> u16 {
         .local_addr()
         .expect("addr")
         .port()
+}
+
+/// A binary built next to `sibling` in the same target directory (e.g. `sparkgate` next to
+/// `vllm-sim`); `cargo build --workspace` builds both.
+pub fn binary_next_to(sibling: &str, name: &str) -> String {
+    let path = std::path::Path::new(sibling).with_file_name(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace (cargo build --workspace)",
+        path.display()
+    );
+    path.to_string_lossy().into_owned()
+}
+
+/// `sparkgate serve` in gateway-only mode in front of `upstream`, as a process.
+#[derive(Debug)]
+pub struct Gateway {
+    pub proc: Proc,
+    pub addr: SocketAddr,
+}
+
+impl Gateway {
+    /// Starts the gateway (port 0 on 127.0.0.1) and waits until `/ready` answers 200.
+    pub fn start(sparkgate: &str, profile: &str, upstream: SocketAddr, env: &[(&str, &str)]) -> Gateway {
+        let gw = Self::start_unready(sparkgate, profile, &format!("http://{upstream}"), env);
+        gw.wait_ready();
+        gw
+    }
+
+    /// Starts the gateway without waiting for its upstream.
+    pub fn start_unready(sparkgate: &str, profile: &str, upstream: &str, env: &[(&str, &str)]) -> Gateway {
+        let args: Vec<String> = [
+            "--profile",
+            profile,
+            "serve",
+            "--upstream",
+            upstream,
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut full_env: Vec<(&str, &str)> = vec![("SPARKGATE_LOG", "info")];
+        full_env.extend_from_slice(env);
+        let proc = Proc::spawn(sparkgate, &args, &full_env);
+        let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
+        Gateway { proc, addr }
+    }
+
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + STARTUP;
+        while request(self.addr, "GET", "/ready", &[], b"").status != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "gateway never became ready; log:\n{}",
+                self.proc.log().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
 }

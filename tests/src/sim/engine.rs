@@ -250,6 +250,8 @@ impl Engine {
                 if failed || seq.produced >= seq.total {
                     let seq = running.swap_remove(i);
                     grants.swap_remove(i);
+                    // The slot is free before the client hears of the end, as in vLLM.
+                    self.metrics.running.store(running.len() as u64, SeqCst);
                     let e2e = seq.arrived.elapsed().as_secs_f64();
                     if failed {
                         let _ = seq.tx.send((seq.index, Event::Failed("Internal server error".into())));

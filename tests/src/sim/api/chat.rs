@@ -183,6 +183,8 @@ struct StreamState {
     ctx: Ctx,
     pending: std::collections::VecDeque<Bytes>,
     finished: bool,
+    /// The role chunks go out with the first engine output (after prefill), as in vLLM.
+    started: bool,
 }
 
 impl StreamState {
@@ -197,7 +199,22 @@ impl StreamState {
         c
     }
 
+    fn role_chunks(&mut self) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        for index in 0..self.job.choices.len() {
+            let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+            let mut c = self.chunk(json!([choice]), None);
+            c["prompt_token_ids"] = Value::Null;
+            c["prompt_text"] = Value::Null;
+            self.pending.push_back(frame(&c));
+        }
+    }
+
     fn on_delta(&mut self, index: usize, d: Delta) {
+        self.role_chunks();
         let mut delta = Map::new();
         if !d.reasoning.is_empty() {
             delta.insert("reasoning".into(), Value::String(d.reasoning));
@@ -260,21 +277,14 @@ impl StreamState {
 
 fn stream(app: Shared, job: Job, ctx: Ctx) -> Response {
     let request_id = ctx.request_id.clone();
-    let mut state = StreamState {
+    let state = StreamState {
         app: app.clone(),
         job,
         ctx,
         pending: Default::default(),
         finished: false,
+        started: false,
     };
-    for index in 0..state.job.choices.len() {
-        let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
-        let c = state.chunk(json!([choice]), None);
-        let mut c = c;
-        c["prompt_token_ids"] = Value::Null;
-        c["prompt_text"] = Value::Null;
-        state.pending.push_back(frame(&c));
-    }
     let frames = futures_util::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(b) = s.pending.pop_front() {
@@ -290,7 +300,10 @@ fn stream(app: Shared, job: Job, ctx: Ctx) -> Response {
                     s.pending.push_back(Bytes::from_static(DONE));
                     s.finished = true;
                 }
-                None => s.on_end(),
+                None => {
+                    s.role_chunks();
+                    s.on_end()
+                }
             }
         }
     });
