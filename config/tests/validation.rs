@@ -152,7 +152,7 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "deepseek-v4.1-flash",
         "PORT",
         "70000",
-        "must be an integer between 1 and 65535",
+        "must be an integer between 0 and 65535",
     ),
     (
         "deepseek-v4.1-flash",

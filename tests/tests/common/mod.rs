@@ -1,0 +1,48 @@
+//! Shared set-up of the gateway integration tests: a vllm-sim process and `sparkgate serve` in
+//! front of it.
+
+#![allow(dead_code, unreachable_pub)]
+
+use serde_json::Value;
+use sparkgate_tests::harness::{binary_next_to, post_json, Gateway, HttpResponse, Sim};
+
+pub const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
+
+pub fn sparkgate() -> String {
+    binary_next_to(SIM, "sparkgate")
+}
+
+pub const DS: &[&str] = &[
+    "/model",
+    "--served-model-name",
+    "DeepSeek-v4.1-Flash-EXL3",
+    "--reasoning-parser",
+    "deepseek_v41",
+    "--max-num-seqs",
+    "2",
+];
+pub const GLM: &[&str] = &[
+    "/glm",
+    "--served-model-name",
+    "GLM-5.3-Flash-EXL3",
+    "--reasoning-parser",
+    "glm45",
+    "--max-num-seqs",
+    "4",
+];
+
+pub fn ds_pair(sim_env: &[(&str, &str)], gw_env: &[(&str, &str)]) -> (Sim, Gateway) {
+    let sim = Sim::start(SIM, DS, sim_env);
+    let gw = Gateway::start(&sparkgate(), "deepseek-v4.1-flash", sim.addr(), gw_env);
+    (sim, gw)
+}
+
+pub fn chat(gw: &Gateway, body: Value) -> HttpResponse {
+    post_json(gw.addr, "/v1/chat/completions", &body)
+}
+
+pub fn reasoning_first_line(resp: &Value) -> Option<String> {
+    resp["choices"][0]["message"]["reasoning"]
+        .as_str()
+        .map(|r| r.lines().next().unwrap_or("").to_owned())
+}

@@ -1,0 +1,202 @@
+//! Gateway admission against vllm-sim: MAX_NUM_SEQS upstream at most, FIFO order, 429 on a full
+//! queue, 503 at the deadline, disconnects while queued or mid-stream freeing their slots.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sparkgate_tests::harness::{post_json, request, sse_data, Streaming};
+
+mod common;
+use common::{chat, ds_pair};
+
+#[test]
+fn admission_caps_upstream_concurrency_at_max_num_seqs_in_fifo_order() {
+    let (sim, gw) = ds_pair(&[("SIM_SPEED", "4")], &[]);
+    let addr = gw.addr;
+    let mut workers = Vec::new();
+    for i in 0..10 {
+        let body = json!({"messages": [{"role": "user", "content": format!("stream {i}")}], "max_tokens": 30, "ignore_eos": true,
+                          "stream": true, "chat_template_kwargs": {"enable_thinking": false}});
+        workers.push(std::thread::spawn(move || {
+            let mut s = Streaming::open(
+                addr,
+                "POST",
+                "/v1/chat/completions",
+                &[("Content-Type", "application/json")],
+                body.to_string().as_bytes(),
+            );
+            let _ = s.next_chunk();
+            let first_byte = std::time::Instant::now();
+            let rest = s.read_all();
+            (i, first_byte, rest)
+        }));
+        // Arrival order is the submission order.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = request(addr, "GET", "/ready", &[], b"").json();
+            let admitted =
+                ready["admission"]["in_flight"].as_u64().unwrap() + ready["admission"]["queued"].as_u64().unwrap();
+            if admitted as usize > i || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let mut max_running = 0;
+    let mut max_upstream = 0;
+    let mut done = 0;
+    while done < 10 {
+        let s = sim.state();
+        max_running = max_running.max(s["running"].as_u64().unwrap());
+        // Running plus waiting is every request vLLM holds at that instant.
+        max_upstream = max_upstream.max(s["running"].as_u64().unwrap() + s["waiting"].as_u64().unwrap());
+        done = workers.iter().filter(|w| w.is_finished()).count();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut results: Vec<(usize, std::time::Instant, Vec<u8>)> =
+        workers.into_iter().map(|w| w.join().unwrap()).collect();
+    assert_eq!(max_running, 2, "the two slots were used");
+    assert_eq!(
+        max_upstream, 2,
+        "never more than MAX_NUM_SEQS upstream at once; the gateway holds the queue"
+    );
+    for (_, _, body) in &results {
+        assert_eq!(sse_data(body).last().map(String::as_str), Some("[DONE]"));
+    }
+    // FIFO: the order in which streams got their first byte follows the submission order.
+    results.sort_by_key(|r| r.1);
+    let order: Vec<usize> = results.iter().map(|r| r.0).collect();
+    let inversions = order.windows(2).filter(|w| w[0] > w[1] + 1).count();
+    assert_eq!(inversions, 0, "first-byte order {order:?}");
+}
+
+#[test]
+fn full_queue_is_429_and_the_deadline_is_503_with_retry_after() {
+    let (sim, gw) = ds_pair(&[("SIM_SPEED", "1")], &[("QUEUE_DEPTH", "1"), ("QUEUE_TIMEOUT", "1")]);
+    let addr = gw.addr;
+    let long = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let mut holders: Vec<Streaming> = (0..2)
+        .map(|_| {
+            let mut s = Streaming::open(
+                addr,
+                "POST",
+                "/v1/chat/completions",
+                &[("Content-Type", "application/json")],
+                long.to_string().as_bytes(),
+            );
+            s.next_chunk().unwrap();
+            s
+        })
+        .collect();
+    sim.wait_state("2 running", |s| s["running"] == 2);
+    let queued = std::thread::spawn(move || {
+        post_json(
+            addr,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        )
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"] != 1 {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let full = post_json(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(full.status, 429);
+    assert_eq!(full.header("retry-after"), Some("2"));
+    assert_eq!(full.json()["error"]["type"], "Too Many Requests");
+    let timed_out = queued.join().unwrap();
+    assert_eq!(timed_out.status, 503);
+    assert_eq!(timed_out.header("retry-after"), Some("5"));
+    assert!(timed_out.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("no generation slot"));
+    // Permits come back when streaming clients disconnect mid-stream.
+    holders.clear();
+    sim.wait_state("aborted", |s| s["aborted"] == 2);
+    let ok = post_json(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    );
+    assert_eq!(ok.status, 200);
+    let metrics = request(addr, "GET", "/metrics", &[], b"").text();
+    assert!(
+        metrics.contains(r#"sparkgate_admission_rejections_total{reason="queue_full"} 1"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"sparkgate_admission_rejections_total{reason="queue_timeout"} 1"#));
+}
+
+#[test]
+fn a_client_that_leaves_the_queue_frees_its_place_at_once() {
+    let (sim, gw) = ds_pair(&[("SIM_SPEED", "1")], &[("QUEUE_DEPTH", "1")]);
+    let addr = gw.addr;
+    let long = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let _holders: Vec<Streaming> = (0..2)
+        .map(|_| {
+            let mut s = Streaming::open(
+                addr,
+                "POST",
+                "/v1/chat/completions",
+                &[("Content-Type", "application/json")],
+                long.to_string().as_bytes(),
+            );
+            s.next_chunk().unwrap();
+            s
+        })
+        .collect();
+    sim.wait_state("2 running", |s| s["running"] == 2);
+    {
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        use std::io::Write;
+        let body = json!({"messages": [{"role": "user", "content": "hi"}]}).to_string();
+        write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"] != 1 {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    } // the queued client disconnects here
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"] != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the departed client still holds its place"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Its place is free: another request can queue (depth 1) instead of getting 429.
+    let waiting = std::thread::spawn(move || {
+        post_json(
+            addr,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        )
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"] != 1 {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop(_holders);
+    assert_eq!(waiting.join().unwrap().status, 200);
+}
+
+#[test]
+fn n_above_capacity_is_refused() {
+    let (_sim, gw) = ds_pair(&[], &[]);
+    let r = chat(&gw, json!({"messages": [{"role": "user", "content": "hi"}], "n": 3}));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "n");
+    let r = chat(
+        &gw,
+        json!({"messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 3}),
+    );
+    assert_eq!(r.json()["choices"].as_array().unwrap().len(), 2);
+}
