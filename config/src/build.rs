@@ -223,6 +223,18 @@ impl Builder<'_> {
         let containers = self.containers();
         let storage = self.storage(is_glm);
         let supervision = Supervision {
+            runtime: if self.one_of("RUNTIME", &["docker", "process"]) == "process" {
+                Runtime::Process
+            } else {
+                Runtime::Docker
+            },
+            vllm_bin: self.non_empty("VLLM_BIN"),
+            log_dir: PathBuf::from(self.non_empty("LOG_DIR")),
+            backoff_initial: Duration::from_secs_f64(self.float("RESTART_BACKOFF_INITIAL", 0.0, 86_400.0)),
+            backoff_max: Duration::from_secs_f64(self.float("RESTART_BACKOFF_MAX", 0.0, 86_400.0)),
+            healthy_reset: Duration::from_secs_f64(self.float("RESTART_HEALTHY_RESET", 0.0, 86_400.0)),
+            restart_budget: self.int("RESTART_BUDGET", 1..=1000),
+            progress_timeout: Duration::from_secs_f64(self.float("PROGRESS_TIMEOUT", 0.0, 86_400.0)),
             ready_timeout: self.seconds("READY_TIMEOUT"),
             hang: self.seconds("HANG_SECONDS"),
             mem_guard: self.flag("MEM_GUARD"),

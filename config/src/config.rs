@@ -217,8 +217,24 @@ pub enum Weights {
     },
 }
 
+/// How the ranks are run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    Docker,
+    Process,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Supervision {
+    pub runtime: Runtime,
+    pub vllm_bin: String,
+    pub log_dir: PathBuf,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub healthy_reset: Duration,
+    pub restart_budget: u32,
+    pub progress_timeout: Duration,
     pub ready_timeout: Duration,
     pub hang: Duration,
     pub mem_guard: bool,

@@ -272,6 +272,16 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("READY_TIMEOUT", Supervision, V("1500"), V("3600"), "Seconds rank 0 may take to become ready (also VLLM_ENGINE_READY_TIMEOUT_S)."),
     k("HANG_SECONDS", Supervision, V("420"), V("420"), "Seconds without a rank-0 log line (shm_broadcast lines excluded) before a start counts as hung.")
         .aliases(&["DSV41_HANG_SECONDS"]),
+    k("RUNTIME", Supervision, V("docker"), V("docker"),
+      "How ranks run: docker (containers) or process (the plan's argv as child processes, e.g. a virtualenv vLLM or the demo)."),
+    k("VLLM_BIN", Supervision, V("vllm"), V("vllm"), "The vllm executable for RUNTIME=process."),
+    k("LOG_DIR", Supervision, V("${DEPLOY_DIR}/logs"), V("${DEPLOY_DIR}/logs"), "Where rank logs and diagnostics are written, per epoch."),
+    k("RESTART_BACKOFF_INITIAL", Supervision, V("10"), V("10"), "Seconds before the first group restart; doubles per failure."),
+    k("RESTART_BACKOFF_MAX", Supervision, V("300"), V("300"), "Upper bound of the restart delay, seconds."),
+    k("RESTART_HEALTHY_RESET", Supervision, V("600"), V("600"), "Seconds of health after which the backoff and budget reset."),
+    k("RESTART_BUDGET", Supervision, V("5"), V("5"), "Failed starts or crashes in a row before the state is Failed."),
+    k("PROGRESS_TIMEOUT", Supervision, V("180"), V("180"),
+      "Seconds without a generated token while requests run before rank 0 counts as hung."),
     k("MEM_GUARD", Supervision, V("0"), V("0"), "1: kill a node's rank when MemAvailable stays under MEM_GUARD_GIB.").aliases(&["DSV41_MEM_GUARD"]),
     k("MEM_GUARD_GIB", Supervision, V("1.5"), V("1.5"), "Memguard threshold in GiB.").aliases(&["DSV41_MEM_GUARD_GIB"]),
     k("BOOT_MARGIN_GIB", Supervision, V("12"), V(""), "Free memory beyond the weights each node needs to boot; empty: no check.")

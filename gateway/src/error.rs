@@ -35,6 +35,8 @@ pub enum GatewayError {
     QueueTimeout { waited: Duration },
     #[error("the model is restarting; retry later")]
     Restarting,
+    #[error("the model is not running: {0}")]
+    NotRunning(String),
     #[error("upstream vLLM at {upstream} is unreachable: {detail}")]
     UpstreamUnreachable { upstream: String, detail: String },
     #[error("upstream vLLM did not answer within {}s", after.as_secs())]
@@ -63,7 +65,9 @@ impl GatewayError {
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
             GatewayError::RateLimited { .. } | GatewayError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            GatewayError::QueueTimeout { .. } | GatewayError::Restarting => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::QueueTimeout { .. } | GatewayError::Restarting | GatewayError::NotRunning(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             GatewayError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -109,6 +113,7 @@ impl GatewayError {
             GatewayError::QueueFull { .. } => Some("queue_full"),
             GatewayError::QueueTimeout { .. } => Some("queue_timeout"),
             GatewayError::Restarting => Some("restarting"),
+            GatewayError::NotRunning(_) => Some("not_running"),
             GatewayError::BadRequest { param: Some("n"), .. } => Some("too_many_choices"),
             _ => None,
         }
@@ -218,6 +223,13 @@ mod tests {
                 Some("5"),
             ),
             (GatewayError::Restarting, 503, "Service Unavailable", None, Some("10")),
+            (
+                GatewayError::NotRunning("stopped".into()),
+                503,
+                "Service Unavailable",
+                None,
+                None,
+            ),
             (
                 GatewayError::UpstreamUnreachable {
                     upstream: "u".into(),

@@ -3,6 +3,7 @@
 //! client and SSE relay (`upstream`, `relay`), edge layers (`edge`), errors (`error`) and
 //! observability (`observe`).
 
+mod admin;
 mod admission;
 pub mod cli;
 mod edge;
@@ -17,5 +18,5 @@ mod upstream;
 pub use admission::AdmissionSnapshot;
 pub use error::GatewayError;
 pub use observe::init_logging;
-pub use server::{local_addr, serve};
+pub use server::{local_addr, serve, Upstreams};
 pub use state::{GatewayControl, UpstreamState};

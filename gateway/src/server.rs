@@ -19,8 +19,10 @@ use hyper::body::Incoming;
 use metrics::{counter, histogram};
 use serde_json::{json, Map, Value};
 use sparkgate_config::{Config, Secret};
+use sparkgate_supervisor::{GroupState, SupervisorHandle};
 use tokio::net::TcpListener;
 
+use crate::admin;
 use crate::admission::Permit;
 use crate::edge::{self, Limiter, RequestId};
 use crate::error::GatewayError;
@@ -39,6 +41,8 @@ pub(crate) struct App {
     pub(crate) api_keys: Vec<Secret>,
     pub(crate) admin_token: Option<Secret>,
     pub(crate) limiter: Option<Arc<Limiter>>,
+    pub(crate) supervisor: Option<SupervisorHandle>,
+    pub(crate) drain_timeout: Duration,
     first_token_timeout: Duration,
     idle_timeout: Duration,
     request_timeout: Duration,
@@ -49,7 +53,7 @@ pub(crate) struct App {
 pub(crate) type Shared = Arc<App>;
 
 impl App {
-    pub(crate) fn new(config: &Config, control: GatewayControl) -> Shared {
+    pub(crate) fn new(config: &Config, control: GatewayControl, supervisor: Option<SupervisorHandle>) -> Shared {
         let g = &config.gateway;
         Arc::new(App {
             normalizer: Normalizer::new(
@@ -63,6 +67,8 @@ impl App {
             api_keys: config.secrets.api_keys.clone(),
             admin_token: config.secrets.admin_token.clone(),
             limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
+            supervisor,
+            drain_timeout: g.drain_timeout,
             first_token_timeout: g.first_token_timeout,
             idle_timeout: g.stream_idle_timeout,
             request_timeout: g.request_timeout,
@@ -93,7 +99,11 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
-        .route("/admin/status", get(admin_status))
+        .route("/admin/status", get(admin::status))
+        .route("/admin/restart", post(admin::restart))
+        .route("/admin/stop", post(admin::stop))
+        .route("/admin/start", post(admin::start))
+        .route("/admin/logs", get(admin::logs))
         .fallback(|req: Request| async move { GatewayError::NotFound(req.uri().path().to_owned()) })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(app.clone(), edge::rate_limit))
@@ -131,11 +141,24 @@ fn json_object(headers: &HeaderMap, bytes: &[u8]) -> Result<Map<String, Value>, 
     }
 }
 
+/// The supervisor is (re)starting the group: read from its status directly, which changes
+/// before the ranks go down, so no request races the gateway's own mirror of it.
+fn restarting(app: &App) -> bool {
+    match &app.supervisor {
+        Some(s) => matches!(
+            s.status().state,
+            GroupState::Starting { .. } | GroupState::Restarting { .. }
+        ),
+        None => false,
+    }
+}
+
 /// Maps a failure to reach the upstream: held-for-restart states answer 503, otherwise 502.
 fn unreachable(app: &App, err: &hyper_util::client::legacy::Error) -> GatewayError {
     counter!(observe::UPSTREAM_ERRORS, "kind" => if err.is_connect() { "connect" } else { "request" }).increment(1);
     match app.control.upstream() {
         UpstreamState::Restarting(_) | UpstreamState::Starting => GatewayError::Restarting,
+        _ if restarting(app) => GatewayError::Restarting,
         _ => GatewayError::UpstreamUnreachable {
             upstream: app.upstream.base().to_owned(),
             detail: error_chain(err),
@@ -228,9 +251,14 @@ async fn generate_inner(
     if let Some((from, to)) = &norm.effort_mapping {
         counter!(observe::EFFORT_MAPPINGS, "from" => from.clone(), "to" => to.clone()).increment(1);
     }
+    match app.control.upstream() {
+        UpstreamState::Failed(reason) => return Err(GatewayError::NotRunning(reason)),
+        UpstreamState::Stopped => return Err(GatewayError::NotRunning("the ranks were stopped by an operator".into())),
+        _ => {}
+    }
     let forward = serde_json::to_vec(&norm.body).expect("a JSON map serialises");
     let queued_at = Instant::now();
-    let permit = app.control.admission().acquire(norm.n).await?;
+    let mut permit = app.control.admission().acquire(norm.n).await?;
     let waited = queued_at.elapsed();
     histogram!(observe::QUEUE_WAIT_SECONDS).record(waited.as_secs_f64());
     let snap = app.control.snapshot();
@@ -241,9 +269,7 @@ async fn generate_inner(
         Api::Responses => "/v1/responses",
         Api::Utility => unreachable!("utility routes do not generate"),
     };
-    let send = app
-        .upstream
-        .send(Method::POST, path, &headers, request_id, Bytes::from(forward));
+    let forward = Bytes::from(forward);
     // The gateway's own time before the upstream request: everything but the queue wait.
     histogram!(observe::OVERHEAD_SECONDS).record(started.elapsed().saturating_sub(waited).as_secs_f64());
     let limit = if norm.stream {
@@ -251,10 +277,22 @@ async fn generate_inner(
     } else {
         app.request_timeout
     };
-    let upstream = match tokio::time::timeout(limit, send).await {
-        Err(_) => return Err(GatewayError::UpstreamTimeout { after: limit }),
-        Ok(Err(e)) => return Err(unreachable(app, &e)),
-        Ok(Ok(r)) => r,
+    let upstream = loop {
+        let send = app
+            .upstream
+            .send(Method::POST, path, &headers, request_id, forward.clone());
+        match tokio::time::timeout(limit, send).await {
+            Err(_) => return Err(GatewayError::UpstreamTimeout { after: limit }),
+            // The group is being restarted: nothing of this request was answered, so it queues
+            // again and is served by the new group (held while admission is paused).
+            Ok(Err(_)) if restarting(app) => {
+                drop(permit);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                permit = app.control.admission().acquire(norm.n).await?;
+            }
+            Ok(Err(e)) => return Err(unreachable(app, &e)),
+            Ok(Ok(r)) => break r,
+        }
     };
     let is_sse = upstream
         .headers()
@@ -369,7 +407,7 @@ async fn forward_as_is(
         .expect("valid response parts"))
 }
 
-fn status_json(app: &App) -> Value {
+pub(crate) fn status_json(app: &App) -> Value {
     let snap = app.control.snapshot();
     let upstream = app.control.upstream();
     json!({
@@ -392,14 +430,6 @@ async fn ready(State(app): State<Shared>) -> Response {
     };
     (
         status,
-        [(header::CONTENT_TYPE, "application/json")],
-        status_json(&app).to_string(),
-    )
-        .into_response()
-}
-
-async fn admin_status(State(app): State<Shared>) -> Response {
-    (
         [(header::CONTENT_TYPE, "application/json")],
         status_json(&app).to_string(),
     )
@@ -429,20 +459,35 @@ async fn probe_upstream(app: Shared) {
     }
 }
 
+/// Who keeps the gateway informed about its upstream.
+#[derive(Debug, Clone)]
+pub enum Upstreams {
+    /// Gateway-only mode: probe the upstream's `/health` every second.
+    Probe,
+    /// The supervisor's state drives admission and readiness; `/admin` controls it.
+    Supervised(SupervisorHandle),
+}
+
 /// Serves the gateway on `listener` until `shutdown` resolves, then drains connections for at
-/// most the configured drain timeout. With `probe` the gateway watches the upstream itself
-/// (gateway-only mode); otherwise the supervisor drives `control`.
+/// most the configured drain timeout.
 pub async fn serve(
     config: &Config,
     listener: TcpListener,
     control: GatewayControl,
-    probe: bool,
+    upstreams: Upstreams,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     observe::metrics_handle();
-    let app = App::new(config, control);
-    if probe {
-        tokio::spawn(probe_upstream(app.clone()));
+    let supervisor = match &upstreams {
+        Upstreams::Probe => None,
+        Upstreams::Supervised(h) => Some(h.clone()),
+    };
+    let app = App::new(config, control.clone(), supervisor.clone());
+    match supervisor {
+        None => {
+            tokio::spawn(probe_upstream(app.clone()));
+        }
+        Some(h) => admin::mirror(control, h),
     }
     if let Some(l) = app.limiter.clone() {
         tokio::spawn(async move {

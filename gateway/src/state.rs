@@ -21,6 +21,8 @@ pub enum UpstreamState {
     Unreachable(String),
     /// The supervisor gave up.
     Failed(String),
+    /// An operator stopped the ranks.
+    Stopped,
 }
 
 #[derive(Debug)]

@@ -519,3 +519,97 @@ impl Gateway {
         format!("http://{}/v1", self.addr)
     }
 }
+
+impl Gateway {
+    /// `sparkgate serve` supervising its own ranks (RUNTIME=process, VLLM_BIN=vllm-sim), on
+    /// loopback with fresh ports; waits until `/ready` answers 200.
+    pub fn supervise(
+        sparkgate: &str,
+        sim: &str,
+        profile: &str,
+        log_dir: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Gateway {
+        let gw = Self::supervise_unready(sparkgate, sim, profile, log_dir, env);
+        gw.wait_ready();
+        gw
+    }
+
+    pub fn supervise_unready(
+        sparkgate: &str,
+        sim: &str,
+        profile: &str,
+        log_dir: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Gateway {
+        let (vllm_port, master_port) = (free_port().to_string(), free_port().to_string());
+        let log = log_dir.display().to_string();
+        let mut full: Vec<(&str, &str)> = vec![
+            ("RUNTIME", "process"),
+            ("VLLM_BIN", sim),
+            ("PORT", "0"),
+            ("BIND_ADDR", "127.0.0.1"),
+            ("HEAD_IP", "127.0.0.1"),
+            ("WORKER_IP", "127.0.0.1"),
+            ("VLLM_PORT", &vllm_port),
+            ("MASTER_PORT", &master_port),
+            ("LOG_DIR", &log),
+            ("SIM_LOAD_SECONDS", "0"),
+            ("SIM_SPEED", "instant"),
+            ("RESTART_BACKOFF_INITIAL", "0.2"),
+            ("READY_TIMEOUT", "60"),
+            ("SPARKGATE_LOG", "info"),
+        ];
+        full.extend_from_slice(env);
+        let args: Vec<String> = ["--profile", profile, "serve"].map(String::from).to_vec();
+        let proc = Proc::spawn(sparkgate, &args, &full);
+        let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
+        Gateway { proc, addr }
+    }
+
+    /// `GET /admin/status` (loopback, no token) as JSON.
+    pub fn status(&self) -> serde_json::Value {
+        request(self.addr, "GET", "/admin/status", &[], b"").json()
+    }
+
+    /// Polls `/admin/status` until `pred` holds.
+    pub fn wait_status(&self, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let s = self.status();
+            if pred(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "status never reached {what}: {s}\nlog:\n{}",
+                self.proc.log().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Pids of live processes whose command line contains `needle` (e.g. a test's unique port).
+pub fn processes_with(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// SIGKILL to a pid.
+pub fn kill_pid(pid: u64) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+}

@@ -1,4 +1,9 @@
-//! The `sparkgate` command line: parsing and the subcommands that need no running gateway.
+//! The `sparkgate` command line: parsing, configuration loading, and the subcommands that need
+//! no running gateway (`config`, `plan`); `serve`/`demo` live in `serve.rs`, the operator
+//! commands that talk to a running gateway in `admin.rs`.
+
+mod admin;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,8 +43,8 @@ pub enum Command {
         #[arg(long, conflicts_with = "json")]
         reference: bool,
     },
-    /// Serve the OpenAI gateway on PORT. Today this is gateway-only mode: it fronts an already
-    /// running vLLM (or vllm-sim) at UPSTREAM_URL and supervises nothing.
+    /// Serve the OpenAI gateway on PORT and supervise the ranks (RUNTIME); with --upstream (or
+    /// UPSTREAM_URL) it only fronts an already running vLLM and supervises nothing.
     Serve {
         /// vLLM rank 0's base URL (overrides UPSTREAM_URL), e.g. http://127.0.0.1:8000.
         #[arg(long, value_name = "URL")]
@@ -50,6 +55,47 @@ pub enum Command {
         /// Address to listen on (overrides BIND_ADDR).
         #[arg(long, value_name = "ADDR")]
         bind: Option<String>,
+    },
+    /// The whole system on this machine without a GPU: the gateway on PORT (8888) supervising two
+    /// simulated ranks (vllm-sim processes on loopback). Builds the simulator if needed.
+    Demo,
+    /// Show the running gateway's state: ranks, epoch, mode, admission.
+    Status {
+        #[command(flatten)]
+        target: admin::Target,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drain, then restart the rank group (--force: no drain).
+    Restart {
+        #[command(flatten)]
+        target: admin::Target,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Stop the rank group (the gateway keeps answering, with 503).
+    Stop {
+        #[command(flatten)]
+        target: admin::Target,
+    },
+    /// Start the rank group again after `stop` or a give-up.
+    Start {
+        #[command(flatten)]
+        target: admin::Target,
+    },
+    /// Show a rank's log: `logs` (rank 0), `logs worker` (rank 1), `logs rank N`.
+    Logs {
+        #[command(flatten)]
+        target: admin::Target,
+        /// `worker`, or `rank N`.
+        which: Vec<String>,
+        /// Lines from the end.
+        #[arg(long, default_value_t = 100)]
+        tail: usize,
+        /// Keep following new lines.
+        #[arg(long, short = 'f')]
+        follow: bool,
     },
     /// Print each rank's container and `vllm serve` command line as you could paste them.
     Plan {
@@ -82,6 +128,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    if let Command::Demo = cli.command {
+        if let Err(e) = serve::demo_defaults(&mut options) {
+            eprintln!("sparkgate demo: {e:#}");
+            return Ok(ExitCode::FAILURE);
+        }
+    }
     let config = match Config::load(&options) {
         Ok(config) => config,
         // Every load error is the user's to fix: a bad value, file or syntax.
@@ -97,7 +149,30 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config { json: true, .. } => serde_json::to_string_pretty(&config.settings_json())? + "\n",
         Command::Config { .. } => sparkgate_config::settings_table(&config),
         Command::Plan { json, rank } => render_plan(&config, json, rank)?,
-        Command::Serve { .. } => return serve(&config),
+        Command::Serve { .. } | Command::Demo => {
+            let demo = matches!(cli.command, Command::Demo);
+            return serve::serve(&config, demo);
+        }
+        Command::Status { target, json } => return admin::status(&config, &target, json),
+        Command::Restart { target, force } => {
+            return admin::post(
+                &config,
+                &target,
+                if force {
+                    "/admin/restart?force=1"
+                } else {
+                    "/admin/restart"
+                },
+            )
+        }
+        Command::Stop { target } => return admin::post(&config, &target, "/admin/stop"),
+        Command::Start { target } => return admin::post(&config, &target, "/admin/start"),
+        Command::Logs {
+            target,
+            which,
+            tail,
+            follow,
+        } => return admin::logs(&config, &target, &which, tail, follow),
     };
     emit(&output)?;
     Ok(ExitCode::SUCCESS)
@@ -148,43 +223,4 @@ fn render_plan(config: &Config, json: bool, only: Option<u32>) -> anyhow::Result
         )?;
     }
     Ok(out)
-}
-
-/// Runs the gateway until SIGTERM or Ctrl-C, then drains.
-fn serve(config: &Config) -> anyhow::Result<ExitCode> {
-    crate::init_logging(config.gateway.log_json);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async {
-        let addr = std::net::SocketAddr::new(config.gateway.bind, config.ports.public);
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (is PORT {} in use?)", config.ports.public))?;
-        let local = crate::local_addr(&listener)?;
-        let mode = config.speculation.active_mode();
-        let control = crate::GatewayControl::new(
-            mode.max_num_seqs,
-            config.gateway.queue_depth,
-            config.gateway.queue_timeout,
-            mode.method.as_str(),
-        );
-        tracing::info!(
-            profile = %config.profile,
-            model = %config.serving.served_model_name,
-            upstream = %config.gateway.upstream,
-            max_num_seqs = mode.max_num_seqs,
-            "sparkgate listening on http://{local}"
-        );
-        crate::serve(config, listener, control, true, shutdown_signal()).await?;
-        tracing::info!("sparkgate stopped");
-        Ok(ExitCode::SUCCESS)
-    })
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("shutdown requested");
 }

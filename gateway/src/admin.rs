@@ -1,0 +1,168 @@
+//! `/admin/*` (behind the admin token, or loopback only): status, drain-then-restart, stop,
+//! start and rank logs; and the mirror that applies the supervisor's state to admission (held
+//! while the group starts or restarts, open when ready, refused when stopped or failed).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use sparkgate_supervisor::{GroupState, SupervisorHandle};
+
+use crate::error::GatewayError;
+use crate::server::{status_json, Shared};
+use crate::state::{GatewayControl, UpstreamState};
+
+/// Mirrors the supervisor's state into the gateway: admission pauses while the ranks start or
+/// restart (queued requests wait instead of failing) and resumes when rank 0 is ready.
+pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
+    let mut rx = supervisor.subscribe();
+    tokio::spawn(async move {
+        loop {
+            let status = rx.borrow_and_update().clone();
+            match &status.state {
+                GroupState::Ready { .. } => {
+                    control.set_upstream(UpstreamState::Ready);
+                    control.admission().resume();
+                }
+                GroupState::Starting { epoch } => {
+                    control.admission().pause();
+                    control.set_upstream(UpstreamState::Restarting(format!("starting epoch {epoch}")));
+                }
+                GroupState::Restarting { reason, .. } => {
+                    control.admission().pause();
+                    control.set_upstream(UpstreamState::Restarting(reason.clone()));
+                }
+                GroupState::Failed { reason } => {
+                    control.admission().pause();
+                    control.set_upstream(UpstreamState::Failed(reason.clone()));
+                }
+                GroupState::Stopped => {
+                    control.admission().pause();
+                    control.set_upstream(UpstreamState::Stopped);
+                }
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+fn supervisor(app: &Shared) -> Result<&SupervisorHandle, GatewayError> {
+    app.supervisor.as_ref().ok_or(GatewayError::NotFound(
+        "/admin: this gateway supervises no ranks (gateway-only mode)".into(),
+    ))
+}
+
+fn accepted(body: serde_json::Value) -> Response {
+    (
+        StatusCode::ACCEPTED,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+pub(crate) async fn status(State(app): State<Shared>) -> Response {
+    let mut body = status_json(&app);
+    if let Some(s) = &app.supervisor {
+        body["supervisor"] = serde_json::to_value(s.status()).unwrap_or_default();
+    }
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// Drains (admission paused, in-flight requests finish within DRAIN_TIMEOUT), then restarts the
+/// group; `?force=1` restarts at once. Answers 202 immediately.
+pub(crate) async fn restart(
+    State(app): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, GatewayError> {
+    let sup = supervisor(&app)?.clone();
+    let force = q.get("force").is_some_and(|v| v == "1" || v == "true");
+    let drain = if force { Duration::ZERO } else { app.drain_timeout };
+    let control = app.control.clone();
+    tokio::spawn(async move {
+        control.admission().pause();
+        let deadline = Instant::now() + drain;
+        while control.snapshot().in_use > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let left = control.snapshot().in_use;
+        if left > 0 {
+            tracing::warn!(
+                in_flight = left,
+                "drain timeout: restarting with requests still running (they end with an error)"
+            );
+        }
+        sup.restart(if force {
+            "operator restart (forced)"
+        } else {
+            "operator restart"
+        });
+    });
+    Ok(accepted(
+        json!({"restarting": true, "drain_timeout_s": drain.as_secs_f64()}),
+    ))
+}
+
+pub(crate) async fn stop(State(app): State<Shared>) -> Result<Response, GatewayError> {
+    supervisor(&app)?.stop();
+    Ok(accepted(json!({"stopping": true})))
+}
+
+pub(crate) async fn start(State(app): State<Shared>) -> Result<Response, GatewayError> {
+    supervisor(&app)?.start();
+    Ok(accepted(json!({"starting": true})))
+}
+
+/// `GET /admin/logs?rank=N&tail=K&follow=1`: the rank's log in the current epoch.
+pub(crate) async fn logs(
+    State(app): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, GatewayError> {
+    let sup = supervisor(&app)?;
+    let rank: u32 = q.get("rank").and_then(|r| r.parse().ok()).unwrap_or(0);
+    let tail: usize = q.get("tail").and_then(|t| t.parse().ok()).unwrap_or(100);
+    let follow = q.get("follow").is_some_and(|v| v == "1" || v == "true");
+    let status = sup.status();
+    let Some(r) = status.ranks.iter().find(|r| r.rank == rank) else {
+        return Err(GatewayError::bad_request(
+            format!("rank {rank} is not running (epoch {})", status.epoch),
+            "rank",
+        ));
+    };
+    let path = r.log.clone();
+    let text = tokio::fs::read_to_string(&path).await.unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut head = lines[lines.len().saturating_sub(tail)..].join("\n");
+    if !head.is_empty() {
+        head.push('\n');
+    }
+    if !follow {
+        return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], head).into_response());
+    }
+    let start = text.len() as u64;
+    let stream = futures_util::stream::unfold((Some(head), path, start), |(first, path, mut offset)| async move {
+        if let Some(h) = first {
+            return Some((Ok::<_, std::io::Error>(bytes::Bytes::from(h)), (None, path, offset)));
+        }
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let data = tokio::fs::read(&path).await.ok()?;
+            if (data.len() as u64) > offset {
+                let chunk = bytes::Bytes::copy_from_slice(&data[offset as usize..]);
+                offset = data.len() as u64;
+                return Some((Ok(chunk), (None, path, offset)));
+            }
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}

@@ -1,0 +1,133 @@
+//! `sparkgate serve` and `sparkgate demo`: the gateway, with the supervisor (RUNTIME) or in
+//! gateway-only mode, until SIGTERM or Ctrl-C.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use sparkgate_config::{Config, LoadOptions, Runtime, Source};
+use sparkgate_supervisor::SupervisorHandle;
+
+use crate::{GatewayControl, Upstreams};
+
+/// True when UPSTREAM_URL was given (flag, environment or env file): front it, supervise nothing.
+fn gateway_only(config: &Config) -> bool {
+    config
+        .settings()
+        .iter()
+        .any(|s| s.name == "UPSTREAM_URL" && !matches!(s.source, Source::Profile { .. }))
+}
+
+pub(super) fn serve(config: &Config, demo: bool) -> anyhow::Result<ExitCode> {
+    crate::init_logging(config.gateway.log_json);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let addr = std::net::SocketAddr::new(config.gateway.bind, config.ports.public);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (is PORT {} in use?)", config.ports.public))?;
+        let local = crate::local_addr(&listener)?;
+        let mode = config.speculation.active_mode();
+        let control = GatewayControl::new(mode.max_num_seqs, config.gateway.queue_depth, config.gateway.queue_timeout, mode.method.as_str());
+        let supervisor = if gateway_only(config) {
+            None
+        } else {
+            Some(SupervisorHandle::spawn(config)?)
+        };
+        tracing::info!(
+            profile = %config.profile,
+            model = %config.serving.served_model_name,
+            upstream = %config.gateway.upstream,
+            supervised = supervisor.is_some(),
+            max_num_seqs = mode.max_num_seqs,
+            "sparkgate listening on http://{local}"
+        );
+        if demo {
+            eprintln!(
+                "\nsparkgate demo: {} with two simulated ranks (vllm-sim) on http://{local}/v1\n  logs: {}\n  try:  curl -s http://{local}/v1/chat/completions -H 'Content-Type: application/json' \\\n          -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"What is 17*19? Reply with the integer only.\"}}],\"max_tokens\":32,\"chat_template_kwargs\":{{\"enable_thinking\":false}}}}'\n  stop: Ctrl-C\n",
+                config.profile,
+                config.supervision.log_dir.display(),
+                config.serving.served_model_name
+            );
+        }
+        let upstreams = match &supervisor {
+            None => Upstreams::Probe,
+            Some(h) => Upstreams::Supervised(h.clone()),
+        };
+        crate::serve(config, listener, control, upstreams, shutdown_signal()).await?;
+        if let Some(h) = supervisor {
+            // Child processes cannot be adopted by a later gateway: take them down with us.
+            if config.supervision.runtime == Runtime::Process {
+                tracing::info!("stopping the rank processes");
+                h.shutdown().await;
+            }
+        }
+        tracing::info!("sparkgate stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutdown requested");
+}
+
+/// The demo's settings, each unless the environment already sets it: loopback addresses only,
+/// ranks as vllm-sim processes at real speed, logs in a temporary directory.
+pub(super) fn demo_defaults(options: &mut LoadOptions) -> anyhow::Result<()> {
+    let sim = locate_simulator()?;
+    let log_dir = std::env::temp_dir().join(format!("sparkgate-demo-{}", std::process::id()));
+    let defaults = [
+        ("HEAD_IP", "127.0.0.1".to_owned()),
+        ("WORKER_IP", "127.0.0.1".to_owned()),
+        ("BIND_ADDR", "127.0.0.1".to_owned()),
+        ("RUNTIME", "process".to_owned()),
+        ("VLLM_BIN", sim.display().to_string()),
+        ("LOG_DIR", log_dir.display().to_string()),
+        ("READY_TIMEOUT", "120".to_owned()),
+        ("RESTART_BACKOFF_INITIAL", "1".to_owned()),
+    ];
+    for (k, v) in defaults {
+        options.process_env.entry(k.to_owned()).or_insert(v);
+    }
+    // The simulated ranks read these from the environment they inherit.
+    for (k, v) in [("SIM_SPEED", "1"), ("SIM_LOAD_SECONDS", "2")] {
+        if std::env::var_os(k).is_none() {
+            // Still single-threaded: the runtime is created later.
+            std::env::set_var(k, v);
+        }
+    }
+    Ok(())
+}
+
+/// `vllm-sim` next to this executable, built with cargo from the source tree when missing.
+fn locate_simulator() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let sim = exe.with_file_name("vllm-sim");
+    if sim.exists() {
+        return Ok(sim);
+    }
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    anyhow::ensure!(
+        workspace.join("Cargo.toml").exists(),
+        "vllm-sim is not next to {} and the source tree is gone; build it with `cargo build -p sparkgate-tests --bin vllm-sim`",
+        exe.display()
+    );
+    eprintln!("sparkgate demo: building the simulator (vllm-sim) once…");
+    let release = exe.components().any(|c| c.as_os_str() == "release");
+    let mut cmd = std::process::Command::new("cargo");
+    cmd.current_dir(&workspace)
+        .args(["build", "-p", "sparkgate-tests", "--bin", "vllm-sim"]);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| anyhow::anyhow!("cannot run cargo to build vllm-sim: {e}"))?;
+    anyhow::ensure!(status.success(), "building vllm-sim failed ({status})");
+    anyhow::ensure!(sim.exists(), "vllm-sim was built but is not at {}", sim.display());
+    Ok(sim)
+}

@@ -1,0 +1,350 @@
+//! The supervisor actor: one task owns the rank group. It starts workers first and rank 0 last,
+//! waits for readiness (failing fast when a rank exits, on READY_TIMEOUT, or when rank 0's log
+//! stalls for HANG_SECONDS), watches the running group (exits, `/health`, token progress), and
+//! restarts the whole group with a new epoch, backoff and a give-up budget.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sparkgate_config::{Config, LaunchPlan};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::backoff::Backoff;
+use crate::diagnostics;
+use crate::probe::Probe;
+use crate::process::RankProc;
+use crate::status::{GroupState, LastRestart, Status};
+
+/// What the ranks report.
+#[derive(Debug)]
+pub(crate) enum Event {
+    RankExited { epoch: u64, rank: u32, status: String },
+}
+
+/// What operators ask for.
+#[derive(Debug)]
+pub(crate) enum Command {
+    Restart { reason: String },
+    Stop,
+    Start,
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// How a started or running group ended.
+#[derive(Debug)]
+enum Ended {
+    Failure(String),
+    Asked(Command),
+}
+
+#[derive(Debug)]
+pub(crate) struct Actor {
+    bin: String,
+    plan: LaunchPlan,
+    log_dir: PathBuf,
+    ready_timeout: Duration,
+    hang: Duration,
+    progress_timeout: Duration,
+    mode: String,
+    probe: Probe,
+    events_tx: mpsc::UnboundedSender<Event>,
+    events_rx: mpsc::UnboundedReceiver<Event>,
+    cmd_rx: mpsc::UnboundedReceiver<Command>,
+    status_tx: watch::Sender<Status>,
+    epoch: u64,
+    ranks: Vec<RankProc>,
+    backoff: Backoff,
+    restarts: u32,
+    last_restart: Option<LastRestart>,
+    state: GroupState,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Actor {
+    pub(crate) fn new(
+        config: &Config,
+        cmd_rx: mpsc::UnboundedReceiver<Command>,
+        status_tx: watch::Sender<Status>,
+    ) -> Self {
+        let s = &config.supervision;
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let probe = Probe::new(
+            format!("http://127.0.0.1:{}", config.ports.vllm),
+            config.serving.served_model_name.clone(),
+            config.secrets.vllm_api_key.as_ref().map(|k| k.expose().to_owned()),
+        );
+        Self {
+            bin: s.vllm_bin.clone(),
+            plan: config.plan(),
+            log_dir: s.log_dir.clone(),
+            ready_timeout: s.ready_timeout,
+            hang: s.hang,
+            progress_timeout: s.progress_timeout,
+            mode: config.speculation.active.to_string(),
+            probe,
+            events_tx,
+            events_rx,
+            cmd_rx,
+            status_tx,
+            epoch: 0,
+            ranks: Vec::new(),
+            backoff: Backoff::new(s.backoff_initial, s.backoff_max, s.healthy_reset, s.restart_budget),
+            restarts: 0,
+            last_restart: None,
+            state: GroupState::Stopped,
+        }
+    }
+
+    pub(crate) fn status(&self) -> Status {
+        Status {
+            state: self.state.clone(),
+            epoch: self.epoch,
+            mode: self.mode.clone(),
+            runtime: "process",
+            ranks: self.ranks.iter().map(RankProc::status).collect(),
+            restarts: self.restarts,
+            last_restart: self.last_restart.clone(),
+        }
+    }
+
+    fn set(&mut self, state: GroupState) {
+        if state != self.state {
+            tracing::info!(state = ?state, epoch = self.epoch, "rank group");
+        }
+        self.state = state;
+        let _ = self.status_tx.send(self.status());
+    }
+
+    pub(crate) async fn run(mut self) {
+        let mut want_running = true;
+        loop {
+            if !want_running {
+                if !matches!(self.state, GroupState::Failed { .. }) {
+                    self.set(GroupState::Stopped);
+                }
+                match self.cmd_rx.recv().await {
+                    Some(Command::Start) | Some(Command::Restart { .. }) => {
+                        want_running = true;
+                        self.backoff.healthy_for(Duration::MAX);
+                    }
+                    Some(Command::Stop) => continue,
+                    Some(Command::Shutdown(reply)) => return self.finish(Some(reply)).await,
+                    None => return self.finish(None).await,
+                }
+            }
+            self.epoch += 1;
+            self.set(GroupState::Starting { epoch: self.epoch });
+            let ended = match self.start_group().await {
+                Ok(()) => {
+                    let ready_at = Instant::now();
+                    self.set(GroupState::Ready { epoch: self.epoch });
+                    let ended = self.watch().await;
+                    self.backoff.healthy_for(ready_at.elapsed());
+                    ended
+                }
+                Err(ended) => ended,
+            };
+            let noticed = Instant::now();
+            // Publish first: the gateway holds new and queued requests before the ranks go down.
+            match &ended {
+                Ended::Failure(reason) | Ended::Asked(Command::Restart { reason }) => {
+                    self.set(GroupState::Restarting {
+                        reason: reason.clone(),
+                        retry_in_s: 0.0,
+                    })
+                }
+                _ => {}
+            }
+            self.stop_group().await;
+            let detected_in_s = Some(noticed.elapsed().as_secs_f64());
+            match ended {
+                Ended::Failure(reason) => {
+                    tracing::warn!(epoch = self.epoch, %reason, "rank group failed");
+                    self.restarts += 1;
+                    self.last_restart = Some(LastRestart {
+                        reason: reason.clone(),
+                        at_unix: now_unix(),
+                        detected_in_s,
+                    });
+                    match self.backoff.failed() {
+                        None => {
+                            let reason = format!(
+                                "gave up after {} failures in a row; last: {reason}",
+                                self.backoff.failures() - 1
+                            );
+                            self.set(GroupState::Failed { reason });
+                            want_running = false;
+                        }
+                        Some(delay) => {
+                            self.set(GroupState::Restarting {
+                                reason,
+                                retry_in_s: delay.as_secs_f64(),
+                            });
+                            tokio::select! {
+                                _ = tokio::time::sleep(delay) => {}
+                                cmd = self.cmd_rx.recv() => match cmd {
+                                    Some(Command::Stop) => want_running = false,
+                                    Some(Command::Shutdown(reply)) => return self.finish(Some(reply)).await,
+                                    None => return self.finish(None).await,
+                                    Some(_) => {}
+                                },
+                            }
+                        }
+                    }
+                }
+                Ended::Asked(Command::Restart { reason }) => {
+                    self.restarts += 1;
+                    self.last_restart = Some(LastRestart {
+                        reason: reason.clone(),
+                        at_unix: now_unix(),
+                        detected_in_s: None,
+                    });
+                    self.set(GroupState::Restarting {
+                        reason,
+                        retry_in_s: 0.0,
+                    });
+                }
+                Ended::Asked(Command::Start) => {}
+                Ended::Asked(Command::Stop) => want_running = false,
+                Ended::Asked(Command::Shutdown(reply)) => return self.finish(Some(reply)).await,
+            }
+        }
+    }
+
+    async fn finish(mut self, reply: Option<oneshot::Sender<()>>) {
+        self.stop_group().await;
+        self.set(GroupState::Stopped);
+        if let Some(r) = reply {
+            let _ = r.send(());
+        }
+    }
+
+    /// Workers first, rank 0 last; then wait until rank 0 is ready.
+    async fn start_group(&mut self) -> Result<(), Ended> {
+        let dir = self.log_dir.join(format!("epoch-{}", self.epoch));
+        let mut order: Vec<_> = self.plan.ranks.clone();
+        order.sort_by_key(|r| std::cmp::Reverse(r.rank));
+        for plan in &order {
+            let log = dir.join(format!("rank{}.log", plan.rank));
+            match RankProc::spawn(&self.bin, plan, self.epoch, &log, self.events_tx.clone()).await {
+                Ok(p) => {
+                    tracing::info!(rank = plan.rank, pid = p.pid, log = %log.display(), "rank started");
+                    self.ranks.push(p);
+                    let _ = self.status_tx.send(self.status());
+                }
+                Err(e) => return Err(Ended::Failure(e.to_string())),
+            }
+        }
+        let deadline = Instant::now() + self.ready_timeout;
+        let mut wait = Duration::from_millis(100);
+        loop {
+            tokio::select! {
+                ev = self.events_rx.recv() => {
+                    if let Some(Event::RankExited { epoch, rank, status }) = ev {
+                        if epoch == self.epoch {
+                            let tail = self.ranks.iter().find(|r| r.rank == rank).map(|r| r.tail(5).join(" | ")).unwrap_or_default();
+                            return Err(Ended::Failure(format!("rank {rank} exited during start ({status}); last lines: {tail}")));
+                        }
+                    }
+                }
+                cmd = self.cmd_rx.recv() => return Err(Ended::Asked(cmd.unwrap_or(Command::Stop))),
+                _ = tokio::time::sleep(wait) => {}
+            }
+            wait = Duration::from_secs(1);
+            if self.probe.ready().await {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Ended::Failure(format!(
+                    "rank 0 was not ready within READY_TIMEOUT={}s",
+                    self.ready_timeout.as_secs()
+                )));
+            }
+            let quiet = self.ranks.iter().find(|r| r.rank == 0).map_or(0.0, RankProc::quiet_for);
+            if quiet >= self.hang.as_secs_f64() {
+                let dir = diagnostics::collect(
+                    &dir,
+                    &self.ranks,
+                    &format!(
+                        "no rank-0 log line for {quiet:.0}s (HANG_SECONDS={})",
+                        self.hang.as_secs()
+                    ),
+                )
+                .await;
+                return Err(Ended::Failure(format!(
+                    "start stalled: no rank-0 log line for {quiet:.0}s (HANG_SECONDS={}); diagnostics in {}",
+                    self.hang.as_secs(),
+                    dir.display()
+                )));
+            }
+        }
+    }
+
+    /// Watches a ready group until a rank exits, rank 0 fails its health checks, it stops making
+    /// progress while requests run, or an operator asks for something.
+    async fn watch(&mut self) -> Ended {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut unhealthy = 0;
+        let mut ticks = 0u64;
+        let mut last_generated = None;
+        let mut progress_at = Instant::now();
+        loop {
+            tokio::select! {
+                ev = self.events_rx.recv() => {
+                    if let Some(Event::RankExited { epoch, rank, status }) = ev {
+                        if epoch == self.epoch {
+                            return Ended::Failure(format!("rank {rank} exited ({status})"));
+                        }
+                    }
+                }
+                cmd = self.cmd_rx.recv() => return Ended::Asked(cmd.unwrap_or(Command::Stop)),
+                _ = tick.tick() => {
+                    ticks += 1;
+                    let _ = self.status_tx.send(self.status());
+                    if self.probe.healthy().await {
+                        unhealthy = 0;
+                    } else {
+                        unhealthy += 1;
+                        if unhealthy >= 3 {
+                            return Ended::Failure("rank 0 failed 3 health checks in a row".into());
+                        }
+                    }
+                    if ticks % 5 == 0 {
+                        if let Some(p) = self.probe.progress().await {
+                            if p.running == 0.0 || last_generated != Some(p.generated) {
+                                last_generated = Some(p.generated);
+                                progress_at = Instant::now();
+                            } else if progress_at.elapsed() >= self.progress_timeout {
+                                return Ended::Failure(format!(
+                                    "no token generated for {:.0}s while {} requests ran (PROGRESS_TIMEOUT)",
+                                    progress_at.elapsed().as_secs_f64(),
+                                    p.running
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Kills every rank of the current epoch and waits until they are gone.
+    async fn stop_group(&mut self) {
+        for r in &mut self.ranks {
+            r.kill();
+        }
+        for r in &self.ranks {
+            if tokio::time::timeout(Duration::from_secs(30), r.reaped()).await.is_err() {
+                tracing::error!(rank = r.rank, pid = r.pid, "rank did not exit after SIGKILL");
+            }
+        }
+        self.ranks.clear();
+    }
+}

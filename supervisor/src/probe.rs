@@ -1,0 +1,88 @@
+//! HTTP probes of rank 0 on its loopback port: readiness (`/health` 200 and the served name in
+//! `/v1/models`), liveness (`/health`) and progress (vLLM's running-request gauge and generated-
+//! token counter from `/metrics`).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::Request;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+#[derive(Debug, Clone)]
+pub(crate) struct Probe {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    base: String,
+    served: String,
+    auth: Option<String>,
+}
+
+/// vLLM's counters that show whether rank 0 is making progress.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Progress {
+    pub(crate) running: f64,
+    pub(crate) generated: f64,
+}
+
+impl Probe {
+    pub(crate) fn new(base: String, served: String, api_key: Option<String>) -> Self {
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(3))
+            .pool_timer(TokioTimer::new())
+            .build(HttpConnector::new());
+        Self {
+            client,
+            base,
+            served,
+            auth: api_key.map(|k| format!("Bearer {k}")),
+        }
+    }
+
+    async fn get(&self, path: &str) -> Option<(u16, Bytes)> {
+        let mut req = Request::get(format!("{}{path}", self.base));
+        if let Some(a) = &self.auth {
+            req = req.header("authorization", a);
+        }
+        let req = req.body(Empty::new()).ok()?;
+        let fut = async {
+            let resp = self.client.request(req).await.ok()?;
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await.ok()?.to_bytes();
+            Some((status, body))
+        };
+        tokio::time::timeout(Duration::from_secs(5), fut).await.ok().flatten()
+    }
+
+    pub(crate) async fn healthy(&self) -> bool {
+        matches!(self.get("/health").await, Some((200, _)))
+    }
+
+    /// Ready to serve: healthy and listing the served model.
+    pub(crate) async fn ready(&self) -> bool {
+        if !self.healthy().await {
+            return false;
+        }
+        let needle = format!("\"id\":\"{}\"", self.served);
+        matches!(self.get("/v1/models").await, Some((200, body)) if String::from_utf8_lossy(&body).contains(&needle))
+    }
+
+    pub(crate) async fn progress(&self) -> Option<Progress> {
+        let (status, body) = self.get("/metrics").await?;
+        if status != 200 {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&body);
+        let value = |name: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        Some(Progress {
+            running: value("vllm:num_requests_running"),
+            generated: value("vllm:generation_tokens_total"),
+        })
+    }
+}

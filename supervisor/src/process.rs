@@ -1,0 +1,187 @@
+//! `RUNTIME=process`: each rank is the plan's `vllm serve …` argv run as a child process, its
+//! output captured to the epoch's log file with the time of the last meaningful line (for the
+//! stall watchdog), and its exit reported to the supervisor.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use sparkgate_config::{NodeRole, RankEnvValue, RankPlan};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::actor::Event;
+use crate::error::SupervisorError;
+use crate::status::RankStatus;
+
+const TAIL_LINES: usize = 200;
+
+/// A running rank process.
+#[derive(Debug)]
+pub(crate) struct RankProc {
+    pub(crate) rank: u32,
+    pub(crate) node: NodeRole,
+    pub(crate) pid: u32,
+    started: Instant,
+    pub(crate) log: PathBuf,
+    /// Milliseconds after start of the last log line that shows progress.
+    last_line_ms: Arc<AtomicU64>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    kill: Option<oneshot::Sender<()>>,
+    exited: Arc<AtomicBool>,
+}
+
+/// Lines vLLM prints while a rank is stuck: they are not progress.
+fn is_progress(line: &str) -> bool {
+    !line.contains("shm_broadcast") && !line.contains("No available shared memory broadcast block")
+}
+
+impl RankProc {
+    pub(crate) async fn spawn(
+        bin: &str,
+        plan: &RankPlan,
+        epoch: u64,
+        log: &Path,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<RankProc, SupervisorError> {
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| SupervisorError::LogDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.args(plan.vllm_argv())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in &plan.container.env {
+            match v {
+                RankEnvValue::Plain(p) => cmd.env(k, p),
+                RankEnvValue::Secret(s) => cmd.env(k, s.expose()),
+            };
+        }
+        let mut child = cmd.spawn().map_err(|source| SupervisorError::Spawn {
+            bin: bin.to_owned(),
+            rank: plan.rank,
+            source,
+        })?;
+        let pid = child.id().unwrap_or(0);
+        let started = Instant::now();
+        let last_line_ms = Arc::new(AtomicU64::new(0));
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
+        let file = tokio::fs::File::create(log)
+            .await
+            .map_err(|source| SupervisorError::LogDir {
+                path: log.to_path_buf(),
+                source,
+            })?;
+        let file = Arc::new(tokio::sync::Mutex::new(file));
+        let mut readers = Vec::new();
+        let stdout = child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
+        let stderr = child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
+        for stream in [stdout, stderr].into_iter().flatten() {
+            let (file, last, tail) = (file.clone(), last_line_ms.clone(), tail.clone());
+            readers.push(tokio::spawn(async move {
+                let mut lines = BufReader::new(stream).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if is_progress(&line) {
+                        last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    }
+                    let mut f = file.lock().await;
+                    let _ = f.write_all(line.as_bytes()).await;
+                    let _ = f.write_all(b"\n").await;
+                    let _ = f.flush().await;
+                    drop(f);
+                    let mut t = tail.lock().expect("tail lock");
+                    if t.len() == TAIL_LINES {
+                        t.pop_front();
+                    }
+                    t.push_back(line);
+                }
+            }));
+        }
+        let (kill_tx, kill_rx) = oneshot::channel::<()>();
+        let exited = Arc::new(AtomicBool::new(false));
+        let exited_flag = exited.clone();
+        let rank = plan.rank;
+        tokio::spawn(async move {
+            let status = tokio::select! {
+                s = child.wait() => s,
+                _ = kill_rx => {
+                    let _ = child.start_kill();
+                    child.wait().await
+                }
+            };
+            for r in readers {
+                let _ = r.await;
+            }
+            exited_flag.store(true, Ordering::SeqCst);
+            let status = match status {
+                Ok(s) => s.to_string(),
+                Err(e) => format!("wait failed: {e}"),
+            };
+            let _ = events.send(Event::RankExited { epoch, rank, status });
+        });
+        Ok(RankProc {
+            rank,
+            node: plan.node,
+            pid,
+            started,
+            log: log.to_path_buf(),
+            last_line_ms,
+            tail,
+            kill: Some(kill_tx),
+            exited,
+        })
+    }
+
+    /// Seconds since the last progress line (or since start).
+    pub(crate) fn quiet_for(&self) -> f64 {
+        self.started.elapsed().as_secs_f64() - self.last_line_ms.load(Ordering::Relaxed) as f64 / 1e3
+    }
+
+    pub(crate) fn tail(&self, n: usize) -> Vec<String> {
+        let t = self.tail.lock().expect("tail lock");
+        t.iter().skip(t.len().saturating_sub(n)).cloned().collect()
+    }
+
+    pub(crate) fn running(&self) -> bool {
+        !self.exited.load(Ordering::SeqCst)
+    }
+
+    /// SIGKILL; the group is replaced as a unit, nothing of the old rank is reused.
+    pub(crate) fn kill(&mut self) {
+        if let Some(k) = self.kill.take() {
+            let _ = k.send(());
+        }
+    }
+
+    /// Waits until the process is gone (after `kill`).
+    pub(crate) async fn reaped(&self) {
+        while self.running() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    pub(crate) fn status(&self) -> RankStatus {
+        RankStatus {
+            rank: self.rank,
+            node: self.node,
+            pid: Some(self.pid),
+            running: self.running(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            log: self.log.clone(),
+        }
+    }
+}

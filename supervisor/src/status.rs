@@ -1,0 +1,57 @@
+//! What the supervisor reports: the group's state machine position, its epoch and each rank.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use sparkgate_config::NodeRole;
+
+/// `Stopped → Starting(epoch) → Ready(epoch) → Restarting → …`, or `Failed` when the restart
+/// budget is spent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum GroupState {
+    Stopped,
+    Starting { epoch: u64 },
+    Ready { epoch: u64 },
+    Restarting { reason: String, retry_in_s: f64 },
+    Failed { reason: String },
+}
+
+/// One rank as last seen.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankStatus {
+    pub rank: u32,
+    pub node: NodeRole,
+    /// Process id (process runtime).
+    pub pid: Option<u32>,
+    pub running: bool,
+    pub uptime_s: f64,
+    pub log: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LastRestart {
+    pub reason: String,
+    pub at_unix: u64,
+    /// Seconds from the failure being noticed to the group being stopped.
+    pub detected_in_s: Option<f64>,
+}
+
+/// The supervisor's published status.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Status {
+    #[serde(flatten)]
+    pub state: GroupState,
+    pub epoch: u64,
+    pub mode: String,
+    pub runtime: &'static str,
+    pub ranks: Vec<RankStatus>,
+    pub restarts: u32,
+    pub last_restart: Option<LastRestart>,
+}
+
+impl Status {
+    pub fn is_ready(&self) -> bool {
+        matches!(self.state, GroupState::Ready { .. })
+    }
+}

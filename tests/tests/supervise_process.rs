@@ -1,0 +1,381 @@
+//! The supervisor with RUNTIME=process: `sparkgate serve` starts two vllm-sim ranks (worker first),
+//! serves when rank 0 is ready, restarts the group as a unit when a rank dies, gives up after the
+//! budget, diagnoses a stalled start, and obeys the operator commands.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sparkgate_tests::harness::{
+    binary_next_to, kill_pid, post_json, processes_with, request, sse_data, Gateway, Streaming,
+};
+
+const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
+const SMOKE: &str = "What is 17*19? Reply with the integer only.";
+
+fn sparkgate() -> String {
+    binary_next_to(SIM, "sparkgate")
+}
+
+fn smoke(gw: &Gateway) -> Value {
+    post_json(gw.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": SMOKE}], "max_tokens": 32, "chat_template_kwargs": {"enable_thinking": false}})).json()
+}
+
+fn pids(status: &Value) -> Vec<u64> {
+    status["supervisor"]["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["pid"].as_u64().unwrap())
+        .collect()
+}
+
+fn pid_of(status: &Value, rank: u64) -> u64 {
+    status["supervisor"]["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rank"] == rank)
+        .unwrap()["pid"]
+        .as_u64()
+        .unwrap()
+}
+
+fn alive(pid: u64) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'))
+}
+
+#[test]
+fn cold_start_of_both_profiles_answers_the_smoke_request() {
+    for profile in ["deepseek-v4.1-flash", "glm-5.3-flash"] {
+        let logs = tempfile::tempdir().unwrap();
+        let gw = Gateway::supervise(&sparkgate(), SIM, profile, logs.path(), &[]);
+        let b = smoke(&gw);
+        assert_eq!(b["choices"][0]["message"]["content"], "323", "{profile}");
+        let s = gw.status();
+        assert_eq!(s["supervisor"]["state"], "ready");
+        assert_eq!(s["supervisor"]["epoch"], 1);
+        let ranks = s["supervisor"]["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 2);
+        assert!(ranks.iter().all(|r| r["running"] == true));
+        let log0 = std::fs::read_to_string(logs.path().join("epoch-1/rank0.log")).unwrap();
+        assert!(
+            log0.contains("Application startup complete."),
+            "rank logs are captured per epoch"
+        );
+        let log1 = std::fs::read_to_string(logs.path().join("epoch-1/rank1.log")).unwrap();
+        assert!(log1.contains("headless"));
+    }
+}
+
+#[test]
+fn a_killed_worker_restarts_the_group_and_queued_requests_complete() {
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[("SIM_SPEED", "1")],
+    );
+    let old = gw.status();
+    let old_pids = pids(&old);
+    // One stream in flight, one more request filling MAX_NUM_SEQS=2, one queued.
+    let long = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "ignore_eos": true, "stream": true});
+    let mut stream = Streaming::open(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        long.to_string().as_bytes(),
+    );
+    let mut got = stream.next_chunk().unwrap();
+    let addr = gw.addr;
+    let second = std::thread::spawn(move || {
+        post_json(
+            addr,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 60, "ignore_eos": true}),
+        )
+    });
+    let queued = std::thread::spawn(move || {
+        post_json(
+            addr,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": SMOKE}], "max_tokens": 32, "chat_template_kwargs": {"enable_thinking": false}}),
+        )
+    });
+    gw.wait_status("2 running, 1 queued", |s| {
+        s["admission"]["queued"] == 1 && s["admission"]["in_flight"] == 2
+    });
+    let killed_at = Instant::now();
+    kill_pid(pid_of(&old, 1));
+    let restarting = gw.wait_status("restart noticed", |s| s["supervisor"]["state"] != "ready");
+    let detection = killed_at.elapsed();
+    eprintln!(
+        "group restart detected {:.3}s after the worker was killed ({})",
+        detection.as_secs_f64(),
+        restarting["supervisor"]["state"]
+    );
+    assert!(detection <= Duration::from_secs(5), "detected in {detection:?}");
+    // The stream in flight ends with an explicit error, not a hang or a silent cut.
+    got.extend(stream.read_all());
+    let events = sse_data(&got);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    assert!(
+        events[events.len() - 2].contains("\"error\""),
+        "{}",
+        events[events.len() - 2]
+    );
+    // A non-streaming request whose answer had not started is queued again and answered by the
+    // new group; the queued one was held through the restart.
+    let second = second.join().unwrap();
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.json()["usage"]["completion_tokens"], 60);
+    let q = queued.join().unwrap();
+    assert_eq!(q.status, 200, "{}", q.text());
+    assert_eq!(q.json()["choices"][0]["message"]["content"], "323");
+    let new = gw.wait_status("ready epoch 2", |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 2
+    });
+    assert!(new["supervisor"]["last_restart"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("rank 1 exited"));
+    for pid in old_pids {
+        assert!(!alive(pid), "rank of epoch 1 (pid {pid}) outlived its epoch");
+        assert!(!pids(&new).contains(&pid));
+    }
+}
+
+#[test]
+fn a_killed_head_restarts_the_group_too() {
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise(&sparkgate(), SIM, "glm-5.3-flash", logs.path(), &[]);
+    let old = gw.status();
+    kill_pid(pid_of(&old, 0));
+    let new = gw.wait_status("ready epoch 2", |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 2
+    });
+    assert!(new["supervisor"]["last_restart"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("rank 0 exited"));
+    assert!(
+        !alive(pid_of(&old, 1)),
+        "the worker of the old epoch was stopped with the group"
+    );
+    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+}
+
+#[test]
+fn a_rank_that_keeps_crashing_ends_failed_with_nothing_left_running() {
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise_unready(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[
+            ("SIM_FAULT_CRASH_AFTER_S", "0.3"),
+            ("RESTART_BUDGET", "2"),
+            ("RESTART_BACKOFF_INITIAL", "0.1"),
+        ],
+    );
+    let failed = gw.wait_status("failed", |s| s["supervisor"]["state"] == "failed");
+    assert!(
+        failed["supervisor"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("gave up after 2 failures"),
+        "{failed}"
+    );
+    assert_eq!(failed["supervisor"]["epoch"], 3, "the first start and two restarts");
+    let ready = request(gw.addr, "GET", "/ready", &[], b"");
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.json()["upstream"]["state"], "failed");
+    let r = post_json(
+        gw.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 503);
+    let vllm_port = format!(
+        "--port {}",
+        gw.proc
+            .log()
+            .iter()
+            .find_map(|l| l.split("upstream=http://127.0.0.1:").nth(1).map(|p| p
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_owned()))
+            .unwrap()
+    );
+    assert!(
+        processes_with(&vllm_port).is_empty(),
+        "no rank of any epoch is left running"
+    );
+}
+
+#[test]
+fn a_stalled_start_writes_diagnostics_and_fails_clearly() {
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise_unready(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[
+            ("SIM_FAULT_HANG_AT_START", "1"),
+            ("HANG_SECONDS", "1"),
+            ("RESTART_BUDGET", "1"),
+        ],
+    );
+    let s = gw.wait_status("restarting after the stall", |s| {
+        s["supervisor"]["last_restart"]["reason"].is_string()
+    });
+    let reason = s["supervisor"]["last_restart"]["reason"].as_str().unwrap().to_owned();
+    assert!(reason.starts_with("start stalled: no rank-0 log line for"), "{reason}");
+    assert!(reason.contains("diagnostics in"), "{reason}");
+    let dir = logs.path().join("epoch-1/diagnostics");
+    let summary = std::fs::read_to_string(dir.join("summary.txt")).unwrap();
+    assert!(
+        summary.contains("HANG_SECONDS=1") && summary.contains("MemAvailable"),
+        "{summary}"
+    );
+    let tail = std::fs::read_to_string(dir.join("rank0-tail.log")).unwrap();
+    assert!(tail.contains("Loading safetensors checkpoint shards:  20%"), "{tail}");
+    gw.wait_status("failed", |s| s["supervisor"]["state"] == "failed");
+}
+
+#[test]
+fn operator_commands_through_the_cli() {
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[("ADMIN_TOKEN", "t0ken")],
+    );
+    assert_eq!(
+        request(gw.addr, "GET", "/admin/status", &[], b"").status,
+        401,
+        "the token is required"
+    );
+    assert_eq!(
+        request(
+            gw.addr,
+            "POST",
+            "/admin/restart",
+            &[("Authorization", "Bearer wrong")],
+            b""
+        )
+        .status,
+        401
+    );
+    let port = gw.addr.port().to_string();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(sparkgate())
+            .args(args)
+            .env("PORT", &port)
+            .env("ADMIN_TOKEN", "t0ken")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, out) = cli(&["status"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("group     ready epoch 1"), "{out}");
+    assert!(out.contains("rank 1    worker pid"), "{out}");
+    let (ok, out) = cli(&["logs", "worker", "--tail", "3"]);
+    assert!(ok && out.lines().count() == 3 && out.contains("Worker_TP1"), "{out}");
+    let (ok, out) = cli(&["restart", "--force"]);
+    assert!(ok, "{out}");
+    let authed = |path: &str| request(gw.addr, "GET", path, &[("Authorization", "Bearer t0ken")], b"").json();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(authed("/admin/status")["supervisor"]["epoch"] == 2
+        && authed("/admin/status")["supervisor"]["state"] == "ready")
+    {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, out) = cli(&["stop"]);
+    assert!(ok, "{out}");
+    while authed("/admin/status")["supervisor"]["state"] != "stopped" {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        authed("/admin/status")["supervisor"]["ranks"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "no rank runs after stop"
+    );
+    let r = post_json(
+        gw.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 503);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("stopped"));
+    let (ok, out) = cli(&["start"]);
+    assert!(ok, "{out}");
+    gw.wait_ready();
+    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    let (ok, out) = cli(&["status", "--url", "http://127.0.0.1:9"]);
+    assert!(!ok && out.contains("no sparkgate answers"), "{out}");
+}
+
+#[test]
+fn sigterm_stops_the_rank_processes() {
+    let logs = tempfile::tempdir().unwrap();
+    let mut gw = Gateway::supervise(&sparkgate(), SIM, "deepseek-v4.1-flash", logs.path(), &[]);
+    let ranks = pids(&gw.status());
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &gw.proc.pid().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
+    for pid in ranks {
+        assert!(
+            !alive(pid),
+            "rank pid {pid} outlived the gateway (process runtime cannot be adopted)"
+        );
+    }
+}
+
+#[test]
+fn the_demo_serves_the_smoke_request() {
+    let (vllm, master) = (
+        sparkgate_tests::harness::free_port().to_string(),
+        sparkgate_tests::harness::free_port().to_string(),
+    );
+    let env = [
+        ("PORT", "0"),
+        ("VLLM_PORT", vllm.as_str()),
+        ("MASTER_PORT", master.as_str()),
+        ("SIM_LOAD_SECONDS", "0"),
+    ];
+    let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate(), &["demo".to_owned()], &env);
+    let addr = sparkgate_tests::harness::addr_in(&proc.wait_for("sparkgate listening on http://"));
+    proc.wait_for("sparkgate demo: deepseek-v4.1-flash with two simulated ranks");
+    let gw = Gateway { proc, addr };
+    gw.wait_ready();
+    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert!(gw
+        .proc
+        .log()
+        .iter()
+        .any(|l| l.contains("HEAD_IP") || l.contains("rank started")));
+}
