@@ -228,6 +228,7 @@ pub enum Runtime {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Supervision {
     pub runtime: Runtime,
+    pub docker_socket: String,
     pub vllm_bin: String,
     pub log_dir: PathBuf,
     pub backoff_initial: Duration,

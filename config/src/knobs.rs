@@ -246,6 +246,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("RANK_GPUS", Containers, V("all"), V("all"), "`all` requests every GPU (`--gpus all`); `none` for machines without GPUs."),
     k("RANK_MEMLOCK_UNLIMITED", Containers, V("1"), V("1"), "1: `--ulimit memlock=-1` (needs CAP_SYS_RESOURCE on the host)."),
     k("RANK_DEVICES", Containers, V("/dev/infiniband"), V("/dev/infiniband"), "Comma-separated host devices passed to the ranks."),
+    k("RANK_ENV", Containers, V(""), V(""), "Extra NAME=value pairs (comma-separated) for both ranks' environment."),
     k("OOM_SCORE_ADJ", Containers, V("1000"), V(""), "`--oom-score-adj` of the ranks; empty: unset. -1000..1000."),
     // === Storage ===
     k("MODEL_HOST", Storage, V("${DEPLOY_DIR}/model"), NA, "EXL3 weights on the head, mounted at /model."),
@@ -274,6 +275,7 @@ pub(crate) static KNOBS: &[Knob] = &[
         .aliases(&["DSV41_HANG_SECONDS"]),
     k("RUNTIME", Supervision, V("docker"), V("docker"),
       "How ranks run: docker (containers) or process (the plan's argv as child processes, e.g. a virtualenv vLLM or the demo)."),
+    k("DOCKER_SOCKET", Supervision, V("/var/run/docker.sock"), V("/var/run/docker.sock"), "The head's Docker daemon socket (RUNTIME=docker)."),
     k("VLLM_BIN", Supervision, V("vllm"), V("vllm"), "The vllm executable for RUNTIME=process."),
     k("LOG_DIR", Supervision, V("${DEPLOY_DIR}/logs"), V("${DEPLOY_DIR}/logs"), "Where rank logs and diagnostics are written, per epoch."),
     k("RESTART_BACKOFF_INITIAL", Supervision, V("10"), V("10"), "Seconds before the first group restart; doubles per failure."),

@@ -68,5 +68,11 @@ pub(crate) fn rank_env_and_warnings(r: &Resolver<'_>) -> (Vec<(String, RankEnvVa
         }
     }
     env.extend(extra.into_iter().map(|(k, (v, _))| (k, RankEnvValue::Plain(v))));
+    for pair in r.value("RANK_ENV").split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if let Some((k, v)) = pair.split_once('=') {
+            env.retain(|(name, _)| name != k.trim());
+            env.push((k.trim().to_owned(), RankEnvValue::Plain(v.trim().to_owned())));
+        }
+    }
     (env, warnings)
 }

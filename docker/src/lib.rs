@@ -1,3 +1,260 @@
-//! Docker and SSH access for sparkgate's nodes: the only crate that talks to a Docker daemon or
-//! opens an SSH session. Filled in by the supervisor issue (bollard over the head's socket and
-//! the worker's socket forwarded through openssh).
+//! Docker access for sparkgate's nodes: the only crate that talks to a Docker daemon (bollard).
+//! A `Node` is a daemon you can reach; today the head's local socket (a worker on this machine
+//! uses it too). Reaching a worker's daemon through a socket forwarded over SSH is the next step.
+
+use std::collections::HashMap;
+
+use bollard::models::{
+    ContainerCreateBody, DeviceMapping, DeviceRequest, HostConfig, ResourcesUlimits, RestartPolicy,
+    RestartPolicyNameEnum,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
+    RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
+};
+use bollard::Docker;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use sparkgate_config::{ContainerSpec, Mount, RankEnvValue};
+
+/// Errors of Docker operations, saying which node and what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    #[error("{node}: cannot reach the Docker daemon at {socket}: {source}")]
+    Unreachable {
+        node: String,
+        socket: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+    #[error("{node}: {what}: {source}")]
+    Api {
+        node: String,
+        what: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+}
+
+/// A container as the supervisor sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerInfo {
+    pub id: String,
+    pub name: String,
+    pub labels: HashMap<String, String>,
+    pub running: bool,
+}
+
+/// A Docker daemon sparkgate runs rank containers on.
+#[derive(Debug, Clone)]
+pub struct Node {
+    name: String,
+    docker: Docker,
+}
+
+impl Node {
+    /// Connects to the daemon behind a local unix socket and checks that it answers.
+    pub async fn local(name: &str, socket: &str) -> Result<Node, DockerError> {
+        let unreachable = |source| DockerError::Unreachable {
+            node: name.to_owned(),
+            socket: socket.to_owned(),
+            source,
+        };
+        let docker = Docker::connect_with_unix(socket, 120, bollard::API_DEFAULT_VERSION).map_err(unreachable)?;
+        let docker = docker.negotiate_version().await.map_err(unreachable)?;
+        docker.ping().await.map_err(unreachable)?;
+        Ok(Node {
+            name: name.to_owned(),
+            docker,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn api(&self, what: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> DockerError + '_ {
+        let what = what.into();
+        move |source| DockerError::Api {
+            node: self.name.clone(),
+            what,
+            source,
+        }
+    }
+
+    /// Whether `image` is present on this daemon.
+    pub async fn has_image(&self, image: &str) -> Result<bool, DockerError> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(true),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(false),
+            Err(e) => Err(self.api(format!("inspect image {image}"))(e)),
+        }
+    }
+
+    /// Creates and starts a container from the plan's spec plus `extra_labels`, replacing any
+    /// container of the same name. Returns its id.
+    pub async fn run(&self, spec: &ContainerSpec, extra_labels: &[(String, String)]) -> Result<String, DockerError> {
+        self.remove_named(&spec.name).await?;
+        let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
+        labels.extend(extra_labels.iter().cloned());
+        let env = spec
+            .env
+            .iter()
+            .map(|(k, v)| match v {
+                RankEnvValue::Plain(p) => format!("{k}={p}"),
+                RankEnvValue::Secret(s) => format!("{k}={}", s.expose()),
+            })
+            .collect();
+        let mut binds = Vec::new();
+        for m in &spec.mounts {
+            let (src, target, ro) = match m {
+                Mount::Bind {
+                    source,
+                    target,
+                    read_only,
+                } => (source, target, *read_only),
+                Mount::Volume {
+                    name,
+                    target,
+                    read_only,
+                } => (name, target, *read_only),
+            };
+            binds.push(format!("{src}:{target}{}", if ro { ":ro" } else { "" }));
+        }
+        let host = HostConfig {
+            network_mode: Some(spec.network_mode.to_owned()),
+            ipc_mode: Some(spec.ipc_mode.to_owned()),
+            shm_size: Some(spec.shm_size_bytes as i64),
+            oom_score_adj: spec.oom_score_adj.map(i64::from),
+            ulimits: Some(
+                spec.ulimits
+                    .iter()
+                    .map(|u| ResourcesUlimits {
+                        name: Some(u.name.to_owned()),
+                        soft: Some(u.soft),
+                        hard: Some(u.hard),
+                    })
+                    .collect(),
+            ),
+            device_requests: spec.gpus_all.then(|| {
+                vec![DeviceRequest {
+                    driver: Some(String::new()),
+                    count: Some(-1),
+                    capabilities: Some(vec![vec!["gpu".to_owned()]]),
+                    ..Default::default()
+                }]
+            }),
+            devices: Some(
+                spec.devices
+                    .iter()
+                    .map(|d| DeviceMapping {
+                        path_on_host: Some(d.clone()),
+                        path_in_container: Some(d.clone()),
+                        cgroup_permissions: Some("rwm".into()),
+                    })
+                    .collect(),
+            ),
+            cap_add: Some(spec.cap_add.iter().map(|c| (*c).to_owned()).collect()),
+            binds: Some(binds),
+            restart_policy: Some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            }),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            entrypoint: Some(spec.entrypoint.clone()),
+            cmd: Some(spec.cmd.clone()),
+            env: Some(env),
+            labels: Some(labels),
+            stop_timeout: Some(i64::from(spec.stop_timeout_s)),
+            host_config: Some(host),
+            ..Default::default()
+        };
+        let opts = CreateContainerOptionsBuilder::default().name(&spec.name).build();
+        let created = self
+            .docker
+            .create_container(Some(opts), body)
+            .await
+            .map_err(self.api(format!("create {}", spec.name)))?;
+        self.docker
+            .start_container(&created.id, None)
+            .await
+            .map_err(self.api(format!("start {}", spec.name)))?;
+        Ok(created.id)
+    }
+
+    async fn remove_named(&self, name: &str) -> Result<(), DockerError> {
+        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+        match self.docker.remove_container(name, Some(opts)).await {
+            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(e) => Err(self.api(format!("remove {name}"))(e)),
+        }
+    }
+
+    /// Containers (running or not) carrying every `label=value`.
+    pub async fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, DockerError> {
+        let filters: HashMap<String, Vec<String>> = HashMap::from([(
+            "label".to_owned(),
+            labels.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        )]);
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let list = self
+            .docker
+            .list_containers(Some(opts))
+            .await
+            .map_err(self.api("list containers"))?;
+        Ok(list
+            .into_iter()
+            .map(|c| ContainerInfo {
+                id: c.id.unwrap_or_default(),
+                name: c
+                    .names
+                    .and_then(|n| n.first().cloned())
+                    .unwrap_or_default()
+                    .trim_start_matches('/')
+                    .to_owned(),
+                labels: c.labels.unwrap_or_default(),
+                running: c.state.is_some_and(|s| s.to_string() == "running"),
+            })
+            .collect())
+    }
+
+    /// SIGKILL and remove (the group is replaced as a unit).
+    pub async fn kill_and_remove(&self, id: &str) -> Result<(), DockerError> {
+        let _ = self
+            .docker
+            .kill_container(id, Some(KillContainerOptionsBuilder::default().signal("KILL").build()))
+            .await;
+        self.remove_named(id).await
+    }
+
+    /// Resolves when the container stops; the exit code (or an error text).
+    pub async fn wait_exit(&self, id: &str) -> String {
+        let opts = WaitContainerOptionsBuilder::default().condition("not-running").build();
+        let mut stream = self.docker.wait_container(id, Some(opts));
+        match stream.next().await {
+            Some(Ok(r)) => format!("exit status: {}", r.status_code),
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => format!("exit status: {code}"),
+            Some(Err(e)) => format!("wait failed: {e}"),
+            None => "container gone".into(),
+        }
+    }
+
+    /// The container's output (stdout and stderr), following it from `tail` lines back.
+    pub fn logs(&self, id: &str, tail: Option<usize>) -> impl Stream<Item = Bytes> + Send + use<> {
+        let opts = LogsOptionsBuilder::default()
+            .follow(true)
+            .stdout(true)
+            .stderr(true)
+            .tail(&tail.map_or("all".to_owned(), |t| t.to_string()))
+            .build();
+        self.docker
+            .logs(id, Some(opts))
+            .filter_map(|item| async move { item.ok().map(|o| o.into_bytes()) })
+    }
+}

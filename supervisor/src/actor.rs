@@ -6,13 +6,14 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sparkgate_config::{Config, LaunchPlan};
+use sparkgate_config::{labels, Config, LaunchPlan};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::backoff::Backoff;
+use crate::container::RankContainer;
 use crate::diagnostics;
 use crate::probe::Probe;
-use crate::process::RankProc;
+use crate::rank::{Backend, Rank};
 use crate::status::{GroupState, LastRestart, Status};
 
 /// What the ranks report.
@@ -39,7 +40,8 @@ enum Ended {
 
 #[derive(Debug)]
 pub(crate) struct Actor {
-    bin: String,
+    backend: Backend,
+    group: String,
     plan: LaunchPlan,
     log_dir: PathBuf,
     ready_timeout: Duration,
@@ -52,7 +54,7 @@ pub(crate) struct Actor {
     cmd_rx: mpsc::UnboundedReceiver<Command>,
     status_tx: watch::Sender<Status>,
     epoch: u64,
-    ranks: Vec<RankProc>,
+    ranks: Vec<Rank>,
     backoff: Backoff,
     restarts: u32,
     last_restart: Option<LastRestart>,
@@ -69,6 +71,7 @@ fn now_unix() -> u64 {
 impl Actor {
     pub(crate) fn new(
         config: &Config,
+        backend: Backend,
         cmd_rx: mpsc::UnboundedReceiver<Command>,
         status_tx: watch::Sender<Status>,
     ) -> Self {
@@ -80,7 +83,8 @@ impl Actor {
             config.secrets.vllm_api_key.as_ref().map(|k| k.expose().to_owned()),
         );
         Self {
-            bin: s.vllm_bin.clone(),
+            backend,
+            group: config.group_name(),
             plan: config.plan(),
             log_dir: s.log_dir.clone(),
             ready_timeout: s.ready_timeout,
@@ -106,8 +110,8 @@ impl Actor {
             state: self.state.clone(),
             epoch: self.epoch,
             mode: self.mode.clone(),
-            runtime: "process",
-            ranks: self.ranks.iter().map(RankProc::status).collect(),
+            runtime: self.backend.name(),
+            ranks: self.ranks.iter().map(Rank::status).collect(),
             restarts: self.restarts,
             last_restart: self.last_restart.clone(),
         }
@@ -123,6 +127,7 @@ impl Actor {
 
     pub(crate) async fn run(mut self) {
         let mut want_running = true;
+        let mut adopted = self.adopt().await;
         loop {
             if !want_running {
                 if !matches!(self.state, GroupState::Failed { .. }) {
@@ -138,9 +143,14 @@ impl Actor {
                     None => return self.finish(None).await,
                 }
             }
-            self.epoch += 1;
-            self.set(GroupState::Starting { epoch: self.epoch });
-            let ended = match self.start_group().await {
+            let started = if std::mem::take(&mut adopted) {
+                Ok(())
+            } else {
+                self.epoch += 1;
+                self.set(GroupState::Starting { epoch: self.epoch });
+                self.start_group().await
+            };
+            let ended = match started {
                 Ok(()) => {
                     let ready_at = Instant::now();
                     self.set(GroupState::Ready { epoch: self.epoch });
@@ -218,8 +228,19 @@ impl Actor {
     }
 
     async fn finish(mut self, reply: Option<oneshot::Sender<()>>) {
-        self.stop_group().await;
-        self.set(GroupState::Stopped);
+        match self.backend {
+            // Containers outlive the gateway: the next gateway adopts them, the model stays loaded.
+            Backend::Docker { .. } if !self.ranks.is_empty() => {
+                tracing::info!(
+                    epoch = self.epoch,
+                    "leaving the rank containers running for the next gateway to adopt"
+                );
+            }
+            _ => {
+                self.stop_group().await;
+                self.set(GroupState::Stopped);
+            }
+        }
         if let Some(r) = reply {
             let _ = r.send(());
         }
@@ -232,10 +253,10 @@ impl Actor {
         order.sort_by_key(|r| std::cmp::Reverse(r.rank));
         for plan in &order {
             let log = dir.join(format!("rank{}.log", plan.rank));
-            match RankProc::spawn(&self.bin, plan, self.epoch, &log, self.events_tx.clone()).await {
-                Ok(p) => {
-                    tracing::info!(rank = plan.rank, pid = p.pid, log = %log.display(), "rank started");
-                    self.ranks.push(p);
+            match self.backend.start(plan, self.epoch, &log, self.events_tx.clone()).await {
+                Ok(r) => {
+                    tracing::info!(rank = plan.rank, runtime = self.backend.name(), log = %log.display(), "rank started");
+                    self.ranks.push(r);
                     let _ = self.status_tx.send(self.status());
                 }
                 Err(e) => return Err(Ended::Failure(e.to_string())),
@@ -248,7 +269,7 @@ impl Actor {
                 ev = self.events_rx.recv() => {
                     if let Some(Event::RankExited { epoch, rank, status }) = ev {
                         if epoch == self.epoch {
-                            let tail = self.ranks.iter().find(|r| r.rank == rank).map(|r| r.tail(5).join(" | ")).unwrap_or_default();
+                            let tail = self.ranks.iter().find(|r| r.rank() == rank).map(|r| r.tail(5).join(" | ")).unwrap_or_default();
                             return Err(Ended::Failure(format!("rank {rank} exited during start ({status}); last lines: {tail}")));
                         }
                     }
@@ -266,7 +287,7 @@ impl Actor {
                     self.ready_timeout.as_secs()
                 )));
             }
-            let quiet = self.ranks.iter().find(|r| r.rank == 0).map_or(0.0, RankProc::quiet_for);
+            let quiet = self.ranks.iter().find(|r| r.rank() == 0).map_or(0.0, Rank::quiet_for);
             if quiet >= self.hang.as_secs_f64() {
                 let dir = diagnostics::collect(
                     &dir,
@@ -338,13 +359,78 @@ impl Actor {
     /// Kills every rank of the current epoch and waits until they are gone.
     async fn stop_group(&mut self) {
         for r in &mut self.ranks {
-            r.kill();
-        }
-        for r in &self.ranks {
-            if tokio::time::timeout(Duration::from_secs(30), r.reaped()).await.is_err() {
-                tracing::error!(rank = r.rank, pid = r.pid, "rank did not exit after SIGKILL");
-            }
+            r.stop().await;
         }
         self.ranks.clear();
+    }
+
+    /// Docker: containers of this group left by an earlier gateway are adopted when they are
+    /// all there, running, of this configuration (config hash) and rank 0 is ready — the model
+    /// stays loaded. Anything else is removed (saying why) and the group starts fresh.
+    async fn adopt(&mut self) -> bool {
+        let Backend::Docker { node } = &self.backend else {
+            return false;
+        };
+        let node = node.clone();
+        let found = match node.list(&[(labels::GROUP, &self.group)]).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list existing rank containers");
+                return false;
+            }
+        };
+        if found.is_empty() {
+            return false;
+        }
+        let epoch = found
+            .iter()
+            .filter_map(|c| c.labels.get(labels::EPOCH)?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        let of_plan = |rank: u32| {
+            found.iter().find(|c| {
+                c.labels.get(labels::RANK) == Some(&rank.to_string())
+                    && c.labels.get(labels::EPOCH) == Some(&epoch.to_string())
+                    && c.labels.get(labels::CONFIG_HASH) == Some(&self.plan.config_hash)
+                    && c.running
+            })
+        };
+        let complete = self.plan.ranks.iter().all(|r| of_plan(r.rank).is_some());
+        let why_not = if !complete {
+            Some(format!(
+                "found {} container(s) of group {} that are not a running epoch of this configuration (config hash {})",
+                found.len(),
+                self.group,
+                self.plan.config_hash
+            ))
+        } else if !self.probe.ready().await {
+            Some("rank 0 of the running group is not ready".to_owned())
+        } else {
+            None
+        };
+        if let Some(reason) = why_not {
+            tracing::warn!(%reason, "not adopting: removing the old containers and starting fresh");
+            for c in &found {
+                let _ = node.kill_and_remove(&c.id).await;
+            }
+            self.epoch = epoch;
+            return false;
+        }
+        self.epoch = epoch;
+        let dir = self.log_dir.join(format!("epoch-{epoch}"));
+        for plan in &self.plan.ranks {
+            let c = of_plan(plan.rank).expect("checked complete");
+            let log = dir.join(format!("rank{}.log", plan.rank));
+            match RankContainer::start(&node, plan, epoch, &log, self.events_tx.clone(), Some(c.id.clone())).await {
+                Ok(r) => self.ranks.push(Rank::Container(r)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot attach to a running rank; starting fresh");
+                    self.stop_group().await;
+                    return false;
+                }
+            }
+        }
+        tracing::info!(epoch, "adopted the running rank group (no reload)");
+        true
     }
 }

@@ -3,29 +3,36 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::process::RankProc;
+use crate::rank::Rank;
 
 /// Writes the diagnostics for `reason` under `epoch_dir/diagnostics` and returns that directory.
-pub(crate) async fn collect(epoch_dir: &Path, ranks: &[RankProc], reason: &str) -> PathBuf {
+pub(crate) async fn collect(epoch_dir: &Path, ranks: &[Rank], reason: &str) -> PathBuf {
     let dir = epoch_dir.join("diagnostics");
     let _ = std::fs::create_dir_all(&dir);
     let mut summary = format!("reason: {reason}\n");
     for r in ranks {
+        let rank = r.rank();
         let tail = r.tail(200).join("\n");
-        let _ = std::fs::write(dir.join(format!("rank{}-tail.log", r.rank)), format!("{tail}\n"));
+        let _ = std::fs::write(dir.join(format!("rank{rank}-tail.log")), format!("{tail}\n"));
+        let Some(pid) = r.pid() else {
+            summary.push_str(&format!(
+                "rank {rank}: container; no py-spy dump (use `docker exec <id> py-spy dump --pid 1`)\n"
+            ));
+            continue;
+        };
         let dump = tokio::process::Command::new("py-spy")
-            .args(["dump", "--pid", &r.pid.to_string()])
+            .args(["dump", "--pid", &pid.to_string()])
             .output()
             .await;
         match dump {
             Ok(out) => {
                 let _ = std::fs::write(
-                    dir.join(format!("rank{}-py-spy.txt", r.rank)),
+                    dir.join(format!("rank{rank}-py-spy.txt")),
                     [out.stdout, out.stderr].concat(),
                 );
-                summary.push_str(&format!("rank {} (pid {}): py-spy dump written\n", r.rank, r.pid));
+                summary.push_str(&format!("rank {rank} (pid {pid}): py-spy dump written\n"));
             }
-            Err(e) => summary.push_str(&format!("rank {} (pid {}): no py-spy dump ({e})\n", r.rank, r.pid)),
+            Err(e) => summary.push_str(&format!("rank {rank} (pid {pid}): no py-spy dump ({e})\n")),
         }
     }
     match std::fs::read_to_string("/proc/meminfo") {

@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
-    #[error(
-        "RUNTIME=docker is not available in this build yet; use RUNTIME=process or `sparkgate serve --upstream URL`"
-    )]
-    DockerUnavailable,
+    #[error(transparent)]
+    Docker(#[from] sparkgate_docker::DockerError),
+    #[error("preflight: {0}")]
+    Preflight(String),
     #[error("cannot start rank {rank} with {bin}: {source}")]
     Spawn {
         bin: String,

@@ -1,15 +1,17 @@
 //! The rank group's lifecycle: start order (workers first), readiness, stall diagnostics,
 //! watching, group restarts with epochs, backoff and a give-up budget. One task (`actor`) owns
 //! the group; everyone else holds a cloneable `SupervisorHandle` that sends commands and reads
-//! the published `Status`. Ranks run as processes (`RUNTIME=process`); the Docker runtime
-//! arrives with `sparkgate-docker`.
+//! the published `Status`. Ranks run as processes (`RUNTIME=process`) or as containers on the
+//! head's Docker daemon (`RUNTIME=docker`, through `sparkgate-docker`).
 
 mod actor;
 mod backoff;
+mod container;
 mod diagnostics;
 mod error;
 mod probe;
 mod process;
+mod rank;
 mod status;
 
 use sparkgate_config::{Config, Runtime};
@@ -26,22 +28,43 @@ pub struct SupervisorHandle {
 }
 
 impl SupervisorHandle {
-    /// Starts the supervisor task, which immediately starts the rank group.
-    pub fn spawn(config: &Config) -> Result<SupervisorHandle, SupervisorError> {
-        if config.supervision.runtime == Runtime::Docker {
-            return Err(SupervisorError::DockerUnavailable);
-        }
+    /// Checks what a start needs (preflight), then starts the supervisor task, which adopts a
+    /// running group of this configuration or starts the rank group.
+    pub async fn spawn(config: &Config) -> Result<SupervisorHandle, SupervisorError> {
+        let backend = match config.supervision.runtime {
+            Runtime::Process => rank::Backend::Process {
+                bin: config.supervision.vllm_bin.clone(),
+            },
+            Runtime::Docker => {
+                if config.serving.nnodes > 1 && !config.nodes.worker_ip.is_loopback() {
+                    return Err(SupervisorError::Preflight(format!(
+                        "worker {}: reaching a worker's Docker daemon over SSH is not implemented yet; \
+                         use RUNTIME=process, or a loopback WORKER_IP to run both ranks on this machine's daemon",
+                        config.nodes.worker_ssh
+                    )));
+                }
+                let node = sparkgate_docker::Node::local("head", &config.supervision.docker_socket).await?;
+                if !node.has_image(&config.serving.image).await? {
+                    return Err(SupervisorError::Preflight(format!(
+                        "head: image {} is not present on the Docker daemon; build or load it first \
+                         (pulling and shipping images is a later step)",
+                        config.serving.image
+                    )));
+                }
+                rank::Backend::Docker { node }
+            }
+        };
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let (status_tx, status_rx) = watch::channel(Status {
             state: GroupState::Stopped,
             epoch: 0,
             mode: config.speculation.active.to_string(),
-            runtime: "process",
+            runtime: backend.name(),
             ranks: Vec::new(),
             restarts: 0,
             last_restart: None,
         });
-        let actor = actor::Actor::new(config, cmd_rx, status_tx);
+        let actor = actor::Actor::new(config, backend, cmd_rx, status_tx);
         tokio::spawn(actor.run());
         Ok(SupervisorHandle {
             cmd: cmd_tx,

@@ -179,6 +179,7 @@ impl RankProc {
             rank: self.rank,
             node: self.node,
             pid: Some(self.pid),
+            container: None,
             running: self.running(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             log: self.log.clone(),

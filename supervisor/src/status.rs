@@ -24,6 +24,8 @@ pub struct RankStatus {
     pub node: NodeRole,
     /// Process id (process runtime).
     pub pid: Option<u32>,
+    /// Container id (docker runtime).
+    pub container: Option<String>,
     pub running: bool,
     pub uptime_s: f64,
     pub log: PathBuf,

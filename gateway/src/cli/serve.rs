@@ -31,7 +31,7 @@ pub(super) fn serve(config: &Config, demo: bool) -> anyhow::Result<ExitCode> {
         let supervisor = if gateway_only(config) {
             None
         } else {
-            Some(SupervisorHandle::spawn(config)?)
+            Some(SupervisorHandle::spawn(config).await?)
         };
         tracing::info!(
             profile = %config.profile,

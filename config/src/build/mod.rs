@@ -13,6 +13,8 @@ use crate::resolve::{Layers, Resolver};
 use crate::secret::Secret;
 use crate::spec::{self, SpecMethod};
 
+mod gateway;
+
 pub(crate) fn build(layers: Layers<'_>, env_file: Option<PathBuf>) -> Result<Config, ConfigError> {
     // PROFILE has the same default in every profile, so any resolver can read it.
     let probe = Resolver::new(layers, ProfileId::DeepSeekV41Flash);
@@ -228,6 +230,7 @@ impl Builder<'_> {
             } else {
                 Runtime::Docker
             },
+            docker_socket: self.non_empty("DOCKER_SOCKET"),
             vllm_bin: self.non_empty("VLLM_BIN"),
             log_dir: PathBuf::from(self.non_empty("LOG_DIR")),
             backoff_initial: Duration::from_secs_f64(self.float("RESTART_BACKOFF_INITIAL", 0.0, 86_400.0)),
@@ -269,6 +272,19 @@ impl Builder<'_> {
             }
         }
 
+        for pair in self
+            .string("RANK_ENV")
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
+            if !pair
+                .split_once('=')
+                .is_some_and(|(k, _)| crate::dotenv::is_identifier(k.trim()))
+            {
+                self.fail("RANK_ENV", format!("`{pair}` must be NAME=value"));
+            }
+        }
         let (rank_env, mut warnings) = crate::passthrough::rank_env_and_warnings(&self.r);
         warnings.append(&mut self.warnings);
         let settings = crate::config::resolver_settings(&self.r);
@@ -560,90 +576,4 @@ impl Builder<'_> {
             weights,
         }
     }
-
-    fn gateway(&mut self, profile: ProfileId) -> Gateway {
-        let upstream = self.string("UPSTREAM_URL");
-        let upstream_ok = upstream
-            .strip_prefix("http://")
-            .is_some_and(|rest| !rest.is_empty() && !rest.contains(['?', '#', ' ']));
-        if !upstream_ok {
-            self.fail("UPSTREAM_URL", "must be an http:// URL such as http://127.0.0.1:18888");
-        }
-        let model_aliases: Vec<String> = self
-            .string("MODEL_ALIASES")
-            .split(',')
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .map(String::from)
-            .collect();
-        let effort_map = self.effort_map(profile);
-        let rpm = self.int("RATE_LIMIT_RPM", 0..=1_000_000u32);
-        let burst = self.opt_int("RATE_LIMIT_BURST", 1..=1_000_000u32).unwrap_or(rpm.max(1));
-        let log = self.one_of("LOG_FORMAT", &["text", "json"]);
-        Gateway {
-            bind: self.ip("BIND_ADDR"),
-            upstream: upstream.trim_end_matches('/').to_owned(),
-            model_aliases,
-            effort_map,
-            queue_depth: self.int("QUEUE_DEPTH", 0..=1_000_000usize),
-            queue_timeout: Duration::from_secs(self.int("QUEUE_TIMEOUT", 0..=86_400u64)),
-            first_token_timeout: self.seconds("FIRST_TOKEN_TIMEOUT"),
-            stream_idle_timeout: self.seconds("STREAM_IDLE_TIMEOUT"),
-            request_timeout: self.seconds("REQUEST_TIMEOUT"),
-            rate_limit_rpm: (rpm > 0).then_some(rpm),
-            rate_limit_burst: burst,
-            max_body_bytes: self.int("MAX_BODY_BYTES", 1024..=1_073_741_824usize),
-            header_read_timeout: self.seconds("HEADER_READ_TIMEOUT"),
-            drain_timeout: Duration::from_secs(self.int("DRAIN_TIMEOUT", 0..=86_400u64)),
-            log_json: log == "json",
-        }
-    }
-
-    /// `from=to,…`: `from` an OpenAI effort name, `to` one the profile's template accepts.
-    fn effort_map(&mut self, profile: ProfileId) -> Vec<(String, String)> {
-        const OPENAI: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
-        let facts = profile.reasoning();
-        let raw = self.string("REASONING_EFFORT_MAP");
-        let mut map = Vec::new();
-        for pair in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let Some((from, to)) = pair.split_once('=').map(|(f, t)| (f.trim(), t.trim())) else {
-                self.fail("REASONING_EFFORT_MAP", format!("`{pair}` must be from=to"));
-                continue;
-            };
-            let to_ok = to == "none"
-                || facts.named.iter().any(|(n, _)| *n == to)
-                || (profile == ProfileId::Glm53Flash && to == "max")
-                || facts
-                    .integer_range
-                    .is_some_and(|(lo, hi)| to.parse::<u8>().is_ok_and(|v| (lo..=hi).contains(&v)));
-            if !OPENAI.contains(&from) {
-                self.fail(
-                    "REASONING_EFFORT_MAP",
-                    format!("`{from}` is not an effort name ({})", OPENAI.join(", ")),
-                );
-            } else if !to_ok {
-                self.fail(
-                    "REASONING_EFFORT_MAP",
-                    format!("`{from}={to}`: {profile} accepts {}", accepted_efforts(profile)),
-                );
-            } else {
-                map.push((from.to_owned(), to.to_owned()));
-            }
-        }
-        map
-    }
-}
-
-/// The effort values a profile's template takes, for messages.
-pub(crate) fn accepted_efforts(profile: ProfileId) -> String {
-    let facts = profile.reasoning();
-    let mut names: Vec<String> = facts.named.iter().map(|(n, _)| (*n).to_owned()).collect();
-    if profile == ProfileId::Glm53Flash {
-        names.push("max".into());
-    }
-    names.push("none".into());
-    if let Some((lo, hi)) = facts.integer_range {
-        names.push(format!("an integer {lo}-{hi}"));
-    }
-    names.join(", ")
 }

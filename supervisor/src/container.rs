@@ -1,0 +1,147 @@
+//! `RUNTIME=docker`: a rank is a container created from the plan's spec (plus its epoch label) on
+//! a `sparkgate-docker` node; its output is followed into the epoch's log file and its exit
+//! reported, like a rank process.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures_util::StreamExt;
+use sparkgate_config::{labels, NodeRole, RankPlan};
+use sparkgate_docker::Node;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::actor::Event;
+use crate::error::SupervisorError;
+use crate::status::RankStatus;
+
+const TAIL_LINES: usize = 200;
+
+#[derive(Debug)]
+pub(crate) struct RankContainer {
+    pub(crate) rank: u32,
+    node: NodeRole,
+    docker: Node,
+    pub(crate) id: String,
+    started: Instant,
+    log: PathBuf,
+    last_line_ms: Arc<AtomicU64>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    exited: Arc<AtomicBool>,
+}
+
+impl RankContainer {
+    /// Runs the rank's container, or attaches to `adopt` (a running container of this epoch).
+    pub(crate) async fn start(
+        docker: &Node,
+        plan: &RankPlan,
+        epoch: u64,
+        log: &Path,
+        events: mpsc::UnboundedSender<Event>,
+        adopt: Option<String>,
+    ) -> Result<RankContainer, SupervisorError> {
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| SupervisorError::LogDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        let adopted = adopt.is_some();
+        let id = match adopt {
+            Some(id) => id,
+            None => {
+                docker
+                    .run(&plan.container, &[(labels::EPOCH.to_owned(), epoch.to_string())])
+                    .await?
+            }
+        };
+        let started = Instant::now();
+        let last_line_ms = Arc::new(AtomicU64::new(0));
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
+        let mut file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .await
+            .map_err(|source| SupervisorError::LogDir {
+                path: log.to_path_buf(),
+                source,
+            })?;
+        // Adopted: follow from now (the earlier output is in the previous gateway's log file).
+        let mut output = Box::pin(docker.logs(&id, adopted.then_some(0)));
+        let (last, t) = (last_line_ms.clone(), tail.clone());
+        tokio::spawn(async move {
+            let mut pending = Vec::new();
+            while let Some(chunk) = output.next().await {
+                let _ = file.write_all(&chunk).await;
+                let _ = file.flush().await;
+                pending.extend_from_slice(&chunk);
+                while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=pos).collect();
+                    let line = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+                    if !line.contains("shm_broadcast") && !line.contains("No available shared memory broadcast block") {
+                        last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    }
+                    let mut q = t.lock().expect("tail lock");
+                    if q.len() == TAIL_LINES {
+                        q.pop_front();
+                    }
+                    q.push_back(line);
+                }
+            }
+        });
+        let exited = Arc::new(AtomicBool::new(false));
+        let (flag, waiter, wait_id, rank) = (exited.clone(), docker.clone(), id.clone(), plan.rank);
+        tokio::spawn(async move {
+            let status = waiter.wait_exit(&wait_id).await;
+            flag.store(true, Ordering::SeqCst);
+            let _ = events.send(Event::RankExited { epoch, rank, status });
+        });
+        Ok(RankContainer {
+            rank: plan.rank,
+            node: plan.node,
+            docker: docker.clone(),
+            id,
+            started,
+            log: log.to_path_buf(),
+            last_line_ms,
+            tail,
+            exited,
+        })
+    }
+
+    pub(crate) fn quiet_for(&self) -> f64 {
+        self.started.elapsed().as_secs_f64() - self.last_line_ms.load(Ordering::Relaxed) as f64 / 1e3
+    }
+
+    pub(crate) fn tail(&self, n: usize) -> Vec<String> {
+        let t = self.tail.lock().expect("tail lock");
+        t.iter().skip(t.len().saturating_sub(n)).cloned().collect()
+    }
+
+    pub(crate) fn running(&self) -> bool {
+        !self.exited.load(Ordering::SeqCst)
+    }
+
+    /// Kills and removes the container.
+    pub(crate) async fn stop(&self) {
+        if let Err(e) = self.docker.kill_and_remove(&self.id).await {
+            tracing::error!(rank = self.rank, container = %self.id, error = %e, "cannot remove rank container");
+        }
+    }
+
+    pub(crate) fn status(&self) -> RankStatus {
+        RankStatus {
+            rank: self.rank,
+            node: self.node,
+            pid: None,
+            container: Some(self.id.clone()),
+            running: self.running(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            log: self.log.clone(),
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! A rank of either runtime, and the backend that starts ranks: child processes
+//! (`RUNTIME=process`) or containers on a Docker node (`RUNTIME=docker`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use sparkgate_config::RankPlan;
+use sparkgate_docker::Node;
+use tokio::sync::mpsc;
+
+use crate::actor::Event;
+use crate::container::RankContainer;
+use crate::error::SupervisorError;
+use crate::process::RankProc;
+use crate::status::RankStatus;
+
+#[derive(Debug)]
+pub(crate) enum Rank {
+    Process(RankProc),
+    Container(RankContainer),
+}
+
+impl Rank {
+    pub(crate) fn rank(&self) -> u32 {
+        match self {
+            Rank::Process(p) => p.rank,
+            Rank::Container(c) => c.rank,
+        }
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        match self {
+            Rank::Process(p) => Some(p.pid),
+            Rank::Container(_) => None,
+        }
+    }
+
+    /// Seconds since the last log line that shows progress.
+    pub(crate) fn quiet_for(&self) -> f64 {
+        match self {
+            Rank::Process(p) => p.quiet_for(),
+            Rank::Container(c) => c.quiet_for(),
+        }
+    }
+
+    pub(crate) fn tail(&self, n: usize) -> Vec<String> {
+        match self {
+            Rank::Process(p) => p.tail(n),
+            Rank::Container(c) => c.tail(n),
+        }
+    }
+
+    pub(crate) fn status(&self) -> RankStatus {
+        match self {
+            Rank::Process(p) => p.status(),
+            Rank::Container(c) => c.status(),
+        }
+    }
+
+    /// Kills the rank and waits until it is gone.
+    pub(crate) async fn stop(&mut self) {
+        match self {
+            Rank::Process(p) => {
+                p.kill();
+                if tokio::time::timeout(Duration::from_secs(30), p.reaped()).await.is_err() {
+                    tracing::error!(rank = p.rank, pid = p.pid, "rank did not exit after SIGKILL");
+                }
+            }
+            Rank::Container(c) => c.stop().await,
+        }
+    }
+}
+
+/// How ranks are started.
+#[derive(Debug)]
+pub(crate) enum Backend {
+    Process { bin: String },
+    Docker { node: Node },
+}
+
+impl Backend {
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Backend::Process { .. } => "process",
+            Backend::Docker { .. } => "docker",
+        }
+    }
+
+    pub(crate) async fn start(
+        &self,
+        plan: &RankPlan,
+        epoch: u64,
+        log: &Path,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<Rank, SupervisorError> {
+        match self {
+            Backend::Process { bin } => Ok(Rank::Process(RankProc::spawn(bin, plan, epoch, log, events).await?)),
+            Backend::Docker { node } => Ok(Rank::Container(
+                RankContainer::start(node, plan, epoch, log, events, None).await?,
+            )),
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The supervisor with RUNTIME=docker on the machine's Docker daemon, running the simulator
+//! image built from nothing (no registry): cold start, group restart on a killed container,
+//! adoption by a restarted gateway without a reload, stop, give-up and preflight errors.
+
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sparkgate_tests::harness::{binary_next_to, free_port, post_json, request, Gateway, Proc};
+
+const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
+
+fn sparkgate() -> String {
+    binary_next_to(SIM, "sparkgate")
+}
+
+/// The simulator image, built once per test run.
+fn image() -> &'static str {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| {
+        let tag = format!("sparkgate/vllm-sim:supervise-{}", std::process::id());
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sim-image/build.sh");
+        let out = Command::new("bash")
+            .args([script, SIM, &tag])
+            .output()
+            .expect("build.sh");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        tag
+    })
+}
+
+/// Containers of this test, removed whatever happens.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for id in containers(&self.0) {
+            let _ = Command::new("docker").args(["rm", "-f", &id]).output();
+        }
+    }
+}
+
+/// Ids of containers whose sparkgate.group label is `group`.
+fn containers(group: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--no-trunc",
+            "--filter",
+            &format!("label=sparkgate.group={group}"),
+        ])
+        .output()
+        .unwrap();
+    let mut ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn label(id: &str, key: &str) -> String {
+    let out = Command::new("docker")
+        .args([
+            "inspect",
+            "--format",
+            &format!("{{{{index .Config.Labels \"{key}\"}}}}"),
+            id,
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Settings that make the plan run on a machine without GPUs or CAP_SYS_RESOURCE.
+struct Deployment {
+    model: String,
+    group: String,
+    env: Vec<(String, String)>,
+    _logs: tempfile::TempDir,
+    _cleanup: Cleanup,
+}
+
+impl Deployment {
+    fn new(profile: &str, name: &str, extra: &[(&str, &str)]) -> Deployment {
+        let model = format!("{name}-{}", std::process::id());
+        let group = format!("{profile}.{model}");
+        let logs = tempfile::tempdir().unwrap();
+        // Fixed for the deployment's life: the ports are part of the plan, hence of its hash.
+        let (vllm_port, master_port) = (free_port().to_string(), free_port().to_string());
+        let mut env: Vec<(String, String)> = [
+            ("VLLM_PORT", vllm_port.as_str()),
+            ("MASTER_PORT", master_port.as_str()),
+            ("HEAD_IP", "127.0.0.1"),
+            ("WORKER_IP", "127.0.0.1"),
+            ("RUNTIME", "docker"),
+            ("IMAGE", image()),
+            ("SERVED_MODEL_NAME", &model),
+            ("CONTAINER_HEAD", &format!("{model}-head")),
+            ("CONTAINER_WORKER", &format!("{model}-worker")),
+            ("RANK_GPUS", "none"),
+            ("RANK_MEMLOCK_UNLIMITED", "0"),
+            ("RANK_DEVICES", ""),
+            ("CHAT_TEMPLATE_HOST", ""),
+            ("MODEL_HOST", &logs.path().join("model").display().to_string()),
+            ("HF_HOME", &logs.path().join("hf").display().to_string()),
+            ("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_SPEED=instant"),
+            ("RESTART_BACKOFF_INITIAL", "0.2"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        Deployment {
+            _cleanup: Cleanup(group.clone()),
+            model,
+            group,
+            env,
+            _logs: logs,
+        }
+    }
+
+    fn env(&self) -> Vec<(&str, &str)> {
+        self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    }
+
+    fn start(&self, profile: &str) -> Gateway {
+        Gateway::supervise_unready(&sparkgate(), SIM, profile, self._logs.path(), &self.env())
+    }
+
+    fn smoke(&self, gw: &Gateway) -> Value {
+        post_json(gw.addr, "/v1/chat/completions", &json!({"model": self.model, "messages": [{"role": "user", "content": "What is 17*19? Reply with the integer only."}], "max_tokens": 32, "chat_template_kwargs": {"enable_thinking": false}})).json()
+    }
+}
+
+#[test]
+fn cold_start_of_both_profiles_in_containers() {
+    for profile in ["deepseek-v4.1-flash", "glm-5.3-flash"] {
+        let d = Deployment::new(profile, "cold", &[]);
+        let gw = d.start(profile);
+        gw.wait_ready();
+        assert_eq!(d.smoke(&gw)["choices"][0]["message"]["content"], "323", "{profile}");
+        let ids = containers(&d.group);
+        assert_eq!(ids.len(), 2);
+        for id in &ids {
+            assert_eq!(label(id, "sparkgate.epoch"), "1");
+            assert!(!label(id, "sparkgate.config-hash").is_empty());
+            assert!(!label(id, "sparkgate.mode").is_empty());
+        }
+        let s = gw.status();
+        assert_eq!(s["supervisor"]["runtime"], "docker");
+    }
+}
+
+#[test]
+fn a_killed_worker_container_restarts_the_group_in_a_new_epoch() {
+    let d = Deployment::new("deepseek-v4.1-flash", "kill", &[]);
+    let gw = d.start("deepseek-v4.1-flash");
+    gw.wait_ready();
+    let old = containers(&d.group);
+    let worker = old
+        .iter()
+        .find(|id| label(id, "sparkgate.rank") == "1")
+        .unwrap()
+        .clone();
+    let killed = Instant::now();
+    assert!(Command::new("docker")
+        .args(["kill", &worker])
+        .status()
+        .unwrap()
+        .success());
+    gw.wait_status("restart noticed", |s| s["supervisor"]["state"] != "ready");
+    let detection = killed.elapsed();
+    eprintln!(
+        "docker: group restart detected {:.3}s after the worker container was killed",
+        detection.as_secs_f64()
+    );
+    assert!(detection <= Duration::from_secs(5), "{detection:?}");
+    gw.wait_status("ready epoch 2", |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 2
+    });
+    let new = containers(&d.group);
+    assert_eq!(new.len(), 2, "no container of epoch 1 is left: {new:?}");
+    assert!(new
+        .iter()
+        .all(|id| label(id, "sparkgate.epoch") == "2" && !old.contains(id)));
+    assert_eq!(d.smoke(&gw)["choices"][0]["message"]["content"], "323");
+}
+
+#[test]
+fn a_restarted_gateway_adopts_the_running_group_and_stop_removes_it() {
+    let d = Deployment::new("glm-5.3-flash", "adopt", &[]);
+    let mut gw = d.start("glm-5.3-flash");
+    gw.wait_ready();
+    let before = containers(&d.group);
+    assert!(Command::new("kill")
+        .args(["-TERM", &gw.proc.pid().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
+    assert_eq!(containers(&d.group), before, "the containers outlive the gateway");
+    let gw = d.start("glm-5.3-flash");
+    gw.proc.wait_for("adopted the running rank group (no reload)");
+    gw.wait_ready();
+    assert_eq!(
+        containers(&d.group),
+        before,
+        "adopted: same container ids, nothing reloaded"
+    );
+    assert_eq!(gw.status()["supervisor"]["epoch"], 1);
+    assert_eq!(d.smoke(&gw)["choices"][0]["message"]["content"], "323");
+    let port = gw.addr.port().to_string();
+    let out = Command::new(sparkgate())
+        .arg("stop")
+        .env("PORT", &port)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    gw.wait_status("stopped", |s| s["supervisor"]["state"] == "stopped");
+    assert!(
+        containers(&d.group).is_empty(),
+        "sparkgate stop leaves no container of the group"
+    );
+}
+
+#[test]
+fn a_different_configuration_is_not_adopted() {
+    let d = Deployment::new("deepseek-v4.1-flash", "rehash", &[]);
+    let mut gw = d.start("deepseek-v4.1-flash");
+    gw.wait_ready();
+    let before = containers(&d.group);
+    assert!(Command::new("kill")
+        .args(["-TERM", &gw.proc.pid().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    gw.proc.wait_exit(Duration::from_secs(30));
+    let mut env = d.env();
+    env.push(("MAX_MODEL_LEN", "500000"));
+    let gw = Gateway::supervise_unready(&sparkgate(), SIM, "deepseek-v4.1-flash", d._logs.path(), &env);
+    gw.proc.wait_for("not adopting");
+    gw.wait_ready();
+    let after = containers(&d.group);
+    assert!(
+        after.iter().all(|id| !before.contains(id)),
+        "the old group was replaced"
+    );
+}
+
+#[test]
+fn a_crash_loop_ends_failed_with_no_containers_left() {
+    let d = Deployment::new(
+        "deepseek-v4.1-flash",
+        "crash",
+        &[
+            ("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_FAULT_CRASH_AFTER_S=0.3"),
+            ("RESTART_BUDGET", "2"),
+            ("RESTART_BACKOFF_INITIAL", "0.1"),
+        ],
+    );
+    let gw = d.start("deepseek-v4.1-flash");
+    let s = gw.wait_status("failed", |s| s["supervisor"]["state"] == "failed");
+    assert!(s["supervisor"]["reason"].as_str().unwrap().contains("gave up"), "{s}");
+    assert!(containers(&d.group).is_empty(), "no rank of an old epoch outlives it");
+    assert_eq!(request(gw.addr, "GET", "/ready", &[], b"").status, 503);
+}
+
+#[test]
+fn a_stalled_container_start_writes_diagnostics() {
+    let d = Deployment::new(
+        "deepseek-v4.1-flash",
+        "stall",
+        &[
+            ("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_FAULT_HANG_AT_START=1"),
+            ("HANG_SECONDS", "1"),
+            ("RESTART_BUDGET", "1"),
+        ],
+    );
+    let gw = d.start("deepseek-v4.1-flash");
+    let s = gw.wait_status("stall reported", |s| {
+        s["supervisor"]["last_restart"]["reason"].is_string()
+    });
+    let reason = s["supervisor"]["last_restart"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("start stalled") && reason.contains("diagnostics in"),
+        "{reason}"
+    );
+    let dir = d._logs.path().join("epoch-1/diagnostics");
+    assert!(std::fs::read_to_string(dir.join("summary.txt"))
+        .unwrap()
+        .contains("container"));
+    assert!(std::fs::read_to_string(dir.join("rank0-tail.log"))
+        .unwrap()
+        .contains("Loading safetensors"));
+}
+
+#[test]
+fn preflight_refuses_a_missing_image_naming_it() {
+    let d = Deployment::new(
+        "deepseek-v4.1-flash",
+        "noimage",
+        &[("IMAGE", "sparkgate/does-not-exist:1")],
+    );
+    let mut p = Proc::spawn(
+        &sparkgate(),
+        &["serve".to_owned()],
+        &[d.env(), vec![("PORT", "0"), ("BIND_ADDR", "127.0.0.1")]].concat(),
+    );
+    let status = p.wait_exit(Duration::from_secs(30));
+    assert!(!status.success());
+    let log = p.log().join("\n");
+    assert!(
+        log.contains("preflight: head: image sparkgate/does-not-exist:1 is not present"),
+        "{log}"
+    );
+}
