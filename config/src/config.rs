@@ -241,6 +241,8 @@ pub struct Supervision {
     pub mem_guard: bool,
     pub mem_guard_gib: f64,
     pub boot_margin_gib: Option<f64>,
+    pub weights_gib_per_rank: Option<f64>,
+    pub meminfo_path: PathBuf,
 }
 
 /// The gateway's settings.

@@ -286,6 +286,9 @@ pub(crate) static KNOBS: &[Knob] = &[
       "Seconds without a generated token while requests run before rank 0 counts as hung."),
     k("MEM_GUARD", Supervision, V("0"), V("0"), "1: kill a node's rank when MemAvailable stays under MEM_GUARD_GIB.").aliases(&["DSV41_MEM_GUARD"]),
     k("MEM_GUARD_GIB", Supervision, V("1.5"), V("1.5"), "Memguard threshold in GiB.").aliases(&["DSV41_MEM_GUARD_GIB"]),
+    k("WEIGHTS_GIB_PER_RANK", Supervision, V("99.5"), V(""),
+      "Weights each rank loads (GiB); with BOOT_MARGIN_GIB, what MemAvailable must show before a start. Empty: no check."),
+    k("MEMINFO_PATH", Supervision, V("/proc/meminfo"), V("/proc/meminfo"), "Where MemAvailable is read (memguard, preflight)."),
     k("BOOT_MARGIN_GIB", Supervision, V("12"), V(""), "Free memory beyond the weights each node needs to boot; empty: no check.")
         .aliases(&["DSV41_BOOT_MARGIN_GIB"]),
     // === Gateway ===

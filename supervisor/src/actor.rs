@@ -46,6 +46,8 @@ pub(crate) struct Actor {
     log_dir: PathBuf,
     ready_timeout: Duration,
     hang: Duration,
+    /// Memguard: (threshold GiB, meminfo path) when MEM_GUARD=1.
+    mem_guard: Option<(f64, PathBuf)>,
     progress_timeout: Duration,
     mode: String,
     probe: Probe,
@@ -89,6 +91,7 @@ impl Actor {
             log_dir: s.log_dir.clone(),
             ready_timeout: s.ready_timeout,
             hang: s.hang,
+            mem_guard: s.mem_guard.then(|| (s.mem_guard_gib, s.meminfo_path.clone())),
             progress_timeout: s.progress_timeout,
             mode: config.speculation.active.to_string(),
             probe,
@@ -316,6 +319,7 @@ impl Actor {
         let mut ticks = 0u64;
         let mut last_generated = None;
         let mut progress_at = Instant::now();
+        let mut low_memory = 0;
         loop {
             tokio::select! {
                 ev = self.events_rx.recv() => {
@@ -329,6 +333,21 @@ impl Actor {
                 _ = tick.tick() => {
                     ticks += 1;
                     let _ = self.status_tx.send(self.status());
+                    // Memguard: two samples in a row under the threshold stop the group before
+                    // the kernel's OOM killer picks something worse.
+                    if let Some((threshold, path)) = &self.mem_guard {
+                        match crate::preflight::mem_available_gib(path) {
+                            Some(avail) if avail < *threshold => {
+                                low_memory += 1;
+                                if low_memory >= 2 {
+                                    return Ended::Failure(format!(
+                                        "memguard: MemAvailable {avail:.2} GiB < MEM_GUARD_GIB {threshold} on head in two consecutive samples"
+                                    ));
+                                }
+                            }
+                            _ => low_memory = 0,
+                        }
+                    }
                     if self.probe.healthy().await {
                         unhealthy = 0;
                     } else {

@@ -9,6 +9,7 @@ mod backoff;
 mod container;
 mod diagnostics;
 mod error;
+mod preflight;
 mod probe;
 mod process;
 mod rank;
@@ -32,9 +33,12 @@ impl SupervisorHandle {
     /// running group of this configuration or starts the rank group.
     pub async fn spawn(config: &Config) -> Result<SupervisorHandle, SupervisorError> {
         let backend = match config.supervision.runtime {
-            Runtime::Process => rank::Backend::Process {
-                bin: config.supervision.vllm_bin.clone(),
-            },
+            Runtime::Process => {
+                preflight::check(config)?;
+                rank::Backend::Process {
+                    bin: config.supervision.vllm_bin.clone(),
+                }
+            }
             Runtime::Docker => {
                 if config.serving.nnodes > 1 && !config.nodes.worker_ip.is_loopback() {
                     return Err(SupervisorError::Preflight(format!(
@@ -50,6 +54,14 @@ impl SupervisorHandle {
                          (pulling and shipping images is a later step)",
                         config.serving.image
                     )));
+                }
+                // A running group of ours holds the ports: adoption decides, not preflight.
+                if node
+                    .list(&[(sparkgate_config::labels::GROUP, &config.group_name())])
+                    .await?
+                    .is_empty()
+                {
+                    preflight::check(config)?;
                 }
                 rank::Backend::Docker { node }
             }

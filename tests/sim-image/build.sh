@@ -31,6 +31,4 @@ tar -C "$root" -c . | docker import \
   --change 'ENTRYPOINT ["vllm"]' \
   --change "LABEL org.opencontainers.image.title=vllm-sim org.opencontainers.image.version=$version" \
   - "$tag" >/dev/null
-# Rebuilding a tag leaves the previous image dangling; drop those no container uses.
-docker image prune -f --filter "label=org.opencontainers.image.title=vllm-sim" >/dev/null 2>&1 || true
 echo "$tag"

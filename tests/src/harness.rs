@@ -542,6 +542,19 @@ impl Gateway {
         log_dir: &std::path::Path,
         env: &[(&str, &str)],
     ) -> Gateway {
+        let proc = Self::supervise_process(sparkgate, sim, profile, log_dir, env);
+        let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
+        Gateway { proc, addr }
+    }
+
+    /// The `sparkgate serve` process of `supervise`, without waiting for anything.
+    pub fn supervise_process(
+        sparkgate: &str,
+        sim: &str,
+        profile: &str,
+        log_dir: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Proc {
         let (vllm_port, master_port) = (free_port().to_string(), free_port().to_string());
         let log = log_dir.display().to_string();
         let mut full: Vec<(&str, &str)> = vec![
@@ -558,13 +571,12 @@ impl Gateway {
             ("SIM_SPEED", "instant"),
             ("RESTART_BACKOFF_INITIAL", "0.2"),
             ("READY_TIMEOUT", "60"),
+            ("WEIGHTS_GIB_PER_RANK", ""),
             ("SPARKGATE_LOG", "info"),
         ];
         full.extend_from_slice(env);
         let args: Vec<String> = ["--profile", profile, "serve"].map(String::from).to_vec();
-        let proc = Proc::spawn(sparkgate, &args, &full);
-        let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
-        Gateway { proc, addr }
+        Proc::spawn(sparkgate, &args, &full)
     }
 
     /// `GET /admin/status` (loopback, no token) as JSON.

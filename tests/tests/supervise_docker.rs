@@ -15,17 +15,20 @@ fn sparkgate() -> String {
     binary_next_to(SIM, "sparkgate")
 }
 
-/// The simulator image, built once per test run.
+/// The simulator image of this vllm-sim binary: its tag names the binary's size and mtime, so
+/// the test processes of one run share one image and a rebuilt binary gets a new one.
 fn image() -> &'static str {
     static TAG: OnceLock<String> = OnceLock::new();
     TAG.get_or_init(|| {
-        let tag = "sparkgate/vllm-sim:supervise-test".to_owned();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sim-image/build.sh");
-        let out = Command::new("bash")
-            .args([script, SIM, &tag])
-            .output()
-            .expect("build.sh");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let meta = std::fs::metadata(SIM).expect("vllm-sim binary");
+        let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
+        let tag = format!("sparkgate/vllm-sim:test-{}-{mtime}", meta.len());
+        let present = Command::new("docker").args(["image", "inspect", &tag]).output().is_ok_and(|o| o.status.success());
+        if !present {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sim-image/build.sh");
+            let out = Command::new("bash").args([script, SIM, &tag]).output().expect("build.sh");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
         tag
     })
 }

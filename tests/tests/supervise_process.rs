@@ -379,3 +379,77 @@ fn the_demo_serves_the_smoke_request() {
         .iter()
         .any(|l| l.contains("HEAD_IP") || l.contains("rank started")));
 }
+
+#[test]
+fn memguard_restarts_the_group_when_memory_stays_low() {
+    let logs = tempfile::tempdir().unwrap();
+    let meminfo = logs.path().join("meminfo");
+    std::fs::write(&meminfo, "MemTotal: 25165824 kB\nMemAvailable: 8388608 kB\n").unwrap();
+    let path = meminfo.display().to_string();
+    let gw = Gateway::supervise(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[("MEM_GUARD", "1"), ("MEM_GUARD_GIB", "1.5"), ("MEMINFO_PATH", &path)],
+    );
+    assert_eq!(gw.status()["supervisor"]["epoch"], 1);
+    // 1 GiB available: under the 1.5 GiB threshold on consecutive samples.
+    std::fs::write(&meminfo, "MemTotal: 25165824 kB\nMemAvailable: 1048576 kB\n").unwrap();
+    let s = gw.wait_status("memguard restart", |s| {
+        s["supervisor"]["last_restart"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("memguard"))
+    });
+    assert!(
+        s["supervisor"]["last_restart"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("MemAvailable 1.00 GiB < MEM_GUARD_GIB 1.5"),
+        "{s}"
+    );
+    std::fs::write(&meminfo, "MemTotal: 25165824 kB\nMemAvailable: 8388608 kB\n").unwrap();
+    gw.wait_status("ready again", |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"].as_u64().unwrap() >= 2
+    });
+}
+
+#[test]
+fn preflight_refuses_busy_ports_and_too_little_memory() {
+    let logs = tempfile::tempdir().unwrap();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    let mut p = Gateway::supervise_process(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[("VLLM_PORT", &port)],
+    );
+    assert!(!p.wait_exit(Duration::from_secs(30)).success());
+    let log = p.log().join("\n");
+    assert!(
+        log.contains(&format!("preflight: head: VLLM_PORT={port} is already in use")),
+        "{log}"
+    );
+    let meminfo = logs.path().join("meminfo");
+    std::fs::write(&meminfo, "MemAvailable: 20971520 kB\n").unwrap();
+    let path = meminfo.display().to_string();
+    let mut p = Gateway::supervise_process(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[
+            ("WEIGHTS_GIB_PER_RANK", "99.5"),
+            ("BOOT_MARGIN_GIB", "12"),
+            ("MEMINFO_PATH", &path),
+        ],
+    );
+    assert!(!p.wait_exit(Duration::from_secs(30)).success());
+    let log = p.log().join("\n");
+    assert!(
+        log.contains("preflight: head: MemAvailable is 20.0 GiB but a rank needs 111.5 GiB"),
+        "{log}"
+    );
+}

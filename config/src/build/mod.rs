@@ -245,6 +245,10 @@ impl Builder<'_> {
             boot_margin_gib: self
                 .optional("BOOT_MARGIN_GIB")
                 .map(|_| self.float("BOOT_MARGIN_GIB", 0.0, 1024.0)),
+            weights_gib_per_rank: self
+                .optional("WEIGHTS_GIB_PER_RANK")
+                .map(|_| self.float("WEIGHTS_GIB_PER_RANK", 0.0, 4096.0)),
+            meminfo_path: PathBuf::from(self.non_empty("MEMINFO_PATH")),
         };
         let gateway = self.gateway(profile);
         let secrets = Secrets {

@@ -89,6 +89,8 @@ pub(super) fn demo_defaults(options: &mut LoadOptions) -> anyhow::Result<()> {
         ("LOG_DIR", log_dir.display().to_string()),
         ("READY_TIMEOUT", "120".to_owned()),
         ("RESTART_BACKOFF_INITIAL", "1".to_owned()),
+        // Simulated ranks load no weights.
+        ("WEIGHTS_GIB_PER_RANK", String::new()),
     ];
     for (k, v) in defaults {
         options.process_env.entry(k.to_owned()).or_insert(v);
