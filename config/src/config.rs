@@ -81,8 +81,29 @@ pub struct Nodes {
     pub worker_user: String,
     pub worker_home: String,
     pub worker_ssh: String,
+    pub ssh: SshSettings,
     pub head_nic: Nic,
     pub worker_nic: Nic,
+}
+
+/// How the worker is reached over SSH.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SshSettings {
+    pub port: u16,
+    pub keyfile: Option<PathBuf>,
+    /// `accept-new`, `strict` or `accept`.
+    pub known_hosts: String,
+    pub known_hosts_file: Option<PathBuf>,
+    pub connect_timeout: Duration,
+    pub control_dir: PathBuf,
+    pub worker_docker_socket: String,
+}
+
+impl Nodes {
+    /// The worker is another machine (reached over SSH) unless it has the head's address.
+    pub fn worker_is_remote(&self) -> bool {
+        self.worker_ip != self.head_ip
+    }
 }
 
 /// The CX7 pins of one node.

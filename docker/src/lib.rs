@@ -1,6 +1,10 @@
-//! Docker access for sparkgate's nodes: the only crate that talks to a Docker daemon (bollard).
-//! A `Node` is a daemon you can reach; today the head's local socket (a worker on this machine
-//! uses it too). Reaching a worker's daemon through a socket forwarded over SSH is the next step.
+//! Docker access for sparkgate's nodes: the only crate that talks to a Docker daemon (bollard)
+//! or opens an SSH session (openssh). A `Node` is a daemon you can reach: the head's local
+//! socket, or a worker's socket forwarded over SSH (`ssh.rs`) — one code path for both.
+
+mod ssh;
+
+pub use ssh::SshTarget;
 
 use std::collections::HashMap;
 
@@ -27,6 +31,12 @@ pub enum DockerError {
         #[source]
         source: bollard::errors::Error,
     },
+    #[error("{node} ({destination}): cannot reach it over SSH: {detail}")]
+    Ssh {
+        node: String,
+        destination: String,
+        detail: String,
+    },
     #[error("{node}: {what}: {source}")]
     Api {
         node: String,
@@ -50,6 +60,8 @@ pub struct ContainerInfo {
 pub struct Node {
     name: String,
     docker: Docker,
+    /// The SSH session behind a worker's forwarded socket; dropped with the last clone.
+    tunnel: Option<std::sync::Arc<ssh::Tunnel>>,
 }
 
 impl Node {
@@ -66,6 +78,7 @@ impl Node {
         Ok(Node {
             name: name.to_owned(),
             docker,
+            tunnel: None,
         })
     }
 

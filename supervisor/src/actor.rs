@@ -387,28 +387,41 @@ impl Actor {
     /// all there, running, of this configuration (config hash) and rank 0 is ready — the model
     /// stays loaded. Anything else is removed (saying why) and the group starts fresh.
     async fn adopt(&mut self) -> bool {
-        let Backend::Docker { node } = &self.backend else {
+        if !matches!(self.backend, Backend::Docker { .. }) {
             return false;
-        };
-        let node = node.clone();
-        let found = match node.list(&[(labels::GROUP, &self.group)]).await {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list existing rank containers");
-                return false;
+        }
+        // Each rank's container is looked for on the node that runs that rank.
+        let mut found = Vec::new();
+        for plan in &self.plan.ranks {
+            let node = match self.backend.node_for(plan.rank).await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot reach a node to look for running ranks");
+                    return false;
+                }
+            };
+            match node
+                .list(&[(labels::GROUP, &self.group), (labels::RANK, &plan.rank.to_string())])
+                .await
+            {
+                Ok(list) => found.extend(list.into_iter().map(|c| (plan.rank, node.clone(), c))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list existing rank containers");
+                    return false;
+                }
             }
-        };
+        }
         if found.is_empty() {
             return false;
         }
         let epoch = found
             .iter()
-            .filter_map(|c| c.labels.get(labels::EPOCH)?.parse::<u64>().ok())
+            .filter_map(|(_, _, c)| c.labels.get(labels::EPOCH)?.parse::<u64>().ok())
             .max()
             .unwrap_or(0);
         let of_plan = |rank: u32| {
-            found.iter().find(|c| {
-                c.labels.get(labels::RANK) == Some(&rank.to_string())
+            found.iter().find(|(r, _, c)| {
+                *r == rank
                     && c.labels.get(labels::EPOCH) == Some(&epoch.to_string())
                     && c.labels.get(labels::CONFIG_HASH) == Some(&self.plan.config_hash)
                     && c.running
@@ -429,7 +442,7 @@ impl Actor {
         };
         if let Some(reason) = why_not {
             tracing::warn!(%reason, "not adopting: removing the old containers and starting fresh");
-            for c in &found {
+            for (_, node, c) in &found {
                 let _ = node.kill_and_remove(&c.id).await;
             }
             self.epoch = epoch;
@@ -438,9 +451,9 @@ impl Actor {
         self.epoch = epoch;
         let dir = self.log_dir.join(format!("epoch-{epoch}"));
         for plan in &self.plan.ranks {
-            let c = of_plan(plan.rank).expect("checked complete");
+            let (_, node, c) = of_plan(plan.rank).expect("checked complete");
             let log = dir.join(format!("rank{}.log", plan.rank));
-            match RankContainer::start(&node, plan, epoch, &log, self.events_tx.clone(), Some(c.id.clone())).await {
+            match RankContainer::start(node, plan, epoch, &log, self.events_tx.clone(), Some(c.id.clone())).await {
                 Ok(r) => self.ranks.push(Rank::Container(r)),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot attach to a running rank; starting fresh");

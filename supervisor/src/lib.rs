@@ -40,30 +40,46 @@ impl SupervisorHandle {
                 }
             }
             Runtime::Docker => {
-                if config.serving.nnodes > 1 && !config.nodes.worker_ip.is_loopback() {
-                    return Err(SupervisorError::Preflight(format!(
-                        "worker {}: reaching a worker's Docker daemon over SSH is not implemented yet; \
-                         use RUNTIME=process, or a loopback WORKER_IP to run both ranks on this machine's daemon",
-                        config.nodes.worker_ssh
-                    )));
-                }
-                let node = sparkgate_docker::Node::local("head", &config.supervision.docker_socket).await?;
-                if !node.has_image(&config.serving.image).await? {
-                    return Err(SupervisorError::Preflight(format!(
-                        "head: image {} is not present on the Docker daemon; build or load it first \
-                         (pulling and shipping images is a later step)",
-                        config.serving.image
-                    )));
+                let head = sparkgate_docker::Node::local("head", &config.supervision.docker_socket).await?;
+                let worker = if config.serving.nnodes > 1 && config.nodes.worker_is_remote() {
+                    let ssh = &config.nodes.ssh;
+                    let target = sparkgate_docker::SshTarget {
+                        destination: config.nodes.worker_ssh.clone(),
+                        port: ssh.port,
+                        keyfile: ssh.keyfile.clone(),
+                        known_hosts: ssh.known_hosts.clone(),
+                        known_hosts_file: ssh.known_hosts_file.clone(),
+                        connect_timeout: ssh.connect_timeout,
+                        remote_socket: ssh.worker_docker_socket.clone(),
+                        control_dir: ssh.control_dir.clone(),
+                    };
+                    let node = sparkgate_docker::Node::over_ssh("worker", &target).await?;
+                    Some((target, node))
+                } else {
+                    None
+                };
+                for node in std::iter::once(&head).chain(worker.as_ref().map(|(_, n)| n)) {
+                    if !node.has_image(&config.serving.image).await? {
+                        return Err(SupervisorError::Preflight(format!(
+                            "{}: image {} is not present on its Docker daemon; build or load it there first \
+                             (pulling and shipping images is a later step)",
+                            node.name(),
+                            config.serving.image
+                        )));
+                    }
                 }
                 // A running group of ours holds the ports: adoption decides, not preflight.
-                if node
+                if head
                     .list(&[(sparkgate_config::labels::GROUP, &config.group_name())])
                     .await?
                     .is_empty()
                 {
                     preflight::check(config)?;
                 }
-                rank::Backend::Docker { node }
+                rank::Backend::Docker {
+                    head,
+                    worker: worker.map(|(t, n)| rank::WorkerLink::new(t, n)),
+                }
             }
         };
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use sparkgate_config::RankPlan;
-use sparkgate_docker::Node;
+use sparkgate_docker::{Node, SshTarget};
 use tokio::sync::mpsc;
 
 use crate::actor::Event;
@@ -71,11 +71,51 @@ impl Rank {
     }
 }
 
+/// The worker's Docker daemon over SSH, reconnected when the session has died.
+#[derive(Debug)]
+pub(crate) struct WorkerLink {
+    target: SshTarget,
+    node: tokio::sync::Mutex<Option<Node>>,
+}
+
+impl WorkerLink {
+    pub(crate) fn new(target: SshTarget, node: Node) -> Self {
+        Self {
+            target,
+            node: tokio::sync::Mutex::new(Some(node)),
+        }
+    }
+
+    pub(crate) async fn node(&self) -> Result<Node, SupervisorError> {
+        let mut guard = self.node.lock().await;
+        if let Some(n) = guard.as_ref() {
+            if n.connected().await {
+                return Ok(n.clone());
+            }
+            tracing::warn!(destination = %self.target.destination, "the worker's SSH session is gone; reconnecting");
+        }
+        *guard = None;
+        let n = Node::over_ssh("worker", &self.target).await?;
+        *guard = Some(n.clone());
+        Ok(n)
+    }
+}
+
 /// How ranks are started.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one Backend per supervisor, never moved in a hot path"
+)]
 pub(crate) enum Backend {
-    Process { bin: String },
-    Docker { node: Node },
+    Process {
+        bin: String,
+    },
+    /// Rank 0 on the head's daemon; workers on `worker` (over SSH) or, without it, the head's.
+    Docker {
+        head: Node,
+        worker: Option<WorkerLink>,
+    },
 }
 
 impl Backend {
@@ -95,9 +135,21 @@ impl Backend {
     ) -> Result<Rank, SupervisorError> {
         match self {
             Backend::Process { bin } => Ok(Rank::Process(RankProc::spawn(bin, plan, epoch, log, events).await?)),
-            Backend::Docker { node } => Ok(Rank::Container(
-                RankContainer::start(node, plan, epoch, log, events, None).await?,
-            )),
+            Backend::Docker { .. } => {
+                let node = self.node_for(plan.rank).await?;
+                Ok(Rank::Container(
+                    RankContainer::start(&node, plan, epoch, log, events, None).await?,
+                ))
+            }
+        }
+    }
+
+    /// The Docker node that runs `rank`.
+    pub(crate) async fn node_for(&self, rank: u32) -> Result<Node, SupervisorError> {
+        match self {
+            Backend::Docker { worker: Some(w), .. } if rank > 0 => w.node().await,
+            Backend::Docker { head, .. } => Ok(head.clone()),
+            Backend::Process { .. } => unreachable!("process ranks have no node"),
         }
     }
 }

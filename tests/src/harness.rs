@@ -445,13 +445,22 @@ pub fn sse_data(body: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// A free TCP port on 127.0.0.1 (bound then released; for tools that cannot take port 0).
+/// A free TCP port on 127.0.0.1 for tools that cannot take port 0 (a rank's VLLM_PORT, the
+/// rendezvous port). Chosen below the kernel's ephemeral range (32768+), so no `port 0` socket of
+/// another test can take it between this check and its use; test processes stride apart by pid.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = std::process::id().wrapping_mul(7919);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (base.wrapping_add(n.wrapping_mul(104_729)) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok()
+        {
+            return port;
+        }
+    }
 }
 
 /// A binary built next to `sibling` in the same target directory (e.g. `sparkgate` next to
@@ -602,26 +611,4 @@ impl Gateway {
     }
 }
 
-/// Pids of live processes whose command line contains `needle` (e.g. a test's unique port).
-pub fn processes_with(needle: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let zombie = stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'));
-        if !zombie && String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(needle) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-/// SIGKILL to a pid.
-pub fn kill_pid(pid: u64) {
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status();
-}
+pub use crate::hosts::{kill_pid, processes_with, Sshd};

@@ -2,4 +2,5 @@
 //! the integration tests share.
 
 pub mod harness;
+pub mod hosts;
 pub mod sim;

@@ -21,12 +21,22 @@ fn image() -> &'static str {
     static TAG: OnceLock<String> = OnceLock::new();
     TAG.get_or_init(|| {
         let meta = std::fs::metadata(SIM).expect("vllm-sim binary");
-        let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
         let tag = format!("sparkgate/vllm-sim:test-{}-{mtime}", meta.len());
-        let present = Command::new("docker").args(["image", "inspect", &tag]).output().is_ok_and(|o| o.status.success());
+        let present = Command::new("docker")
+            .args(["image", "inspect", &tag])
+            .output()
+            .is_ok_and(|o| o.status.success());
         if !present {
             let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sim-image/build.sh");
-            let out = Command::new("bash").args([script, SIM, &tag]).output().expect("build.sh");
+            let out = Command::new("bash")
+                .args([script, SIM, &tag])
+                .output()
+                .expect("build.sh");
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         }
         tag
@@ -316,7 +326,87 @@ fn preflight_refuses_a_missing_image_naming_it() {
     assert!(!status.success());
     let log = p.log().join("\n");
     assert!(
-        log.contains("preflight: head: image sparkgate/does-not-exist:1 is not present"),
+        log.contains("preflight: head: image sparkgate/does-not-exist:1 is not present on its Docker daemon"),
+        "{log}"
+    );
+}
+
+fn ssh_env(sshd: &sparkgate_tests::harness::Sshd, control: &std::path::Path) -> Vec<(String, String)> {
+    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    [
+        ("HEAD_IP", "127.0.0.1".to_owned()),
+        ("WORKER_IP", "127.0.0.2".to_owned()),
+        ("WORKER_USER", user),
+        ("WORKER_SSH_PORT", sshd.port.to_string()),
+        ("WORKER_SSH_KEY", sshd.key().display().to_string()),
+        (
+            "SSH_KNOWN_HOSTS_FILE",
+            sshd.dir.path().join("known_hosts").display().to_string(),
+        ),
+        ("SSH_CONTROL_DIR", control.display().to_string()),
+        ("SSH_CONNECT_TIMEOUT", "5".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+#[test]
+fn the_worker_rank_runs_through_its_daemon_forwarded_over_ssh() {
+    let mut sshd = sparkgate_tests::harness::Sshd::start();
+    let control = tempfile::Builder::new().prefix("sgc").tempdir_in("/tmp").unwrap();
+    let mut d = Deployment::new("deepseek-v4.1-flash", "ssh", &[("RESTART_BUDGET", "50")]);
+    d.env.extend(ssh_env(&sshd, control.path()));
+    let gw = d.start("deepseek-v4.1-flash");
+    gw.wait_ready();
+    assert_eq!(d.smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert!(
+        sshd.log().contains("Accepted publickey"),
+        "the worker was reached through sshd:\n{}",
+        sshd.log()
+    );
+    let worker = gw.status()["supervisor"]["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rank"] == 1)
+        .unwrap()
+        .clone();
+    assert!(worker["container"].is_string());
+    // Cutting SSH while running: the worker's log and exit streams break, the group restarts,
+    // and the restart waits (backing off) until the worker is reachable again.
+    sshd.cut();
+    gw.wait_status("the cut noticed", |s| s["supervisor"]["state"] != "ready");
+    sshd.run();
+    gw.wait_status("ready again after SSH returned", |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"].as_u64().unwrap() >= 2
+    });
+    assert_eq!(d.smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert_eq!(
+        containers(&d.group).len(),
+        2,
+        "one epoch: the old worker container was replaced"
+    );
+}
+
+#[test]
+fn an_unreachable_worker_fails_preflight_naming_it() {
+    let sshd = sparkgate_tests::harness::Sshd::start();
+    let control = tempfile::Builder::new().prefix("sgc").tempdir_in("/tmp").unwrap();
+    let mut d = Deployment::new("deepseek-v4.1-flash", "nossh", &[]);
+    d.env.extend(ssh_env(&sshd, control.path()));
+    drop(sshd);
+    let env = d.env();
+    let mut p = Proc::spawn(
+        &sparkgate(),
+        &["serve".to_owned()],
+        &[env, vec![("PORT", "0"), ("BIND_ADDR", "127.0.0.1")]].concat(),
+    );
+    assert!(!p.wait_exit(Duration::from_secs(60)).success());
+    let log = p.log().join("\n");
+    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    assert!(
+        log.contains(&format!("worker ({user}@127.0.0.2): cannot reach it over SSH")),
         "{log}"
     );
 }

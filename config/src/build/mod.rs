@@ -183,6 +183,17 @@ impl Builder<'_> {
             worker_user: self.non_empty("WORKER_USER"),
             worker_home: self.non_empty("WORKER_HOME"),
             worker_ssh: self.non_empty("WORKER_SSH"),
+            ssh: SshSettings {
+                port: self.int("WORKER_SSH_PORT", 1..=65535),
+                keyfile: self.optional("WORKER_SSH_KEY").map(PathBuf::from),
+                known_hosts: self
+                    .one_of("SSH_KNOWN_HOSTS", &["accept-new", "strict", "accept"])
+                    .to_owned(),
+                known_hosts_file: self.optional("SSH_KNOWN_HOSTS_FILE").map(PathBuf::from),
+                connect_timeout: self.seconds("SSH_CONNECT_TIMEOUT"),
+                control_dir: PathBuf::from(self.non_empty("SSH_CONTROL_DIR")),
+                worker_docker_socket: self.non_empty("WORKER_DOCKER_SOCKET"),
+            },
             head_nic: Nic {
                 ifname: self.non_empty("HEAD_CX7_IF"),
                 hca: self.non_empty("HEAD_CX7_IB"),
