@@ -257,6 +257,7 @@ pub struct Supervision {
     pub healthy_reset: Duration,
     pub restart_budget: u32,
     pub progress_timeout: Duration,
+    pub stop_ranks_on_exit: bool,
     pub ready_timeout: Duration,
     pub hang: Duration,
     pub mem_guard: bool,

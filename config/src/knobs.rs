@@ -291,6 +291,8 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("RESTART_BUDGET", Supervision, V("5"), V("5"), "Failed starts or crashes in a row before the state is Failed."),
     k("PROGRESS_TIMEOUT", Supervision, V("180"), V("180"),
       "Seconds without a generated token while requests run before rank 0 counts as hung."),
+    k("STOP_RANKS_ON_EXIT", Supervision, V("0"), V("0"),
+      "1: stop the rank containers when the gateway exits; 0: leave them for the next gateway to adopt."),
     k("MEM_GUARD", Supervision, V("0"), V("0"), "1: kill a node's rank when MemAvailable stays under MEM_GUARD_GIB.").aliases(&["DSV41_MEM_GUARD"]),
     k("MEM_GUARD_GIB", Supervision, V("1.5"), V("1.5"), "Memguard threshold in GiB.").aliases(&["DSV41_MEM_GUARD_GIB"]),
     k("WEIGHTS_GIB_PER_RANK", Supervision, V("99.5"), V(""),

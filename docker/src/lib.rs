@@ -258,6 +258,31 @@ impl Node {
         }
     }
 
+    /// Runs `cmd` inside the container (diagnostics); its combined output, or why it could not run.
+    pub async fn exec(&self, id: &str, cmd: &[&str]) -> String {
+        let opts = bollard::exec::CreateExecOptions {
+            cmd: Some(cmd.to_vec()),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            ..Default::default()
+        };
+        let exec = match self.docker.create_exec(id, opts).await {
+            Ok(e) => e,
+            Err(e) => return format!("exec failed: {e}"),
+        };
+        match self.docker.start_exec(&exec.id, None).await {
+            Ok(bollard::exec::StartExecResults::Attached { mut output, .. }) => {
+                let mut text = String::new();
+                while let Some(Ok(chunk)) = output.next().await {
+                    text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+                }
+                text
+            }
+            Ok(bollard::exec::StartExecResults::Detached) => String::new(),
+            Err(e) => format!("exec failed: {e}"),
+        }
+    }
+
     /// The container's output (stdout and stderr), following it from `tail` lines back.
     pub fn logs(&self, id: &str, tail: Option<usize>) -> impl Stream<Item = Bytes> + Send + use<> {
         let opts = LogsOptionsBuilder::default()

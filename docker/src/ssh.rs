@@ -37,6 +37,22 @@ impl Tunnel {
     pub(crate) async fn alive(&self) -> bool {
         self.session.check().await.is_ok()
     }
+
+    /// Runs `program args…` on the worker; its stdout on success.
+    pub(crate) async fn run(&self, program: &str, args: &[&str]) -> Result<String, String> {
+        let out = self
+            .session
+            .command(program)
+            .args(args)
+            .output()
+            .await
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+        }
+    }
 }
 
 impl Node {
@@ -92,6 +108,18 @@ impl Node {
         })?;
         node.tunnel = Some(Arc::new(Tunnel { session }));
         Ok(node)
+    }
+
+    /// MemAvailable of the node in GiB: the head's from `meminfo` (a path on this machine), a
+    /// worker's read over its SSH session.
+    pub async fn mem_available_gib(&self, meminfo: &std::path::Path) -> Option<f64> {
+        let text = match &self.tunnel {
+            Some(t) => t.run("cat", &["/proc/meminfo"]).await.ok()?,
+            None => std::fs::read_to_string(meminfo).ok()?,
+        };
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / (1024.0 * 1024.0))
     }
 
     /// For an SSH node: whether the session still works (false after a cut).

@@ -14,7 +14,7 @@ use crate::container::RankContainer;
 use crate::diagnostics;
 use crate::probe::Probe;
 use crate::rank::{Backend, Rank};
-use crate::status::{GroupState, LastRestart, Status};
+use crate::status::{GroupState, LastRestart, NodeMemory, Status};
 
 /// What the ranks report.
 #[derive(Debug)]
@@ -61,6 +61,9 @@ pub(crate) struct Actor {
     restarts: u32,
     last_restart: Option<LastRestart>,
     state: GroupState,
+    memory: Vec<NodeMemory>,
+    meminfo: PathBuf,
+    stop_on_exit: bool,
 }
 
 fn now_unix() -> u64 {
@@ -105,6 +108,9 @@ impl Actor {
             restarts: 0,
             last_restart: None,
             state: GroupState::Stopped,
+            memory: Vec::new(),
+            meminfo: s.meminfo_path.clone(),
+            stop_on_exit: s.stop_ranks_on_exit,
         }
     }
 
@@ -117,6 +123,7 @@ impl Actor {
             ranks: self.ranks.iter().map(Rank::status).collect(),
             restarts: self.restarts,
             last_restart: self.last_restart.clone(),
+            memory: self.memory.clone(),
         }
     }
 
@@ -162,6 +169,11 @@ impl Actor {
                     ended
                 }
                 Err(ended) => ended,
+            };
+            // Leaving: `finish` decides whether the ranks go with the gateway.
+            let ended = match ended {
+                Ended::Asked(Command::Shutdown(reply)) => return self.finish(Some(reply)).await,
+                other => other,
             };
             let noticed = Instant::now();
             // Publish first: the gateway holds new and queued requests before the ranks go down.
@@ -233,7 +245,7 @@ impl Actor {
     async fn finish(mut self, reply: Option<oneshot::Sender<()>>) {
         match self.backend {
             // Containers outlive the gateway: the next gateway adopts them, the model stays loaded.
-            Backend::Docker { .. } if !self.ranks.is_empty() => {
+            Backend::Docker { .. } if !self.ranks.is_empty() && !self.stop_on_exit => {
                 tracing::info!(
                     epoch = self.epoch,
                     "leaving the rank containers running for the next gateway to adopt"
@@ -333,19 +345,23 @@ impl Actor {
                 _ = tick.tick() => {
                     ticks += 1;
                     let _ = self.status_tx.send(self.status());
-                    // Memguard: two samples in a row under the threshold stop the group before
-                    // the kernel's OOM killer picks something worse.
-                    if let Some((threshold, path)) = &self.mem_guard {
-                        match crate::preflight::mem_available_gib(path) {
-                            Some(avail) if avail < *threshold => {
+                    // Memguard: two samples in a row under the threshold on a node stop the group
+                    // before the kernel's OOM killer picks something worse.
+                    self.memory = self.sample_memory().await;
+                    if let Some((threshold, _)) = &self.mem_guard {
+                        let low = self.memory.iter().find(|m| m.mem_available_gib.is_some_and(|a| a < *threshold));
+                        match low {
+                            Some(m) => {
                                 low_memory += 1;
                                 if low_memory >= 2 {
                                     return Ended::Failure(format!(
-                                        "memguard: MemAvailable {avail:.2} GiB < MEM_GUARD_GIB {threshold} on head in two consecutive samples"
+                                        "memguard: MemAvailable {:.2} GiB < MEM_GUARD_GIB {threshold} on {} in two consecutive samples",
+                                        m.mem_available_gib.unwrap_or(0.0),
+                                        m.node
                                     ));
                                 }
                             }
-                            _ => low_memory = 0,
+                            None => low_memory = 0,
                         }
                     }
                     if self.probe.healthy().await {
@@ -373,6 +389,23 @@ impl Actor {
                 }
             }
         }
+    }
+
+    /// MemAvailable of the head (MEMINFO_PATH) and, for a Docker worker over SSH, the worker.
+    async fn sample_memory(&self) -> Vec<NodeMemory> {
+        let mut out = vec![NodeMemory {
+            node: "head",
+            mem_available_gib: crate::preflight::mem_available_gib(&self.meminfo),
+        }];
+        if let Backend::Docker { worker: Some(_), .. } = &self.backend {
+            if let Ok(node) = self.backend.node_for(1).await {
+                out.push(NodeMemory {
+                    node: "worker",
+                    mem_available_gib: node.mem_available_gib(&self.meminfo).await,
+                });
+            }
+        }
+        out
     }
 
     /// Kills every rank of the current epoch and waits until they are gone.

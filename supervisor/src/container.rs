@@ -126,6 +126,11 @@ impl RankContainer {
         !self.exited.load(Ordering::SeqCst)
     }
 
+    /// A Python stack dump of the rank's main process (`py-spy` inside the image).
+    pub(crate) async fn py_spy(&self) -> String {
+        self.docker.exec(&self.id, &["py-spy", "dump", "--pid", "1"]).await
+    }
+
     /// Kills and removes the container.
     pub(crate) async fn stop(&self) {
         if let Err(e) = self.docker.kill_and_remove(&self.id).await {

@@ -15,9 +15,15 @@ pub(crate) async fn collect(epoch_dir: &Path, ranks: &[Rank], reason: &str) -> P
         let tail = r.tail(200).join("\n");
         let _ = std::fs::write(dir.join(format!("rank{rank}-tail.log")), format!("{tail}\n"));
         let Some(pid) = r.pid() else {
-            summary.push_str(&format!(
-                "rank {rank}: container; no py-spy dump (use `docker exec <id> py-spy dump --pid 1`)\n"
-            ));
+            if let crate::rank::Rank::Container(c) = r {
+                let dump = c.py_spy().await;
+                let _ = std::fs::write(dir.join(format!("rank{rank}-py-spy.txt")), &dump);
+                let first = dump.lines().next().unwrap_or("");
+                summary.push_str(&format!(
+                    "rank {rank} (container {}): py-spy via docker exec: {first}\n",
+                    c.id
+                ));
+            }
             continue;
         };
         let dump = tokio::process::Command::new("py-spy")

@@ -19,7 +19,7 @@ use sparkgate_config::{Config, Runtime};
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use error::SupervisorError;
-pub use status::{GroupState, LastRestart, RankStatus, Status};
+pub use status::{GroupState, LastRestart, NodeMemory, RankStatus, Status};
 
 /// The handle to a running supervisor.
 #[derive(Debug, Clone)]
@@ -68,6 +68,21 @@ impl SupervisorHandle {
                         )));
                     }
                 }
+                if let (Some((_, w)), Some(weights), Some(margin)) = (
+                    &worker,
+                    config.supervision.weights_gib_per_rank,
+                    config.supervision.boot_margin_gib,
+                ) {
+                    if let Some(avail) = w.mem_available_gib(&config.supervision.meminfo_path).await {
+                        if avail < weights + margin {
+                            return Err(SupervisorError::Preflight(format!(
+                                "worker: MemAvailable is {avail:.1} GiB but a rank needs {:.1} GiB ({weights} GiB of weights + BOOT_MARGIN_GIB {margin}); \
+                                 stop other workloads on the worker, or set BOOT_MARGIN_GIB= to skip this check",
+                                weights + margin
+                            )));
+                        }
+                    }
+                }
                 // A running group of ours holds the ports: adoption decides, not preflight.
                 if head
                     .list(&[(sparkgate_config::labels::GROUP, &config.group_name())])
@@ -91,6 +106,7 @@ impl SupervisorHandle {
             ranks: Vec::new(),
             restarts: 0,
             last_restart: None,
+            memory: Vec::new(),
         });
         let actor = actor::Actor::new(config, backend, cmd_rx, status_tx);
         tokio::spawn(actor.run());

@@ -50,6 +50,14 @@ pub struct Status {
     pub ranks: Vec<RankStatus>,
     pub restarts: u32,
     pub last_restart: Option<LastRestart>,
+    /// MemAvailable of each node, GiB (sampled while the group runs).
+    pub memory: Vec<NodeMemory>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeMemory {
+    pub node: &'static str,
+    pub mem_available_gib: Option<f64>,
 }
 
 impl Status {

@@ -410,3 +410,27 @@ fn an_unreachable_worker_fails_preflight_naming_it() {
         "{log}"
     );
 }
+
+#[test]
+fn status_reports_node_memory_and_stop_on_exit_stops_containers() {
+    let d = Deployment::new("deepseek-v4.1-flash", "memory", &[("STOP_RANKS_ON_EXIT", "1")]);
+    let mut gw = d.start("deepseek-v4.1-flash");
+    gw.wait_ready();
+    let s = gw.wait_status("memory sampled", |s| {
+        s["supervisor"]["memory"].as_array().is_some_and(|m| !m.is_empty())
+    });
+    let head = &s["supervisor"]["memory"][0];
+    assert_eq!(head["node"], "head");
+    assert!(head["mem_available_gib"].as_f64().unwrap() > 0.0, "{s}");
+    assert_eq!(containers(&d.group).len(), 2);
+    assert!(Command::new("kill")
+        .args(["-TERM", &gw.proc.pid().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
+    assert!(
+        containers(&d.group).is_empty(),
+        "STOP_RANKS_ON_EXIT=1 stops the ranks with the gateway"
+    );
+}

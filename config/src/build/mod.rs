@@ -248,6 +248,7 @@ impl Builder<'_> {
             backoff_max: Duration::from_secs_f64(self.float("RESTART_BACKOFF_MAX", 0.0, 86_400.0)),
             healthy_reset: Duration::from_secs_f64(self.float("RESTART_HEALTHY_RESET", 0.0, 86_400.0)),
             restart_budget: self.int("RESTART_BUDGET", 1..=1000),
+            stop_ranks_on_exit: self.flag("STOP_RANKS_ON_EXIT"),
             progress_timeout: Duration::from_secs_f64(self.float("PROGRESS_TIMEOUT", 0.0, 86_400.0)),
             ready_timeout: self.seconds("READY_TIMEOUT"),
             hang: self.seconds("HANG_SECONDS"),

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use sparkgate_config::{Config, LoadOptions, Runtime, Source};
+use sparkgate_config::{Config, LoadOptions, Source};
 use sparkgate_supervisor::SupervisorHandle;
 
 use crate::{GatewayControl, Upstreams};
@@ -55,11 +55,9 @@ pub(super) fn serve(config: &Config, demo: bool) -> anyhow::Result<ExitCode> {
         };
         crate::serve(config, listener, control, upstreams, shutdown_signal()).await?;
         if let Some(h) = supervisor {
-            // Child processes cannot be adopted by a later gateway: take them down with us.
-            if config.supervision.runtime == Runtime::Process {
-                tracing::info!("stopping the rank processes");
-                h.shutdown().await;
-            }
+            // The supervisor decides: process ranks stop with the gateway (they cannot be
+            // adopted); containers stay for the next gateway unless STOP_RANKS_ON_EXIT=1.
+            h.shutdown().await;
         }
         tracing::info!("sparkgate stopped");
         Ok(ExitCode::SUCCESS)
