@@ -114,11 +114,16 @@ impl Proc {
         let _ = self.child.wait();
     }
 
-    /// Waits for the process to exit on its own.
+    /// Waits for the process to exit on its own, and for its output to be fully collected.
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
+                let (m, cv) = &*self.lines;
+                let mut g = m.lock().expect("lines");
+                while !g.closed && Instant::now() < deadline {
+                    g = cv.wait_timeout(g, Duration::from_millis(100)).expect("lines").0;
+                }
                 return status;
             }
             assert!(
