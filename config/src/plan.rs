@@ -94,6 +94,25 @@ pub enum Mount {
     },
 }
 
+impl Mount {
+    /// `source:target[:ro]`, as `docker run -v` and the Docker API's binds take it.
+    pub fn bind_spec(&self) -> String {
+        let (src, target, ro) = match self {
+            Mount::Bind {
+                source,
+                target,
+                read_only,
+            } => (source, target, *read_only),
+            Mount::Volume {
+                name,
+                target,
+                read_only,
+            } => (name, target, *read_only),
+        };
+        format!("{src}:{target}{}", if ro { ":ro" } else { "" })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Ulimit {
     pub name: &'static str,

@@ -1,7 +1,7 @@
 //! Renders a rank plan as commands an operator can paste: `docker run …` and `vllm serve …`.
 
 use crate::config::RankEnvValue;
-use crate::plan::{Mount, RankPlan};
+use crate::plan::RankPlan;
 
 fn quote(word: &str) -> String {
     shlex::try_quote(word)
@@ -62,20 +62,8 @@ impl RankPlan {
             w.push(format!("--ulimit={}={v}", u.name));
         }
         for m in &c.mounts {
-            let (src, target, ro) = match m {
-                Mount::Bind {
-                    source,
-                    target,
-                    read_only,
-                } => (source, target, *read_only),
-                Mount::Volume {
-                    name,
-                    target,
-                    read_only,
-                } => (name, target, *read_only),
-            };
             w.push("-v".into());
-            w.push(quote(&format!("{src}:{target}{}", if ro { ":ro" } else { "" })));
+            w.push(quote(&m.bind_spec()));
         }
         for (k, v) in &c.env {
             w.push("-e".into());

@@ -118,22 +118,7 @@ impl Node {
                 RankEnvValue::Secret(s) => format!("{k}={}", s.expose()),
             })
             .collect();
-        let mut binds = Vec::new();
-        for m in &spec.mounts {
-            let (src, target, ro) = match m {
-                Mount::Bind {
-                    source,
-                    target,
-                    read_only,
-                } => (source, target, *read_only),
-                Mount::Volume {
-                    name,
-                    target,
-                    read_only,
-                } => (name, target, *read_only),
-            };
-            binds.push(format!("{src}:{target}{}", if ro { ":ro" } else { "" }));
-        }
+        let binds: Vec<String> = spec.mounts.iter().map(Mount::bind_spec).collect();
         let host = HostConfig {
             network_mode: Some(spec.network_mode.to_owned()),
             ipc_mode: Some(spec.ipc_mode.to_owned()),

@@ -2,11 +2,9 @@
 //! a `sparkgate-docker` node; its output is followed into the epoch's log file and its exit
 //! reported, like a rank process.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 use sparkgate_config::{labels, NodeRole, RankPlan};
@@ -16,9 +14,8 @@ use tokio::sync::mpsc;
 
 use crate::actor::Event;
 use crate::error::SupervisorError;
+use crate::logsink::LogSink;
 use crate::status::RankStatus;
-
-const TAIL_LINES: usize = 200;
 
 #[derive(Debug)]
 pub(crate) struct RankContainer {
@@ -26,10 +23,8 @@ pub(crate) struct RankContainer {
     node: NodeRole,
     docker: Node,
     pub(crate) id: String,
-    started: Instant,
     log: PathBuf,
-    last_line_ms: Arc<AtomicU64>,
-    tail: Arc<Mutex<VecDeque<String>>>,
+    sink: LogSink,
     exited: Arc<AtomicBool>,
 }
 
@@ -58,9 +53,7 @@ impl RankContainer {
                     .await?
             }
         };
-        let started = Instant::now();
-        let last_line_ms = Arc::new(AtomicU64::new(0));
-        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
+        let sink = LogSink::new();
         let mut file = tokio::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -72,7 +65,7 @@ impl RankContainer {
             })?;
         // Adopted: follow from now (the earlier output is in the previous gateway's log file).
         let mut output = Box::pin(docker.logs(&id, adopted.then_some(0)));
-        let (last, t) = (last_line_ms.clone(), tail.clone());
+        let lines = sink.clone();
         tokio::spawn(async move {
             let mut pending = Vec::new();
             while let Some(chunk) = output.next().await {
@@ -81,15 +74,7 @@ impl RankContainer {
                 pending.extend_from_slice(&chunk);
                 while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
                     let line: Vec<u8> = pending.drain(..=pos).collect();
-                    let line = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
-                    if !line.contains("shm_broadcast") && !line.contains("No available shared memory broadcast block") {
-                        last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
-                    }
-                    let mut q = t.lock().expect("tail lock");
-                    if q.len() == TAIL_LINES {
-                        q.pop_front();
-                    }
-                    q.push_back(line);
+                    lines.line(String::from_utf8_lossy(&line[..line.len() - 1]).into_owned());
                 }
             }
         });
@@ -105,21 +90,18 @@ impl RankContainer {
             node: plan.node,
             docker: docker.clone(),
             id,
-            started,
             log: log.to_path_buf(),
-            last_line_ms,
-            tail,
+            sink,
             exited,
         })
     }
 
     pub(crate) fn quiet_for(&self) -> f64 {
-        self.started.elapsed().as_secs_f64() - self.last_line_ms.load(Ordering::Relaxed) as f64 / 1e3
+        self.sink.quiet_for()
     }
 
     pub(crate) fn tail(&self, n: usize) -> Vec<String> {
-        let t = self.tail.lock().expect("tail lock");
-        t.iter().skip(t.len().saturating_sub(n)).cloned().collect()
+        self.sink.tail(n)
     }
 
     pub(crate) fn running(&self) -> bool {
@@ -145,7 +127,7 @@ impl RankContainer {
             pid: None,
             container: Some(self.id.clone()),
             running: self.running(),
-            uptime_s: self.started.elapsed().as_secs_f64(),
+            uptime_s: self.sink.uptime_s(),
             log: self.log.clone(),
         }
     }

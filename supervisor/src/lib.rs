@@ -9,6 +9,7 @@ mod backoff;
 mod container;
 mod diagnostics;
 mod error;
+mod logsink;
 mod preflight;
 mod probe;
 mod process;

@@ -2,12 +2,10 @@
 //! output captured to the epoch's log file with the time of the last meaningful line (for the
 //! stall watchdog), and its exit reported to the supervisor.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use sparkgate_config::{NodeRole, RankEnvValue, RankPlan};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -15,9 +13,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::actor::Event;
 use crate::error::SupervisorError;
+use crate::logsink::LogSink;
 use crate::status::RankStatus;
-
-const TAIL_LINES: usize = 200;
 
 /// A running rank process.
 #[derive(Debug)]
@@ -25,18 +22,10 @@ pub(crate) struct RankProc {
     pub(crate) rank: u32,
     pub(crate) node: NodeRole,
     pub(crate) pid: u32,
-    started: Instant,
     pub(crate) log: PathBuf,
-    /// Milliseconds after start of the last log line that shows progress.
-    last_line_ms: Arc<AtomicU64>,
-    tail: Arc<Mutex<VecDeque<String>>>,
+    sink: LogSink,
     kill: Option<oneshot::Sender<()>>,
     exited: Arc<AtomicBool>,
-}
-
-/// Lines vLLM prints while a rank is stuck: they are not progress.
-fn is_progress(line: &str) -> bool {
-    !line.contains("shm_broadcast") && !line.contains("No available shared memory broadcast block")
 }
 
 impl RankProc {
@@ -71,9 +60,7 @@ impl RankProc {
             source,
         })?;
         let pid = child.id().unwrap_or(0);
-        let started = Instant::now();
-        let last_line_ms = Arc::new(AtomicU64::new(0));
-        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
+        let sink = LogSink::new();
         let file = tokio::fs::File::create(log)
             .await
             .map_err(|source| SupervisorError::LogDir {
@@ -91,23 +78,16 @@ impl RankProc {
             .take()
             .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
         for stream in [stdout, stderr].into_iter().flatten() {
-            let (file, last, tail) = (file.clone(), last_line_ms.clone(), tail.clone());
+            let (file, sink) = (file.clone(), sink.clone());
             readers.push(tokio::spawn(async move {
                 let mut lines = BufReader::new(stream).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    if is_progress(&line) {
-                        last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
-                    }
                     let mut f = file.lock().await;
                     let _ = f.write_all(line.as_bytes()).await;
                     let _ = f.write_all(b"\n").await;
                     let _ = f.flush().await;
                     drop(f);
-                    let mut t = tail.lock().expect("tail lock");
-                    if t.len() == TAIL_LINES {
-                        t.pop_front();
-                    }
-                    t.push_back(line);
+                    sink.line(line);
                 }
             }));
         }
@@ -137,23 +117,19 @@ impl RankProc {
             rank,
             node: plan.node,
             pid,
-            started,
             log: log.to_path_buf(),
-            last_line_ms,
-            tail,
+            sink,
             kill: Some(kill_tx),
             exited,
         })
     }
 
-    /// Seconds since the last progress line (or since start).
     pub(crate) fn quiet_for(&self) -> f64 {
-        self.started.elapsed().as_secs_f64() - self.last_line_ms.load(Ordering::Relaxed) as f64 / 1e3
+        self.sink.quiet_for()
     }
 
     pub(crate) fn tail(&self, n: usize) -> Vec<String> {
-        let t = self.tail.lock().expect("tail lock");
-        t.iter().skip(t.len().saturating_sub(n)).cloned().collect()
+        self.sink.tail(n)
     }
 
     pub(crate) fn running(&self) -> bool {
@@ -181,7 +157,7 @@ impl RankProc {
             pid: Some(self.pid),
             container: None,
             running: self.running(),
-            uptime_s: self.started.elapsed().as_secs_f64(),
+            uptime_s: self.sink.uptime_s(),
             log: self.log.clone(),
         }
     }
