@@ -283,7 +283,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("RUNTIME", Supervision, V("docker"), V("docker"),
       "How ranks run: docker (containers) or process (the plan's argv as child processes, e.g. a virtualenv vLLM or the demo)."),
     k("DOCKER_SOCKET", Supervision, V("/var/run/docker.sock"), V("/var/run/docker.sock"), "The head's Docker daemon socket (RUNTIME=docker)."),
-    k("VLLM_BIN", Supervision, V("vllm"), V("vllm"), "The vllm executable for RUNTIME=process."),
+    k("VLLM_BIN", Supervision, V("vllm"), V("vllm"), "The vllm executable for RUNTIME=process (on the worker too, when it is reached over SSH)."),
     k("LOG_DIR", Supervision, V("${DEPLOY_DIR}/logs"), V("${DEPLOY_DIR}/logs"), "Where rank logs and diagnostics are written, per epoch."),
     k("RESTART_BACKOFF_INITIAL", Supervision, V("10"), V("10"), "Seconds before the first group restart; doubles per failure."),
     k("RESTART_BACKOFF_MAX", Supervision, V("300"), V("300"), "Upper bound of the restart delay, seconds."),

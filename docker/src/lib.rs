@@ -4,7 +4,7 @@
 
 mod ssh;
 
-pub use ssh::SshTarget;
+pub use ssh::{RemoteProcess, SshTarget};
 
 use std::collections::HashMap;
 

@@ -30,7 +30,7 @@ pub struct SshTarget {
 /// Keeps the SSH session (and so the forward) alive as long as the node.
 #[derive(Debug)]
 pub(crate) struct Tunnel {
-    session: Session,
+    session: Arc<Session>,
 }
 
 impl Tunnel {
@@ -58,6 +58,16 @@ impl Tunnel {
 impl Node {
     /// Connects to the worker over SSH, forwards its Docker socket and checks the daemon answers.
     pub async fn over_ssh(name: &str, target: &SshTarget) -> Result<Node, DockerError> {
+        Self::connect_ssh(name, target, true).await
+    }
+
+    /// Connects to the worker over SSH for running processes only (RUNTIME=process): no Docker
+    /// daemon is needed there, and Docker operations on this node fail.
+    pub async fn ssh_only(name: &str, target: &SshTarget) -> Result<Node, DockerError> {
+        Self::connect_ssh(name, target, false).await
+    }
+
+    async fn connect_ssh(name: &str, target: &SshTarget, docker: bool) -> Result<Node, DockerError> {
         let ssh_err = |detail: String| DockerError::Ssh {
             node: name.to_owned(),
             destination: target.destination.clone(),
@@ -93,6 +103,20 @@ impl Node {
             .parent()
             .map(|d| d.join("docker.sock"))
             .unwrap_or_else(|| target.control_dir.join("docker.sock"));
+        if !docker {
+            // No daemon is reached on this node: the client points at a path that is not a socket,
+            // so any Docker call made by mistake fails at once instead of touching another host.
+            let client = bollard::Docker::connect_with_unix("/dev/null", 5, bollard::API_DEFAULT_VERSION)
+                .map_err(|e| ssh_err(e.to_string()))?;
+            let tunnel = Some(Arc::new(Tunnel {
+                session: Arc::new(session),
+            }));
+            return Ok(Node {
+                name: name.to_owned(),
+                docker: client,
+                tunnel,
+            });
+        }
         let _ = std::fs::remove_file(&local);
         session
             .request_port_forward(ForwardType::Local, local.clone(), PathBuf::from(&target.remote_socket))
@@ -106,7 +130,9 @@ impl Node {
             )),
             other => other,
         })?;
-        node.tunnel = Some(Arc::new(Tunnel { session }));
+        node.tunnel = Some(Arc::new(Tunnel {
+            session: Arc::new(session),
+        }));
         Ok(node)
     }
 
@@ -128,5 +154,103 @@ impl Node {
             Some(t) => t.alive().await,
             None => true,
         }
+    }
+}
+
+/// A process started on a node over SSH (RUNTIME=process with a remote worker).
+#[derive(Debug)]
+pub struct RemoteProcess {
+    /// The remote pid (the program `exec`s in place of the shell that reported it).
+    pub pid: u32,
+    /// Its stdout and stderr, line by line.
+    pub lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    /// Resolves with its exit status (or why the session ended).
+    pub exit: tokio::sync::oneshot::Receiver<String>,
+}
+
+impl Node {
+    /// Runs `program args…` with `env` on this SSH node.
+    pub async fn spawn_remote(
+        &self,
+        program: &str,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> Result<RemoteProcess, DockerError> {
+        use tokio::io::AsyncBufReadExt;
+        let Some(t) = &self.tunnel else {
+            return Err(DockerError::Ssh {
+                node: self.name.clone(),
+                destination: "local".into(),
+                detail: "not an SSH node".into(),
+            });
+        };
+        let mut cmd = Session::arc_command(t.session.clone(), "sh");
+        cmd.arg("-c").arg("echo $$; exec env \"$@\"").arg("sh");
+        for (k, v) in env {
+            cmd.arg(format!("{k}={v}"));
+        }
+        cmd.arg(program)
+            .args(args)
+            .stdout(openssh::Stdio::piped())
+            .stderr(openssh::Stdio::piped());
+        let ssh_err = |detail: String| DockerError::Ssh {
+            node: self.name.clone(),
+            destination: "worker".into(),
+            detail,
+        };
+        let mut child = cmd
+            .spawn()
+            .await
+            .map_err(|e| ssh_err(format!("cannot start {program}: {e}")))?;
+        let stdout = child.stdout().take().ok_or_else(|| ssh_err("no stdout".into()))?;
+        let stderr = child.stderr().take().ok_or_else(|| ssh_err("no stderr".into()))?;
+        let mut out = tokio::io::BufReader::new(stdout).lines();
+        let first = out
+            .next_line()
+            .await
+            .map_err(|e| ssh_err(e.to_string()))?
+            .unwrap_or_default();
+        let pid: u32 = first
+            .trim()
+            .parse()
+            .map_err(|_| ssh_err(format!("unexpected first line from the worker: {first:?}")))?;
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        let tx2 = tx.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(l)) = out.next_line().await {
+                let _ = tx.send(l);
+            }
+        });
+        tokio::spawn(async move {
+            let mut err = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(l)) = err.next_line().await {
+                let _ = tx2.send(l);
+            }
+        });
+        let (exit_tx, exit) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let status = match child.wait().await {
+                Ok(s) => s.to_string(),
+                Err(e) => format!("the SSH session ended: {e}"),
+            };
+            let _ = exit_tx.send(status);
+        });
+        Ok(RemoteProcess { pid, lines, exit })
+    }
+
+    /// SIGKILL to a process started by [`Node::spawn_remote`] and everything it started: sshd
+    /// runs each command in a new session, so the pid leads a process group (vLLM's engine
+    /// processes included); the pid alone is the fallback.
+    pub async fn kill_remote(&self, pid: u32) -> Result<(), DockerError> {
+        let Some(t) = &self.tunnel else { return Ok(()) };
+        let script = format!("kill -KILL -- -{pid} 2>/dev/null || kill -KILL {pid}");
+        t.run("sh", &["-c", &script])
+            .await
+            .map(|_| ())
+            .map_err(|detail| DockerError::Ssh {
+                node: self.name.clone(),
+                destination: "worker".into(),
+                detail: format!("kill {pid}: {detail}"),
+            })
     }
 }

@@ -391,14 +391,14 @@ impl Actor {
         }
     }
 
-    /// MemAvailable of the head (MEMINFO_PATH) and, for a Docker worker over SSH, the worker.
+    /// MemAvailable of the head (MEMINFO_PATH) and, for a worker over SSH, the worker.
     async fn sample_memory(&self) -> Vec<NodeMemory> {
         let mut out = vec![NodeMemory {
             node: "head",
             mem_available_gib: crate::preflight::mem_available_gib(&self.meminfo),
         }];
-        if let Backend::Docker { worker: Some(_), .. } = &self.backend {
-            if let Ok(node) = self.backend.node_for(1).await {
+        if let Some(link) = self.backend.worker() {
+            if let Ok(node) = link.node().await {
                 out.push(NodeMemory {
                     node: "worker",
                     mem_available_gib: node.mem_available_gib(&self.meminfo).await,

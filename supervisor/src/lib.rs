@@ -14,6 +14,7 @@ mod preflight;
 mod probe;
 mod process;
 mod rank;
+mod remote;
 mod status;
 
 use sparkgate_config::{Config, Runtime};
@@ -21,6 +22,40 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 pub use error::SupervisorError;
 pub use status::{GroupState, LastRestart, NodeMemory, RankStatus, Status};
+
+/// How to reach the worker when it is another machine (its address differs from the head's).
+fn ssh_target(config: &Config) -> Option<sparkgate_docker::SshTarget> {
+    if config.serving.nnodes < 2 || !config.nodes.worker_is_remote() {
+        return None;
+    }
+    let ssh = &config.nodes.ssh;
+    Some(sparkgate_docker::SshTarget {
+        destination: config.nodes.worker_ssh.clone(),
+        port: ssh.port,
+        keyfile: ssh.keyfile.clone(),
+        known_hosts: ssh.known_hosts.clone(),
+        known_hosts_file: ssh.known_hosts_file.clone(),
+        connect_timeout: ssh.connect_timeout,
+        remote_socket: ssh.worker_docker_socket.clone(),
+        control_dir: ssh.control_dir.clone(),
+    })
+}
+
+/// Preflight on the worker over SSH: enough MemAvailable for a rank (weights + boot margin).
+async fn check_worker_memory(config: &Config, worker: &sparkgate_docker::Node) -> Result<(), SupervisorError> {
+    let s = &config.supervision;
+    let (Some(weights), Some(margin)) = (s.weights_gib_per_rank, s.boot_margin_gib) else {
+        return Ok(());
+    };
+    match worker.mem_available_gib(&s.meminfo_path).await {
+        Some(avail) if avail < weights + margin => Err(SupervisorError::Preflight(format!(
+            "worker: MemAvailable is {avail:.1} GiB but a rank needs {:.1} GiB ({weights} GiB of weights + BOOT_MARGIN_GIB {margin}); \
+             stop other workloads on the worker, or set BOOT_MARGIN_GIB= to skip this check",
+            weights + margin
+        ))),
+        _ => Ok(()),
+    }
+}
 
 /// The handle to a running supervisor.
 #[derive(Debug, Clone)]
@@ -36,28 +71,27 @@ impl SupervisorHandle {
         let backend = match config.supervision.runtime {
             Runtime::Process => {
                 preflight::check(config)?;
+                let worker = match ssh_target(config) {
+                    Some(target) => {
+                        let node = sparkgate_docker::Node::ssh_only("worker", &target).await?;
+                        check_worker_memory(config, &node).await?;
+                        Some(rank::WorkerLink::new(target, node, false))
+                    }
+                    None => None,
+                };
                 rank::Backend::Process {
                     bin: config.supervision.vllm_bin.clone(),
+                    worker,
                 }
             }
             Runtime::Docker => {
                 let head = sparkgate_docker::Node::local("head", &config.supervision.docker_socket).await?;
-                let worker = if config.serving.nnodes > 1 && config.nodes.worker_is_remote() {
-                    let ssh = &config.nodes.ssh;
-                    let target = sparkgate_docker::SshTarget {
-                        destination: config.nodes.worker_ssh.clone(),
-                        port: ssh.port,
-                        keyfile: ssh.keyfile.clone(),
-                        known_hosts: ssh.known_hosts.clone(),
-                        known_hosts_file: ssh.known_hosts_file.clone(),
-                        connect_timeout: ssh.connect_timeout,
-                        remote_socket: ssh.worker_docker_socket.clone(),
-                        control_dir: ssh.control_dir.clone(),
-                    };
-                    let node = sparkgate_docker::Node::over_ssh("worker", &target).await?;
-                    Some((target, node))
-                } else {
-                    None
+                let worker = match ssh_target(config) {
+                    Some(target) => {
+                        let node = sparkgate_docker::Node::over_ssh("worker", &target).await?;
+                        Some((target, node))
+                    }
+                    None => None,
                 };
                 for node in std::iter::once(&head).chain(worker.as_ref().map(|(_, n)| n)) {
                     if !node.has_image(&config.serving.image).await? {
@@ -69,20 +103,8 @@ impl SupervisorHandle {
                         )));
                     }
                 }
-                if let (Some((_, w)), Some(weights), Some(margin)) = (
-                    &worker,
-                    config.supervision.weights_gib_per_rank,
-                    config.supervision.boot_margin_gib,
-                ) {
-                    if let Some(avail) = w.mem_available_gib(&config.supervision.meminfo_path).await {
-                        if avail < weights + margin {
-                            return Err(SupervisorError::Preflight(format!(
-                                "worker: MemAvailable is {avail:.1} GiB but a rank needs {:.1} GiB ({weights} GiB of weights + BOOT_MARGIN_GIB {margin}); \
-                                 stop other workloads on the worker, or set BOOT_MARGIN_GIB= to skip this check",
-                                weights + margin
-                            )));
-                        }
-                    }
+                if let Some((_, w)) = &worker {
+                    check_worker_memory(config, w).await?;
                 }
                 // A running group of ours holds the ports: adoption decides, not preflight.
                 if head
@@ -94,7 +116,7 @@ impl SupervisorHandle {
                 }
                 rank::Backend::Docker {
                     head,
-                    worker: worker.map(|(t, n)| rank::WorkerLink::new(t, n)),
+                    worker: worker.map(|(t, n)| rank::WorkerLink::new(t, n, true)),
                 }
             }
         };

@@ -12,11 +12,14 @@ use crate::actor::Event;
 use crate::container::RankContainer;
 use crate::error::SupervisorError;
 use crate::process::RankProc;
+use crate::remote::RankRemote;
 use crate::status::RankStatus;
 
 #[derive(Debug)]
 pub(crate) enum Rank {
     Process(RankProc),
+    /// A process on the worker, over SSH (RUNTIME=process).
+    Remote(RankRemote),
     Container(RankContainer),
 }
 
@@ -24,6 +27,7 @@ impl Rank {
     pub(crate) fn rank(&self) -> u32 {
         match self {
             Rank::Process(p) => p.rank,
+            Rank::Remote(r) => r.rank,
             Rank::Container(c) => c.rank,
         }
     }
@@ -31,7 +35,7 @@ impl Rank {
     pub(crate) fn pid(&self) -> Option<u32> {
         match self {
             Rank::Process(p) => Some(p.pid),
-            Rank::Container(_) => None,
+            Rank::Remote(_) | Rank::Container(_) => None,
         }
     }
 
@@ -39,6 +43,7 @@ impl Rank {
     pub(crate) fn quiet_for(&self) -> f64 {
         match self {
             Rank::Process(p) => p.quiet_for(),
+            Rank::Remote(r) => r.quiet_for(),
             Rank::Container(c) => c.quiet_for(),
         }
     }
@@ -46,6 +51,7 @@ impl Rank {
     pub(crate) fn tail(&self, n: usize) -> Vec<String> {
         match self {
             Rank::Process(p) => p.tail(n),
+            Rank::Remote(r) => r.tail(n),
             Rank::Container(c) => c.tail(n),
         }
     }
@@ -53,6 +59,7 @@ impl Rank {
     pub(crate) fn status(&self) -> RankStatus {
         match self {
             Rank::Process(p) => p.status(),
+            Rank::Remote(r) => r.status(),
             Rank::Container(c) => c.status(),
         }
     }
@@ -66,6 +73,7 @@ impl Rank {
                     tracing::error!(rank = p.rank, pid = p.pid, "rank did not exit after SIGKILL");
                 }
             }
+            Rank::Remote(r) => r.stop().await,
             Rank::Container(c) => c.stop().await,
         }
     }
@@ -76,13 +84,16 @@ impl Rank {
 pub(crate) struct WorkerLink {
     target: SshTarget,
     node: tokio::sync::Mutex<Option<Node>>,
+    /// Forward the worker's Docker socket (docker runtime) or only run commands (process).
+    docker: bool,
 }
 
 impl WorkerLink {
-    pub(crate) fn new(target: SshTarget, node: Node) -> Self {
+    pub(crate) fn new(target: SshTarget, node: Node, docker: bool) -> Self {
         Self {
             target,
             node: tokio::sync::Mutex::new(Some(node)),
+            docker,
         }
     }
 
@@ -95,7 +106,11 @@ impl WorkerLink {
             tracing::warn!(destination = %self.target.destination, "the worker's SSH session is gone; reconnecting");
         }
         *guard = None;
-        let n = Node::over_ssh("worker", &self.target).await?;
+        let n = if self.docker {
+            Node::over_ssh("worker", &self.target).await?
+        } else {
+            Node::ssh_only("worker", &self.target).await?
+        };
         *guard = Some(n.clone());
         Ok(n)
     }
@@ -103,19 +118,11 @@ impl WorkerLink {
 
 /// How ranks are started.
 #[derive(Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one Backend per supervisor, never moved in a hot path"
-)]
 pub(crate) enum Backend {
-    Process {
-        bin: String,
-    },
+    /// Local child processes; workers over SSH when `worker` is set.
+    Process { bin: String, worker: Option<WorkerLink> },
     /// Rank 0 on the head's daemon; workers on `worker` (over SSH) or, without it, the head's.
-    Docker {
-        head: Node,
-        worker: Option<WorkerLink>,
-    },
+    Docker { head: Node, worker: Option<WorkerLink> },
 }
 
 impl Backend {
@@ -134,7 +141,13 @@ impl Backend {
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<Rank, SupervisorError> {
         match self {
-            Backend::Process { bin } => Ok(Rank::Process(RankProc::spawn(bin, plan, epoch, log, events).await?)),
+            Backend::Process { bin, worker: Some(w) } if plan.rank > 0 => {
+                let node = w.node().await?;
+                Ok(Rank::Remote(
+                    RankRemote::spawn(&node, bin, plan, epoch, log, events).await?,
+                ))
+            }
+            Backend::Process { bin, .. } => Ok(Rank::Process(RankProc::spawn(bin, plan, epoch, log, events).await?)),
             Backend::Docker { .. } => {
                 let node = self.node_for(plan.rank).await?;
                 Ok(Rank::Container(
@@ -145,6 +158,13 @@ impl Backend {
     }
 
     /// The Docker node that runs `rank`.
+    /// The SSH link to a remote worker, whichever runtime runs ranks there.
+    pub(crate) fn worker(&self) -> Option<&WorkerLink> {
+        match self {
+            Backend::Process { worker, .. } | Backend::Docker { worker, .. } => worker.as_ref(),
+        }
+    }
+
     pub(crate) async fn node_for(&self, rank: u32) -> Result<Node, SupervisorError> {
         match self {
             Backend::Docker { worker: Some(w), .. } if rank > 0 => w.node().await,

@@ -453,3 +453,56 @@ fn preflight_refuses_busy_ports_and_too_little_memory() {
         "{log}"
     );
 }
+
+#[test]
+fn a_remote_worker_runs_its_rank_over_ssh() {
+    let sshd = sparkgate_tests::harness::Sshd::start();
+    let control = tempfile::Builder::new().prefix("sgc").tempdir_in("/tmp").unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    let (port, key, known, ctl) = (
+        sshd.port.to_string(),
+        sshd.key().display().to_string(),
+        sshd.dir.path().join("known_hosts").display().to_string(),
+        control.path().display().to_string(),
+    );
+    let env = [
+        ("HEAD_IP", "127.0.0.1"),
+        ("WORKER_IP", "127.0.0.2"),
+        ("WORKER_USER", user.as_str()),
+        ("WORKER_SSH_PORT", port.as_str()),
+        ("WORKER_SSH_KEY", key.as_str()),
+        ("SSH_KNOWN_HOSTS_FILE", known.as_str()),
+        ("SSH_CONTROL_DIR", ctl.as_str()),
+        ("RANK_ENV", "SIM_LOAD_SECONDS=0"),
+    ];
+    let mut gw = Gateway::supervise(&sparkgate(), SIM, "deepseek-v4.1-flash", logs.path(), &env);
+    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert!(
+        sshd.log().contains("Accepted publickey"),
+        "the worker rank was started over SSH:\n{}",
+        sshd.log()
+    );
+    let worker_pid = pid_of(&gw.status(), 1);
+    assert!(alive(worker_pid));
+    let log1 = std::fs::read_to_string(logs.path().join("epoch-1/rank1.log")).unwrap();
+    assert!(
+        log1.contains("headless"),
+        "the remote rank's output is captured: {log1}"
+    );
+    // The remote rank dying restarts the group, the worker rank again over SSH.
+    sparkgate_tests::hosts::kill_pid(worker_pid);
+    let new = gw.wait_status("ready epoch 2", |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 2
+    });
+    let worker_pid = pid_of(&new, 1);
+    assert!(alive(worker_pid));
+    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &gw.proc.pid().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
+    assert!(!alive(worker_pid), "the remote rank was stopped over SSH");
+}
