@@ -235,11 +235,24 @@ impl Node {
     pub async fn wait_exit(&self, id: &str) -> String {
         let opts = WaitContainerOptionsBuilder::default().condition("not-running").build();
         let mut stream = self.docker.wait_container(id, Some(opts));
-        match stream.next().await {
-            Some(Ok(r)) => format!("exit status: {}", r.status_code),
-            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => format!("exit status: {code}"),
-            Some(Err(e)) => format!("wait failed: {e}"),
-            None => "container gone".into(),
+        let code = match stream.next().await {
+            Some(Ok(r)) => r.status_code,
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
+            Some(Err(e)) => return format!("wait failed: {e}"),
+            None => return "container gone".into(),
+        };
+        // The exit code alone cannot tell the kernel's OOM killer from `docker kill`.
+        let oom = self
+            .docker
+            .inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>)
+            .await
+            .ok()
+            .and_then(|c| c.state?.oom_killed)
+            .unwrap_or(false);
+        if oom {
+            format!("exit status: {code} (OOM-killed)")
+        } else {
+            format!("exit status: {code}")
         }
     }
 

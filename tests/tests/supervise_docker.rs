@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, free_port, post_json, request, Gateway, Proc};
+use sparkgate_tests::harness::{binary_next_to, free_port, post_json, request, sse_data, Gateway, Proc, Streaming};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
@@ -167,23 +167,60 @@ fn cold_start_of_both_profiles_in_containers() {
     }
 }
 
+/// The container of `rank` among the group's running containers.
+fn container_of(group: &str, rank: u32) -> String {
+    containers(group)
+        .into_iter()
+        .find(|id| label(id, "sparkgate.rank") == rank.to_string())
+        .unwrap_or_else(|| panic!("no rank {rank} container in {group}"))
+}
+
+fn docker_kill(id: &str) {
+    assert!(Command::new("docker").args(["kill", id]).status().unwrap().success());
+}
+
 #[test]
 fn a_killed_worker_container_restarts_the_group_in_a_new_epoch() {
-    let d = Deployment::new("deepseek-v4.1-flash", "kill", &[]);
+    // Paced like the real model so requests are still running when the container dies.
+    let d = Deployment::new(
+        "deepseek-v4.1-flash",
+        "kill",
+        &[("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_SPEED=1")],
+    );
     let gw = d.start("deepseek-v4.1-flash");
     gw.wait_ready();
     let old = containers(&d.group);
-    let worker = old
-        .iter()
-        .find(|id| label(id, "sparkgate.rank") == "1")
-        .unwrap()
-        .clone();
+    // One stream in flight, one more request filling MAX_NUM_SEQS=2, one queued.
+    let long = json!({"model": d.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "ignore_eos": true, "stream": true});
+    let mut stream = Streaming::open(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        long.to_string().as_bytes(),
+    );
+    let mut got = stream.next_chunk().unwrap();
+    let (addr, model) = (gw.addr, d.model.clone());
+    let second = std::thread::spawn(move || {
+        post_json(
+            addr,
+            "/v1/chat/completions",
+            &json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60, "ignore_eos": true}),
+        )
+    });
+    let model = d.model.clone();
+    let queued = std::thread::spawn(move || {
+        post_json(
+            addr,
+            "/v1/chat/completions",
+            &json!({"model": model, "messages": [{"role": "user", "content": "What is 17*19? Reply with the integer only."}], "max_tokens": 32, "chat_template_kwargs": {"enable_thinking": false}}),
+        )
+    });
+    gw.wait_status("2 running, 1 queued", |s| {
+        s["admission"]["queued"] == 1 && s["admission"]["in_flight"] == 2
+    });
     let killed = Instant::now();
-    assert!(Command::new("docker")
-        .args(["kill", &worker])
-        .status()
-        .unwrap()
-        .success());
+    docker_kill(&container_of(&d.group, 1));
     gw.wait_status("restart noticed", |s| s["supervisor"]["state"] != "ready");
     let detection = killed.elapsed();
     eprintln!(
@@ -191,6 +228,19 @@ fn a_killed_worker_container_restarts_the_group_in_a_new_epoch() {
         detection.as_secs_f64()
     );
     assert!(detection <= Duration::from_secs(5), "{detection:?}");
+    got.extend(stream.read_all());
+    let events = sse_data(&got);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    assert!(
+        events[events.len() - 2].contains("\"error\""),
+        "the stream in flight ends with an error event: {}",
+        events[events.len() - 2]
+    );
+    let second = second.join().unwrap();
+    assert_eq!(second.status, 200, "{}", second.text());
+    let q = queued.join().unwrap();
+    assert_eq!(q.status, 200, "{}", q.text());
+    assert_eq!(q.json()["choices"][0]["message"]["content"], "323");
     gw.wait_status("ready epoch 2", |s| {
         s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 2
     });
@@ -199,6 +249,21 @@ fn a_killed_worker_container_restarts_the_group_in_a_new_epoch() {
     assert!(new
         .iter()
         .all(|id| label(id, "sparkgate.epoch") == "2" && !old.contains(id)));
+    // Rank 0's container dying restarts the group likewise.
+    docker_kill(&container_of(&d.group, 0));
+    let third = gw.wait_status("ready epoch 3", |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 3
+    });
+    assert!(
+        third["supervisor"]["last_restart"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("rank 0"),
+        "{third}"
+    );
+    let last = containers(&d.group);
+    assert_eq!(last.len(), 2);
+    assert!(last.iter().all(|id| label(id, "sparkgate.epoch") == "3"));
     assert_eq!(d.smoke(&gw)["choices"][0]["message"]["content"], "323");
 }
 
