@@ -259,6 +259,8 @@ pub struct Supervision {
     pub progress_timeout: Duration,
     pub stop_ranks_on_exit: bool,
     pub ready_timeout: Duration,
+    /// After `/health` and `/v1/models`, readiness also needs a one-token generation to succeed.
+    pub ready_generate_probe: bool,
     pub hang: Duration,
     pub mem_guard: bool,
     pub mem_guard_gib: f64,

@@ -48,6 +48,8 @@ pub(crate) struct Actor {
     hang: Duration,
     /// Memguard: (threshold GiB, meminfo path) when MEM_GUARD=1.
     mem_guard: Option<(f64, PathBuf)>,
+    /// READY_GENERATE_PROBE: readiness includes a one-token completion.
+    generate_probe: bool,
     progress_timeout: Duration,
     mode: String,
     probe: Probe,
@@ -95,6 +97,7 @@ impl Actor {
             ready_timeout: s.ready_timeout,
             hang: s.hang,
             mem_guard: s.mem_guard.then(|| (s.mem_guard_gib, s.meminfo_path.clone())),
+            generate_probe: s.ready_generate_probe,
             progress_timeout: s.progress_timeout,
             mode: config.speculation.active.to_string(),
             probe,
@@ -279,6 +282,7 @@ impl Actor {
         }
         let deadline = Instant::now() + self.ready_timeout;
         let mut wait = Duration::from_millis(100);
+        let mut generation_failed = None;
         loop {
             tokio::select! {
                 ev = self.events_rx.recv() => {
@@ -294,11 +298,29 @@ impl Actor {
             }
             wait = Duration::from_secs(1);
             if self.probe.ready().await {
-                return Ok(());
+                if !self.generate_probe {
+                    return Ok(());
+                }
+                let limit = deadline
+                    .saturating_duration_since(Instant::now())
+                    .clamp(Duration::from_secs(1), Duration::from_secs(30));
+                match self.probe.generates(limit).await {
+                    Ok(()) => return Ok(()),
+                    Err(why) => {
+                        tracing::warn!(%why, "rank 0 answers /health but the one-token completion failed");
+                        generation_failed = Some(why);
+                    }
+                }
             }
             if Instant::now() >= deadline {
+                let why = generation_failed.map_or(String::new(), |w| {
+                    format!(
+                        "; it answers /health and lists the model, but a one-token completion failed ({w}) — \
+                         a rank that cannot take part in generation, see the rank logs"
+                    )
+                });
                 return Err(Ended::Failure(format!(
-                    "rank 0 was not ready within READY_TIMEOUT={}s",
+                    "rank 0 was not ready within READY_TIMEOUT={}s{why}",
                     self.ready_timeout.as_secs()
                 )));
             }

@@ -1,11 +1,11 @@
-//! HTTP probes of rank 0 on its loopback port: readiness (`/health` 200 and the served name in
-//! `/v1/models`), liveness (`/health`) and progress (vLLM's running-request gauge and generated-
+//! HTTP probes of rank 0 on its loopback port: readiness (`/health` 200, the served name in
+//! `/v1/models`, optionally a one-token completion), liveness (`/health`) and progress (vLLM's running-request gauge and generated-
 //! token counter from `/metrics`).
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -13,7 +13,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 #[derive(Debug, Clone)]
 pub(crate) struct Probe {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpConnector, Full<Bytes>>,
     base: String,
     served: String,
     auth: Option<String>,
@@ -41,18 +41,38 @@ impl Probe {
     }
 
     async fn get(&self, path: &str) -> Option<(u16, Bytes)> {
-        let mut req = Request::get(format!("{}{path}", self.base));
+        self.send(
+            Request::get(format!("{}{path}", self.base)),
+            Bytes::new(),
+            Duration::from_secs(5),
+        )
+        .await
+    }
+
+    async fn send(&self, mut req: hyper::http::request::Builder, body: Bytes, limit: Duration) -> Option<(u16, Bytes)> {
         if let Some(a) = &self.auth {
             req = req.header("authorization", a);
         }
-        let req = req.body(Empty::new()).ok()?;
+        let req = req.body(Full::new(body)).ok()?;
         let fut = async {
             let resp = self.client.request(req).await.ok()?;
             let status = resp.status().as_u16();
             let body = resp.into_body().collect().await.ok()?.to_bytes();
             Some((status, body))
         };
-        tokio::time::timeout(Duration::from_secs(5), fut).await.ok().flatten()
+        tokio::time::timeout(limit, fut).await.ok().flatten()
+    }
+
+    /// A one-token completion through the whole group: `/health` stays 200 on rank 0 even when a
+    /// worker cannot take part, a generation cannot. `Err` says what came back instead.
+    pub(crate) async fn generates(&self, limit: Duration) -> Result<(), String> {
+        let body = serde_json::json!({"model": self.served, "prompt": "ping", "max_tokens": 1});
+        let req = Request::post(format!("{}/v1/completions", self.base)).header("content-type", "application/json");
+        match self.send(req, Bytes::from(body.to_string()), limit).await {
+            Some((200, _)) => Ok(()),
+            Some((status, body)) => Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body))),
+            None => Err(format!("no answer within {:.0} s", limit.as_secs_f64())),
+        }
     }
 
     pub(crate) async fn healthy(&self) -> bool {

@@ -161,10 +161,13 @@ fn a_killed_head_restarts_the_group_too() {
     let new = gw.wait_status("ready epoch 2", |s| {
         s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 2
     });
-    assert!(new["supervisor"]["last_restart"]["reason"]
-        .as_str()
-        .unwrap()
-        .contains("rank 0 exited"));
+    // The worker exits too when its head is gone; whichever exit is seen first names it.
+    let reason = new["supervisor"]["last_restart"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("rank 0 exited") || reason.contains("rank 1 exited"),
+        "{reason}"
+    );
+    assert!(!alive(pid_of(&old, 0)));
     assert!(
         !alive(pid_of(&old, 1)),
         "the worker of the old epoch was stopped with the group"
@@ -505,4 +508,31 @@ fn a_remote_worker_runs_its_rank_over_ssh() {
         .success());
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
     assert!(!alive(worker_pid), "the remote rank was stopped over SSH");
+}
+
+#[test]
+fn readiness_needs_a_one_token_completion() {
+    // The ranks come up and answer /health, then stop generating (as vLLM does when a rank
+    // is lost): /health and /v1/models alone would call this group ready.
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise_unready(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[
+            ("SIM_FAULT_HANG_AFTER_S", "0"),
+            ("READY_TIMEOUT", "2"),
+            ("RESTART_BUDGET", "1"),
+        ],
+    );
+    let s = gw.wait_status("the start failed", |s| {
+        s["supervisor"]["last_restart"]["reason"].is_string()
+    });
+    let reason = s["supervisor"]["last_restart"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("READY_TIMEOUT=2s") && reason.contains("one-token completion failed"),
+        "{reason}"
+    );
+    assert_ne!(s["supervisor"]["state"], "ready");
 }

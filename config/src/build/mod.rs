@@ -253,6 +253,7 @@ impl Builder<'_> {
             ready_timeout: self.seconds("READY_TIMEOUT"),
             hang: self.seconds("HANG_SECONDS"),
             mem_guard: self.flag("MEM_GUARD"),
+            ready_generate_probe: self.flag("READY_GENERATE_PROBE"),
             mem_guard_gib: self.float("MEM_GUARD_GIB", 0.0, 1024.0),
             boot_margin_gib: self
                 .optional("BOOT_MARGIN_GIB")
