@@ -252,6 +252,8 @@ pub struct Supervision {
     pub docker_socket: String,
     pub vllm_bin: String,
     pub log_dir: PathBuf,
+    /// Preflight: free space LOG_DIR's filesystem needs; `None` skips the check.
+    pub min_free_disk_gib: Option<f64>,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
     pub healthy_reset: Duration,

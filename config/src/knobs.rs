@@ -301,6 +301,8 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MEMINFO_PATH", Supervision, V("/proc/meminfo"), V("/proc/meminfo"), "Where MemAvailable is read (memguard, preflight)."),
     k("BOOT_MARGIN_GIB", Supervision, V("12"), V(""), "Free memory beyond the weights each node needs to boot; empty: no check.")
         .aliases(&["DSV41_BOOT_MARGIN_GIB"]),
+    k("MIN_FREE_DISK_GIB", Supervision, V("2"), V("2"),
+      "Free space LOG_DIR's filesystem must have before a start (rank logs and diagnostics grow per epoch); empty: no check."),
     // === Gateway ===
     k("BIND_ADDR", Gateway, V("0.0.0.0"), V("0.0.0.0"), "Address the gateway listens on (with PORT)."),
     k("UPSTREAM_URL", Gateway, V("http://127.0.0.1:${VLLM_PORT}"), V("http://127.0.0.1:${VLLM_PORT}"),

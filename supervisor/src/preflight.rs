@@ -1,6 +1,7 @@
 //! Checks before a start, each failure saying which node and what to do: the ports the ranks
-//! need are free, MemAvailable covers the per-rank weights plus the boot margin, and the RoCE GID
-//! entry the ranks will use is populated (when the InfiniBand device exists on this machine).
+//! need are free, MemAvailable covers the per-rank weights plus the boot margin, LOG_DIR's
+//! filesystem has room, and the RoCE GID entry the ranks will use is populated (when the
+//! InfiniBand device exists on this machine).
 
 use std::net::{IpAddr, TcpListener};
 use std::path::Path;
@@ -14,6 +15,24 @@ pub(crate) fn mem_available_gib(path: &Path) -> Option<f64> {
     let text = std::fs::read_to_string(path).ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / (1024.0 * 1024.0))
+}
+
+/// Free space in GiB of the filesystem holding `path` (or its nearest existing ancestor: LOG_DIR
+/// may not exist yet), from POSIX `df -Pk`.
+fn free_disk_gib(path: &Path) -> Option<f64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let out = std::process::Command::new("df")
+        .arg("-Pk")
+        .arg(existing)
+        .output()
+        .ok()?;
+    parse_df_available_gib(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The "Available" column (KiB) of `df -Pk`'s one data line, in GiB.
+fn parse_df_available_gib(text: &str) -> Option<f64> {
+    let kib: f64 = text.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()?;
     Some(kib / (1024.0 * 1024.0))
 }
 
@@ -60,6 +79,19 @@ pub(crate) fn check(config: &Config) -> Result<(), SupervisorError> {
             None => tracing::warn!(path = %s.meminfo_path.display(), "cannot read MemAvailable; memory preflight skipped"),
         }
     }
+    if let Some(need) = s.min_free_disk_gib {
+        match free_disk_gib(&s.log_dir) {
+            Some(free) if free < need => {
+                return fail(format!(
+                    "head: LOG_DIR {} has {free:.1} GiB free but MIN_FREE_DISK_GIB is {need}; \
+                     remove old epoch logs there (LOG_DIR/epoch-*), point LOG_DIR elsewhere, or set MIN_FREE_DISK_GIB= to skip this check",
+                    s.log_dir.display()
+                ))
+            }
+            Some(_) => {}
+            None => tracing::warn!(path = %s.log_dir.display(), "cannot read free disk space; disk preflight skipped"),
+        }
+    }
     let nic = &config.nodes.head_nic;
     let gid = Path::new("/sys/class/infiniband")
         .join(&nic.hca)
@@ -91,5 +123,14 @@ mod tests {
         assert_eq!(mem_available_gib(&dir), Some(2.0));
         let _ = std::fs::remove_file(&dir);
         assert_eq!(mem_available_gib(Path::new("/nonexistent")), None);
+    }
+
+    #[test]
+    fn reads_df_available() {
+        let df = "Filesystem     1024-blocks      Used Available Capacity Mounted on\n/dev/vda 264000000 24000000 3145728 25% /\n";
+        assert_eq!(parse_df_available_gib(df), Some(3.0));
+        assert_eq!(parse_df_available_gib("df: /x: No such file or directory\n"), None);
+        // A path that does not exist yet is measured on its nearest existing ancestor.
+        assert!(free_disk_gib(Path::new("/tmp/sparkgate-not-created-yet/epoch-1")).is_some_and(|g| g > 0.0));
     }
 }

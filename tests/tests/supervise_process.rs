@@ -386,6 +386,16 @@ fn the_demo_serves_the_smoke_request() {
 #[test]
 fn memguard_restarts_the_group_when_memory_stays_low() {
     let logs = tempfile::tempdir().unwrap();
+    let mut p = Gateway::supervise_process(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[("MIN_FREE_DISK_GIB", "1000000")],
+    );
+    assert!(!p.wait_exit(Duration::from_secs(30)).success());
+    let log = p.log().join("\n");
+    assert!(log.contains("GiB free but MIN_FREE_DISK_GIB is 1000000"), "{log}");
     let meminfo = logs.path().join("meminfo");
     std::fs::write(&meminfo, "MemTotal: 25165824 kB\nMemAvailable: 8388608 kB\n").unwrap();
     let path = meminfo.display().to_string();
@@ -418,7 +428,7 @@ fn memguard_restarts_the_group_when_memory_stays_low() {
 }
 
 #[test]
-fn preflight_refuses_busy_ports_and_too_little_memory() {
+fn preflight_refuses_busy_ports_too_little_memory_or_disk() {
     let logs = tempfile::tempdir().unwrap();
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().port().to_string();
@@ -435,6 +445,16 @@ fn preflight_refuses_busy_ports_and_too_little_memory() {
         log.contains(&format!("preflight: head: VLLM_PORT={port} is already in use")),
         "{log}"
     );
+    let mut p = Gateway::supervise_process(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[("MIN_FREE_DISK_GIB", "1000000")],
+    );
+    assert!(!p.wait_exit(Duration::from_secs(30)).success());
+    let log = p.log().join("\n");
+    assert!(log.contains("GiB free but MIN_FREE_DISK_GIB is 1000000"), "{log}");
     let meminfo = logs.path().join("meminfo");
     std::fs::write(&meminfo, "MemAvailable: 20971520 kB\n").unwrap();
     let path = meminfo.display().to_string();

@@ -244,6 +244,9 @@ impl Builder<'_> {
             docker_socket: self.non_empty("DOCKER_SOCKET"),
             vllm_bin: self.non_empty("VLLM_BIN"),
             log_dir: PathBuf::from(self.non_empty("LOG_DIR")),
+            min_free_disk_gib: self
+                .optional("MIN_FREE_DISK_GIB")
+                .map(|_| self.float("MIN_FREE_DISK_GIB", 0.0, 1_000_000.0)),
             backoff_initial: Duration::from_secs_f64(self.float("RESTART_BACKOFF_INITIAL", 0.0, 86_400.0)),
             backoff_max: Duration::from_secs_f64(self.float("RESTART_BACKOFF_MAX", 0.0, 86_400.0)),
             healthy_reset: Duration::from_secs_f64(self.float("RESTART_HEALTHY_RESET", 0.0, 86_400.0)),
