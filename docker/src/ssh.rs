@@ -231,6 +231,8 @@ impl Node {
         tokio::spawn(async move {
             let status = match child.wait().await {
                 Ok(s) => s.to_string(),
+                // sshd reports a signal death as exit-signal, which the mux passes on as this.
+                Err(openssh::Error::RemoteProcessTerminated) => "killed by a signal".to_owned(),
                 Err(e) => format!("the SSH session ended: {e}"),
             };
             let _ = exit_tx.send(status);

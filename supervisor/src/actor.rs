@@ -14,6 +14,7 @@ use crate::container::RankContainer;
 use crate::diagnostics;
 use crate::probe::Probe;
 use crate::rank::{Backend, Rank};
+use crate::sampler::Sampler;
 use crate::status::{GroupState, LastRestart, NodeMemory, Status};
 
 /// What the ranks report.
@@ -347,10 +348,12 @@ impl Actor {
     /// Watches a ready group until a rank exits, rank 0 fails its health checks, it stops making
     /// progress while requests run, or an operator asks for something.
     async fn watch(&mut self) -> Ended {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let worker = match self.backend.worker() {
+            Some(link) => link.node().await.ok(),
+            None => None,
+        };
+        let mut sampler = Sampler::start(self.probe.clone(), self.meminfo.clone(), worker);
         let mut unhealthy = 0;
-        let mut ticks = 0u64;
         let mut last_generated = None;
         let mut progress_at = Instant::now();
         let mut low_memory = 0;
@@ -364,12 +367,11 @@ impl Actor {
                     }
                 }
                 cmd = self.cmd_rx.recv() => return Ended::Asked(cmd.unwrap_or(Command::Stop)),
-                _ = tick.tick() => {
-                    ticks += 1;
+                Some(sample) = sampler.samples.recv() => {
+                    self.memory = sample.memory;
                     let _ = self.status_tx.send(self.status());
                     // Memguard: two samples in a row under the threshold on a node stop the group
                     // before the kernel's OOM killer picks something worse.
-                    self.memory = self.sample_memory().await;
                     if let Some((threshold, _)) = &self.mem_guard {
                         let low = self.memory.iter().find(|m| m.mem_available_gib.is_some_and(|a| a < *threshold));
                         match low {
@@ -386,7 +388,7 @@ impl Actor {
                             None => low_memory = 0,
                         }
                     }
-                    if self.probe.healthy().await {
+                    if sample.healthy {
                         unhealthy = 0;
                     } else {
                         unhealthy += 1;
@@ -394,40 +396,21 @@ impl Actor {
                             return Ended::Failure("rank 0 failed 3 health checks in a row".into());
                         }
                     }
-                    if ticks % 5 == 0 {
-                        if let Some(p) = self.probe.progress().await {
-                            if p.running == 0.0 || last_generated != Some(p.generated) {
-                                last_generated = Some(p.generated);
-                                progress_at = Instant::now();
-                            } else if progress_at.elapsed() >= self.progress_timeout {
-                                return Ended::Failure(format!(
-                                    "no token generated for {:.0}s while {} requests ran (PROGRESS_TIMEOUT)",
-                                    progress_at.elapsed().as_secs_f64(),
-                                    p.running
-                                ));
-                            }
+                    if let Some(p) = sample.progress {
+                        if p.running == 0.0 || last_generated != Some(p.generated) {
+                            last_generated = Some(p.generated);
+                            progress_at = Instant::now();
+                        } else if progress_at.elapsed() >= self.progress_timeout {
+                            return Ended::Failure(format!(
+                                "no token generated for {:.0}s while {} requests ran (PROGRESS_TIMEOUT)",
+                                progress_at.elapsed().as_secs_f64(),
+                                p.running
+                            ));
                         }
                     }
                 }
             }
         }
-    }
-
-    /// MemAvailable of the head (MEMINFO_PATH) and, for a worker over SSH, the worker.
-    async fn sample_memory(&self) -> Vec<NodeMemory> {
-        let mut out = vec![NodeMemory {
-            node: "head",
-            mem_available_gib: crate::preflight::mem_available_gib(&self.meminfo),
-        }];
-        if let Some(link) = self.backend.worker() {
-            if let Ok(node) = link.node().await {
-                out.push(NodeMemory {
-                    node: "worker",
-                    mem_available_gib: node.mem_available_gib(&self.meminfo).await,
-                });
-            }
-        }
-        out
     }
 
     /// Kills every rank of the current epoch and waits until they are gone.

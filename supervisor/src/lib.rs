@@ -15,6 +15,7 @@ mod probe;
 mod process;
 mod rank;
 mod remote;
+mod sampler;
 mod status;
 
 use sparkgate_config::{Config, Runtime};

@@ -514,10 +514,20 @@ fn a_remote_worker_runs_its_rank_over_ssh() {
         "the remote rank's output is captured: {log1}"
     );
     // The remote rank dying restarts the group, the worker rank again over SSH.
+    let killed = Instant::now();
     sparkgate_tests::hosts::kill_pid(worker_pid);
+    gw.wait_status("restart noticed", |s| s["supervisor"]["state"] != "ready");
+    eprintln!(
+        "process over SSH: group restart detected {:.3}s after the remote worker was killed",
+        killed.elapsed().as_secs_f64()
+    );
     let new = gw.wait_status("ready epoch 2", |s| {
         s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 2
     });
+    assert_eq!(
+        new["supervisor"]["last_restart"]["reason"],
+        "rank 1 exited (killed by a signal)"
+    );
     let worker_pid = pid_of(&new, 1);
     assert!(alive(worker_pid));
     assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");

@@ -1,0 +1,75 @@
+//! The watch loop's periodic checks — node memory, rank 0's `/health`, vLLM's progress counters —
+//! run in their own task, so a slow SSH command or HTTP answer never delays the actor's handling
+//! of a rank exit or an operator command.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sparkgate_docker::Node;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::probe::{Probe, Progress};
+use crate::status::NodeMemory;
+
+/// One round of checks, taken about every second.
+#[derive(Debug)]
+pub(crate) struct Sample {
+    pub(crate) memory: Vec<NodeMemory>,
+    pub(crate) healthy: bool,
+    /// Every fifth round (and only when `/metrics` answered).
+    pub(crate) progress: Option<Progress>,
+}
+
+/// The sampling task; stops when dropped.
+#[derive(Debug)]
+pub(crate) struct Sampler {
+    pub(crate) samples: mpsc::Receiver<Sample>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Sampler {
+    pub(crate) fn start(probe: Probe, meminfo: PathBuf, worker: Option<Node>) -> Sampler {
+        let (tx, samples) = mpsc::channel(1);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            for round in 1u64.. {
+                tick.tick().await;
+                let memory = sample_memory(&meminfo, worker.as_ref()).await;
+                let healthy = probe.healthy().await;
+                let progress = if round % 5 == 0 { probe.progress().await } else { None };
+                let sample = Sample {
+                    memory,
+                    healthy,
+                    progress,
+                };
+                if tx.send(sample).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Sampler { samples, task }
+    }
+}
+
+/// MemAvailable of the head (MEMINFO_PATH) and, for a worker over SSH, the worker.
+pub(crate) async fn sample_memory(meminfo: &std::path::Path, worker: Option<&Node>) -> Vec<NodeMemory> {
+    let mut out = vec![NodeMemory {
+        node: "head",
+        mem_available_gib: crate::preflight::mem_available_gib(meminfo),
+    }];
+    if let Some(node) = worker {
+        out.push(NodeMemory {
+            node: "worker",
+            mem_available_gib: node.mem_available_gib(meminfo).await,
+        });
+    }
+    out
+}
