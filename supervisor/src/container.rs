@@ -38,12 +38,7 @@ impl RankContainer {
         events: mpsc::UnboundedSender<Event>,
         adopt: Option<String>,
     ) -> Result<RankContainer, SupervisorError> {
-        if let Some(dir) = log.parent() {
-            std::fs::create_dir_all(dir).map_err(|source| SupervisorError::LogDir {
-                path: dir.to_path_buf(),
-                source,
-            })?;
-        }
+        crate::logsink::create_parent(log)?;
         let adopted = adopt.is_some();
         let id = match adopt {
             Some(id) => id,

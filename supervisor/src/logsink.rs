@@ -9,6 +9,17 @@ use std::time::Instant;
 
 const TAIL_LINES: usize = 200;
 
+/// Creates the epoch directory a rank's log file goes in.
+pub(crate) fn create_parent(log: &std::path::Path) -> Result<(), crate::error::SupervisorError> {
+    match log.parent() {
+        Some(dir) => std::fs::create_dir_all(dir).map_err(|source| crate::error::SupervisorError::LogDir {
+            path: dir.to_path_buf(),
+            source,
+        }),
+        None => Ok(()),
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct LogSink {
     started: Instant,

@@ -36,12 +36,7 @@ impl RankProc {
         log: &Path,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<RankProc, SupervisorError> {
-        if let Some(dir) = log.parent() {
-            std::fs::create_dir_all(dir).map_err(|source| SupervisorError::LogDir {
-                path: dir.to_path_buf(),
-                source,
-            })?;
-        }
+        crate::logsink::create_parent(log)?;
         let mut cmd = tokio::process::Command::new(bin);
         cmd.args(plan.vllm_argv())
             .stdin(Stdio::null())

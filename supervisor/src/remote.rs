@@ -37,12 +37,7 @@ impl RankRemote {
         log: &Path,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<RankRemote, SupervisorError> {
-        if let Some(dir) = log.parent() {
-            std::fs::create_dir_all(dir).map_err(|source| SupervisorError::LogDir {
-                path: dir.to_path_buf(),
-                source,
-            })?;
-        }
+        crate::logsink::create_parent(log)?;
         let env: Vec<(String, String)> = plan
             .container
             .env
