@@ -16,6 +16,7 @@ mod process;
 mod rank;
 mod remote;
 mod sampler;
+pub mod spec_policy;
 mod status;
 
 use sparkgate_config::{Config, Runtime};

@@ -4,3 +4,4 @@
 pub mod harness;
 pub mod hosts;
 pub mod sim;
+pub mod spec_eval;
