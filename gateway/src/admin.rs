@@ -25,6 +25,9 @@ pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
             let status = rx.borrow_and_update().clone();
             match &status.state {
                 GroupState::Ready { .. } => {
+                    // A mode switch changes the concurrency limit with the group.
+                    control.admission().set_capacity(status.max_num_seqs);
+                    control.set_mode(&status.mode);
                     control.set_upstream(UpstreamState::Ready);
                     control.admission().resume();
                 }
@@ -75,14 +78,14 @@ pub(crate) async fn status(State(app): State<Shared>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
-/// Drains (admission paused, in-flight requests finish within DRAIN_TIMEOUT), then restarts the
-/// group; `?force=1` restarts at once. Answers 202 immediately.
-pub(crate) async fn restart(
-    State(app): State<Shared>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Result<Response, GatewayError> {
-    let sup = supervisor(&app)?.clone();
-    let force = q.get("force").is_some_and(|v| v == "1" || v == "true");
+/// Drains (admission paused, in-flight requests finish within DRAIN_TIMEOUT, or at once when
+/// `force`), then hands the supervisor to `then` — in the background; the caller answers 202.
+fn drain_then(
+    app: &Shared,
+    force: bool,
+    then: impl FnOnce(&SupervisorHandle) + Send + 'static,
+) -> Result<Duration, GatewayError> {
+    let sup = supervisor(app)?.clone();
     let drain = if force { Duration::ZERO } else { app.drain_timeout };
     let control = app.control.clone();
     tokio::spawn(async move {
@@ -98,15 +101,101 @@ pub(crate) async fn restart(
                 "drain timeout: restarting with requests still running (they end with an error)"
             );
         }
+        then(&sup);
+    });
+    Ok(drain)
+}
+
+fn forced(q: &HashMap<String, String>) -> bool {
+    q.get("force").is_some_and(|v| v == "1" || v == "true")
+}
+
+/// Drains, then restarts the group; `?force=1` restarts at once. Answers 202 immediately.
+pub(crate) async fn restart(
+    State(app): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, GatewayError> {
+    let force = forced(&q);
+    let drain = drain_then(&app, force, move |sup| {
         sup.restart(if force {
             "operator restart (forced)"
         } else {
             "operator restart"
-        });
-    });
+        })
+    })?;
     Ok(accepted(
         json!({"restarting": true, "drain_timeout_s": drain.as_secs_f64()}),
     ))
+}
+
+/// `GET /admin/spec`: the active mode, the policy and every mode's limit and throughput table.
+pub(crate) async fn spec(State(app): State<Shared>) -> Response {
+    let body = json!({
+        "mode": app.control.mode(),
+        "policy": "fixed",
+        "modes": app.spec_modes.iter().map(|m| json!({
+            "mode": m.method.as_str(),
+            "num_speculative_tokens": m.num_speculative_tokens,
+            "max_num_seqs": m.max_num_seqs,
+            "throughput": m.throughput,
+        })).collect::<Vec<_>>(),
+    });
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// `POST /admin/spec {"mode": M}`: drains, then restarts the group into mode M with M's
+/// MAX_NUM_SEQS (`?force=1` skips the drain). 200 when M is already active, 202 when switching.
+pub(crate) async fn set_spec(
+    State(app): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+    body: bytes::Bytes,
+) -> Result<Response, GatewayError> {
+    let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+        GatewayError::bad_request(
+            format!("the body must be JSON like {{\"mode\": \"none\"}}: {e}"),
+            "body",
+        )
+    })?;
+    match v.get("policy").and_then(|p| p.as_str()) {
+        None | Some("fixed") => {}
+        Some(other) => {
+            return Err(GatewayError::bad_request(
+                format!("policy {other:?} is not available; this gateway runs the fixed policy"),
+                "policy",
+            ))
+        }
+    }
+    let names: Vec<&str> = app.spec_modes.iter().map(|m| m.method.as_str()).collect();
+    let Some(wanted) = v.get("mode").and_then(|m| m.as_str()) else {
+        return Err(GatewayError::bad_request(
+            format!("\"mode\" is required: one of {}", names.join(", ")),
+            "mode",
+        ));
+    };
+    let Some(mode) = app.spec_modes.iter().find(|m| m.method.as_str() == wanted) else {
+        return Err(GatewayError::bad_request(
+            format!(
+                "mode {wanted:?} is not a mode of this profile: one of {}",
+                names.join(", ")
+            ),
+            "mode",
+        ));
+    };
+    supervisor(&app)?;
+    if app.control.mode() == wanted {
+        let body = json!({"mode": wanted, "switching": false});
+        return Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response());
+    }
+    let (method, seqs) = (mode.method, mode.max_num_seqs);
+    let drain = drain_then(&app, forced(&q), move |sup| {
+        sup.switch_mode(method, format!("operator switch to speculation mode {method}"))
+    })?;
+    Ok(accepted(json!({
+        "mode": wanted,
+        "switching": true,
+        "max_num_seqs": seqs,
+        "drain_timeout_s": drain.as_secs_f64(),
+    })))
 }
 
 pub(crate) async fn stop(State(app): State<Shared>) -> Result<Response, GatewayError> {

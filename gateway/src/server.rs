@@ -48,6 +48,8 @@ pub(crate) struct App {
     request_timeout: Duration,
     max_body: usize,
     profile: String,
+    /// The profile's speculation modes (what `/admin/spec` may switch to).
+    pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -74,6 +76,7 @@ impl App {
             request_timeout: g.request_timeout,
             max_body: g.max_body_bytes,
             profile: config.profile.to_string(),
+            spec_modes: config.speculation.modes.clone(),
         })
     }
 }
@@ -104,6 +107,7 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/admin/stop", post(admin::stop))
         .route("/admin/start", post(admin::start))
         .route("/admin/logs", get(admin::logs))
+        .route("/admin/spec", get(admin::spec).post(admin::set_spec))
         .fallback(|req: Request| async move { GatewayError::NotFound(req.uri().path().to_owned()) })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(app.clone(), edge::rate_limit))

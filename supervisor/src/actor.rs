@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sparkgate_config::{labels, Config, LaunchPlan};
+use sparkgate_config::{labels, Config, LaunchPlan, SpecMethod};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::backoff::Backoff;
@@ -26,7 +26,11 @@ pub(crate) enum Event {
 /// What operators ask for.
 #[derive(Debug)]
 pub(crate) enum Command {
-    Restart { reason: String },
+    /// Restart the group; with `mode`, into that speculation mode (its plan and MAX_NUM_SEQS).
+    Restart {
+        reason: String,
+        mode: Option<SpecMethod>,
+    },
     Stop,
     Start,
     Shutdown(oneshot::Sender<()>),
@@ -44,6 +48,9 @@ pub(crate) struct Actor {
     backend: Backend,
     group: String,
     plan: LaunchPlan,
+    /// Every mode of the profile with its plan and MAX_NUM_SEQS, for mode switches.
+    plans: Vec<(SpecMethod, LaunchPlan, u32)>,
+    max_num_seqs: u32,
     log_dir: PathBuf,
     ready_timeout: Duration,
     hang: Duration,
@@ -94,6 +101,13 @@ impl Actor {
             backend,
             group: config.group_name(),
             plan: config.plan(),
+            plans: config
+                .speculation
+                .modes
+                .iter()
+                .map(|m| (m.method, config.plan_for(m.method), m.max_num_seqs))
+                .collect(),
+            max_num_seqs: config.speculation.active_mode().max_num_seqs,
             log_dir: s.log_dir.clone(),
             ready_timeout: s.ready_timeout,
             hang: s.hang,
@@ -123,6 +137,7 @@ impl Actor {
             state: self.state.clone(),
             epoch: self.epoch,
             mode: self.mode.clone(),
+            max_num_seqs: self.max_num_seqs,
             runtime: self.backend.name(),
             ranks: self.ranks.iter().map(Rank::status).collect(),
             restarts: self.restarts,
@@ -148,7 +163,14 @@ impl Actor {
                     self.set(GroupState::Stopped);
                 }
                 match self.cmd_rx.recv().await {
-                    Some(Command::Start) | Some(Command::Restart { .. }) => {
+                    Some(Command::Start) => {
+                        want_running = true;
+                        self.backoff.healthy_for(Duration::MAX);
+                    }
+                    Some(Command::Restart { mode, .. }) => {
+                        if let Some(m) = mode {
+                            self.switch_plan(m);
+                        }
                         want_running = true;
                         self.backoff.healthy_for(Duration::MAX);
                     }
@@ -182,7 +204,7 @@ impl Actor {
             let noticed = Instant::now();
             // Publish first: the gateway holds new and queued requests before the ranks go down.
             match &ended {
-                Ended::Failure(reason) | Ended::Asked(Command::Restart { reason }) => {
+                Ended::Failure(reason) | Ended::Asked(Command::Restart { reason, .. }) => {
                     self.set(GroupState::Restarting {
                         reason: reason.clone(),
                         retry_in_s: 0.0,
@@ -227,7 +249,10 @@ impl Actor {
                         }
                     }
                 }
-                Ended::Asked(Command::Restart { reason }) => {
+                Ended::Asked(Command::Restart { reason, mode }) => {
+                    if let Some(m) = mode {
+                        self.switch_plan(m);
+                    }
                     self.restarts += 1;
                     self.last_restart = Some(LastRestart {
                         reason: reason.clone(),
@@ -243,6 +268,16 @@ impl Actor {
                 Ended::Asked(Command::Stop) => want_running = false,
                 Ended::Asked(Command::Shutdown(reply)) => return self.finish(Some(reply)).await,
             }
+        }
+    }
+
+    /// The next start runs `mode`'s plan (the handle checked the profile has it).
+    fn switch_plan(&mut self, mode: SpecMethod) {
+        if let Some((m, plan, seqs)) = self.plans.iter().find(|(m, ..)| *m == mode) {
+            tracing::info!(mode = %m, max_num_seqs = seqs, "switching speculation mode");
+            self.plan = plan.clone();
+            self.mode = m.to_string();
+            self.max_num_seqs = *seqs;
         }
     }
 
@@ -457,6 +492,19 @@ impl Actor {
             .filter_map(|(_, _, c)| c.labels.get(labels::EPOCH)?.parse::<u64>().ok())
             .max()
             .unwrap_or(0);
+        // A group an operator (or the policy) switched to another mode is that mode's plan.
+        let running_hash = found
+            .iter()
+            .find(|(r, _, c)| *r == 0 && c.labels.get(labels::EPOCH) == Some(&epoch.to_string()))
+            .and_then(|(_, _, c)| c.labels.get(labels::CONFIG_HASH).cloned());
+        if let Some(mode) = self
+            .plans
+            .iter()
+            .find(|(_, p, _)| Some(&p.config_hash) == running_hash.as_ref())
+            .map(|(m, ..)| *m)
+        {
+            self.switch_plan(mode);
+        }
         let of_plan = |rank: u32| {
             found.iter().find(|(r, _, c)| {
                 *r == rank

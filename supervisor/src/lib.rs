@@ -127,6 +127,7 @@ impl SupervisorHandle {
             state: GroupState::Stopped,
             epoch: 0,
             mode: config.speculation.active.to_string(),
+            max_num_seqs: config.speculation.active_mode().max_num_seqs,
             runtime: backend.name(),
             ranks: Vec::new(),
             restarts: 0,
@@ -152,7 +153,19 @@ impl SupervisorHandle {
 
     /// Stops the group and starts it again with a new epoch.
     pub fn restart(&self, reason: impl Into<String>) {
-        let _ = self.cmd.send(actor::Command::Restart { reason: reason.into() });
+        let _ = self.cmd.send(actor::Command::Restart {
+            reason: reason.into(),
+            mode: None,
+        });
+    }
+
+    /// Restarts the group into `mode` (the caller drains first). The mode must be one of the
+    /// profile's (`Config::speculation.modes`); others are ignored by the actor.
+    pub fn switch_mode(&self, mode: sparkgate_config::SpecMethod, reason: impl Into<String>) {
+        let _ = self.cmd.send(actor::Command::Restart {
+            reason: reason.into(),
+            mode: Some(mode),
+        });
     }
 
     pub fn stop(&self) {

@@ -46,6 +46,8 @@ pub struct Status {
     pub state: GroupState,
     pub epoch: u64,
     pub mode: String,
+    /// The concurrency limit of `mode` (what the gateway admits).
+    pub max_num_seqs: u32,
     pub runtime: &'static str,
     pub ranks: Vec<RankStatus>,
     pub restarts: u32,

@@ -30,7 +30,14 @@ fn base(config: &Config, target: &Target) -> String {
 }
 
 /// Sends one admin request; streams the body to stdout when `stream` is set.
-fn call(config: &Config, target: &Target, method: &str, path: &str, stream: bool) -> anyhow::Result<(u16, Vec<u8>)> {
+fn call(
+    config: &Config,
+    target: &Target,
+    method: &str,
+    path: &str,
+    body: Bytes,
+    stream: bool,
+) -> anyhow::Result<(u16, Vec<u8>)> {
     let url = format!("{}{path}", base(config, target));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
@@ -40,8 +47,11 @@ fn call(config: &Config, target: &Target, method: &str, path: &str, stream: bool
         if let Some(t) = &config.secrets.admin_token {
             req = req.header("authorization", format!("Bearer {}", t.expose()));
         }
+        if !body.is_empty() {
+            req = req.header("content-type", "application/json");
+        }
         let resp = client
-            .request(req.body(Full::new(Bytes::new()))?)
+            .request(req.body(Full::new(body))?)
             .await
             .map_err(|e| anyhow::anyhow!("no sparkgate answers at {url} ({e}); is `sparkgate serve` running?"))?;
         let status = resp.status().as_u16();
@@ -78,12 +88,48 @@ fn report(status: u16, body: &[u8]) -> ExitCode {
 }
 
 pub(super) fn post(config: &Config, target: &Target, path: &str) -> anyhow::Result<ExitCode> {
-    let (status, body) = call(config, target, "POST", path, false)?;
+    let (status, body) = call(config, target, "POST", path, Bytes::new(), false)?;
+    Ok(report(status, &body))
+}
+
+/// `sparkgate spec`: the active mode and the profile's modes; `sparkgate spec MODE`: drain, then
+/// restart into MODE.
+pub(super) fn spec(config: &Config, target: &Target, mode: Option<&str>, force: bool) -> anyhow::Result<ExitCode> {
+    let Some(mode) = mode else {
+        let (status, body) = call(config, target, "GET", "/admin/spec", Bytes::new(), false)?;
+        if status >= 300 {
+            return Ok(report(status, &body));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&body)?;
+        println!(
+            "mode      {} (policy {})",
+            v["mode"].as_str().unwrap_or("?"),
+            v["policy"].as_str().unwrap_or("?")
+        );
+        for m in v["modes"].as_array().into_iter().flatten() {
+            let table: Vec<String> = m["throughput"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| format!("×{} {}", p["width"], p["tokens_per_s"]))
+                .collect();
+            println!(
+                "  {:<7} max_num_seqs {}  tokens/s {}",
+                m["mode"].as_str().unwrap_or("?"),
+                m["max_num_seqs"],
+                table.join(", ")
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let path = if force { "/admin/spec?force=1" } else { "/admin/spec" };
+    let body = Bytes::from(serde_json::json!({ "mode": mode }).to_string());
+    let (status, body) = call(config, target, "POST", path, body, false)?;
     Ok(report(status, &body))
 }
 
 pub(super) fn status(config: &Config, target: &Target, json: bool) -> anyhow::Result<ExitCode> {
-    let (status, body) = call(config, target, "GET", "/admin/status", false)?;
+    let (status, body) = call(config, target, "GET", "/admin/status", Bytes::new(), false)?;
     if json || status >= 300 {
         return Ok(report(status, &body));
     }
@@ -145,7 +191,7 @@ pub(super) fn logs(
         "/admin/logs?rank={rank}&tail={tail}{}",
         if follow { "&follow=1" } else { "" }
     );
-    let (status, body) = call(config, target, "GET", &path, true)?;
+    let (status, body) = call(config, target, "GET", &path, Bytes::new(), true)?;
     if status >= 300 {
         return Ok(report(status, &body));
     }

@@ -74,6 +74,16 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Show the speculation mode and the profile's modes; with MODE, drain and restart into it
+    /// (its own MAX_NUM_SEQS; --force: no drain).
+    Spec {
+        #[command(flatten)]
+        target: admin::Target,
+        /// dspark, dflash, mtp or none (the profile's modes).
+        mode: Option<String>,
+        #[arg(long)]
+        force: bool,
+    },
     /// Stop the rank group (the gateway keeps answering, with 503).
     Stop {
         #[command(flatten)]
@@ -165,6 +175,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
             )
         }
+        Command::Spec { target, mode, force } => return admin::spec(&config, &target, mode.as_deref(), force),
         Command::Stop { target } => return admin::post(&config, &target, "/admin/stop"),
         Command::Start { target } => return admin::post(&config, &target, "/admin/start"),
         Command::Logs {
