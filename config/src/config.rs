@@ -165,6 +165,21 @@ pub struct Speculation {
     pub modes: Vec<SpecMode>,
     /// DFlash2 draft model (glm).
     pub dflash: Option<DflashDraft>,
+    /// SPEC_POLICY=auto: the gateway switches modes by demand width.
+    pub policy_auto: bool,
+    /// The auto policy's settings (also used when an operator turns auto on at run time).
+    pub auto: AutoSpec,
+}
+
+/// The auto policy's settings (SPEC_RESTART_S, SPEC_MIN_DWELL_S, SPEC_HOLD_S, SPEC_MARGIN,
+/// SPEC_RATE_TAU_S).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoSpec {
+    pub restart_s: f64,
+    pub min_dwell_s: f64,
+    pub hold_s: f64,
+    pub margin: f64,
+    pub rate_tau_s: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -203,6 +203,13 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("DFLASH_MODEL_DIR", Speculation, NA, D("the draft model's snapshot in the container's HF cache"), "In-container draft model path."),
     k("DFLASH_DRAFT_TP", Speculation, NA, V("1"), "`draft_tensor_parallel_size`; empty inherits TP. guide: 1 (launcher 2)."),
     k("MTP_TOKENS", Speculation, NA, V("2"), "MTP draft tokens, 0..8; 0 runs without a speculative config."),
+    k("SPEC_POLICY", Speculation, V("fixed"), V("fixed"),
+      "fixed: keep SPEC_METHOD; auto: restart into the mode whose throughput table serves the demand width best, when the expected gain outweighs the restart (see README)."),
+    k("SPEC_RESTART_S", Speculation, V("300"), V("300"), "Seconds a mode switch costs (drain + reload + ready) as the auto policy prices it."),
+    k("SPEC_MIN_DWELL_S", Speculation, V("600"), V("600"), "Minimum seconds between two automatic switches."),
+    k("SPEC_HOLD_S", Speculation, V("60"), V("60"), "Seconds another mode must stay best before auto considers switching to it."),
+    k("SPEC_MARGIN", Speculation, V("1.5"), V("1.5"), "How many times the restart's cost the expected gain must reach."),
+    k("SPEC_RATE_TAU_S", Speculation, V("300"), V("300"), "Time constant (s) of the per-mode rate averages over sampled demand width."),
     // === Runtime (rank environment) ===
     env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", ""),
     env("TORCH_CUDA_ARCH_LIST", "12.1a", ""),

@@ -19,8 +19,8 @@ mod source;
 mod spec;
 
 pub use config::{
-    Config, Containers, DflashDraft, Gateway, HostNccl, LoadOptions, Nic, Nodes, Ports, RankEnvValue, Runtime, Secrets,
-    Serving, Setting, Speculation, SshSettings, Storage, Supervision, WeightSync, Weights,
+    AutoSpec, Config, Containers, DflashDraft, Gateway, HostNccl, LoadOptions, Nic, Nodes, Ports, RankEnvValue,
+    Runtime, Secrets, Serving, Setting, Speculation, SshSettings, Storage, Supervision, WeightSync, Weights,
 };
 pub use error::{ConfigError, InvalidValue};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};

@@ -21,8 +21,19 @@ use crate::state::{GatewayControl, UpstreamState};
 pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
     let mut rx = supervisor.subscribe();
     tokio::spawn(async move {
+        // Applied only when the state changes: the supervisor republishes the same state every
+        // second (memory samples), and re-applying Ready would undo an operator drain's pause.
+        let mut applied = None;
         loop {
             let status = rx.borrow_and_update().clone();
+            let key = (status.state.clone(), status.mode.clone(), status.max_num_seqs);
+            if applied.as_ref() == Some(&key) {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            applied = Some(key);
             match &status.state {
                 GroupState::Ready { .. } => {
                     // A mode switch changes the concurrency limit with the group.
@@ -128,11 +139,23 @@ pub(crate) async fn restart(
     ))
 }
 
-/// `GET /admin/spec`: the active mode, the policy and every mode's limit and throughput table.
+/// The auto policy's switch: drain, then restart into `mode`.
+pub(crate) fn auto_switch(app: &Shared, mode: sparkgate_config::SpecMethod) {
+    let reason = format!("speculation policy auto: switching to {mode}");
+    if let Err(e) = drain_then(app, false, move |sup| sup.switch_mode(mode, reason)) {
+        tracing::error!(error = %e, "the speculation policy cannot switch");
+    }
+}
+
+/// `GET /admin/spec`: the active mode, the policy (with its settings and last decisions) and
+/// every mode's limit and throughput table.
 pub(crate) async fn spec(State(app): State<Shared>) -> Response {
+    let p = &app.spec_policy;
     let body = json!({
         "mode": app.control.mode(),
-        "policy": "fixed",
+        "policy": if p.is_auto() { "auto" } else { "fixed" },
+        "settings": p.settings(),
+        "decisions": p.decisions(),
         "modes": app.spec_modes.iter().map(|m| json!({
             "mode": m.method.as_str(),
             "num_speculative_tokens": m.num_speculative_tokens,
@@ -143,8 +166,10 @@ pub(crate) async fn spec(State(app): State<Shared>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
-/// `POST /admin/spec {"mode": M}`: drains, then restarts the group into mode M with M's
-/// MAX_NUM_SEQS (`?force=1` skips the drain). 200 when M is already active, 202 when switching.
+/// `POST /admin/spec {"mode": M}`: pins mode M (the policy becomes `fixed`), drains, then
+/// restarts the group into M with M's MAX_NUM_SEQS (`?force=1` skips the drain); 200 when M is
+/// already active, 202 when switching. `{"policy": "auto"}` releases the pin; `"fixed"` keeps the
+/// current mode.
 pub(crate) async fn set_spec(
     State(app): State<Shared>,
     Query(q): Query<HashMap<String, String>>,
@@ -156,16 +181,35 @@ pub(crate) async fn set_spec(
             "body",
         )
     })?;
-    match v.get("policy").and_then(|p| p.as_str()) {
-        None | Some("fixed") => {}
-        Some(other) => {
-            return Err(GatewayError::bad_request(
-                format!("policy {other:?} is not available; this gateway runs the fixed policy"),
-                "policy",
-            ))
+    let policy = match v.get("policy") {
+        None => None,
+        Some(p) => match p.as_str() {
+            Some("auto") => Some(true),
+            Some("fixed") => Some(false),
+            _ => {
+                return Err(GatewayError::bad_request(
+                    format!("policy must be \"fixed\" or \"auto\", not {p}"),
+                    "policy",
+                ))
+            }
+        },
+    };
+    let names: Vec<&str> = app.spec_modes.iter().map(|m| m.method.as_str()).collect();
+    if v.get("mode").is_none() {
+        if let Some(auto) = policy {
+            supervisor(&app)?;
+            app.spec_policy.set_auto(auto);
+            tracing::info!(auto, "speculation policy set by an operator");
+            let body = json!({"mode": app.control.mode(), "policy": if auto { "auto" } else { "fixed" }});
+            return Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response());
         }
     }
-    let names: Vec<&str> = app.spec_modes.iter().map(|m| m.method.as_str()).collect();
+    if policy == Some(true) {
+        return Err(GatewayError::bad_request(
+            "a mode pins the policy to fixed; send {\"policy\": \"auto\"} alone to release it",
+            "policy",
+        ));
+    }
     let Some(wanted) = v.get("mode").and_then(|m| m.as_str()) else {
         return Err(GatewayError::bad_request(
             format!("\"mode\" is required: one of {}", names.join(", ")),
@@ -182,6 +226,7 @@ pub(crate) async fn set_spec(
         ));
     };
     supervisor(&app)?;
+    app.spec_policy.set_auto(false);
     if app.control.mode() == wanted {
         let body = json!({"mode": wanted, "switching": false});
         return Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response());

@@ -12,6 +12,7 @@ mod normalize;
 mod observe;
 mod relay;
 mod server;
+mod spec;
 mod state;
 mod upstream;
 

@@ -50,6 +50,7 @@ pub(crate) struct App {
     profile: String,
     /// The profile's speculation modes (what `/admin/spec` may switch to).
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
+    pub(crate) spec_policy: Arc<crate::spec::SpecPolicy>,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -77,6 +78,7 @@ impl App {
             max_body: g.max_body_bytes,
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
+            spec_policy: crate::spec::SpecPolicy::new(&config.speculation),
         })
     }
 }
@@ -491,7 +493,19 @@ pub async fn serve(
         None => {
             tokio::spawn(probe_upstream(app.clone()));
         }
-        Some(h) => admin::mirror(control, h),
+        Some(h) => {
+            admin::mirror(control.clone(), h.clone());
+            let (for_switch, demand) = (app.clone(), control.clone());
+            crate::spec::run(
+                app.spec_policy.clone(),
+                h,
+                move || {
+                    let s = demand.snapshot();
+                    s.in_use + s.queued as u32
+                },
+                move |mode| admin::auto_switch(&for_switch, mode),
+            );
+        }
     }
     if let Some(l) = app.limiter.clone() {
         tokio::spawn(async move {

@@ -478,7 +478,21 @@ impl Builder<'_> {
             model_dir: self.non_empty("DFLASH_MODEL_DIR"),
             draft_tensor_parallel_size: self.opt_int("DFLASH_DRAFT_TP", 1..=serving.tp.max(1)),
         });
-        Speculation { active, modes, dflash }
+        let policy_auto = self.one_of("SPEC_POLICY", &["fixed", "auto"]) == "auto";
+        let auto = AutoSpec {
+            restart_s: self.float("SPEC_RESTART_S", 0.0, 86_400.0),
+            min_dwell_s: self.float("SPEC_MIN_DWELL_S", 0.0, 86_400.0),
+            hold_s: self.float("SPEC_HOLD_S", 0.0, 86_400.0),
+            margin: self.float("SPEC_MARGIN", 0.0, 1000.0),
+            rate_tau_s: self.float("SPEC_RATE_TAU_S", 0.0, 86_400.0),
+        };
+        Speculation {
+            active,
+            modes,
+            dflash,
+            policy_auto,
+            auto,
+        }
     }
 
     /// The guides' hard constraints that are not plain ranges.

@@ -1,0 +1,132 @@
+//! The speculation policy at work: every second the demand width (admission in flight + queued)
+//! goes to `sparkgate_supervisor::spec_policy::AutoPolicy`; a switch it takes drains and
+//! restarts the group into the chosen mode. Decisions (taken or declined) are logged, kept for
+//! `/admin/spec` and counted in metrics. An operator's mode pin turns `auto` off until released.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sparkgate_config::{SpecMethod, Speculation};
+use sparkgate_supervisor::spec_policy::{AutoPolicy, Decision, ModeRates, PolicySettings};
+use sparkgate_supervisor::{GroupState, SupervisorHandle};
+
+const KEPT_DECISIONS: usize = 20;
+
+/// Shared between the policy task and `/admin/spec`.
+#[derive(Debug)]
+pub(crate) struct SpecPolicy {
+    auto: AtomicBool,
+    policy: Mutex<AutoPolicy>,
+    methods: Vec<SpecMethod>,
+    decisions: Mutex<VecDeque<Decision>>,
+    /// Set while a switch the policy asked for is draining or restarting.
+    switching: AtomicBool,
+}
+
+impl SpecPolicy {
+    pub(crate) fn new(spec: &Speculation) -> Arc<Self> {
+        let modes: Vec<ModeRates> = spec
+            .modes
+            .iter()
+            .map(|m| ModeRates {
+                name: m.method.as_str().to_owned(),
+                tokens_per_s: m.throughput.points().iter().map(|p| p.tokens_per_s).collect(),
+            })
+            .collect();
+        let current = spec.modes.iter().position(|m| m.method == spec.active).unwrap_or(0);
+        let a = &spec.auto;
+        let settings = PolicySettings {
+            restart_s: a.restart_s,
+            min_dwell_s: a.min_dwell_s,
+            hold_s: a.hold_s,
+            margin: a.margin,
+            rate_tau_s: a.rate_tau_s,
+            max_horizon_s: PolicySettings::for_restart(a.restart_s).max_horizon_s,
+        };
+        Arc::new(Self {
+            auto: AtomicBool::new(spec.policy_auto),
+            policy: Mutex::new(AutoPolicy::new(modes, current, settings, 0.0)),
+            methods: spec.modes.iter().map(|m| m.method).collect(),
+            decisions: Mutex::new(VecDeque::new()),
+            switching: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn is_auto(&self) -> bool {
+        self.auto.load(Ordering::SeqCst)
+    }
+
+    /// `auto` on (release) or off (pin).
+    pub(crate) fn set_auto(&self, on: bool) {
+        self.auto.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn decisions(&self) -> Vec<Decision> {
+        self.decisions.lock().expect("decisions lock").iter().cloned().collect()
+    }
+
+    pub(crate) fn settings(&self) -> PolicySettings {
+        self.policy.lock().expect("policy lock").settings().clone()
+    }
+
+    fn record(&self, d: Decision) {
+        tracing::info!(
+            from = %d.from, to = %d.to, width = d.width, gain_tokens = d.gain_tokens, cost_tokens = d.cost_tokens,
+            expected_s = d.expected_s, taken = d.taken, why = %d.why, "speculation policy decision"
+        );
+        metrics::counter!("sparkgate_spec_decisions_total", "to" => d.to.clone(), "taken" => d.taken.to_string())
+            .increment(1);
+        let mut q = self.decisions.lock().expect("decisions lock");
+        if q.len() == KEPT_DECISIONS {
+            q.pop_front();
+        }
+        q.push_back(d);
+    }
+}
+
+/// Runs the policy every second for the gateway's life; `switch` drains and restarts into a mode.
+pub(crate) fn run(
+    spec: Arc<SpecPolicy>,
+    supervisor: SupervisorHandle,
+    demand: impl Fn() -> u32 + Send + 'static,
+    switch: impl Fn(SpecMethod) + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let now = started.elapsed().as_secs_f64();
+            let status = supervisor.status();
+            if !matches!(status.state, GroupState::Ready { .. }) {
+                continue;
+            }
+            let decision = {
+                let mut policy = spec.policy.lock().expect("policy lock");
+                // The group runs whatever mode the supervisor says (a switch done, an operator pin).
+                if let Some(i) = spec.methods.iter().position(|m| m.as_str() == status.mode) {
+                    if i != policy.current() {
+                        policy.set_current(i, now);
+                        spec.switching.store(false, Ordering::SeqCst);
+                    }
+                }
+                metrics::gauge!("sparkgate_demand_width").set(f64::from(demand()));
+                if !spec.is_auto() || spec.switching.load(Ordering::SeqCst) {
+                    continue;
+                }
+                policy.observe(now, f64::from(demand()))
+            };
+            if let Some(d) = decision {
+                let target = spec.methods.iter().copied().find(|m| m.as_str() == d.to);
+                let taken = d.taken;
+                spec.record(d);
+                if let (true, Some(mode)) = (taken, target) {
+                    spec.switching.store(true, Ordering::SeqCst);
+                    switch(mode);
+                }
+            }
+        }
+    });
+}
