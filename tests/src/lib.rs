@@ -3,5 +3,6 @@
 
 pub mod harness;
 pub mod hosts;
+pub mod load;
 pub mod sim;
 pub mod spec_eval;

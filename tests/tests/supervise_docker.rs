@@ -502,3 +502,32 @@ fn status_reports_node_memory_and_stop_on_exit_stops_containers() {
         "STOP_RANKS_ON_EXIT=1 stops the ranks with the gateway"
     );
 }
+
+#[test]
+fn auto_speculation_switches_the_container_group_and_back() {
+    // Simulator containers paced at 4× the guides' speed; policy settings scaled to seconds.
+    let d = Deployment::new(
+        "deepseek-v4.1-flash",
+        "spec",
+        &[
+            ("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_SPEED=4"),
+            ("SPEC_POLICY", "auto"),
+            ("SPEC_RESTART_S", "0.5"),
+            ("SPEC_MIN_DWELL_S", "3"),
+            ("SPEC_HOLD_S", "1"),
+            ("SPEC_MARGIN", "1"),
+            ("SPEC_RATE_TAU_S", "2"),
+        ],
+    );
+    let gw = d.start("deepseek-v4.1-flash");
+    gw.wait_ready();
+    sparkgate_tests::load::assert_auto_round_trip(
+        &gw,
+        &json!({"model": d.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 80, "ignore_eos": true}),
+    );
+    let modes: Vec<String> = containers(&d.group)
+        .iter()
+        .map(|id| label(id, "sparkgate.mode"))
+        .collect();
+    assert_eq!(modes, ["dspark", "dspark"], "epoch 3 runs dspark again");
+}

@@ -1,0 +1,118 @@
+//! Closed-loop request load for end-to-end tests (clients that send one request after another
+//! until told to stop, keeping every answer), and the speculation round trip both runtimes' tests
+//! assert with it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::{post_json, request, Gateway};
+
+/// Running clients; each stops when its flag is set.
+#[derive(Debug)]
+pub struct Load {
+    stops: Vec<Arc<AtomicBool>>,
+    clients: Vec<JoinHandle<Vec<(u16, String)>>>,
+}
+
+impl Load {
+    /// `clients` threads, each posting `body` to `/v1/chat/completions` in a loop.
+    pub fn start(addr: SocketAddr, clients: usize, body: &Value) -> Load {
+        let stops: Vec<_> = (0..clients).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        let clients = stops
+            .iter()
+            .map(|stop| {
+                let (stop, body) = (stop.clone(), body.clone());
+                std::thread::spawn(move || {
+                    let mut answers = Vec::new();
+                    while !stop.load(Ordering::SeqCst) {
+                        let r = post_json(addr, "/v1/chat/completions", &body);
+                        answers.push((r.status, r.text()));
+                    }
+                    answers
+                })
+            })
+            .collect();
+        Load { stops, clients }
+    }
+
+    /// Stops all but the first `n` clients (their answers are kept for `finish`).
+    pub fn narrow_to(&self, n: usize) {
+        for stop in &self.stops[n..] {
+            stop.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Stops every client and returns every (status, body) they got.
+    pub fn finish(self) -> Vec<(u16, String)> {
+        for stop in &self.stops {
+            stop.store(true, Ordering::SeqCst);
+        }
+        self.clients
+            .into_iter()
+            .flat_map(|c| c.join().expect("client thread"))
+            .collect()
+    }
+}
+
+/// vLLM's running-request gauge on rank 0, read from the upstream the gateway proxies to.
+pub fn running_on_rank0(gw: &Gateway) -> f64 {
+    let url = gw.status()["upstream_url"].as_str().expect("upstream_url").to_owned();
+    let addr: SocketAddr = url.trim_start_matches("http://").parse().expect("upstream address");
+    let text = request(addr, "GET", "/metrics", &[], b"").text();
+    text.lines()
+        .filter(|l| l.starts_with("vllm:num_requests_running"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// With SPEC_POLICY=auto on the DeepSeek profile: four closed-loop clients switch dspark → none
+/// (capacity 4, four running on the rank), one client switches back to dspark (capacity 2),
+/// and every request of the run answers 200.
+pub fn assert_auto_round_trip(gw: &Gateway, body: &Value) {
+    let load = Load::start(gw.addr, 4, body);
+    let wide = gw.wait_status("switched to none", |s| {
+        s["supervisor"]["mode"] == "none" && s["supervisor"]["state"] == "ready" && s["admission"]["capacity"] == 4
+    });
+    assert_eq!(wide["supervisor"]["max_num_seqs"], 4);
+    let saw_four = (0..500).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        running_on_rank0(gw) >= 4.0
+    });
+    assert!(saw_four, "the simulator ran 4 requests at once in mode none");
+    let spec = request(gw.addr, "GET", "/admin/spec", &[], b"").json();
+    assert_eq!(spec["policy"], "auto");
+    let taken: Vec<&Value> = spec["decisions"]
+        .as_array()
+        .expect("decisions")
+        .iter()
+        .filter(|d| d["taken"] == true)
+        .collect();
+    assert_eq!(taken.len(), 1, "{spec}");
+    assert_eq!(taken[0]["to"], "none");
+    assert!(taken[0]["gain_tokens"].as_f64() >= taken[0]["cost_tokens"].as_f64());
+
+    load.narrow_to(1);
+    gw.wait_status("switched back to dspark", |s| {
+        s["supervisor"]["mode"] == "dspark" && s["supervisor"]["state"] == "ready" && s["admission"]["capacity"] == 2
+    });
+    let answers = load.finish();
+    assert!(answers.len() > 10, "{}", answers.len());
+    for (status, text) in &answers {
+        assert_eq!(*status, 200, "a request failed across the switches: {text}");
+    }
+    let metrics = request(gw.addr, "GET", "/metrics", &[], b"").text();
+    assert!(
+        metrics.contains("sparkgate_spec_decisions_total{to=\"none\",taken=\"true\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(
+        gw.status()["supervisor"]["epoch"],
+        3,
+        "two switches, nothing else restarted"
+    );
+}
