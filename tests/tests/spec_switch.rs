@@ -102,6 +102,21 @@ fn an_operator_switch_restarts_into_the_mode_with_its_capacity() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("mode      none (policy fixed)"), "{text}");
     assert!(text.contains("dspark  max_num_seqs 2"), "{text}");
+
+    // Release the pin: auto again, no restart by itself.
+    let released = request(gw.addr, "POST", "/admin/spec", &json_body, b"{\"policy\": \"auto\"}");
+    assert_eq!(released.status, 200, "{}", released.text());
+    assert_eq!(released.json()["policy"], "auto");
+    let spec = request(gw.addr, "GET", "/admin/spec", &[], b"").json();
+    assert_eq!(spec["policy"], "auto");
+    assert_eq!(spec["settings"]["min_dwell_s"], 600.0);
+    // Pinning again through a mode turns auto off.
+    let pinned = request(gw.addr, "POST", "/admin/spec", &json_body, b"{\"mode\": \"none\"}");
+    assert_eq!(pinned.status, 200);
+    assert_eq!(
+        request(gw.addr, "GET", "/admin/spec", &[], b"").json()["policy"],
+        "fixed"
+    );
 }
 
 #[test]
