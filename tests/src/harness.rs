@@ -142,7 +142,19 @@ impl Proc {
 }
 
 impl Drop for Proc {
+    /// SIGTERM first, so a supervising gateway stops its rank processes instead of orphaning
+    /// them; SIGKILL after 5 s.
     fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -65,12 +65,15 @@ impl Sshd {
             .port();
         let config = dir.path().join("sshd_config");
         let d = dir.path().display();
+        // SetEnv: a login shell whose rc file runs `pyenv rehash` (root's on these machines) would
+        // wait 60 s on the lock file that a session killed mid-rehash (the SSH-cut test) leaves.
         std::fs::write(
             &config,
             format!(
                 "Port {port}\nListenAddress 127.0.0.2\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\n\
                  PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
-                 StrictModes no\nAllowStreamLocalForwarding yes\nMaxSessions 64\nPidFile {d}/sshd.pid\n"
+                 StrictModes no\nAllowStreamLocalForwarding yes\nMaxSessions 64\nPidFile {d}/sshd.pid\n\
+                 SetEnv PYENV_REHASH_TIMEOUT=0\n"
             ),
         )
         .expect("sshd_config");

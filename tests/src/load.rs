@@ -59,6 +59,16 @@ impl Load {
     }
 }
 
+/// SPEC_POLICY=auto with its settings scaled from minutes to seconds (the rule is the same).
+pub const FAST_AUTO_POLICY: [(&str, &str); 6] = [
+    ("SPEC_POLICY", "auto"),
+    ("SPEC_RESTART_S", "0.5"),
+    ("SPEC_MIN_DWELL_S", "3"),
+    ("SPEC_HOLD_S", "1"),
+    ("SPEC_MARGIN", "1"),
+    ("SPEC_RATE_TAU_S", "2"),
+];
+
 /// vLLM's running-request gauge on rank 0, read from the upstream the gateway proxies to.
 pub fn running_on_rank0(gw: &Gateway) -> f64 {
     let url = gw.status()["upstream_url"].as_str().expect("upstream_url").to_owned();

@@ -122,22 +122,9 @@ fn an_operator_switch_restarts_into_the_mode_with_its_capacity() {
 #[test]
 fn auto_switches_to_none_under_wide_load_and_back_with_nothing_lost() {
     let logs = tempfile::tempdir().unwrap();
-    // Settings scaled down from minutes to seconds; the rule is the same.
-    let gw = Gateway::supervise(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[
-            ("SIM_SPEED", "1"),
-            ("SPEC_POLICY", "auto"),
-            ("SPEC_RESTART_S", "0.5"),
-            ("SPEC_MIN_DWELL_S", "3"),
-            ("SPEC_HOLD_S", "1"),
-            ("SPEC_MARGIN", "1"),
-            ("SPEC_RATE_TAU_S", "2"),
-        ],
-    );
+    let mut env = vec![("SIM_SPEED", "1")];
+    env.extend(sparkgate_tests::load::FAST_AUTO_POLICY);
+    let gw = Gateway::supervise(&sparkgate(), SIM, "deepseek-v4.1-flash", logs.path(), &env);
     sparkgate_tests::load::assert_auto_round_trip(
         &gw,
         &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "ignore_eos": true}),

@@ -506,19 +506,9 @@ fn status_reports_node_memory_and_stop_on_exit_stops_containers() {
 #[test]
 fn auto_speculation_switches_the_container_group_and_back() {
     // Simulator containers paced at 4× the guides' speed; policy settings scaled to seconds.
-    let d = Deployment::new(
-        "deepseek-v4.1-flash",
-        "spec",
-        &[
-            ("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_SPEED=4"),
-            ("SPEC_POLICY", "auto"),
-            ("SPEC_RESTART_S", "0.5"),
-            ("SPEC_MIN_DWELL_S", "3"),
-            ("SPEC_HOLD_S", "1"),
-            ("SPEC_MARGIN", "1"),
-            ("SPEC_RATE_TAU_S", "2"),
-        ],
-    );
+    let mut env = vec![("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_SPEED=4")];
+    env.extend(sparkgate_tests::load::FAST_AUTO_POLICY);
+    let d = Deployment::new("deepseek-v4.1-flash", "spec", &env);
     let gw = d.start("deepseek-v4.1-flash");
     gw.wait_ready();
     sparkgate_tests::load::assert_auto_round_trip(
