@@ -157,6 +157,9 @@ impl Node {
     }
 }
 
+/// How long a remote command may take to report its pid.
+const REMOTE_START_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// A process started on a node over SSH (RUNTIME=process with a remote worker).
 #[derive(Debug)]
 pub struct RemoteProcess {
@@ -205,9 +208,16 @@ impl Node {
         let stdout = child.stdout().take().ok_or_else(|| ssh_err("no stdout".into()))?;
         let stderr = child.stderr().take().ok_or_else(|| ssh_err("no stderr".into()))?;
         let mut out = tokio::io::BufReader::new(stdout).lines();
-        let first = out
-            .next_line()
+        // The pid line comes after the user's shell startup files ran; a blocking rc file must
+        // fail the start clearly rather than hang it.
+        let first = tokio::time::timeout(REMOTE_START_LIMIT, out.next_line())
             .await
+            .map_err(|_| {
+                ssh_err(format!(
+                    "{program} did not start within {} s (the worker's shell startup files may be blocking)",
+                    REMOTE_START_LIMIT.as_secs()
+                ))
+            })?
             .map_err(|e| ssh_err(e.to_string()))?
             .unwrap_or_default();
         let pid: u32 = first
