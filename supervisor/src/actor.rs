@@ -23,6 +23,24 @@ pub(crate) enum Event {
     RankExited { epoch: u64, rank: u32, status: String },
 }
 
+/// Watches a rank's exit, whatever runs it: when `status` resolves, the returned flag turns true
+/// (what the rank's `running` reads) and the exit is reported to the actor.
+pub(crate) fn watch_exit(
+    epoch: u64,
+    rank: u32,
+    events: mpsc::UnboundedSender<Event>,
+    status: impl std::future::Future<Output = String> + Send + 'static,
+) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let exited = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = exited.clone();
+    tokio::spawn(async move {
+        let status = status.await;
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = events.send(Event::RankExited { epoch, rank, status });
+    });
+    exited
+}
+
 /// What operators ask for.
 #[derive(Debug)]
 pub(crate) enum Command {

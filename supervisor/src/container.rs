@@ -12,7 +12,7 @@ use sparkgate_docker::Node;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use crate::actor::Event;
+use crate::actor::{watch_exit, Event};
 use crate::error::SupervisorError;
 use crate::logsink::LogSink;
 use crate::status::RankStatus;
@@ -73,13 +73,13 @@ impl RankContainer {
                 }
             }
         });
-        let exited = Arc::new(AtomicBool::new(false));
-        let (flag, waiter, wait_id, rank) = (exited.clone(), docker.clone(), id.clone(), plan.rank);
-        tokio::spawn(async move {
-            let status = waiter.wait_exit(&wait_id).await;
-            flag.store(true, Ordering::SeqCst);
-            let _ = events.send(Event::RankExited { epoch, rank, status });
-        });
+        let (waiter, wait_id) = (docker.clone(), id.clone());
+        let exited = watch_exit(
+            epoch,
+            plan.rank,
+            events,
+            async move { waiter.wait_exit(&wait_id).await },
+        );
         Ok(RankContainer {
             rank: plan.rank,
             node: plan.node,

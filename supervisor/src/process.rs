@@ -11,7 +11,7 @@ use sparkgate_config::{NodeRole, RankEnvValue, RankPlan};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::actor::Event;
+use crate::actor::{watch_exit, Event};
 use crate::error::SupervisorError;
 use crate::logsink::LogSink;
 use crate::status::RankStatus;
@@ -87,10 +87,8 @@ impl RankProc {
             }));
         }
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
-        let exited = Arc::new(AtomicBool::new(false));
-        let exited_flag = exited.clone();
         let rank = plan.rank;
-        tokio::spawn(async move {
+        let exited = watch_exit(epoch, rank, events, async move {
             let status = tokio::select! {
                 s = child.wait() => s,
                 _ = kill_rx => {
@@ -101,12 +99,10 @@ impl RankProc {
             for r in readers {
                 let _ = r.await;
             }
-            exited_flag.store(true, Ordering::SeqCst);
-            let status = match status {
+            match status {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("wait failed: {e}"),
-            };
-            let _ = events.send(Event::RankExited { epoch, rank, status });
+            }
         });
         Ok(RankProc {
             rank,

@@ -12,7 +12,7 @@ use sparkgate_docker::Node;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use crate::actor::Event;
+use crate::actor::{watch_exit, Event};
 use crate::error::SupervisorError;
 use crate::logsink::LogSink;
 use crate::status::RankStatus;
@@ -64,15 +64,12 @@ impl RankRemote {
                 lines.line(line);
             }
         });
-        let exited = Arc::new(AtomicBool::new(false));
-        let (flag, rank) = (exited.clone(), plan.rank);
-        tokio::spawn(async move {
-            let status = process.exit.await.unwrap_or_else(|_| "the SSH session ended".into());
-            flag.store(true, Ordering::SeqCst);
-            let _ = events.send(Event::RankExited { epoch, rank, status });
+        let exit = process.exit;
+        let exited = watch_exit(epoch, plan.rank, events, async move {
+            exit.await.unwrap_or_else(|_| "the SSH session ended".into())
         });
         Ok(RankRemote {
-            rank,
+            rank: plan.rank,
             node: plan.node,
             ssh: ssh.clone(),
             pid: process.pid,
