@@ -112,11 +112,12 @@ pub(crate) fn run(
                         spec.switching.store(false, Ordering::SeqCst);
                     }
                 }
-                metrics::gauge!("sparkgate_demand_width").set(f64::from(demand()));
+                let width = f64::from(demand());
+                metrics::gauge!("sparkgate_demand_width").set(width);
                 if !spec.is_auto() || spec.switching.load(Ordering::SeqCst) {
                     continue;
                 }
-                policy.observe(now, f64::from(demand()))
+                policy.observe(now, width)
             };
             if let Some(d) = decision {
                 let target = spec.methods.iter().copied().find(|m| m.as_str() == d.to);
