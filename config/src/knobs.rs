@@ -208,7 +208,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("SPEC_RESTART_S", Speculation, V("300"), V("300"), "Seconds a mode switch costs (drain + reload + ready) as the auto policy prices it."),
     k("SPEC_MIN_DWELL_S", Speculation, V("600"), V("600"), "Minimum seconds between two automatic switches."),
     k("SPEC_HOLD_S", Speculation, V("60"), V("60"), "Seconds another mode must stay best before auto considers switching to it."),
-    k("SPEC_MARGIN", Speculation, V("1.5"), V("1.5"), "How many times the restart's cost the expected gain must reach."),
+    k("SPEC_MARGIN", Speculation, V("1.0"), V("1.0"), "How many times the restart's cost the expected gain must reach (1 = break-even under the expected duration)."),
     k("SPEC_RATE_TAU_S", Speculation, V("300"), V("300"), "Time constant (s) of the per-mode rate averages over sampled demand width."),
     // === Runtime (rank environment) ===
     env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", ""),

@@ -28,4 +28,6 @@ pub use profile::{ProfileId, ReasoningFacts};
 pub use reference::{reference_markdown, settings_table};
 pub use secret::{Secret, REDACTED};
 pub use source::Source;
-pub use spec::{seeded_throughput, Basis, SpecMethod, SpecMode, ThroughputPoint, ThroughputTable};
+pub use spec::{
+    default_max_num_seqs, seeded_throughput, Basis, SpecMethod, SpecMode, ThroughputPoint, ThroughputTable,
+};

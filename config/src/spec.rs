@@ -288,6 +288,11 @@ pub fn seeded_throughput(profile: ProfileId, method: SpecMethod) -> Option<Throu
     mode_def(profile, method).map(|d| ThroughputTable::fill(d.known, TABLE_WIDTH))
 }
 
+/// The MAX_NUM_SEQS `method` runs with by default in `profile`, if the profile has that mode.
+pub fn default_max_num_seqs(profile: ProfileId, method: SpecMethod) -> Option<u32> {
+    mode_def(profile, method).map(|d| d.max_num_seqs)
+}
+
 pub(crate) fn mode_def(profile: ProfileId, method: SpecMethod) -> Option<&'static ModeDef> {
     mode_defs(profile).iter().find(|m| m.method == method)
 }

@@ -155,6 +155,7 @@ pub(crate) async fn spec(State(app): State<Shared>) -> Response {
         "mode": app.control.mode(),
         "policy": if p.is_auto() { "auto" } else { "fixed" },
         "settings": p.settings(),
+        "learned": p.learned(),
         "decisions": p.decisions(),
         "modes": app.spec_modes.iter().map(|m| json!({
             "mode": m.method.as_str(),

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use crate::admission::Permit;
 use crate::observe;
+use crate::state::GatewayControl;
 
 /// What a relay needs to know about its request.
 #[derive(Debug)]
@@ -28,6 +29,7 @@ pub(crate) struct RelayCtx {
     /// Held for its drop: the slot is free when the stream ends or the client leaves.
     pub(crate) _permit: Permit,
     pub(crate) mode: String,
+    pub(crate) control: GatewayControl,
     pub(crate) request_id: String,
     pub(crate) route: &'static str,
 }
@@ -245,7 +247,7 @@ impl Drop for Relay {
     fn drop(&mut self) {
         let outcome = if self.done { self.outcome } else { "client_disconnected" };
         if let Some(t) = self.tokens {
-            counter!(observe::TOKENS, "mode" => self.ctx.mode.clone()).increment(t);
+            self.ctx.control.count_tokens(&self.ctx.mode, t);
         }
         tracing::info!(
             request_id = %self.ctx.request_id,

@@ -315,6 +315,7 @@ async fn generate_inner(
             idle_timeout: app.idle_timeout,
             _permit: permit,
             mode: app.control.mode(),
+            control: app.control.clone(),
             request_id: request_id.to_owned(),
             route,
         };
@@ -351,7 +352,7 @@ async fn generate_inner(
         }
         if let Ok(UsageOnly { usage: Some(u) }) = serde_json::from_slice::<UsageOnly>(&bytes) {
             if let Some(t) = u.completion_tokens.or(u.output_tokens) {
-                counter!(observe::TOKENS, "mode" => app.control.mode()).increment(t);
+                app.control.count_tokens(&app.control.mode(), t);
             }
         }
     }
@@ -501,7 +502,7 @@ pub async fn serve(
                 h,
                 move || {
                     let s = demand.snapshot();
-                    s.in_use + s.queued as u32
+                    (s.in_use + s.queued as u32, demand.delivered_tokens())
                 },
                 move |mode| admin::auto_switch(&for_switch, mode),
             );

@@ -2,6 +2,8 @@
 //! goes to `sparkgate_supervisor::spec_policy::AutoPolicy`; a switch it takes drains and
 //! restarts the group into the chosen mode. Decisions (taken or declined) are logged, kept for
 //! `/admin/spec` and counted in metrics. An operator's mode pin turns `auto` off until released.
+//! Every second in a steady mode also teaches the policy the tokens delivered at that width, and
+//! every switch it asked for, how long the restart took (see `spec_policy`'s learning rule).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,6 +73,17 @@ impl SpecPolicy {
         self.policy.lock().expect("policy lock").settings().clone()
     }
 
+    /// What the policy learned: the machine-wide speed factor, the configured restart cost and
+    /// each mode's seeded, measured and used table.
+    pub(crate) fn learned(&self) -> serde_json::Value {
+        let p = self.policy.lock().expect("policy lock");
+        serde_json::json!({
+            "speed_factor": p.speed_factor(),
+            "configured_restart_s": p.configured_restart_s(),
+            "tables": p.tables(),
+        })
+    }
+
     fn record(&self, d: Decision) {
         tracing::info!(
             from = %d.from, to = %d.to, width = d.width, gain_tokens = d.gain_tokens, cost_tokens = d.cost_tokens,
@@ -86,35 +99,52 @@ impl SpecPolicy {
     }
 }
 
-/// Runs the policy every second for the gateway's life; `switch` drains and restarts into a mode.
+/// Runs the policy every second for the gateway's life. `demand` gives the demand width and the
+/// completion tokens delivered so far; `switch` drains and restarts into a mode.
 pub(crate) fn run(
     spec: Arc<SpecPolicy>,
     supervisor: SupervisorHandle,
-    demand: impl Fn() -> u32 + Send + 'static,
+    demand: impl Fn() -> (u32, u64) + Send + 'static,
     switch: impl Fn(SpecMethod) + Send + 'static,
 ) {
     tokio::spawn(async move {
         let started = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let (mut last_tokens, mut last_at) = (demand().1, 0.0);
+        // When the switch the policy asked for began.
+        let mut switch_began: Option<f64> = None;
         loop {
             tick.tick().await;
             let now = started.elapsed().as_secs_f64();
+            let (width, tokens) = demand();
+            let (delivered, seconds) = (tokens.saturating_sub(last_tokens), now - last_at);
+            (last_tokens, last_at) = (tokens, now);
             let status = supervisor.status();
             if !matches!(status.state, GroupState::Ready { .. }) {
                 continue;
             }
+            let width = f64::from(width);
+            metrics::gauge!("sparkgate_demand_width").set(width);
             let decision = {
                 let mut policy = spec.policy.lock().expect("policy lock");
                 // The group runs whatever mode the supervisor says (a switch done, an operator pin).
                 if let Some(i) = spec.methods.iter().position(|m| m.as_str() == status.mode) {
                     if i != policy.current() {
                         policy.set_current(i, now);
+                        if let Some(began) = switch_began.take() {
+                            policy.restart_measured(now - began);
+                        }
                         spec.switching.store(false, Ordering::SeqCst);
+                        // Tokens of the second the mode changed belong to neither mode cleanly.
+                        continue;
                     }
                 }
-                let width = f64::from(demand());
-                metrics::gauge!("sparkgate_demand_width").set(width);
-                if !spec.is_auto() || spec.switching.load(Ordering::SeqCst) {
+                if spec.switching.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let current = policy.current();
+                policy.learn(current, width, delivered as f64, seconds);
+                if !spec.is_auto() {
                     continue;
                 }
                 policy.observe(now, width)
@@ -125,6 +155,7 @@ pub(crate) fn run(
                 spec.record(d);
                 if let (true, Some(mode)) = (taken, target) {
                     spec.switching.store(true, Ordering::SeqCst);
+                    switch_began = Some(now);
                     switch(mode);
                 }
             }

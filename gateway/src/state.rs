@@ -1,13 +1,16 @@
 //! What the gateway knows about its upstream: whether rank 0 is ready, restarting or gone, the
 //! active speculation mode, and the admission controller — one cloneable `GatewayControl` the
-//! supervisor (or, in gateway-only mode, a health prober) drives.
+//! supervisor (or, in gateway-only mode, a health prober) drives — and the count of tokens the
+//! gateway delivered, which the speculation policy learns from.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::admission::{Admission, AdmissionSnapshot};
+use crate::observe;
 
 /// The upstream's condition as the gateway reports it on `/ready`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -30,6 +33,7 @@ struct Inner {
     upstream: RwLock<UpstreamState>,
     mode: RwLock<String>,
     admission: Arc<Admission>,
+    delivered_tokens: AtomicU64,
 }
 
 /// The handle through which the gateway's admission and readiness are driven.
@@ -45,6 +49,7 @@ impl GatewayControl {
                 upstream: RwLock::new(UpstreamState::Starting),
                 mode: RwLock::new(mode.to_owned()),
                 admission: Admission::new(capacity, queue_depth, queue_timeout),
+                delivered_tokens: AtomicU64::new(0),
             }),
         }
     }
@@ -80,5 +85,17 @@ impl GatewayControl {
 
     pub fn snapshot(&self) -> AdmissionSnapshot {
         self.inner.admission.snapshot()
+    }
+
+    /// Counts completion tokens a finished request delivered (from upstream usage) under the
+    /// mode it ran in.
+    pub(crate) fn count_tokens(&self, mode: &str, tokens: u64) {
+        metrics::counter!(observe::TOKENS, "mode" => mode.to_owned()).increment(tokens);
+        self.inner.delivered_tokens.fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    /// Completion tokens delivered since start, all modes.
+    pub(crate) fn delivered_tokens(&self) -> u64 {
+        self.inner.delivered_tokens.load(Ordering::Relaxed)
     }
 }

@@ -94,6 +94,26 @@ pub fn assert_auto_round_trip(gw: &Gateway, body: &Value) {
         running_on_rank0(gw) >= 4.0
     });
     assert!(saw_four, "the simulator ran 4 requests at once in mode none");
+    // The policy learns none's width-4 rate from the tokens it delivers (checked every second).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let learned_wide = loop {
+        let spec = request(gw.addr, "GET", "/admin/spec", &[], b"").json();
+        let cell = spec["learned"]["tables"][1]["measured"][3].clone();
+        if cell["tokens"].as_f64() > Some(0.0) {
+            break spec;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "none's width-4 cell never measured: {spec}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(learned_wide["learned"]["tables"][1]["name"], "none");
+    assert_ne!(
+        learned_wide["settings"]["restart_s"].as_f64(),
+        Some(0.5),
+        "the switch's measured restart replaced SPEC_RESTART_S: {learned_wide}"
+    );
     let spec = request(gw.addr, "GET", "/admin/spec", &[], b"").json();
     assert_eq!(spec["policy"], "auto");
     let taken: Vec<&Value> = spec["decisions"]

@@ -2,12 +2,19 @@
 //! through the real `auto` policy (`sparkgate_supervisor::spec_policy`), fixed modes and an
 //! oracle that knows the whole trace, with the profile's throughput tables and a restart cost.
 //!
-//! Model (fluid, per second): the trace gives the demand width (streams that want tokens); a mode
-//! delivers its table's aggregate tokens/s at that width (a mode whose MAX_NUM_SEQS is below the
-//! width queues the rest, so its table holds its last value); a restart delivers nothing for
-//! `restart_s`. Request latency is not modelled here.
+//! Model (requests in 0.1 s steps): the trace gives the demand width each second — that many
+//! closed-loop clients, each sending a request of [`REQUEST_TOKENS`] output tokens as soon as its
+//! previous one finished (a client beyond a narrowing width sends no next request). Up to the
+//! mode's MAX_NUM_SEQS requests run at once, the rest queue in arrival order; the running ones
+//! share the mode's table rate at their count. A switch drains (no admission; running requests
+//! finish at the old mode's rate), then delivers nothing for `restart_s`, then admits with the new
+//! mode's capacity. Latency is completion minus arrival, queueing and switch waits included.
+//! The oracle's schedule comes from a per-second fluid model (dynamic programming over the
+//! trace) and is replayed through the same request model.
 
-use sparkgate_config::{seeded_throughput, ProfileId, SpecMethod};
+use std::collections::VecDeque;
+
+use sparkgate_config::{default_max_num_seqs, seeded_throughput, ProfileId, SpecMethod};
 use sparkgate_supervisor::spec_policy::{AutoPolicy, ModeRates, PolicySettings};
 
 /// Demand width for each second.
@@ -64,105 +71,223 @@ pub fn traces() -> Vec<Trace> {
     ]
 }
 
-/// A profile's modes as the policy sees them, in the profile's order (the default mode first).
-pub fn modes(profile: ProfileId) -> Vec<ModeRates> {
+/// A profile's modes as the policy sees them, in the profile's order (the default mode first),
+/// with how many requests each runs at once (its default MAX_NUM_SEQS).
+#[derive(Debug, Clone)]
+pub struct Modes {
+    pub rates: Vec<ModeRates>,
+    pub caps: Vec<usize>,
+}
+
+pub fn modes(profile: ProfileId) -> Modes {
     let methods: &[SpecMethod] = match profile {
         ProfileId::DeepSeekV41Flash => &[SpecMethod::Dspark, SpecMethod::None],
         ProfileId::Glm53Flash => &[SpecMethod::Dflash, SpecMethod::Mtp, SpecMethod::None],
     };
-    methods
-        .iter()
-        .filter_map(|&m| {
-            let table = seeded_throughput(profile, m)?;
-            Some(ModeRates {
-                name: m.as_str().to_owned(),
-                tokens_per_s: table.points().iter().map(|p| p.tokens_per_s).collect(),
-            })
-        })
-        .collect()
+    let (mut rates, mut caps) = (Vec::new(), Vec::new());
+    for &m in methods {
+        let (Some(table), Some(cap)) = (seeded_throughput(profile, m), default_max_num_seqs(profile, m)) else {
+            continue;
+        };
+        rates.push(ModeRates {
+            name: m.as_str().to_owned(),
+            tokens_per_s: table.points().iter().map(|p| p.tokens_per_s).collect(),
+        });
+        caps.push(cap as usize);
+    }
+    Modes { rates, caps }
 }
+
+/// Output tokens per request in the replay (an agent turn).
+pub const REQUEST_TOKENS: f64 = 500.0;
+const STEP_S: f64 = 0.1;
 
 /// What one policy delivered on one trace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     pub tokens: f64,
     pub restarts: u32,
-    /// Seconds between consecutive switches (empty with fewer than two).
+    /// Shortest time between two consecutive switches (none with fewer than two).
     pub min_gap_s: Option<f64>,
+    /// Request latency percentiles, seconds (0 when no request completed).
+    pub p50_s: f64,
+    pub p95_s: f64,
+    pub requests: usize,
 }
 
-fn rate(modes: &[ModeRates], mode: usize, width: u8) -> f64 {
-    modes[mode].at(f64::from(width))
+/// Who decides the switches during a replay.
+enum Chooser<'a> {
+    Fixed,
+    Auto(Box<AutoPolicy>),
+    /// Switch to the mode at the given second.
+    Schedule(&'a [(usize, usize)]),
 }
 
-/// One mode all the time.
-pub fn fixed(modes: &[ModeRates], mode: usize, trace: &Trace) -> Outcome {
-    Outcome {
-        tokens: trace.widths.iter().map(|&w| rate(modes, mode, w)).sum(),
-        restarts: 0,
-        min_gap_s: None,
-    }
+enum Phase {
+    Serving,
+    Draining { to: usize },
+    Restarting { to: usize, until: f64 },
 }
 
-/// The `auto` policy, starting in mode 0; a switch it takes costs `restart_s` without tokens.
-pub fn auto(modes: &[ModeRates], settings: &PolicySettings, trace: &Trace) -> Outcome {
-    let mut policy = AutoPolicy::new(modes.to_vec(), 0, settings.clone(), 0.0);
-    let restart = settings.restart_s.round() as usize;
-    let (mut tokens, mut restarts, mut last_switch, mut min_gap) = (0.0, 0, None::<usize>, None::<f64>);
-    let mut t = 0;
-    while t < trace.widths.len() {
-        let width = trace.widths[t];
-        let decision = policy.observe(t as f64, f64::from(width));
-        match decision {
-            Some(d) if d.taken => {
-                let to = modes.iter().position(|m| m.name == d.to).expect("a known mode");
+fn rate(modes: &[ModeRates], mode: usize, width: f64) -> f64 {
+    modes[mode].at(width)
+}
+
+/// Replays `trace` through the request model, starting in `start`.
+fn replay(setup: &Modes, start: usize, restart_s: f64, trace: &Trace, mut chooser: Chooser) -> Outcome {
+    let (modes, caps) = (&setup.rates, &setup.caps);
+    let mut mode = start;
+    let mut phase = Phase::Serving;
+    // Arrival times of queued requests; (arrival, tokens left) of running ones.
+    let mut queued: VecDeque<f64> = VecDeque::new();
+    let mut running: Vec<(f64, f64)> = Vec::new();
+    let mut latencies: Vec<f64> = Vec::new();
+    let (mut tokens, mut restarts, mut last_switch, mut min_gap) = (0.0, 0u32, None::<f64>, None::<f64>);
+    let steps_per_s = (1.0 / STEP_S).round() as usize;
+    for (second, &width) in trace.widths.iter().enumerate() {
+        let now = second as f64;
+        // Open clients follow the demand width: new ones arrive, surplus ones send nothing next.
+        while queued.len() + running.len() < usize::from(width) {
+            queued.push_back(now);
+        }
+        if matches!(phase, Phase::Serving) {
+            let to = match &mut chooser {
+                Chooser::Fixed => None,
+                // The policy sees what the gateway would: requests in flight plus queued.
+                Chooser::Auto(policy) => policy
+                    .observe(now, (queued.len() + running.len()) as f64)
+                    .filter(|d| d.taken)
+                    .map(|d| modes.iter().position(|m| m.name == d.to).expect("a known mode")),
+                Chooser::Schedule(switches) => switches.iter().find(|(at, _)| *at == second).map(|(_, to)| *to),
+            };
+            if let Some(to) = to.filter(|&to| to != mode) {
                 if let Some(prev) = last_switch {
-                    let gap = (t - prev) as f64;
-                    min_gap = Some(min_gap.map_or(gap, |g: f64| g.min(gap)));
+                    min_gap = Some(min_gap.map_or(now - prev, |g: f64| g.min(now - prev)));
                 }
-                last_switch = Some(t);
+                last_switch = Some(now);
                 restarts += 1;
-                t += restart;
-                policy.set_current(to, t as f64);
+                phase = Phase::Draining { to };
             }
-            _ => {
-                tokens += rate(modes, policy.current(), width);
-                t += 1;
+        }
+        for step in 0..steps_per_s {
+            let t = now + step as f64 * STEP_S;
+            match phase {
+                Phase::Draining { to } if running.is_empty() => {
+                    phase = Phase::Restarting {
+                        to,
+                        until: t + restart_s,
+                    };
+                }
+                Phase::Restarting { to, until } if t >= until - 1e-9 => {
+                    mode = to;
+                    phase = Phase::Serving;
+                    if let Chooser::Auto(policy) = &mut chooser {
+                        policy.set_current(to, t);
+                    }
+                }
+                _ => {}
+            }
+            if matches!(phase, Phase::Restarting { .. }) {
+                continue;
+            }
+            if matches!(phase, Phase::Serving) {
+                while running.len() < caps[mode] {
+                    let Some(arrival) = queued.pop_front() else { break };
+                    running.push((arrival, REQUEST_TOKENS));
+                }
+            }
+            if running.is_empty() {
+                continue;
+            }
+            let per_request = rate(modes, mode, running.len() as f64) / running.len() as f64 * STEP_S;
+            let mut finished = 0;
+            running.retain_mut(|(arrival, left)| {
+                let done = left.min(per_request);
+                tokens += done;
+                *left -= done;
+                if *left <= 1e-9 {
+                    latencies.push(t + STEP_S - *arrival);
+                    finished += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+            // A finishing client sends its next request at once while the width still wants it.
+            for _ in 0..finished {
+                if queued.len() + running.len() < usize::from(width) {
+                    queued.push_back(t + STEP_S);
+                }
             }
         }
     }
+    latencies.sort_by(f64::total_cmp);
+    let pct = |q: f64| {
+        if latencies.is_empty() {
+            0.0
+        } else {
+            latencies[((latencies.len() - 1) as f64 * q).round() as usize]
+        }
+    };
     Outcome {
         tokens,
         restarts,
         min_gap_s: min_gap,
+        p50_s: pct(0.5),
+        p95_s: pct(0.95),
+        requests: latencies.len(),
     }
 }
 
-/// The best any schedule could do knowing the whole trace (dynamic programming over seconds,
-/// starting in mode 0, each switch costing `restart_s` without tokens).
-pub fn oracle(modes: &[ModeRates], restart_s: f64, trace: &Trace) -> Outcome {
+/// One mode all the time.
+pub fn fixed(modes: &Modes, mode: usize, trace: &Trace) -> Outcome {
+    replay(modes, mode, 0.0, trace, Chooser::Fixed)
+}
+
+/// The `auto` policy, starting in mode 0.
+pub fn auto(modes: &Modes, settings: &PolicySettings, trace: &Trace) -> Outcome {
+    let policy = AutoPolicy::new(modes.rates.clone(), 0, settings.clone(), 0.0);
+    replay(modes, 0, settings.restart_s, trace, Chooser::Auto(Box::new(policy)))
+}
+
+/// The best schedule knowing the whole trace, starting in mode 0: chosen by dynamic programming
+/// over seconds in the fluid model (each switch costs `restart_s` without tokens), then replayed.
+pub fn oracle(modes: &Modes, restart_s: f64, trace: &Trace) -> Outcome {
+    let schedule = oracle_schedule(&modes.rates, restart_s, trace);
+    replay(modes, 0, restart_s, trace, Chooser::Schedule(&schedule))
+}
+
+/// (second, mode) switches of the fluid-model optimum.
+fn oracle_schedule(modes: &[ModeRates], restart_s: f64, trace: &Trace) -> Vec<(usize, usize)> {
     let n = trace.widths.len();
     let k = modes.len();
     let restart = restart_s.round() as usize;
-    // best[t][m]: (tokens from second t on, running mode m at t; restarts on that path).
-    let mut best = vec![vec![(0.0f64, 0u32); k]; n + 1];
+    // best[t][m]: tokens from second t on when running mode m at t; next[t][m]: the mode switched
+    // to at t, if the optimum switches there.
+    let mut best = vec![vec![0.0f64; k]; n + 1];
+    let mut next = vec![vec![None::<usize>; k]; n];
     for t in (0..n).rev() {
         for m in 0..k {
-            let stay = rate(modes, m, trace.widths[t]) + best[t + 1][m].0;
-            let mut choice = (stay, best[t + 1][m].1);
+            best[t][m] = rate(modes, m, f64::from(trace.widths[t])) + best[t + 1][m];
             for other in (0..k).filter(|&o| o != m) {
-                let resume = (t + restart).min(n);
-                let switched = best[resume][other];
-                if switched.0 > choice.0 {
-                    choice = (switched.0, switched.1 + 1);
+                let switched = best[(t + restart).min(n)][other];
+                if switched > best[t][m] {
+                    best[t][m] = switched;
+                    next[t][m] = Some(other);
                 }
             }
-            best[t][m] = choice;
         }
     }
-    Outcome {
-        tokens: best[0][0].0,
-        restarts: best[0][0].1,
-        min_gap_s: None,
+    let (mut t, mut m, mut switches) = (0, 0, Vec::new());
+    while t < n {
+        match next[t][m] {
+            Some(other) => {
+                switches.push((t, other));
+                m = other;
+                t += restart.max(1);
+            }
+            None => t += 1,
+        }
     }
+    switches
 }

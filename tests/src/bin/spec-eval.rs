@@ -1,11 +1,11 @@
 //! Speculation-policy evaluation in virtual time: tokens delivered by fixed modes, `auto` and an
-//! oracle on the four demand traces, for a profile and a restart cost.
+//! oracle on the four demand traces, and their request latency, for a profile and a restart cost.
 //!
 //! usage: cargo run --release -p sparkgate-tests --bin spec-eval [-- --profile P] [--restart-s S]
 
 use sparkgate_config::ProfileId;
 use sparkgate_supervisor::spec_policy::PolicySettings;
-use sparkgate_tests::spec_eval::{auto, fixed, modes, oracle, traces};
+use sparkgate_tests::spec_eval::{auto, fixed, modes, oracle, traces, Outcome, REQUEST_TOKENS};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -34,18 +34,19 @@ fn main() {
     let modes = modes(profile);
     let settings = PolicySettings::for_restart(restart_s);
     println!("profile {profile:?}, restart {restart_s} s, policy {settings:?}\n");
-    let names: Vec<String> = modes.iter().map(|m| format!("fixed {}", m.name)).collect();
+    let names: Vec<String> = modes.rates.iter().map(|m| format!("fixed {}", m.name)).collect();
+    let mut latency_rows = Vec::new();
     println!(
         "| trace | {} | auto (restarts) | oracle (restarts) | auto vs best fixed | auto / oracle |",
         names.join(" | ")
     );
     println!("|---|{}---|---|---|---|", "---|".repeat(names.len()));
     for trace in traces() {
-        let fixed: Vec<f64> = (0..modes.len()).map(|m| fixed(&modes, m, &trace).tokens).collect();
-        let best = fixed.iter().copied().fold(0.0, f64::max);
+        let fixed: Vec<Outcome> = (0..modes.rates.len()).map(|m| fixed(&modes, m, &trace)).collect();
+        let best = fixed.iter().map(|o| o.tokens).fold(0.0, f64::max);
         let a = auto(&modes, &settings, &trace);
         let o = oracle(&modes, restart_s, &trace);
-        let cells: Vec<String> = fixed.iter().map(|t| format!("{:.0}", t)).collect();
+        let cells: Vec<String> = fixed.iter().map(|f| format!("{:.0}", f.tokens)).collect();
         println!(
             "| {} | {} | {:.0} ({}) | {:.0} ({}) | {:+.1} % | {:.1} % |",
             trace.name,
@@ -57,5 +58,16 @@ fn main() {
             100.0 * (a.tokens / best - 1.0),
             100.0 * a.tokens / o.tokens
         );
+        let latency = |o: &Outcome| format!("{:.1} / {:.1}", o.p50_s, o.p95_s);
+        let mut row: Vec<String> = fixed.iter().map(latency).collect();
+        row.push(latency(&a));
+        row.push(latency(&o));
+        latency_rows.push(format!("| {} | {} |", trace.name, row.join(" | ")));
+    }
+    println!("\nrequest latency p50 / p95, seconds ({REQUEST_TOKENS} output tokens per request):\n");
+    println!("| trace | {} | auto | oracle |", names.join(" | "));
+    println!("|---|{}---|---|", "---|".repeat(names.len()));
+    for row in latency_rows {
+        println!("{row}");
     }
 }
