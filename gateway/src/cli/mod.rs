@@ -1,8 +1,9 @@
 //! The `sparkgate` command line: parsing, configuration loading, and the subcommands that need
-//! no running gateway (`config`, `plan`); `serve`/`demo` live in `serve.rs`, the operator
+//! no running gateway (`config`, `plan`); `serve`/`demo` live in `serve.rs`, `bench` in `bench.rs`, the operator
 //! commands that talk to a running gateway in `admin.rs`.
 
 mod admin;
+mod bench;
 mod serve;
 
 use std::path::PathBuf;
@@ -107,6 +108,9 @@ pub enum Command {
         #[arg(long, short = 'f')]
         follow: bool,
     },
+    /// Streaming decode benchmark against an OpenAI-compatible URL (the gateway by default):
+    /// TTFT, inter-token latency and tokens/s per concurrency, as the GLM guide's bench_decode.py.
+    Bench(bench::BenchArgs),
     /// Print each rank's container and `vllm serve` command line as you could paste them.
     Plan {
         /// Print the plan as JSON (container specs, argv, labels).
@@ -177,6 +181,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Spec { target, mode, force } => return admin::spec(&config, &target, mode.as_deref(), force),
         Command::Stop { target } => return admin::post(&config, &target, "/admin/stop"),
+        Command::Bench(args) => return bench::run(&config, args),
         Command::Start { target } => return admin::post(&config, &target, "/admin/start"),
         Command::Logs {
             target,
