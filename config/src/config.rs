@@ -308,6 +308,8 @@ pub struct Gateway {
     pub header_read_timeout: Duration,
     pub drain_timeout: Duration,
     pub log_json: bool,
+    /// Tokio worker threads; 0 = one per core.
+    pub worker_threads: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -178,7 +178,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MAX_MODEL_LEN", Serving, V("600000"), V("900000"), "Context limit. glm guide: 900000 (launcher 1000000)."),
     k("GPU_MEM_UTIL", Serving, V("0.88"), V("0.87"), "`--gpu-memory-utilization`, in (0, 1]."),
     k("MAX_NUM_SEQS", Serving, D("the active speculation mode's limit: deepseek dspark 2, none 4; glm 4"), D("the active speculation mode's limit: deepseek dspark 2, none 4; glm 4"),
-      "Concurrent sequences (1..4096); the gateway admits this many generations. deepseek guide: 2 with dspark."),
+      "Concurrent sequences (1..65536); the gateway admits this many generations. deepseek guide: 2 with dspark."),
     k("MAX_NUM_BATCHED_TOKENS", Serving, V("1024"), V("1024"),
       "Prefill chunk. guide (both): 1024 (launchers 1536 / 2048); glm must stay below 8192 (indexer smem)."),
     k("LONG_PREFILL_TOKEN_THRESHOLD", Serving, V(""), V(""), "Empty = off; keep MAX_NUM_BATCHED_TOKENS - this >= 256 (warned otherwise)."),
@@ -327,6 +327,8 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MAX_BODY_BYTES", Gateway, V("33554432"), V("33554432"), "Largest request body accepted (413 beyond)."),
     k("HEADER_READ_TIMEOUT", Gateway, V("30"), V("30"), "Seconds a client may take to send request headers."),
     k("DRAIN_TIMEOUT", Gateway, V("60"), V("60"), "Seconds in-flight requests may finish on shutdown or before a restart."),
+    k("WORKER_THREADS", Gateway, V("0"), V("0"),
+      "Threads serving HTTP and supervising (tokio workers); 0 = one per CPU core. 1 gives the lowest per-request latency and CPU."),
     k("LOG_FORMAT", Gateway, V("text"), V("text"), "Access and event log format: text or json."),
     // === Secrets ===
     k("HF_TOKEN", Secrets, V(""), V(""), "Hugging Face token for downloads.").secret(),

@@ -45,6 +45,9 @@ struct Relay {
     ctx: RelayCtx,
     first_at: Option<Instant>,
     last_at: Instant,
+    /// Armed at or before the stream's deadline (first token, then idle); re-armed lazily when
+    /// it fires early, so a token costs no timer update.
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     tokens: Option<u64>,
     saw_done: bool,
     done: bool,
@@ -209,21 +212,30 @@ impl Relay {
     }
 
     async fn step(&mut self) {
-        let deadline = match self.first_at {
-            None => self.ctx.started + self.ctx.first_token_timeout,
-            Some(_) => self.last_at + self.ctx.idle_timeout,
-        };
         let Some(body) = self.body.as_mut() else {
             self.done = true;
             return;
         };
-        match tokio::time::timeout_at(deadline.into(), body.frame()).await {
-            Err(_) => self.error_event(if self.first_at.is_none() {
-                Cut::FirstTokenTimeout
-            } else {
-                Cut::IdleTimeout
-            }),
-            Ok(None) => {
+        let frame = loop {
+            tokio::select! {
+                biased;
+                frame = body.frame() => break Some(frame),
+                () = self.timer.as_mut() => {
+                    let deadline = match self.first_at {
+                        None => self.ctx.started + self.ctx.first_token_timeout,
+                        Some(_) => self.last_at + self.ctx.idle_timeout,
+                    };
+                    if Instant::now() >= deadline {
+                        break None;
+                    }
+                    self.timer.as_mut().reset(deadline.into());
+                }
+            }
+        };
+        let first = self.first_at.is_none();
+        match frame {
+            None => self.error_event(if first { Cut::FirstTokenTimeout } else { Cut::IdleTimeout }),
+            Some(None) => {
                 if self.saw_done || self.ctx.responses_api {
                     for h in std::mem::take(&mut self.held) {
                         self.out.push_back(Bytes::from(h));
@@ -233,10 +245,15 @@ impl Relay {
                     self.error_event(Cut::Truncated);
                 }
             }
-            Ok(Some(Err(_))) => self.error_event(Cut::Broken),
-            Ok(Some(Ok(frame))) => {
+            Some(Some(Err(_))) => self.error_event(Cut::Broken),
+            Some(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     self.on_data(data);
+                }
+                // The idle deadline can be earlier than the armed first-token one: re-arm once.
+                if first && self.first_at.is_some() {
+                    let idle = self.last_at + self.ctx.idle_timeout;
+                    self.timer.as_mut().reset(idle.into());
                 }
             }
         }
@@ -273,6 +290,7 @@ pub(crate) fn relay(
         out: VecDeque::new(),
         held: Vec::new(),
         last_at: ctx.started,
+        timer: Box::pin(tokio::time::sleep_until((ctx.started + ctx.first_token_timeout).into())),
         ctx,
         first_at: None,
         tokens: None,
@@ -282,7 +300,8 @@ pub(crate) fn relay(
     };
     futures_util::stream::unfold(relay, |mut r| async move {
         loop {
-            if let Some(b) = r.out.pop_front() {
+            // Everything ready goes out as one frame: one write for events that arrived together.
+            if let Some(b) = coalesce(&mut r.out) {
                 return Some((Ok(b), r));
             }
             if r.done {
@@ -291,6 +310,21 @@ pub(crate) fn relay(
             r.step().await;
         }
     })
+}
+
+/// All queued events as one buffer (none when the queue is empty).
+fn coalesce(out: &mut VecDeque<Bytes>) -> Option<Bytes> {
+    match out.len() {
+        0 => None,
+        1 => out.pop_front(),
+        _ => {
+            let mut all = BytesMut::with_capacity(out.iter().map(Bytes::len).sum());
+            for b in out.drain(..) {
+                all.extend_from_slice(&b);
+            }
+            Some(all.freeze())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -306,6 +340,15 @@ mod tests {
             String::from_utf8(chunk).unwrap(),
             "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"finish_reason\":\"stop\"}],\"system_fingerprint\":\"fp-1\"}\n\n"
         );
+    }
+
+    #[test]
+    fn queued_events_leave_as_one_frame() {
+        let mut q: VecDeque<Bytes> = VecDeque::new();
+        assert_eq!(coalesce(&mut q), None);
+        q.extend([Bytes::from_static(b"data: a\n\n"), Bytes::from_static(b"data: b\n\n")]);
+        assert_eq!(coalesce(&mut q).as_deref(), Some(&b"data: a\n\ndata: b\n\n"[..]));
+        assert!(q.is_empty());
     }
 
     #[test]

@@ -4,5 +4,6 @@
 pub mod harness;
 pub mod hosts;
 pub mod load;
+pub mod overhead;
 pub mod sim;
 pub mod spec_eval;

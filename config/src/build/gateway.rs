@@ -43,6 +43,7 @@ impl Builder<'_> {
             header_read_timeout: self.seconds("HEADER_READ_TIMEOUT"),
             drain_timeout: Duration::from_secs(self.int("DRAIN_TIMEOUT", 0..=86_400u64)),
             log_json: log == "json",
+            worker_threads: self.int("WORKER_THREADS", 0..=1024usize),
         }
     }
 

@@ -451,7 +451,7 @@ impl Builder<'_> {
             .one_of("SPEC_METHOD", &names)
             .parse::<SpecMethod>()
             .expect("profile modes parse");
-        let max_num_seqs = self.int("MAX_NUM_SEQS", 1..=4096u32);
+        let max_num_seqs = self.int("MAX_NUM_SEQS", 1..=65_536u32);
         let modes = defs
             .iter()
             .map(|def| {

@@ -19,7 +19,11 @@ fn gateway_only(config: &Config) -> bool {
 
 pub(super) fn serve(config: &Config, demo: bool) -> anyhow::Result<ExitCode> {
     crate::init_logging(config.gateway.log_json);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if config.gateway.worker_threads > 0 {
+        builder.worker_threads(config.gateway.worker_threads);
+    }
+    let runtime = builder.enable_all().build()?;
     runtime.block_on(async {
         let addr = std::net::SocketAddr::new(config.gateway.bind, config.ports.public);
         let listener = tokio::net::TcpListener::bind(addr)

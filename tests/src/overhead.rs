@@ -1,0 +1,339 @@
+//! The fronts of the overhead benchmark — none (vllm-sim direct), sparkgate, nginx, SGLang's
+//! gateway (SMG) and the LiteLLM proxy — started in front of one vllm-sim, each configured so
+//! that its admission limit does not cap the load, and the CPU and memory of a front's process
+//! tree read from /proc.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::{free_port, try_request};
+
+/// Which front a measurement goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrontKind {
+    Direct,
+    Sparkgate,
+    Nginx,
+    Smg,
+    Litellm,
+}
+
+impl FrontKind {
+    pub const ALL: [FrontKind; 5] = [
+        FrontKind::Direct,
+        FrontKind::Sparkgate,
+        FrontKind::Nginx,
+        FrontKind::Smg,
+        FrontKind::Litellm,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FrontKind::Direct => "direct",
+            FrontKind::Sparkgate => "sparkgate",
+            FrontKind::Nginx => "nginx",
+            FrontKind::Smg => "smg",
+            FrontKind::Litellm => "litellm",
+        }
+    }
+
+    /// How the front is configured so that it does not cap the load (for the report).
+    pub fn setup_note(self) -> &'static str {
+        match self {
+            FrontKind::Direct => "vllm-sim itself",
+            FrontKind::Sparkgate => "`sparkgate serve --upstream`, MAX_NUM_SEQS=20000, QUEUE_DEPTH=20000, defaults otherwise (access log on)",
+            FrontKind::Nginx => "plain reverse proxy: proxy_buffering off, upstream keepalive 256, worker_processes auto, access log to a file (its default)",
+            FrontKind::Smg => "`smg launch --policy round_robin --max-concurrent-requests 20000 --rate-limit-tokens-per-second 0 --disable-retries --disable-circuit-breaker`",
+            FrontKind::Litellm => "`litellm --config` with `hosted_vllm/` and max_parallel_requests 20000, 1 worker",
+        }
+    }
+}
+
+/// Where the peers were installed (`tests/overhead/run.sh` puts them there).
+#[derive(Debug, Clone)]
+pub struct Peers {
+    pub venv: PathBuf,
+    pub nginx: PathBuf,
+}
+
+/// A running front: its base URL and the process tree whose CPU and memory count.
+#[derive(Debug)]
+pub struct Front {
+    pub kind: FrontKind,
+    pub base: String,
+    child: Option<Child>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Front {
+    /// Starts `kind` in front of the simulator at `backend` (host:port) and waits until it
+    /// answers `GET /v1/models` with 200. Err: why it could not run.
+    pub fn start(kind: FrontKind, backend: &str, model: &str, sparkgate: &Path, peers: &Peers) -> Result<Front, String> {
+        if kind == FrontKind::Direct {
+            return Ok(Front {
+                kind,
+                base: format!("http://{backend}"),
+                child: None,
+                _dir: None,
+            });
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("front.log")).map_err(|e| e.to_string())?;
+        let mut cmd = match kind {
+            FrontKind::Direct => unreachable!(),
+            FrontKind::Sparkgate => {
+                let mut c = Command::new(sparkgate);
+                c.args(["serve", "--upstream", &format!("http://{backend}"), "--port", &port.to_string()])
+                    .env("PROFILE", "deepseek-v4.1-flash")
+                    .env("SERVED_MODEL_NAME", model)
+                    .env("MAX_NUM_SEQS", "20000")
+                    .env("QUEUE_DEPTH", "20000")
+                    .env("DEPLOY_DIR", dir.path());
+                c
+            }
+            FrontKind::Nginx => {
+                let conf = dir.path().join("nginx.conf");
+                std::fs::write(&conf, nginx_conf(port, backend, dir.path())).map_err(|e| e.to_string())?;
+                let mut c = Command::new(&peers.nginx);
+                c.args(["-e", "stderr", "-p"])
+                    .arg(dir.path())
+                    .arg("-c")
+                    .arg(&conf)
+                    .args(["-g", "daemon off;"]);
+                c
+            }
+            FrontKind::Smg => {
+                let mut c = Command::new(peers.venv.join("bin/smg"));
+                c.args([
+                    "launch",
+                    "--worker-urls",
+                    &format!("http://{backend}"),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    &port.to_string(),
+                    "--policy",
+                    "round_robin",
+                    "--max-concurrent-requests",
+                    "20000",
+                    "--rate-limit-tokens-per-second",
+                    "0",
+                    "--queue-size",
+                    "20000",
+                    "--queue-timeout-secs",
+                    "600",
+                    "--disable-retries",
+                    "--disable-circuit-breaker",
+                    "--prometheus-host",
+                    "127.0.0.1",
+                    "--prometheus-port",
+                    &free_port().to_string(),
+                ]);
+                c
+            }
+            FrontKind::Litellm => {
+                let cfg = dir.path().join("litellm.yaml");
+                std::fs::write(&cfg, litellm_conf(backend, model)).map_err(|e| e.to_string())?;
+                let mut c = Command::new(peers.venv.join("bin/litellm"));
+                c.arg("--config")
+                    .arg(&cfg)
+                    .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                    .env("LITELLM_LOG", "ERROR");
+                c
+            }
+        };
+        let program = cmd.get_program().to_owned();
+        if !Path::new(&program).exists() && kind != FrontKind::Sparkgate {
+            return Err(format!("{} is not installed (run tests/overhead/run.sh)", program.to_string_lossy()));
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            // Each front leads its own process group, so stopping it stops its workers.
+            .process_group(0);
+        let child = cmd.spawn().map_err(|e| format!("{}: {e}", program.to_string_lossy()))?;
+        let mut front = Front {
+            kind,
+            base: format!("http://127.0.0.1:{port}"),
+            child: Some(child),
+            _dir: Some(dir),
+        };
+        front.wait_answering(Duration::from_secs(180))?;
+        Ok(front)
+    }
+
+    fn wait_answering(&mut self, within: Duration) -> Result<(), String> {
+        let addr = self.base.trim_start_matches("http://").parse().map_err(|e| format!("{e}"))?;
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(r) = try_request(addr, "GET", "/v1/models", &[], b"") {
+                if r.status == 200 {
+                    return Ok(());
+                }
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                return Err(format!("{} exited ({status}) before answering: {}", self.kind.name(), self.log_tail()));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{} never answered GET /v1/models: {}", self.kind.name(), self.log_tail()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let Some(dir) = &self._dir else { return String::new() };
+        let text = std::fs::read_to_string(dir.path().join("front.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// The front's process tree: CPU seconds used so far and resident memory now.
+    pub fn usage(&self) -> Option<TreeUsage> {
+        self.child.as_ref().map(|c| tree_usage(c.id()))
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pgid = child.id() as i32;
+            // SIGTERM to the whole group (nginx workers, LiteLLM's uvicorn), then reap.
+            // `--` so the negative process-group id is not read as an option.
+            let _ = Command::new("kill").args(["-s", "TERM", "--", &format!("-{pgid}")]).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = Command::new("kill").args(["-s", "KILL", "--", &format!("-{pgid}")]).status();
+            let _ = child.wait();
+        }
+    }
+}
+
+use std::os::unix::process::CommandExt as _;
+
+fn nginx_conf(port: u16, backend: &str, dir: &Path) -> String {
+    format!(
+        "worker_processes auto;
+worker_rlimit_nofile 200000;
+pid {dir}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 60000; }}
+http {{
+    access_log {dir}/access.log;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    upstream sim {{ server {backend}; keepalive 256; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 3600s;
+        }}
+    }}
+}}
+",
+        dir = dir.display()
+    )
+}
+
+fn litellm_conf(backend: &str, model: &str) -> String {
+    format!(
+        "model_list:
+  - model_name: {model}
+    litellm_params:
+      model: hosted_vllm/{model}
+      api_base: http://{backend}/v1
+      api_key: none
+      max_parallel_requests: 20000
+litellm_settings:
+  drop_params: false
+  request_timeout: 3600
+"
+    )
+}
+
+/// CPU and memory of a process and its descendants.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TreeUsage {
+    pub cpu_s: f64,
+    pub rss_kib: u64,
+    pub processes: usize,
+}
+
+/// Sums utime+stime (from /proc/PID/stat) and VmRSS over `root` and its descendants.
+pub fn tree_usage(root: u32) -> TreeUsage {
+    let ticks = 100.0; // USER_HZ on Linux
+    let mut procs: Vec<(u32, u32, f64)> = Vec::new(); // (pid, ppid, cpu s)
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            // Fields after the parenthesised command: state ppid … utime(14) stime(15).
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else { continue };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let (Some(ppid), Some(ut), Some(st)) = (
+                f.get(1).and_then(|v| v.parse().ok()),
+                f.get(11).and_then(|v| v.parse::<f64>().ok()),
+                f.get(12).and_then(|v| v.parse::<f64>().ok()),
+            ) else {
+                continue;
+            };
+            procs.push((pid, ppid, (ut + st) / ticks));
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(procs.iter().filter(|p| p.1 == parent).map(|p| p.0));
+        i += 1;
+    }
+    let mut usage = TreeUsage::default();
+    for pid in &tree {
+        if let Some(p) = procs.iter().find(|p| p.0 == *pid) {
+            usage.cpu_s += p.2;
+            usage.processes += 1;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        if let Some(kib) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        {
+            usage.rss_kib += kib;
+        }
+    }
+    usage
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tree_of_this_process_counts_itself_and_a_child() {
+        let mut child = Command::new("sleep").arg("5").spawn().expect("sleep");
+        let usage = tree_usage(std::process::id());
+        assert!(usage.processes >= 2, "{usage:?}");
+        assert!(usage.rss_kib > 0);
+        child.kill().ok();
+        child.wait().ok();
+    }
+
+    #[test]
+    fn generated_configs_point_at_the_backend() {
+        let n = nginx_conf(4321, "127.0.0.1:9999", Path::new("/tmp/x"));
+        assert!(n.contains("listen 127.0.0.1:4321;") && n.contains("server 127.0.0.1:9999;"));
+        assert!(n.contains("proxy_buffering off;"));
+        let l = litellm_conf("127.0.0.1:9999", "M");
+        assert!(l.contains("model: hosted_vllm/M") && l.contains("api_base: http://127.0.0.1:9999/v1"));
+    }
+}
