@@ -327,8 +327,8 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MAX_BODY_BYTES", Gateway, V("33554432"), V("33554432"), "Largest request body accepted (413 beyond)."),
     k("HEADER_READ_TIMEOUT", Gateway, V("30"), V("30"), "Seconds a client may take to send request headers."),
     k("DRAIN_TIMEOUT", Gateway, V("60"), V("60"), "Seconds in-flight requests may finish on shutdown or before a restart."),
-    k("WORKER_THREADS", Gateway, V("0"), V("0"),
-      "Threads serving HTTP and supervising (tokio workers); 0 = one per CPU core. 1 gives the lowest per-request latency and CPU."),
+    k("WORKER_THREADS", Gateway, V("1"), V("1"),
+      "Threads serving HTTP and supervising (tokio workers); 0 = one per CPU core. One thread proxies ~18k small requests/s with the least added latency and CPU (BENCHMARKS.md); raise it only for more."),
     k("LOG_FORMAT", Gateway, V("text"), V("text"), "Access and event log format: text or json."),
     // === Secrets ===
     k("HF_TOKEN", Secrets, V(""), V(""), "Hugging Face token for downloads.").secret(),

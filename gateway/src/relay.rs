@@ -48,6 +48,8 @@ struct Relay {
     /// Armed at or before the stream's deadline (first token, then idle); re-armed lazily when
     /// it fires early, so a token costs no timer update.
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// The inter-token histogram, looked up once per stream rather than per token.
+    itl: metrics::Histogram,
     tokens: Option<u64>,
     saw_done: bool,
     done: bool,
@@ -75,11 +77,11 @@ impl Cut {
 }
 
 fn find_blank_line(buf: &[u8], from: usize) -> Option<usize> {
-    buf[from..].windows(2).position(|w| w == b"\n\n").map(|p| from + p)
+    memchr::memmem::find(&buf[from..], b"\n\n").map(|p| from + p)
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(hay, needle).is_some()
 }
 
 /// Inserts `,"system_fingerprint":FP` before the closing brace of a held `data: {…}\n\n` chunk.
@@ -147,7 +149,7 @@ impl Relay {
                 self.first_at = Some(now);
                 histogram!(observe::TTFT_SECONDS).record(now.duration_since(self.ctx.started).as_secs_f64());
             }
-            Some(_) => histogram!(observe::ITL_SECONDS).record(now.duration_since(self.last_at).as_secs_f64()),
+            Some(_) => self.itl.record(now.duration_since(self.last_at).as_secs_f64()),
         }
         self.last_at = now;
         let payload = event
@@ -291,6 +293,7 @@ pub(crate) fn relay(
         held: Vec::new(),
         last_at: ctx.started,
         timer: Box::pin(tokio::time::sleep_until((ctx.started + ctx.first_token_timeout).into())),
+        itl: histogram!(observe::ITL_SECONDS),
         ctx,
         first_at: None,
         tokens: None,
