@@ -236,7 +236,11 @@ impl Relay {
         };
         let first = self.first_at.is_none();
         match frame {
-            None => self.error_event(if first { Cut::FirstTokenTimeout } else { Cut::IdleTimeout }),
+            None => self.error_event(if first {
+                Cut::FirstTokenTimeout
+            } else {
+                Cut::IdleTimeout
+            }),
             Some(None) => {
                 if self.saw_done || self.ctx.responses_api {
                     for h in std::mem::take(&mut self.held) {

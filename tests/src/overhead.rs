@@ -69,7 +69,13 @@ pub struct Front {
 impl Front {
     /// Starts `kind` in front of the simulator at `backend` (host:port) and waits until it
     /// answers `GET /v1/models` with 200. Err: why it could not run.
-    pub fn start(kind: FrontKind, backend: &str, model: &str, sparkgate: &Path, peers: &Peers) -> Result<Front, String> {
+    pub fn start(
+        kind: FrontKind,
+        backend: &str,
+        model: &str,
+        sparkgate: &Path,
+        peers: &Peers,
+    ) -> Result<Front, String> {
         if kind == FrontKind::Direct {
             return Ok(Front {
                 kind,
@@ -85,12 +91,18 @@ impl Front {
             FrontKind::Direct => unreachable!(),
             FrontKind::Sparkgate => {
                 let mut c = Command::new(sparkgate);
-                c.args(["serve", "--upstream", &format!("http://{backend}"), "--port", &port.to_string()])
-                    .env("PROFILE", "deepseek-v4.1-flash")
-                    .env("SERVED_MODEL_NAME", model)
-                    .env("MAX_NUM_SEQS", "20000")
-                    .env("QUEUE_DEPTH", "20000")
-                    .env("DEPLOY_DIR", dir.path());
+                c.args([
+                    "serve",
+                    "--upstream",
+                    &format!("http://{backend}"),
+                    "--port",
+                    &port.to_string(),
+                ])
+                .env("PROFILE", "deepseek-v4.1-flash")
+                .env("SERVED_MODEL_NAME", model)
+                .env("MAX_NUM_SEQS", "20000")
+                .env("QUEUE_DEPTH", "20000")
+                .env("DEPLOY_DIR", dir.path());
                 c
             }
             FrontKind::Nginx => {
@@ -146,7 +158,10 @@ impl Front {
         };
         let program = cmd.get_program().to_owned();
         if !Path::new(&program).exists() && kind != FrontKind::Sparkgate {
-            return Err(format!("{} is not installed (run tests/overhead/run.sh)", program.to_string_lossy()));
+            return Err(format!(
+                "{} is not installed (run tests/overhead/run.sh)",
+                program.to_string_lossy()
+            ));
         }
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
@@ -165,7 +180,11 @@ impl Front {
     }
 
     fn wait_answering(&mut self, within: Duration) -> Result<(), String> {
-        let addr = self.base.trim_start_matches("http://").parse().map_err(|e| format!("{e}"))?;
+        let addr = self
+            .base
+            .trim_start_matches("http://")
+            .parse()
+            .map_err(|e| format!("{e}"))?;
         let deadline = Instant::now() + within;
         loop {
             if let Some(r) = try_request(addr, "GET", "/v1/models", &[], b"") {
@@ -174,10 +193,18 @@ impl Front {
                 }
             }
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                return Err(format!("{} exited ({status}) before answering: {}", self.kind.name(), self.log_tail()));
+                return Err(format!(
+                    "{} exited ({status}) before answering: {}",
+                    self.kind.name(),
+                    self.log_tail()
+                ));
             }
             if Instant::now() > deadline {
-                return Err(format!("{} never answered GET /v1/models: {}", self.kind.name(), self.log_tail()));
+                return Err(format!(
+                    "{} never answered GET /v1/models: {}",
+                    self.kind.name(),
+                    self.log_tail()
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -202,12 +229,16 @@ impl Drop for Front {
             let pgid = child.id() as i32;
             // SIGTERM to the whole group (nginx workers, LiteLLM's uvicorn), then reap.
             // `--` so the negative process-group id is not read as an option.
-            let _ = Command::new("kill").args(["-s", "TERM", "--", &format!("-{pgid}")]).status();
+            let _ = Command::new("kill")
+                .args(["-s", "TERM", "--", &format!("-{pgid}")])
+                .status();
             let deadline = Instant::now() + Duration::from_secs(10);
             while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            let _ = Command::new("kill").args(["-s", "KILL", "--", &format!("-{pgid}")]).status();
+            let _ = Command::new("kill")
+                .args(["-s", "KILL", "--", &format!("-{pgid}")])
+                .status();
             let _ = child.wait();
         }
     }
@@ -274,10 +305,16 @@ pub fn tree_usage(root: u32) -> TreeUsage {
     let mut procs: Vec<(u32, u32, f64)> = Vec::new(); // (pid, ppid, cpu s)
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for e in entries.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
             // Fields after the parenthesised command: state ppid … utime(14) stime(15).
-            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else { continue };
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+                continue;
+            };
             let f: Vec<&str> = rest.split_whitespace().collect();
             let (Some(ppid), Some(ut), Some(st)) = (
                 f.get(1).and_then(|v| v.parse().ok()),

@@ -49,7 +49,10 @@ fn bench_reports_every_phase_and_concurrency_with_exact_token_counts() {
     ]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let json = json.expect("--out JSON");
-    assert_eq!(json["model"], "DeepSeek-v4.1-Flash-EXL3", "the model comes from /v1/models");
+    assert_eq!(
+        json["model"], "DeepSeek-v4.1-Flash-EXL3",
+        "the model comes from /v1/models"
+    );
     let aggregates = json["aggregates"].as_array().expect("aggregates");
     let cells: Vec<(String, u64, u64)> = aggregates
         .iter()
@@ -120,7 +123,10 @@ fn unusable_input_gets_a_clear_error() {
     let cases: [(&[&str], &str); 4] = [
         (&["--base-url", "https://127.0.0.1:1/v1"], "plain HTTP only"),
         (&["--base-url", "not a url"], "is not a URL"),
-        (&["--base-url", "http://127.0.0.1:1/v1"], "nothing answers at http://127.0.0.1:1/v1/models"),
+        (
+            &["--base-url", "http://127.0.0.1:1/v1"],
+            "nothing answers at http://127.0.0.1:1/v1/models",
+        ),
         (&["--concurrency", "0"], "0 is not in 1..=4096"),
     ];
     for (args, expected) in cases {

@@ -165,7 +165,10 @@ async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::
     let total_runs = args.phase.len() * args.concurrency.len() * args.runs as usize;
     let progress = Progress::new(total_runs);
     let mut results: Vec<(Phase, u32, Vec<Vec<RequestResult>>)> = Vec::new();
-    println!("sparkgate bench: {base} model {model}, max_tokens {}, {} run(s) each", args.max_tokens, args.runs);
+    println!(
+        "sparkgate bench: {base} model {model}, max_tokens {}, {} run(s) each",
+        args.max_tokens, args.runs
+    );
     for &phase in &args.phase {
         for &concurrency in &args.concurrency {
             let mut runs = Vec::new();
@@ -173,8 +176,12 @@ async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::
                 let body = request_body(&model, phase, &args);
                 let tasks: Vec<_> = (0..concurrency)
                     .map(|_| {
-                        let (client, url, key, body) =
-                            (client.clone(), format!("{base}/chat/completions"), api_key.clone(), body.clone());
+                        let (client, url, key, body) = (
+                            client.clone(),
+                            format!("{base}/chat/completions"),
+                            api_key.clone(),
+                            body.clone(),
+                        );
                         let timeout = Duration::from_secs(args.timeout_s);
                         tokio::spawn(async move { stream_one(&client, &url, key.as_deref(), body, timeout).await })
                     })
@@ -291,7 +298,13 @@ fn failed(error: String) -> RequestResult {
     }
 }
 
-async fn stream_inner(client: &HttpClient, url: &str, api_key: Option<&str>, body: Bytes, prose: bool) -> RequestResult {
+async fn stream_inner(
+    client: &HttpClient,
+    url: &str,
+    api_key: Option<&str>,
+    body: Bytes,
+    prose: bool,
+) -> RequestResult {
     let mut req = hyper::Request::post(url).header("content-type", "application/json");
     if let Some(k) = api_key {
         req = req.header("authorization", format!("Bearer {k}"));
@@ -326,7 +339,9 @@ async fn stream_inner(client: &HttpClient, url: &str, api_key: Option<&str>, bod
         buf.extend_from_slice(&data);
         while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
             let event: Vec<u8> = buf.drain(..end + 2).collect();
-            let Some(payload) = event.strip_prefix(b"data: ") else { continue };
+            let Some(payload) = event.strip_prefix(b"data: ") else {
+                continue;
+            };
             let payload = &payload[..payload.len() - 2];
             if payload == b"[DONE]" {
                 done = true;
@@ -361,7 +376,10 @@ async fn stream_inner(client: &HttpClient, url: &str, api_key: Option<&str>, bod
         (Some(f), Some(l)) => l.duration_since(f).as_secs_f64(),
         _ => 0.0,
     };
-    let mut gaps: Vec<f64> = chunk_times.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64()).collect();
+    let mut gaps: Vec<f64> = chunk_times
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+        .collect();
     gaps.sort_by(f64::total_cmp);
     let decode = (tokens > 1 && span > 0.0).then(|| (tokens - 1) as f64 / span);
     RequestResult {
@@ -448,7 +466,14 @@ fn aggregate(phase: Phase, concurrency: u32, runs: &[Vec<RequestResult>]) -> Agg
 fn print_table(aggregates: &[Aggregate]) {
     println!(
         "\n{:<10} {:>4} {:>8} {:>20} {:>20} {:>18} {:>18} {:>7}",
-        "phase", "conc", "requests", "aggregate tok/s p50", "per-request tok/s", "TTFT ms p50/p95", "ITL ms p50/p95", "failed"
+        "phase",
+        "conc",
+        "requests",
+        "aggregate tok/s p50",
+        "per-request tok/s",
+        "TTFT ms p50/p95",
+        "ITL ms p50/p95",
+        "failed"
     );
     for a in aggregates {
         println!(
@@ -516,7 +541,10 @@ mod tests {
     fn coherence_rules() {
         assert!(coherent("[1, 2, 3]", false));
         assert!(!coherent("The numbers are one two three.", false));
-        assert!(coherent("A hash map stores keys and values in buckets chosen by hashing the key.", true));
+        assert!(coherent(
+            "A hash map stores keys and values in buckets chosen by hashing the key.",
+            true
+        ));
         assert!(!coherent("", true));
     }
 

@@ -39,7 +39,12 @@ struct Options {
 
 fn options() -> Options {
     let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let number = |flag: &str, default: f64| -> f64 {
         value(flag).map_or(default, |v| {
             v.parse().unwrap_or_else(|_| {
@@ -49,7 +54,10 @@ fn options() -> Options {
         })
     };
     let peers_dir = value("--peers").unwrap_or_else(|| {
-        format!("{}/.cache/sparkgate-overhead", std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+        format!(
+            "{}/.cache/sparkgate-overhead",
+            std::env::var("HOME").unwrap_or_else(|_| "/root".into())
+        )
     });
     let fronts = match value("--fronts") {
         None => FrontKind::ALL.to_vec(),
@@ -84,13 +92,19 @@ fn main() {
     let sparkgate = exe.with_file_name("sparkgate");
     for bin in [&sim_bin, &sparkgate] {
         if !bin.exists() {
-            eprintln!("overhead: {} is missing; build with `cargo build --release --bins`", bin.display());
+            eprintln!(
+                "overhead: {} is missing; build with `cargo build --release --bins`",
+                bin.display()
+            );
             std::process::exit(2);
         }
     }
     let sim_args = ["/model", "--served-model-name", MODEL, "--max-num-seqs", "20000"];
     let sim_bin = sim_bin.to_str().expect("utf-8 path");
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let mut results: Vec<Value> = o
         .fronts
         .iter()
@@ -165,14 +179,16 @@ fn start_all(o: &Options, results: &mut [Value], backend: &str, sparkgate: &std:
     o.fronts
         .iter()
         .enumerate()
-        .map(|(i, &kind)| match Front::start(kind, backend, MODEL, sparkgate, &o.peers) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                eprintln!("== {}: not run: {e}", kind.name());
-                results[i]["error"] = json!(e);
-                None
-            }
-        })
+        .map(
+            |(i, &kind)| match Front::start(kind, backend, MODEL, sparkgate, &o.peers) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    eprintln!("== {}: not run: {e}", kind.name());
+                    results[i]["error"] = json!(e);
+                    None
+                }
+            },
+        )
         .collect()
 }
 
@@ -427,13 +443,19 @@ fn report(results: &[Value], o: &Options) {
     let sparkgate = find("sparkgate");
     for r in results {
         if let Some(e) = r["error"].as_str() {
-            println!("| {} | not run: {} |||||||||| ", r["front"].as_str().unwrap_or("?"), e.lines().next().unwrap_or(""));
+            println!(
+                "| {} | not run: {} |||||||||| ",
+                r["front"].as_str().unwrap_or("?"),
+                e.lines().next().unwrap_or("")
+            );
             continue;
         }
         let a = &r["non_streaming"];
         let rps64 = num(&a["64"]["rps"]);
         let ratio = |other: Option<&Value>| other.map_or(f64::NAN, |o| rps64 / num(&o["non_streaming"]["64"]["rps"]));
-        let added = direct.map_or(f64::NAN, |d| num(&a["1"]["p50_ms"]) - num(&d["non_streaming"]["1"]["p50_ms"]));
+        let added = direct.map_or(f64::NAN, |d| {
+            num(&a["1"]["p50_ms"]) - num(&d["non_streaming"]["1"]["p50_ms"])
+        });
         let errors: f64 = ["1", "16", "64"].iter().map(|c| num(&a[*c]["errors"])).sum();
         println!(
             "| {} | {:.0} | {:.0} | {:.0} | {:.2}× | {:.2}× | {:.3} | {:+.3} | {:.3} | {:.3} | {} |",
@@ -459,7 +481,11 @@ fn report(results: &[Value], o: &Options) {
     for r in results.iter().filter(|r| r["error"].is_null()) {
         let s = &r["streaming"];
         if let Some(e) = s["error"].as_str() {
-            println!("| {} | not run: {} ||||||||", r["front"].as_str().unwrap_or("?"), e.lines().next().unwrap_or(""));
+            println!(
+                "| {} | not run: {} ||||||||",
+                r["front"].as_str().unwrap_or("?"),
+                e.lines().next().unwrap_or("")
+            );
             continue;
         }
         let d = direct.map(|d| &d["streaming"]);
@@ -472,17 +498,26 @@ fn report(results: &[Value], o: &Options) {
             num(&s["gap_p99_us"]),
             d.map_or(f64::NAN, |d| num(&s["gap_p50_us"]) - num(&d["gap_p50_us"])),
             d.map_or(f64::NAN, |d| num(&s["gap_p99_us"]) - num(&d["gap_p99_us"])),
-            s["cpu_s_per_1000"].as_f64().map_or("—".to_owned(), |c| format!("{c:.2}")),
+            s["cpu_s_per_1000"]
+                .as_f64()
+                .map_or("—".to_owned(), |c| format!("{c:.2}")),
             s["errors"]
         );
     }
     println!("\n### (c) {} idle streams held\n", o.idle);
     println!("| front | streams open | RSS before MiB | RSS held MiB | KiB per stream |");
     println!("|---|---|---|---|---|");
-    for r in results.iter().filter(|r| r["error"].is_null() && r["front"] != "direct") {
+    for r in results
+        .iter()
+        .filter(|r| r["error"].is_null() && r["front"] != "direct")
+    {
         let i = &r["idle"];
         if let Some(e) = i["error"].as_str() {
-            println!("| {} | not run: {} ||||", r["front"].as_str().unwrap_or("?"), e.lines().next().unwrap_or(""));
+            println!(
+                "| {} | not run: {} ||||",
+                r["front"].as_str().unwrap_or("?"),
+                e.lines().next().unwrap_or("")
+            );
             continue;
         }
         println!(
@@ -497,7 +532,11 @@ fn report(results: &[Value], o: &Options) {
     }
     println!("\nSetups:");
     for r in results {
-        println!("- {}: {}", r["front"].as_str().unwrap_or("?"), r["setup"].as_str().unwrap_or(""));
+        println!(
+            "- {}: {}",
+            r["front"].as_str().unwrap_or("?"),
+            r["setup"].as_str().unwrap_or("")
+        );
     }
     if let Some(path) = &o.out {
         let doc = json!({"machine": machine(), "seconds": o.seconds, "streams": o.streams, "idle": o.idle, "fronts": results});
@@ -513,7 +552,10 @@ fn machine() -> Value {
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
         .unwrap_or_default();
     json!({"cpus": cpus, "cpu": model})
 }
