@@ -51,14 +51,14 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     (
         "deepseek-v4.1-flash",
         "MAX_NUM_SEQS",
-        "4097",
-        "must be an integer between 1 and 4096",
+        "65537",
+        "must be an integer between 1 and 65536",
     ),
     (
         "deepseek-v4.1-flash",
         "MAX_NUM_SEQS",
         "two",
-        "must be an integer between 1 and 4096",
+        "must be an integer between 1 and 65536",
     ),
     (
         "deepseek-v4.1-flash",

@@ -70,7 +70,7 @@ fn invalid_configuration_exits_64_naming_every_problem() {
     assert_eq!(out.status.code(), Some(64));
     let stderr = text(&out.stderr);
     assert!(
-        stderr.contains(r#"MAX_NUM_SEQS="0" (from process environment): must be an integer between 1 and 4096"#),
+        stderr.contains(r#"MAX_NUM_SEQS="0" (from process environment): must be an integer between 1 and 65536"#),
         "{stderr}"
     );
     assert!(stderr.contains(r#"GPU_MEM_UTIL="1.5""#), "{stderr}");
