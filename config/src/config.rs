@@ -184,6 +184,8 @@ pub struct AutoSpec {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DflashDraft {
+    /// The draft model's Hugging Face repository (DFLASH_MODEL).
+    pub repo: String,
     pub model_dir: String,
     pub draft_tensor_parallel_size: Option<u32>,
 }
@@ -228,6 +230,9 @@ pub struct Storage {
     pub worker_vllm_cache: String,
     pub expected_shards: u32,
     pub weights: Weights,
+    pub auto_download: bool,
+    /// HF_BIN: an explicit Hugging Face CLI (empty: search).
+    pub hf_bin: String,
 }
 
 /// Where each profile's weights live.

@@ -282,6 +282,9 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MODEL", Storage, NA, V("Mia-AiLab/GLM-5.3-Flash-EXL3-TR3-4bpw"), "Weights repository."),
     k("MODEL_REVISION", Storage, NA, V("25a44fdbf16862a46b7cc9921142c6c81350af2f"), "Pinned weights revision."),
     k("MODEL_CACHE_NAME", Storage, NA, D("models--<org>--<name> of MODEL"), "HF cache directory name of MODEL."),
+    k("AUTO_DOWNLOAD", Storage, V("1"), V("1"), "1: `sparkgate download` fetches missing weights; 0: it only reports what is missing."),
+    k("HF_BIN", Storage, V(""), V(""),
+      "Hugging Face CLI to download with; empty: `hf` or `huggingface-cli` on PATH, ~/.local/bin, the guides' venvs, else `python3 -m huggingface_hub`."),
     k("EXPECTED_SHARDS", Storage, V("39"), V("120"), "Weight shards a complete download has."),
     // === Supervision ===
     k("READY_TIMEOUT", Supervision, V("1500"), V("3600"), "Seconds rank 0 may take to become ready (also VLLM_ENGINE_READY_TIMEOUT_S)."),

@@ -465,6 +465,14 @@ pub fn sse_data(body: &[u8]) -> Vec<String> {
 /// A free TCP port on 127.0.0.1 for tools that cannot take port 0 (a rank's VLLM_PORT, the
 /// rendezvous port). Chosen below the kernel's ephemeral range (32768+), so no `port 0` socket of
 /// another test can take it between this check and its use; test processes stride apart by pid.
+/// The value after `flag` in a benchmark binary's arguments (`--seconds 5`).
+pub fn flag_value(args: &[String], flag: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);

@@ -1,5 +1,5 @@
 //! `sparkgate bench` against vllm-sim directly and through the gateway: the figures it writes,
-//! its coherence check, and its errors for unusable input.
+//! its coherence check, and its errors for unusable input; `sparkgate smoke` through the gateway.
 
 use std::process::Command;
 
@@ -135,4 +135,37 @@ fn unusable_input_gets_a_clear_error() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
+}
+
+fn smoke(url: &str) -> (i32, String) {
+    let out = Command::new(sparkgate())
+        .args(["smoke", "--url", url, "--timeout-s", "30"])
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .expect("run sparkgate smoke");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn smoke_passes_through_the_gateway_and_fails_clearly_without_one() {
+    let (sim, gw) = ds_pair(&[("SIM_SPEED", "instant")], &[]);
+    let (code, out) = smoke(&format!("http://{}", gw.addr));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("smoke: pass in ") && out.contains("323"), "{out}");
+    assert_eq!(
+        sim.state()["generation_tokens"],
+        1,
+        "one answer token went through: {}",
+        sim.state()
+    );
+
+    let (code, out) = smoke("http://127.0.0.1:1");
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("smoke: FAIL") && out.contains("nothing answers at http://127.0.0.1:1"),
+        "{out}"
+    );
 }

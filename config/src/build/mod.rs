@@ -475,6 +475,7 @@ impl Builder<'_> {
             })
             .collect();
         let dflash = (profile == ProfileId::Glm53Flash).then(|| DflashDraft {
+            repo: self.non_empty("DFLASH_MODEL"),
             model_dir: self.non_empty("DFLASH_MODEL_DIR"),
             draft_tensor_parallel_size: self.opt_int("DFLASH_DRAFT_TP", 1..=serving.tp.max(1)),
         });
@@ -608,6 +609,8 @@ impl Builder<'_> {
             worker_vllm_cache: self.non_empty("WORKER_VLLM_CACHE"),
             expected_shards: self.int("EXPECTED_SHARDS", 1..=100_000),
             weights,
+            auto_download: self.flag("AUTO_DOWNLOAD"),
+            hf_bin: self.string("HF_BIN"),
         }
     }
 }

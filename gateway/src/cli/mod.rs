@@ -1,10 +1,13 @@
 //! The `sparkgate` command line: parsing, configuration loading, and the subcommands that need
-//! no running gateway (`config`, `plan`); `serve`/`demo` live in `serve.rs`, `bench` in `bench.rs`, the operator
-//! commands that talk to a running gateway in `admin.rs`.
+//! no running gateway (`config`, `plan`). `serve`/`demo` live in `serve.rs`, `bench` in
+//! `bench.rs`, `smoke` in `smoke.rs`, `download` in `prepare.rs`, and the operator commands that
+//! talk to a running gateway in `admin.rs`.
 
 mod admin;
 mod bench;
+mod prepare;
 mod serve;
+mod smoke;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -111,6 +114,23 @@ pub enum Command {
     /// Streaming decode benchmark against an OpenAI-compatible URL (the gateway by default):
     /// TTFT, inter-token latency and tokens/s per concurrency, as the GLM guide's bench_decode.py.
     Bench(bench::BenchArgs),
+    /// Check the head's weight trees (counts, sizes, index) and fetch what is missing with the
+    /// Hugging Face CLI; AUTO_DOWNLOAD=0 only reports.
+    Download {
+        /// Print what would run without running it.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// The guides' smoke request (17*19, thinking off) through the gateway: pass or fail, with
+    /// its latency.
+    Smoke {
+        /// The gateway's base URL [default: http://127.0.0.1:PORT].
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 300)]
+        timeout_s: u64,
+    },
     /// Print each rank's container and `vllm serve` command line as you could paste them.
     Plan {
         /// Print the plan as JSON (container specs, argv, labels).
@@ -182,6 +202,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Spec { target, mode, force } => return admin::spec(&config, &target, mode.as_deref(), force),
         Command::Stop { target } => return admin::post(&config, &target, "/admin/stop"),
         Command::Bench(args) => return bench::run(&config, args),
+        Command::Download { dry_run } => return prepare::download(&config, dry_run),
+        Command::Smoke { url, timeout_s } => {
+            return smoke::run(&config, url.as_deref(), std::time::Duration::from_secs(timeout_s))
+        }
         Command::Start { target } => return admin::post(&config, &target, "/admin/start"),
         Command::Logs {
             target,

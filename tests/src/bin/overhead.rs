@@ -39,12 +39,7 @@ struct Options {
 
 fn options() -> Options {
     let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let value = |flag: &str| sparkgate_tests::harness::flag_value(&args, flag);
     let number = |flag: &str, default: f64| -> f64 {
         value(flag).map_or(default, |v| {
             v.parse().unwrap_or_else(|_| {

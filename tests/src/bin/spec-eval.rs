@@ -9,12 +9,7 @@ use sparkgate_tests::spec_eval::{auto, fixed, modes, oracle, traces, Outcome, RE
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let value = |flag: &str| sparkgate_tests::harness::flag_value(&args, flag);
     let profile = match value("--profile").as_deref() {
         None | Some("deepseek-v4.1-flash") => ProfileId::DeepSeekV41Flash,
         Some("glm-5.3-flash") => ProfileId::Glm53Flash,
