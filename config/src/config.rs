@@ -231,6 +231,7 @@ pub struct Storage {
     pub expected_shards: u32,
     pub weights: Weights,
     pub auto_download: bool,
+    pub force_sync: bool,
     /// HF_BIN: an explicit Hugging Face CLI (empty: search).
     pub hf_bin: String,
 }

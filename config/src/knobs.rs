@@ -282,6 +282,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MODEL", Storage, NA, V("Mia-AiLab/GLM-5.3-Flash-EXL3-TR3-4bpw"), "Weights repository."),
     k("MODEL_REVISION", Storage, NA, V("25a44fdbf16862a46b7cc9921142c6c81350af2f"), "Pinned weights revision."),
     k("MODEL_CACHE_NAME", Storage, NA, D("models--<org>--<name> of MODEL"), "HF cache directory name of MODEL."),
+    k("FORCE_SYNC", Storage, V("0"), V("0"), "1: `sparkgate sync` copies even when the worker's marker says its copy is current."),
     k("AUTO_DOWNLOAD", Storage, V("1"), V("1"), "1: `sparkgate download` fetches missing weights; 0: it only reports what is missing."),
     k("HF_BIN", Storage, V(""), V(""),
       "Hugging Face CLI to download with; empty: `hf` or `huggingface-cli` on PATH, ~/.local/bin, the guides' venvs, else `python3 -m huggingface_hub`."),

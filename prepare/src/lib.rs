@@ -1,9 +1,10 @@
 //! Node preparation before the ranks start. So far: the weights — what a complete tree is per
-//! profile ([`weights::check`]) and fetching what is missing with the Hugging Face CLI
-//! ([`download`]). Image shipping, weight sync, the self-check, the Engram pack and warm-up are
-//! still the launchers' job.
+//! profile ([`weights::check`]), fetching what is missing with the Hugging Face CLI
+//! ([`download`]) and mirroring the trees to the worker with rsync ([`sync::sync`]). Image
+//! shipping, the self-check, the Engram pack and warm-up are still the launchers' job.
 
 pub mod hf;
+pub mod sync;
 pub mod weights;
 
 use std::process::Stdio;
@@ -23,6 +24,10 @@ pub enum PrepareError {
     Spawn { command: String, source: std::io::Error },
     #[error("`{command}` failed ({status}); run it again to resume — the Hugging Face CLI keeps what it fetched")]
     Failed { command: String, status: String },
+    #[error("{target}: {detail}")]
+    Remote { target: String, detail: String },
+    #[error("{target}:{dest} is not writable over SSH; fix it on the worker: {fix}")]
+    NotWritable { target: String, dest: String, fix: String },
     #[error("the {tree} weights are still incomplete after downloading: {}", .missing.join("; "))]
     StillIncomplete { tree: String, missing: Vec<String> },
 }

@@ -610,6 +610,7 @@ impl Builder<'_> {
             expected_shards: self.int("EXPECTED_SHARDS", 1..=100_000),
             weights,
             auto_download: self.flag("AUTO_DOWNLOAD"),
+            force_sync: self.flag("FORCE_SYNC"),
             hf_bin: self.string("HF_BIN"),
         }
     }

@@ -121,6 +121,13 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Mirror the weight trees to the worker (WEIGHT_SYNC=rsync), skipping trees whose marker on
+    /// the worker matches.
+    Sync {
+        /// Copy even when the marker matches (also FORCE_SYNC=1).
+        #[arg(long)]
+        force: bool,
+    },
     /// The guides' smoke request (17*19, thinking off) through the gateway: pass or fail, with
     /// its latency.
     Smoke {
@@ -203,6 +210,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Stop { target } => return admin::post(&config, &target, "/admin/stop"),
         Command::Bench(args) => return bench::run(&config, args),
         Command::Download { dry_run } => return prepare::download(&config, dry_run),
+        Command::Sync { force } => return prepare::sync(&config, force),
         Command::Smoke { url, timeout_s } => {
             return smoke::run(&config, url.as_deref(), std::time::Duration::from_secs(timeout_s))
         }

@@ -1,5 +1,6 @@
 //! Node-preparation subcommands: `sparkgate download` — check the head's weight trees and fetch
-//! what is missing with the Hugging Face CLI (AUTO_DOWNLOAD=0 or `--dry-run`: report only).
+//! what is missing with the Hugging Face CLI (AUTO_DOWNLOAD=0 or `--dry-run`: report only);
+//! `sparkgate sync` — mirror them to the worker (WEIGHT_SYNC=rsync).
 
 use std::process::ExitCode;
 
@@ -53,4 +54,50 @@ pub(super) fn download(config: &Config, dry_run: bool) -> anyhow::Result<ExitCod
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// `sparkgate sync`: WEIGHT_SYNC=rsync mirrors each tree to the worker unless its marker says the
+/// worker's copy is current (`--force` or FORCE_SYNC=1 copies anyway).
+pub(super) fn sync(config: &Config, force: bool) -> anyhow::Result<ExitCode> {
+    use sparkgate_config::WeightSync;
+    use sparkgate_prepare::sync::{self, Synced};
+    match config.storage.weight_sync {
+        WeightSync::Rsync => {}
+        WeightSync::None => {
+            println!("WEIGHT_SYNC=none: the worker's weights are managed outside sparkgate; nothing to do");
+            return Ok(ExitCode::SUCCESS);
+        }
+        other => {
+            eprintln!(
+                "sparkgate: WEIGHT_SYNC={} is not carried out by `sparkgate sync` yet; use WEIGHT_SYNC=rsync or the launcher's share script",
+                format!("{other:?}").to_lowercase()
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    let force = force || config.storage.force_sync;
+    for plan in sync::plans(config) {
+        let started = std::time::Instant::now();
+        println!(
+            "sync {}: {} → {}:{}",
+            plan.name,
+            plan.src.display(),
+            config.nodes.worker_ssh,
+            plan.dest
+        );
+        match sync::sync(config, &plan, force) {
+            Ok(Synced::Unchanged) => println!(
+                "sync {}: unchanged (marker {} matches), skipped in {:.2} s",
+                plan.name,
+                plan.marker_file,
+                started.elapsed().as_secs_f64()
+            ),
+            Ok(Synced::Copied) => println!("sync {}: copied in {:.1} s", plan.name, started.elapsed().as_secs_f64()),
+            Err(e) => {
+                eprintln!("sparkgate: sync {}: {e}", plan.name);
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
