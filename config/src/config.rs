@@ -284,6 +284,8 @@ pub struct Supervision {
     pub ready_timeout: Duration,
     /// After `/health` and `/v1/models`, readiness also needs a one-token generation to succeed.
     pub ready_generate_probe: bool,
+    /// BOOT_SHAPE_WARMUP: warm-up requests after ready, before admission opens.
+    pub boot_shape_warmup: bool,
     pub hang: Duration,
     pub mem_guard: bool,
     pub mem_guard_gib: f64,

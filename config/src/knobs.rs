@@ -289,6 +289,8 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("EXPECTED_SHARDS", Storage, V("39"), V("120"), "Weight shards a complete download has."),
     // === Supervision ===
     k("READY_TIMEOUT", Supervision, V("1500"), V("3600"), "Seconds rank 0 may take to become ready (also VLLM_ENGINE_READY_TIMEOUT_S)."),
+    k("BOOT_SHAPE_WARMUP", Supervision, V("1"), V("1"),
+      "1: after ready and before admission opens, warm-up requests at every concurrency 1..MAX_NUM_SEQS with the mode's draft length (the guides' boot-shape warm-up; failures only warn)."),
     k("READY_GENERATE_PROBE", Supervision, V("1"), V("1"), "1: rank 0 is ready only once a one-token completion succeeds (after /health and /v1/models), which proves the whole group can generate."),
     k("HANG_SECONDS", Supervision, V("420"), V("420"), "Seconds without a rank-0 log line (shm_broadcast lines excluded) before a start counts as hung.")
         .aliases(&["DSV41_HANG_SECONDS"]),

@@ -61,13 +61,16 @@ enum Ended {
     Asked(Command),
 }
 
+/// How long one warm-up request may take (the guides' GLM53_WARMUP_REQ_TIMEOUT).
+const WARMUP_REQUEST_LIMIT: Duration = Duration::from_secs(240);
+
 #[derive(Debug)]
 pub(crate) struct Actor {
     backend: Backend,
     group: String,
     plan: LaunchPlan,
-    /// Every mode of the profile with its plan and MAX_NUM_SEQS, for mode switches.
-    plans: Vec<(SpecMethod, LaunchPlan, u32)>,
+    /// Every mode of the profile with its plan, MAX_NUM_SEQS and draft length, for mode switches.
+    plans: Vec<(SpecMethod, LaunchPlan, u32, u32)>,
     max_num_seqs: u32,
     log_dir: PathBuf,
     ready_timeout: Duration,
@@ -76,6 +79,9 @@ pub(crate) struct Actor {
     mem_guard: Option<(f64, PathBuf)>,
     /// READY_GENERATE_PROBE: readiness includes a one-token completion.
     generate_probe: bool,
+    /// BOOT_SHAPE_WARMUP, and the active mode's draft length it warms up.
+    warmup: bool,
+    draft_tokens: u32,
     progress_timeout: Duration,
     mode: String,
     probe: Probe,
@@ -123,7 +129,14 @@ impl Actor {
                 .speculation
                 .modes
                 .iter()
-                .map(|m| (m.method, config.plan_for(m.method), m.max_num_seqs))
+                .map(|m| {
+                    (
+                        m.method,
+                        config.plan_for(m.method),
+                        m.max_num_seqs,
+                        m.num_speculative_tokens,
+                    )
+                })
                 .collect(),
             max_num_seqs: config.speculation.active_mode().max_num_seqs,
             log_dir: s.log_dir.clone(),
@@ -131,6 +144,8 @@ impl Actor {
             hang: s.hang,
             mem_guard: s.mem_guard.then(|| (s.mem_guard_gib, s.meminfo_path.clone())),
             generate_probe: s.ready_generate_probe,
+            warmup: s.boot_shape_warmup,
+            draft_tokens: config.speculation.active_mode().num_speculative_tokens,
             progress_timeout: s.progress_timeout,
             mode: config.speculation.active.to_string(),
             probe,
@@ -197,7 +212,8 @@ impl Actor {
                     None => return self.finish(None).await,
                 }
             }
-            let started = if std::mem::take(&mut adopted) {
+            let was_adopted = std::mem::take(&mut adopted);
+            let started = if was_adopted {
                 Ok(())
             } else {
                 self.epoch += 1;
@@ -206,6 +222,10 @@ impl Actor {
             };
             let ended = match started {
                 Ok(()) => {
+                    // An adopted group has served already; a fresh one is warmed before admission.
+                    if self.warmup && !was_adopted {
+                        self.warm_up().await;
+                    }
                     let ready_at = Instant::now();
                     self.set(GroupState::Ready { epoch: self.epoch });
                     let ended = self.watch().await;
@@ -291,11 +311,12 @@ impl Actor {
 
     /// The next start runs `mode`'s plan (the handle checked the profile has it).
     fn switch_plan(&mut self, mode: SpecMethod) {
-        if let Some((m, plan, seqs)) = self.plans.iter().find(|(m, ..)| *m == mode) {
+        if let Some((m, plan, seqs, draft)) = self.plans.iter().find(|(m, ..)| *m == mode) {
             tracing::info!(mode = %m, max_num_seqs = seqs, "switching speculation mode");
             self.plan = plan.clone();
             self.mode = m.to_string();
             self.max_num_seqs = *seqs;
+            self.draft_tokens = *draft;
         }
     }
 
@@ -319,6 +340,26 @@ impl Actor {
     }
 
     /// Workers first, rank 0 last; then wait until rank 0 is ready.
+    /// The boot-shape warm-up before the group is published ready (failures only warn: an
+    /// unwarmed shape compiles on first use instead).
+    async fn warm_up(&mut self) {
+        let started = Instant::now();
+        let (sent, failures) = self
+            .probe
+            .warm_up(self.max_num_seqs, self.draft_tokens, WARMUP_REQUEST_LIMIT)
+            .await;
+        if failures.is_empty() {
+            tracing::info!(
+                requests = sent,
+                max_num_seqs = self.max_num_seqs,
+                seconds = started.elapsed().as_secs_f64(),
+                "boot-shape warm-up done"
+            );
+        } else {
+            tracing::warn!(requests = sent, failed = failures.len(), first = %failures[0], "boot-shape warm-up had failures; uncovered shapes may compile mid-serve");
+        }
+    }
+
     async fn start_group(&mut self) -> Result<(), Ended> {
         let dir = self.log_dir.join(format!("epoch-{}", self.epoch));
         let mut order: Vec<_> = self.plan.ranks.clone();
@@ -518,7 +559,7 @@ impl Actor {
         if let Some(mode) = self
             .plans
             .iter()
-            .find(|(_, p, _)| Some(&p.config_hash) == running_hash.as_ref())
+            .find(|(_, p, ..)| Some(&p.config_hash) == running_hash.as_ref())
             .map(|(m, ..)| *m)
         {
             self.switch_plan(mode);

@@ -75,6 +75,38 @@ impl Probe {
         }
     }
 
+    /// The boot-shape warm-up: for every concurrency 1..=`max_num_seqs`, that many short chats at
+    /// once (thinking off, `draft_tokens + 2` tokens each, at least 8), so the engine has run
+    /// each batch shape and the mode's draft length before clients arrive. Returns how many
+    /// requests were sent and the failures' descriptions.
+    pub(crate) async fn warm_up(&self, max_num_seqs: u32, draft_tokens: u32, limit: Duration) -> (usize, Vec<String>) {
+        let body = serde_json::json!({
+            "model": self.served,
+            "messages": [{"role": "user", "content": "Warm-up. Reply with ok."}],
+            "max_tokens": (draft_tokens + 2).max(8),
+            "ignore_eos": true,
+            "chat_template_kwargs": {"enable_thinking": false},
+        })
+        .to_string();
+        let (mut sent, mut failures) = (0, Vec::new());
+        for width in 1..=max_num_seqs {
+            let requests = (0..width).map(|_| {
+                let req = Request::post(format!("{}/v1/chat/completions", self.base))
+                    .header("content-type", "application/json");
+                self.send(req, Bytes::from(body.clone()), limit)
+            });
+            for answer in futures_util::future::join_all(requests).await {
+                sent += 1;
+                match answer {
+                    Some((200, _)) => {}
+                    Some((status, _)) => failures.push(format!("HTTP {status} at concurrency {width}")),
+                    None => failures.push(format!("no answer within {} s at concurrency {width}", limit.as_secs())),
+                }
+            }
+        }
+        (sent, failures)
+    }
+
     pub(crate) async fn healthy(&self) -> bool {
         matches!(self.get("/health").await, Some((200, _)))
     }

@@ -25,7 +25,7 @@
 //!   delivered tokens and observed seconds; past [`MEASURE_WINDOW_S`] seconds both are scaled
 //!   down so the cell follows a machine that changes.
 //! - A machine-wide speed factor F = all measured tokens / what the seeded tables predicted for
-//!   the same cells and seconds (1 until [`MIN_MEASURED_S`] seconds were seen). It scales every
+//!   the same cells and seconds (1 until [`MIN_MEASURED_S`] was seen). It scales every
 //!   cell, measured or not, so a machine uniformly faster or slower than the guides' (or a
 //!   simulator at any speed) does not bias the comparison toward the mode that was measured.
 //! - A cell's rate = (seed × F × [`PRIOR_WEIGHT_S`] + tokens) / ([`PRIOR_WEIGHT_S`] + seconds):
@@ -43,8 +43,11 @@ pub const REMEMBERED_REGIMES: usize = 5;
 pub const PRIOR_WEIGHT_S: f64 = 300.0;
 /// Observed seconds a cell keeps before older evidence is scaled down.
 pub const MEASURE_WINDOW_S: f64 = 3600.0;
-/// Measured seconds (all cells) before the machine-wide speed factor departs from 1.
-pub const MIN_MEASURED_S: f64 = 60.0;
+/// Measured seconds (all cells) before the machine-wide speed factor departs from 1. Short on
+/// purpose: with one cell measured, every table is that cell's seed × F, so comparisons between
+/// modes stay the seeds' however noisy F is; waiting longer would let the measured mode's cell
+/// outgrow the unscaled others.
+pub const MIN_MEASURED_S: f64 = 1.0;
 /// How many measured restarts price a switch.
 pub const REMEMBERED_RESTARTS: usize = 5;
 

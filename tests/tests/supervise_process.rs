@@ -566,3 +566,44 @@ fn readiness_needs_a_one_token_completion() {
     );
     assert_ne!(s["supervisor"]["state"], "ready");
 }
+
+/// Finished requests on rank 0, from its Prometheus counter (the gateway reports its URL).
+fn rank0_finished_requests(gw: &Gateway) -> f64 {
+    let url = gw.status()["upstream_url"].as_str().expect("upstream_url").to_owned();
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().expect("address");
+    request(addr, "GET", "/metrics", &[], b"")
+        .text()
+        .lines()
+        .filter(|l| l.starts_with("vllm:request_success_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn warm_up_requests_reach_the_ranks_before_admission_opens() {
+    // DeepSeek dspark: MAX_NUM_SEQS 2 → warm-up at concurrency 1 and 2 (3 requests), after the
+    // one-token readiness probe; nothing is sent by a client before these counts are read.
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise(&sparkgate(), SIM, "deepseek-v4.1-flash", logs.path(), &[]);
+    assert_eq!(rank0_finished_requests(&gw), 4.0, "probe + 1 + 2 warm-up requests");
+    assert!(
+        gw.proc.has_line("boot-shape warm-up done"),
+        "{}",
+        gw.proc.log().join("\n")
+    );
+    let metrics = request(gw.addr, "GET", "/metrics", &[], b"").text();
+    assert!(
+        !metrics.contains("route=\"chat\""),
+        "no client request was served yet: {metrics}"
+    );
+
+    let logs = tempfile::tempdir().unwrap();
+    let cold = Gateway::supervise(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[("BOOT_SHAPE_WARMUP", "0")],
+    );
+    assert_eq!(rank0_finished_requests(&cold), 1.0, "only the readiness probe");
+}

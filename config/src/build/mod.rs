@@ -257,6 +257,7 @@ impl Builder<'_> {
             hang: self.seconds("HANG_SECONDS"),
             mem_guard: self.flag("MEM_GUARD"),
             ready_generate_probe: self.flag("READY_GENERATE_PROBE"),
+            boot_shape_warmup: self.flag("BOOT_SHAPE_WARMUP"),
             mem_guard_gib: self.float("MEM_GUARD_GIB", 0.0, 1024.0),
             boot_margin_gib: self
                 .optional("BOOT_MARGIN_GIB")
