@@ -286,6 +286,8 @@ pub struct Supervision {
     pub ready_generate_probe: bool,
     /// BOOT_SHAPE_WARMUP: warm-up requests after ready, before admission opens.
     pub boot_shape_warmup: bool,
+    /// SELF_CHECK_CMD as argv (empty when unset or SKIP_OVERLAY_VERIFY=1).
+    pub self_check: Vec<String>,
     pub hang: Duration,
     pub mem_guard: bool,
     pub mem_guard_gib: f64,

@@ -79,6 +79,9 @@ pub(crate) struct Actor {
     mem_guard: Option<(f64, PathBuf)>,
     /// READY_GENERATE_PROBE: readiness includes a one-token completion.
     generate_probe: bool,
+    /// SELF_CHECK_CMD (empty: none), run once before the first start with RUNTIME=docker.
+    self_check: Vec<String>,
+    self_checked: bool,
     /// BOOT_SHAPE_WARMUP, and the active mode's draft length it warms up.
     warmup: bool,
     draft_tokens: u32,
@@ -144,6 +147,8 @@ impl Actor {
             hang: s.hang,
             mem_guard: s.mem_guard.then(|| (s.mem_guard_gib, s.meminfo_path.clone())),
             generate_probe: s.ready_generate_probe,
+            self_check: s.self_check.clone(),
+            self_checked: false,
             warmup: s.boot_shape_warmup,
             draft_tokens: config.speculation.active_mode().num_speculative_tokens,
             progress_timeout: s.progress_timeout,
@@ -361,6 +366,17 @@ impl Actor {
     }
 
     async fn start_group(&mut self) -> Result<(), Ended> {
+        if !self.self_checked && !self.self_check.is_empty() {
+            if let (Backend::Docker { head, .. }, Some(rank0)) =
+                (&self.backend, self.plan.ranks.iter().find(|r| r.rank == 0))
+            {
+                let log = self.log_dir.join("overlay-verify.log");
+                crate::container::self_check(head, rank0, &self.self_check, &log)
+                    .await
+                    .map_err(Ended::Failure)?;
+            }
+        }
+        self.self_checked = true;
         let dir = self.log_dir.join(format!("epoch-{}", self.epoch));
         let mut order: Vec<_> = self.plan.ranks.clone();
         order.sort_by_key(|r| std::cmp::Reverse(r.rank));

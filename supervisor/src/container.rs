@@ -127,3 +127,41 @@ impl RankContainer {
         }
     }
 }
+
+/// The image's self-check: `argv` in a throwaway container made from rank 0's spec (same image,
+/// environment, mounts and devices, plus EXL3_SELFCHECK_GPU=1), its output written to `log`.
+/// `Err` carries the exit status and the log's last lines.
+pub(crate) async fn self_check(docker: &Node, rank0: &RankPlan, argv: &[String], log: &Path) -> Result<(), String> {
+    let mut spec = rank0.container.clone();
+    spec.name = format!("{}-selfcheck", spec.name);
+    spec.labels.clear();
+    spec.entrypoint = argv[..1].to_vec();
+    spec.cmd = argv[1..].to_vec();
+    spec.env.push((
+        "EXL3_SELFCHECK_GPU".into(),
+        sparkgate_config::RankEnvValue::Plain("1".into()),
+    ));
+    let id = docker
+        .run(&spec, &[])
+        .await
+        .map_err(|e| format!("the self-check container did not start: {e}"))?;
+    let status = docker.wait_exit(&id).await;
+    let output: Vec<bytes::Bytes> = docker.logs(&id, None).collect().await;
+    docker.kill_and_remove(&id).await.ok();
+    let text: String = output.iter().map(|b| String::from_utf8_lossy(b)).collect();
+    if let Some(dir) = log.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::write(log, &text);
+    if status == "exit status: 0" {
+        tracing::info!(log = %log.display(), "self-check passed");
+        return Ok(());
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(20)..].join(" | ");
+    Err(format!(
+        "the image's self-check `{}` failed ({status}; SKIP_OVERLAY_VERIFY=1 skips it); last lines of {}: {tail}",
+        argv.join(" "),
+        log.display()
+    ))
+}

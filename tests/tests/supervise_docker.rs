@@ -120,6 +120,8 @@ impl Deployment {
             ("MODEL_HOST", &logs.path().join("model").display().to_string()),
             ("HF_HOME", &logs.path().join("hf").display().to_string()),
             ("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_SPEED=instant"),
+            // The simulator image's stand-in for the guides' GPU/overlay check scripts.
+            ("SELF_CHECK_CMD", "vllm selfcheck"),
             ("RESTART_BACKOFF_INITIAL", "0.2"),
         ]
         .iter()
@@ -520,4 +522,30 @@ fn auto_speculation_switches_the_container_group_and_back() {
         .map(|id| label(id, "sparkgate.mode"))
         .collect();
     assert_eq!(modes, ["dspark", "dspark"], "epoch 3 runs dspark again");
+}
+
+#[test]
+fn a_failing_self_check_stops_the_start_with_the_log_tail() {
+    let d = Deployment::new(
+        "deepseek-v4.1-flash",
+        "selfcheck",
+        &[
+            ("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_SELFCHECK_FAIL=1"),
+            ("RESTART_BUDGET", "1"),
+        ],
+    );
+    let gw = d.start("deepseek-v4.1-flash");
+    let s = gw.wait_status("the start failed", |s| {
+        s["supervisor"]["last_restart"]["reason"].is_string()
+    });
+    let reason = s["supervisor"]["last_restart"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("self-check `vllm selfcheck` failed (exit status: 1")
+            && reason.contains("AssertionError: EXL3 GEMM result differs"),
+        "{reason}"
+    );
+    let log = std::fs::read_to_string(d._logs.path().join("overlay-verify.log")).expect("overlay-verify.log");
+    assert!(log.contains("EXL3 overlay installed"), "{log}");
+    assert!(containers(&d.group).is_empty(), "no rank container was started");
+    assert_ne!(s["supervisor"]["state"], "ready");
 }

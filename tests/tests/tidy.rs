@@ -28,7 +28,7 @@ fn workspace_files() -> Vec<PathBuf> {
         .expect("workspace root")
         .to_path_buf();
     let mut files = Vec::new();
-    for member in ["config", "docker", "supervisor", "gateway", "tests"] {
+    for member in ["config", "docker", "supervisor", "prepare", "gateway", "tests"] {
         rust_files(&root.join(member), &mut files);
     }
     assert!(files.len() > 10, "found the workspace's sources");

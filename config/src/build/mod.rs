@@ -14,6 +14,9 @@ use crate::secret::Secret;
 use crate::spec::{self, SpecMethod};
 
 mod gateway;
+mod words;
+
+use words::shell_words;
 
 pub(crate) fn build(layers: Layers<'_>, env_file: Option<PathBuf>) -> Result<Config, ConfigError> {
     // PROFILE has the same default in every profile, so any resolver can read it.
@@ -258,6 +261,21 @@ impl Builder<'_> {
             mem_guard: self.flag("MEM_GUARD"),
             ready_generate_probe: self.flag("READY_GENERATE_PROBE"),
             boot_shape_warmup: self.flag("BOOT_SHAPE_WARMUP"),
+            self_check: {
+                let skip = self.flag("SKIP_OVERLAY_VERIFY");
+                let cmd = self.string("SELF_CHECK_CMD");
+                if skip {
+                    Vec::new()
+                } else {
+                    match shell_words(&cmd) {
+                        Some(words) => words,
+                        None => {
+                            self.fail("SELF_CHECK_CMD", "has an unterminated quote".to_owned());
+                            Vec::new()
+                        }
+                    }
+                }
+            },
             mem_guard_gib: self.float("MEM_GUARD_GIB", 0.0, 1024.0),
             boot_margin_gib: self
                 .optional("BOOT_MARGIN_GIB")

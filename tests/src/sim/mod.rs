@@ -31,6 +31,9 @@ fn env_secs(name: &str, default: f64) -> Duration {
 
 /// Runs the simulator with `argv` (without the program name); returns the exit status.
 pub fn main(argv: &[String]) -> i32 {
+    if argv.first().map(String::as_str) == Some("selfcheck") {
+        return selfcheck();
+    }
     let args = match args::parse(argv) {
         Ok(a) => a,
         Err(e) => {
@@ -44,6 +47,18 @@ pub fn main(argv: &[String]) -> i32 {
         .build()
         .expect("tokio runtime");
     runtime.block_on(run(args))
+}
+
+/// `vllm-sim selfcheck`: the simulator's stand-in for an image's GPU/overlay self-check scripts
+/// (not a vLLM command). SIM_SELFCHECK_FAIL=1 makes it fail the way a broken overlay does.
+fn selfcheck() -> i32 {
+    println!("self-check: EXL3 overlay installed (simulated)");
+    if std::env::var("SIM_SELFCHECK_FAIL").is_ok_and(|v| v == "1") {
+        eprintln!("AssertionError: EXL3 GEMM result differs from the reference (max abs err 3.2e-1)");
+        return 1;
+    }
+    println!("self-check: EXL3 GEMM matches the reference (simulated)");
+    0
 }
 
 /// The simulated model family, from the reasoning parser (or `SIM_PROFILE`).
