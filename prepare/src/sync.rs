@@ -167,18 +167,18 @@ pub fn sync(config: &Config, plan: &SyncPlan, force: bool) -> Result<Synced, Pre
     if !force && seen == plan.marker {
         return Ok(Synced::Unchanged);
     }
-    let rsync = format!(
-        "rsync -a --partial --info=progress2 -e {} {}/ {}:{}/",
-        quote(&ssh_argv(config).join(" ")),
-        plan.src.display(),
-        config.nodes.worker_ssh,
-        plan.dest
-    );
+    let argv = [
+        "-a".to_owned(),
+        "--partial".to_owned(),
+        "--info=progress2".to_owned(),
+        "-e".to_owned(),
+        ssh_argv(config).join(" "),
+        format!("{}/", plan.src.display()),
+        format!("{}:{}/", config.nodes.worker_ssh, plan.dest),
+    ];
+    let rsync = format!("rsync {}", argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "));
     let status = Command::new("rsync")
-        .args(["-a", "--partial", "--info=progress2", "-e"])
-        .arg(ssh_argv(config).join(" "))
-        .arg(format!("{}/", plan.src.display()))
-        .arg(format!("{}:{}/", config.nodes.worker_ssh, plan.dest))
+        .args(&argv)
         .stdin(Stdio::null())
         .status()
         .map_err(|source| PrepareError::Spawn {

@@ -69,15 +69,21 @@ pub const FAST_AUTO_POLICY: [(&str, &str); 6] = [
     ("SPEC_RATE_TAU_S", "2"),
 ];
 
-/// vLLM's running-request gauge on rank 0, read from the upstream the gateway proxies to.
-pub fn running_on_rank0(gw: &Gateway) -> f64 {
+/// The sum of a Prometheus metric's samples on rank 0, read from the upstream the gateway
+/// proxies to.
+pub fn rank0_metric(gw: &Gateway, name: &str) -> f64 {
     let url = gw.status()["upstream_url"].as_str().expect("upstream_url").to_owned();
     let addr: SocketAddr = url.trim_start_matches("http://").parse().expect("upstream address");
     let text = request(addr, "GET", "/metrics", &[], b"").text();
     text.lines()
-        .filter(|l| l.starts_with("vllm:num_requests_running"))
+        .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// vLLM's running-request gauge on rank 0.
+pub fn running_on_rank0(gw: &Gateway) -> f64 {
+    rank0_metric(gw, "vllm:num_requests_running")
 }
 
 /// With SPEC_POLICY=auto on the DeepSeek profile: four closed-loop clients switch dspark → none

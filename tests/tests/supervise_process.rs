@@ -567,16 +567,9 @@ fn readiness_needs_a_one_token_completion() {
     assert_ne!(s["supervisor"]["state"], "ready");
 }
 
-/// Finished requests on rank 0, from its Prometheus counter (the gateway reports its URL).
+/// Finished requests on rank 0, from its Prometheus counter.
 fn rank0_finished_requests(gw: &Gateway) -> f64 {
-    let url = gw.status()["upstream_url"].as_str().expect("upstream_url").to_owned();
-    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().expect("address");
-    request(addr, "GET", "/metrics", &[], b"")
-        .text()
-        .lines()
-        .filter(|l| l.starts_with("vllm:request_success_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    sparkgate_tests::load::rank0_metric(gw, "vllm:request_success_total")
 }
 
 #[test]

@@ -183,7 +183,9 @@ async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::
                             body.clone(),
                         );
                         let timeout = Duration::from_secs(args.timeout_s);
-                        tokio::spawn(async move { stream_one(&client, &url, key.as_deref(), body, timeout).await })
+                        tokio::spawn(
+                            async move { stream_one(&client, &url, key.as_deref(), body, phase, timeout).await },
+                        )
                     })
                     .collect();
                 let mut run = Vec::new();
@@ -274,10 +276,10 @@ async fn stream_one(
     url: &str,
     api_key: Option<&str>,
     body: Bytes,
+    phase: Phase,
     timeout: Duration,
 ) -> RequestResult {
-    let phase_prose = !body.windows(5).any(|w| w == b"JSON ");
-    match tokio::time::timeout(timeout, stream_inner(client, url, api_key, body, phase_prose)).await {
+    match tokio::time::timeout(timeout, stream_inner(client, url, api_key, body, phase == Phase::Prose)).await {
         Ok(r) => r,
         Err(_) => failed(format!("no complete answer within {} s", timeout.as_secs())),
     }
