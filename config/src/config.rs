@@ -58,6 +58,7 @@ pub struct Config {
     pub speculation: Speculation,
     pub containers: Containers,
     pub storage: Storage,
+    pub preparation: Preparation,
     pub supervision: Supervision,
     pub gateway: Gateway,
     pub secrets: Secrets,
@@ -257,6 +258,65 @@ pub enum Weights {
         revision: String,
         cache_name: String,
     },
+}
+
+/// How a worker that lacks the image gets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageShip {
+    Stream,
+    Staged,
+    Auto,
+}
+
+/// Node preparation: the image on both nodes, the weights before the first start, and the
+/// DeepSeek-only NFS share, ZFS datasets and Engram pack.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preparation {
+    pub pull: bool,
+    pub build: bool,
+    pub skip_pull: bool,
+    pub skip_build: bool,
+    pub skip_ship: bool,
+    pub build_context: PathBuf,
+    pub dockerfile: String,
+    pub ship: ImageShip,
+    pub ship_dir: PathBuf,
+    pub worker_ship_dir: String,
+    pub ship_keep: bool,
+    /// KiB/s for the staged transfer; 0 = unlimited.
+    pub ship_bwlimit_kib: u32,
+    pub skip_download: bool,
+    pub skip_sync: bool,
+    pub nfs: Option<NfsShare>,
+    pub zfs: Option<ZfsDatasets>,
+    pub pack: Option<EngramPack>,
+    /// DSV41_DROP_PAGE_CACHE: drop each node's page cache once the group is ready.
+    pub drop_page_cache: bool,
+}
+
+/// WEIGHT_SYNC=nfs: what the head exports and the worker's volumes mount.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NfsShare {
+    pub server_ip: IpAddr,
+    pub export_model: String,
+    pub export_engram: String,
+    pub clients: String,
+}
+
+/// WEIGHT_SYNC=zfs: the datasets whose snapshots are sent to the worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZfsDatasets {
+    pub head_model: String,
+    pub worker_model: String,
+}
+
+/// The Engram packer (DeepSeek): where the packed files go on each node and the image's command.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngramPack {
+    pub head_dir: String,
+    pub worker_dir: String,
+    pub cmd: Vec<String>,
 }
 
 /// How the ranks are run.

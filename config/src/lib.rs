@@ -19,8 +19,9 @@ mod source;
 mod spec;
 
 pub use config::{
-    AutoSpec, Config, Containers, DflashDraft, Gateway, HostNccl, LoadOptions, Nic, Nodes, Ports, RankEnvValue,
-    Runtime, Secrets, Serving, Setting, Speculation, SshSettings, Storage, Supervision, WeightSync, Weights,
+    AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, HostNccl, ImageShip, LoadOptions, NfsShare, Nic,
+    Nodes, Ports, Preparation, RankEnvValue, Runtime, Secrets, Serving, Setting, Speculation, SshSettings, Storage,
+    Supervision, WeightSync, Weights, ZfsDatasets,
 };
 pub use error::{ConfigError, InvalidValue};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};

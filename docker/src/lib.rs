@@ -1,9 +1,12 @@
 //! Docker access for sparkgate's nodes: the only crate that talks to a Docker daemon (bollard)
 //! or opens an SSH session (openssh). A `Node` is a daemon you can reach: the head's local
-//! socket, or a worker's socket forwarded over SSH (`ssh.rs`) — one code path for both.
+//! socket, or a worker's socket forwarded over SSH (`ssh.rs`) — one code path for both. Images
+//! and volumes (identity, pull, build, export/load, NFS volumes) are in `image.rs`.
 
+mod image;
 mod ssh;
 
+pub use image::{ImageIdentity, ImageProgress};
 pub use ssh::{RemoteProcess, SshTarget};
 
 use std::collections::HashMap;
@@ -44,6 +47,8 @@ pub enum DockerError {
         #[source]
         source: bollard::errors::Error,
     },
+    #[error("{node}: {what} failed: {detail}")]
+    Failed { node: String, what: String, detail: String },
 }
 
 /// A container as the supervisor sees it.

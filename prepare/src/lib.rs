@@ -1,9 +1,15 @@
-//! Node preparation before the ranks start. So far: the weights — what a complete tree is per
-//! profile ([`weights::check`]), fetching what is missing with the Hugging Face CLI
-//! ([`download`]) and mirroring the trees to the worker with rsync ([`sync::sync`]). Image
-//! shipping, the self-check, the Engram pack and warm-up are still the launchers' job.
+//! Node preparation before the ranks start: the image on the head ([`image`]: present, pulled or
+//! built with a recipe stamp) and on the worker ([`ship`]: stream or staged, compared by RootFS
+//! layers); the weights — what a complete tree is per profile ([`weights::check`]), fetching what
+//! is missing with the Hugging Face CLI ([`download`]), mirroring the trees with rsync
+//! ([`sync::sync`]) or sharing them over NFS / ZFS ([`share`]); the Engram pack ([`pack`]).
+//! Progress goes to a [`progress::Report`].
 
 pub mod hf;
+pub mod image;
+pub mod progress;
+pub mod share;
+pub mod ship;
 pub mod sync;
 pub mod weights;
 
@@ -30,6 +36,24 @@ pub enum PrepareError {
     NotWritable { target: String, dest: String, fix: String },
     #[error("the {tree} weights are still incomplete after downloading: {}", .missing.join("; "))]
     StillIncomplete { tree: String, missing: Vec<String> },
+    #[error(transparent)]
+    Docker(#[from] sparkgate_docker::DockerError),
+    #[error("build context: {0}")]
+    Recipe(String),
+    #[error("building the image failed: {error}; log {log}, last lines:\n{tail}")]
+    Build { error: String, log: String, tail: String },
+    #[error("image {image} is not available: {why}")]
+    NoImage { image: String, why: String },
+    #[error("the worker has {free} free in {dir} but staged shipping needs {need} (tar ×2 + 5 GiB); free space there, set WORKER_IMAGE_SHIP_DIR to a larger disk, or IMAGE_SHIP=stream")]
+    NoRoom { dir: String, need: String, free: String },
+    #[error("{0}")]
+    Local(String),
+    #[error("`{command}` was cut ({status}: {detail}); run it again to resume from what arrived")]
+    Interrupted {
+        command: String,
+        status: String,
+        detail: String,
+    },
 }
 
 /// What [`download`] did for one tree.

@@ -119,7 +119,7 @@ pub fn ssh_argv(config: &Config) -> Vec<String> {
 }
 
 /// A word for a POSIX shell, single-quoted.
-fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 

@@ -14,6 +14,7 @@ use crate::secret::Secret;
 use crate::spec::{self, SpecMethod};
 
 mod gateway;
+mod prepare;
 mod words;
 
 use words::shell_words;
@@ -286,6 +287,7 @@ impl Builder<'_> {
             meminfo_path: PathBuf::from(self.non_empty("MEMINFO_PATH")),
         };
         let gateway = self.gateway(profile);
+        let preparation = self.preparation(profile, &nodes);
         let secrets = Secrets {
             hf_token: self.secret("HF_TOKEN"),
             ghcr_user: self.string("GHCR_USER"),
@@ -340,6 +342,7 @@ impl Builder<'_> {
             speculation,
             containers,
             storage,
+            preparation,
             supervision,
             gateway,
             secrets,

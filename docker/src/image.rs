@@ -1,0 +1,274 @@
+//! Images and volumes on a node: identity by RootFS layers, pull, build, export and load as
+//! byte streams (so one daemon's export can feed another's load), NFS-backed volumes, and shell
+//! commands on the node's host (locally for the head, over SSH for a worker).
+
+use std::collections::HashMap;
+
+use bollard::auth::DockerCredentials;
+use bollard::models::VolumeCreateRequest;
+use bollard::query_parameters::{
+    BuildImageOptionsBuilder, CreateImageOptionsBuilder, ImportImageOptionsBuilder, RemoveImageOptionsBuilder,
+};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+
+use crate::{DockerError, Node};
+
+/// What makes two copies of an image the same image: the digests of its root filesystem's
+/// layers. `docker save | docker load` keeps them, while it drops RepoDigests, and the image Id
+/// differs between storage backends (overlay2 vs containerd).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageIdentity {
+    pub layers: Vec<String>,
+    /// The image's labels (the recipe stamp of a built image among them).
+    pub labels: HashMap<String, String>,
+    /// Size in bytes as the daemon reports it (uncompressed; an export is about this large).
+    pub size: u64,
+}
+
+impl ImageIdentity {
+    /// A short stable name for the layer list: 16 hex digits of its FNV-1a hash (file names,
+    /// log lines).
+    pub fn key(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.layers.join(",").bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+
+    /// Same layers: the same image, whatever its Id or RepoDigests say.
+    pub fn same_image(&self, other: &ImageIdentity) -> bool {
+        !self.layers.is_empty() && self.layers == other.layers
+    }
+}
+
+/// One progress report of a long image operation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageProgress {
+    /// What the daemon says it is doing (a pull's layer status, a build step).
+    pub status: String,
+    /// Bytes done and expected, when the daemon reports them.
+    pub current: Option<u64>,
+    pub total: Option<u64>,
+}
+
+impl Node {
+    /// The image's identity, or `None` when it is not on this daemon.
+    pub async fn image_identity(&self, image: &str) -> Result<Option<ImageIdentity>, DockerError> {
+        match self.docker.inspect_image(image).await {
+            Ok(i) => Ok(Some(ImageIdentity {
+                layers: i.root_fs.and_then(|r| r.layers).unwrap_or_default(),
+                labels: i.config.and_then(|c| c.labels).unwrap_or_default(),
+                size: i.size.unwrap_or(0).max(0) as u64,
+            })),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
+            Err(e) => Err(self.api(format!("inspect image {image}"))(e)),
+        }
+    }
+
+    /// Pulls `image` from its registry (with credentials when given), reporting progress.
+    pub async fn pull(
+        &self,
+        image: &str,
+        credentials: Option<(String, String)>,
+        mut progress: impl FnMut(ImageProgress),
+    ) -> Result<(), DockerError> {
+        let opts = CreateImageOptionsBuilder::default().from_image(image).build();
+        let creds = credentials.map(|(username, password)| DockerCredentials {
+            username: Some(username),
+            password: Some(password),
+            serveraddress: image.split('/').next().map(str::to_owned),
+            ..Default::default()
+        });
+        let mut stream = self.docker.create_image(Some(opts), None, creds);
+        while let Some(item) = stream.next().await {
+            let info = item.map_err(self.api(format!("pull {image}")))?;
+            let detail = info.progress_detail.unwrap_or_default();
+            progress(ImageProgress {
+                status: format!("{} {}", info.id.unwrap_or_default(), info.status.unwrap_or_default())
+                    .trim()
+                    .to_owned(),
+                current: detail.current.map(|c| c.max(0) as u64),
+                total: detail.total.map(|t| t.max(0) as u64),
+            });
+        }
+        Ok(())
+    }
+
+    /// Builds `tag` from a build context (a tar with the Dockerfile at `dockerfile`), with
+    /// `labels` and `build_args`; each output line goes to `progress`.
+    pub async fn build(
+        &self,
+        context_tar: Bytes,
+        dockerfile: &str,
+        tag: &str,
+        labels: &HashMap<String, String>,
+        build_args: &HashMap<String, String>,
+        mut progress: impl FnMut(ImageProgress),
+    ) -> Result<(), DockerError> {
+        let opts = BuildImageOptionsBuilder::default()
+            .dockerfile(dockerfile)
+            .t(tag)
+            .rm(true)
+            .labels(labels)
+            .buildargs(build_args)
+            .build();
+        let mut stream = self
+            .docker
+            .build_image(opts, None, Some(bollard::body_full(context_tar)));
+        while let Some(item) = stream.next().await {
+            let info = item.map_err(self.api(format!("build {tag}")))?;
+            if let Some(err) = info.error_detail.and_then(|e| e.message) {
+                return Err(DockerError::Failed {
+                    node: self.name.clone(),
+                    what: format!("build {tag}"),
+                    detail: err,
+                });
+            }
+            if let Some(line) = info.stream.or(info.status) {
+                let line = line.trim_end();
+                if !line.is_empty() {
+                    progress(ImageProgress {
+                        status: line.to_owned(),
+                        current: None,
+                        total: None,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The image as a `docker save` tar, streamed.
+    pub fn export_image(&self, image: &str) -> impl Stream<Item = Result<Bytes, DockerError>> + Send + use<> {
+        let node = self.name.clone();
+        let what = format!("export {image}");
+        self.docker.export_image(image).map(move |r| {
+            r.map_err(|source| DockerError::Api {
+                node: node.clone(),
+                what: what.clone(),
+                source,
+            })
+        })
+    }
+
+    /// Loads a `docker save` tar from a byte stream (`docker load`).
+    pub async fn load_image<S, E>(&self, tar: S) -> Result<(), DockerError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+    {
+        let opts = ImportImageOptionsBuilder::default().quiet(true).build();
+        let mut stream = self.docker.import_image_stream(opts, tar, None);
+        while let Some(item) = stream.next().await {
+            let info = item.map_err(self.api("load image"))?;
+            if let Some(err) = info.error_detail.and_then(|e| e.message) {
+                return Err(DockerError::Failed {
+                    node: self.name.clone(),
+                    what: "load image".into(),
+                    detail: err,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes an image (tests and re-ships); absent is fine.
+    pub async fn remove_image(&self, image: &str) -> Result<(), DockerError> {
+        let opts = RemoveImageOptionsBuilder::default().force(true).build();
+        match self.docker.remove_image(image, Some(opts), None).await {
+            Ok(_) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(e) => Err(self.api(format!("remove image {image}"))(e)),
+        }
+    }
+
+    /// Makes sure a volume named `name` exists with exactly `driver_opts` (local driver):
+    /// an existing one with other options is removed and created again. Returns whether it was
+    /// (re)created.
+    pub async fn ensure_volume(&self, name: &str, driver_opts: &HashMap<String, String>) -> Result<bool, DockerError> {
+        match self.docker.inspect_volume(name).await {
+            Ok(v) if v.driver == "local" && &v.options == driver_opts => return Ok(false),
+            Ok(_) => {
+                self.docker
+                    .remove_volume(name, None::<bollard::query_parameters::RemoveVolumeOptions>)
+                    .await
+                    .map_err(self.api(format!("remove volume {name} (to recreate it with new options)")))?;
+            }
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+            Err(e) => return Err(self.api(format!("inspect volume {name}"))(e)),
+        }
+        let req = VolumeCreateRequest {
+            name: Some(name.to_owned()),
+            driver: Some("local".into()),
+            driver_opts: Some(driver_opts.clone()),
+            ..Default::default()
+        };
+        self.docker
+            .create_volume(req)
+            .await
+            .map_err(self.api(format!("create volume {name}")))?;
+        Ok(true)
+    }
+
+    /// Runs a POSIX shell script on the node's host — the head's locally, a worker's over its
+    /// SSH session — and returns its stdout; a failure carries its stderr.
+    pub async fn shell(&self, script: &str) -> Result<String, DockerError> {
+        let failed = |detail: String| DockerError::Failed {
+            node: self.name.clone(),
+            what: format!("`{}`", first_line(script)),
+            detail,
+        };
+        match &self.tunnel {
+            Some(t) => t.run("sh", &["-c", script]).await.map_err(failed),
+            None => {
+                let out = tokio::process::Command::new("sh")
+                    .args(["-c", script])
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .await
+                    .map_err(|e| failed(e.to_string()))?;
+                if out.status.success() {
+                    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+                } else {
+                    Err(failed(String::from_utf8_lossy(&out.stderr).trim().to_owned()))
+                }
+            }
+        }
+    }
+
+    /// Whether the node is reached over SSH (a worker) rather than on this machine.
+    pub fn is_remote(&self) -> bool {
+        self.tunnel.is_some()
+    }
+}
+
+fn first_line(script: &str) -> &str {
+    let line = script.lines().next().unwrap_or_default();
+    line.get(..60).unwrap_or(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(layers: &[&str]) -> ImageIdentity {
+        ImageIdentity {
+            layers: layers.iter().map(|s| (*s).to_owned()).collect(),
+            labels: HashMap::new(),
+            size: 0,
+        }
+    }
+
+    #[test]
+    fn identity_is_the_layer_list() {
+        let a = id(&["sha256:aa", "sha256:bb"]);
+        assert!(a.same_image(&id(&["sha256:aa", "sha256:bb"])));
+        assert!(!a.same_image(&id(&["sha256:aa"])));
+        assert!(!id(&[]).same_image(&id(&[])), "no layers proves nothing");
+        assert_eq!(a.key(), id(&["sha256:aa", "sha256:bb"]).key());
+        assert_ne!(a.key(), id(&["sha256:bb", "sha256:aa"]).key());
+        assert_eq!(a.key().len(), 16);
+    }
+}
