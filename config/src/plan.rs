@@ -35,6 +35,33 @@ pub struct RankPlan {
     pub container: ContainerSpec,
 }
 
+impl LaunchPlan {
+    /// Mounts the packed Engram files of each listed `(rank, host directory)` read-only at
+    /// `/engram-packed` and sets DSV41_PACKED_DIR there, as the DeepSeek launcher does when
+    /// `engram-l1-r<rank>of<TP>.bin` exists; the config hash follows.
+    pub fn with_packed_engram(mut self, packed: &[(u32, String)]) -> LaunchPlan {
+        for (rank, dir) in packed {
+            if let Some(r) = self.ranks.iter_mut().find(|r| r.rank == *rank) {
+                r.container.mounts.push(Mount::Bind {
+                    source: dir.clone(),
+                    target: "/engram-packed".into(),
+                    read_only: true,
+                });
+                r.container
+                    .env
+                    .push(("DSV41_PACKED_DIR".into(), RankEnvValue::Plain("/engram-packed".into())));
+            }
+        }
+        self.config_hash = config_hash(&self.ranks);
+        for r in &mut self.ranks {
+            r.container
+                .labels
+                .insert(labels::CONFIG_HASH.into(), self.config_hash.clone());
+        }
+        self
+    }
+}
+
 impl RankPlan {
     /// `serve MODEL --flag …`: the arguments after the `vllm` executable.
     pub fn vllm_argv(&self) -> &[String] {

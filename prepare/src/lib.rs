@@ -7,10 +7,12 @@
 
 pub mod hf;
 pub mod image;
+pub mod pack;
 pub mod progress;
 pub mod share;
 pub mod ship;
 pub mod sync;
+pub mod verify;
 pub mod weights;
 
 use std::process::Stdio;
@@ -48,6 +50,8 @@ pub enum PrepareError {
     NoRoom { dir: String, need: String, free: String },
     #[error("{0}")]
     Local(String),
+    #[error("the head's weights are incomplete and AUTO_DOWNLOAD=0: {}; run `sparkgate download`, or set SKIP_DOWNLOAD=1 if the weights are managed elsewhere", .0.join(" | "))]
+    WeightsIncomplete(Vec<String>),
     #[error("`{command}` was cut ({status}: {detail}); run it again to resume from what arrived")]
     Interrupted {
         command: String,
@@ -101,4 +105,87 @@ pub fn download(config: &Config, cli: &HfCli, token: Option<&str>) -> Result<Vec
         }
     }
     Ok(done)
+}
+
+/// What the nodes need before the first start with RUNTIME=docker, in order: the head's weights
+/// complete (downloaded when AUTO_DOWNLOAD=1; SKIP_DOWNLOAD=1 skips), IMAGE on the head (present,
+/// pulled or built), the same image on the worker (shipped unless SKIP_SHIP=1), and the worker's
+/// weights (WEIGHT_SYNC: rsync by marker, nfs volumes; SKIP_SYNC=1 skips). Each step is a no-op
+/// when its work is done already, so a second start costs a few round trips.
+pub async fn for_start(
+    config: &Config,
+    head: &sparkgate_docker::Node,
+    worker: Option<&sparkgate_docker::Node>,
+    report: &dyn progress::Report,
+) -> Result<(), PrepareError> {
+    let p = &config.preparation;
+    if !p.skip_download {
+        weights_gate(config, report).await?;
+    }
+    let id = image::ensure_on_head(config, head, report).await?;
+    let Some(worker) = worker else {
+        return Ok(());
+    };
+    ship::ship(config, head, worker, &id, report).await?;
+    if p.skip_sync {
+        return Ok(());
+    }
+    match config.storage.weight_sync {
+        sparkgate_config::WeightSync::Rsync => {
+            for plan in sync::plans(config) {
+                let (c, force) = (config.clone(), config.storage.force_sync);
+                let name = plan.name;
+                let done = tokio::task::spawn_blocking(move || sync::sync(&c, &plan, force))
+                    .await
+                    .map_err(|e| PrepareError::Local(e.to_string()))??;
+                report.line(&format!("weights {name}: {done:?} on the worker"));
+            }
+        }
+        sparkgate_config::WeightSync::Nfs => {
+            for v in share::nfs_volumes(config) {
+                let created = worker.ensure_volume(&v.name, &v.driver_opts).await?;
+                report.line(&format!(
+                    "weights: worker volume {} {} (NFS {}:/{})",
+                    v.name,
+                    if created { "created" } else { "up to date" },
+                    v.driver_opts["o"].split(',').next().unwrap_or_default().trim_start_matches("addr="),
+                    v.export
+                ));
+            }
+        }
+        sparkgate_config::WeightSync::Zfs => report.line(
+            "weights: WEIGHT_SYNC=zfs is run by the operator (`sparkgate sync` prints the commands); assuming the worker's dataset is current",
+        ),
+        sparkgate_config::WeightSync::None => {}
+    }
+    Ok(())
+}
+
+/// The head's weights must be complete before a start: missing files are fetched when
+/// AUTO_DOWNLOAD=1, otherwise the start stops naming them.
+async fn weights_gate(config: &Config, report: &dyn progress::Report) -> Result<(), PrepareError> {
+    let trees = weights::check(config);
+    if trees.iter().all(Tree::complete) {
+        report.line("weights: complete on the head");
+        return Ok(());
+    }
+    let missing: Vec<String> = trees
+        .iter()
+        .filter(|t| !t.complete())
+        .map(|t| format!("{} ({}): {}", t.name, t.dir.display(), t.missing.join("; ")))
+        .collect();
+    if !config.storage.auto_download {
+        return Err(PrepareError::WeightsIncomplete(missing));
+    }
+    report.line(&format!("weights incomplete, downloading: {}", missing.join(" | ")));
+    let c = config.clone();
+    tokio::task::spawn_blocking(move || {
+        let cli = locate(&Search::from_env(&c.storage.hf_bin))?;
+        let token = c.secrets.hf_token.as_ref().map(|t| t.expose().to_owned());
+        download(&c, &cli, token.as_deref())
+    })
+    .await
+    .map_err(|e| PrepareError::Local(e.to_string()))??;
+    report.line("weights: downloaded; complete on the head");
+    Ok(())
 }

@@ -4,7 +4,7 @@
 //! (`--partial --inplace --append-verify`, so a cut transfer continues from what arrived) and
 //! loads it on the worker; `auto` stages when the worker has the room and streams otherwise.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Instant;
 
@@ -272,7 +272,7 @@ async fn export_tar(
     head: &Node,
     image: &str,
     id: &ImageIdentity,
-    path: &PathBuf,
+    path: &Path,
     report: &dyn Report,
 ) -> Result<(), PrepareError> {
     if path.is_file() {
@@ -302,7 +302,7 @@ async fn export_tar(
 /// into `report`; returns the bytes rsync sent.
 async fn rsync(
     config: &Config,
-    local: &PathBuf,
+    local: &Path,
     remote: &str,
     size: u64,
     report: &dyn Report,

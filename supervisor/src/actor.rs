@@ -81,7 +81,10 @@ pub(crate) struct Actor {
     generate_probe: bool,
     /// SELF_CHECK_CMD (empty: none), run once before the first start with RUNTIME=docker.
     self_check: Vec<String>,
-    self_checked: bool,
+    /// Node preparation (weights, image, shipping, weight sync) and the self-check have run.
+    prepared: bool,
+    /// The configuration node preparation works from.
+    config: std::sync::Arc<Config>,
     /// BOOT_SHAPE_WARMUP, and the active mode's draft length it warms up.
     warmup: bool,
     draft_tokens: u32,
@@ -114,6 +117,7 @@ impl Actor {
     pub(crate) fn new(
         config: &Config,
         backend: Backend,
+        packed: &[(u32, String)],
         cmd_rx: mpsc::UnboundedReceiver<Command>,
         status_tx: watch::Sender<Status>,
     ) -> Self {
@@ -127,7 +131,7 @@ impl Actor {
         Self {
             backend,
             group: config.group_name(),
-            plan: config.plan(),
+            plan: config.plan().with_packed_engram(packed),
             plans: config
                 .speculation
                 .modes
@@ -135,7 +139,7 @@ impl Actor {
                 .map(|m| {
                     (
                         m.method,
-                        config.plan_for(m.method),
+                        config.plan_for(m.method).with_packed_engram(packed),
                         m.max_num_seqs,
                         m.num_speculative_tokens,
                     )
@@ -148,7 +152,8 @@ impl Actor {
             mem_guard: s.mem_guard.then(|| (s.mem_guard_gib, s.meminfo_path.clone())),
             generate_probe: s.ready_generate_probe,
             self_check: s.self_check.clone(),
-            self_checked: false,
+            prepared: false,
+            config: std::sync::Arc::new(config.clone()),
             warmup: s.boot_shape_warmup,
             draft_tokens: config.speculation.active_mode().num_speculative_tokens,
             progress_timeout: s.progress_timeout,
@@ -230,6 +235,9 @@ impl Actor {
                     // An adopted group has served already; a fresh one is warmed before admission.
                     if self.warmup && !was_adopted {
                         self.warm_up().await;
+                    }
+                    if self.config.preparation.drop_page_cache && !was_adopted {
+                        crate::container::drop_page_cache(&self.backend).await;
                     }
                     let ready_at = Instant::now();
                     self.set(GroupState::Ready { epoch: self.epoch });
@@ -365,18 +373,26 @@ impl Actor {
         }
     }
 
+    /// RUNTIME=docker, before the first start: node preparation, then the image's self-check.
+    async fn prepare_nodes(&mut self) -> Result<(), Ended> {
+        let Backend::Docker { head, worker } = &self.backend else {
+            return Ok(());
+        };
+        let worker = match worker {
+            Some(w) => Some(w.node().await.map_err(|e| Ended::Failure(e.to_string()))?),
+            None => None,
+        };
+        let rank0 = self.plan.ranks.iter().find(|r| r.rank == 0);
+        crate::container::prepare_nodes(&self.config, head, worker.as_ref(), &self.self_check, rank0, &self.log_dir)
+            .await
+            .map_err(Ended::Failure)
+    }
+
     async fn start_group(&mut self) -> Result<(), Ended> {
-        if !self.self_checked && !self.self_check.is_empty() {
-            if let (Backend::Docker { head, .. }, Some(rank0)) =
-                (&self.backend, self.plan.ranks.iter().find(|r| r.rank == 0))
-            {
-                let log = self.log_dir.join("overlay-verify.log");
-                crate::container::self_check(head, rank0, &self.self_check, &log)
-                    .await
-                    .map_err(Ended::Failure)?;
-            }
+        if !self.prepared {
+            self.prepare_nodes().await?;
+            self.prepared = true;
         }
-        self.self_checked = true;
         let dir = self.log_dir.join(format!("epoch-{}", self.epoch));
         let mut order: Vec<_> = self.plan.ranks.clone();
         order.sort_by_key(|r| std::cmp::Reverse(r.rank));

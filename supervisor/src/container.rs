@@ -128,40 +128,47 @@ impl RankContainer {
     }
 }
 
-/// The image's self-check: `argv` in a throwaway container made from rank 0's spec (same image,
-/// environment, mounts and devices, plus EXL3_SELFCHECK_GPU=1), its output written to `log`.
-/// `Err` carries the exit status and the log's last lines.
-pub(crate) async fn self_check(docker: &Node, rank0: &RankPlan, argv: &[String], log: &Path) -> Result<(), String> {
-    let mut spec = rank0.container.clone();
-    spec.name = format!("{}-selfcheck", spec.name);
-    spec.labels.clear();
-    spec.entrypoint = argv[..1].to_vec();
-    spec.cmd = argv[1..].to_vec();
-    spec.env.push((
-        "EXL3_SELFCHECK_GPU".into(),
-        sparkgate_config::RankEnvValue::Plain("1".into()),
-    ));
-    let id = docker
-        .run(&spec, &[])
+/// DSV41_DROP_PAGE_CACHE: after a load, the page cache the weights filled is dropped on each
+/// node, so the GPU driver sees the memory as free (unified memory counts page cache as used).
+/// Needs root on the node; otherwise it is skipped with a note.
+pub(crate) async fn drop_page_cache(backend: &crate::rank::Backend) {
+    let crate::rank::Backend::Docker { head, worker } = backend else {
+        return;
+    };
+    let mut nodes = vec![head.clone()];
+    if let Some(w) = worker {
+        nodes.extend(w.node().await.ok());
+    }
+    const SCRIPT: &str = "if [ \"$(id -u)\" != 0 ]; then echo 'skipped: not root'; \
+        elif [ ! -w /proc/sys/vm/drop_caches ]; then echo 'skipped: /proc/sys/vm/drop_caches is read-only here'; \
+        else sync && echo 1 > /proc/sys/vm/drop_caches && echo dropped; fi";
+    for node in &nodes {
+        match node.shell(SCRIPT).await {
+            Ok(out) if out.trim() == "dropped" => tracing::info!(node = node.name(), "page cache dropped"),
+            Ok(out) => tracing::info!(node = node.name(), note = out.trim(), "page cache not dropped"),
+            Err(e) => tracing::warn!(node = node.name(), error = %e, "page cache not dropped"),
+        }
+    }
+}
+
+/// Node preparation ([`sparkgate_prepare::for_start`], progress into the log), then the image's
+/// self-check on the head when SELF_CHECK_CMD is set.
+pub(crate) async fn prepare_nodes(
+    config: &sparkgate_config::Config,
+    head: &Node,
+    worker: Option<&Node>,
+    self_check_cmd: &[String],
+    rank0: Option<&RankPlan>,
+    log_dir: &Path,
+) -> Result<(), String> {
+    let report = sparkgate_prepare::progress::Log::new();
+    sparkgate_prepare::for_start(config, head, worker, &report)
         .await
-        .map_err(|e| format!("the self-check container did not start: {e}"))?;
-    let status = docker.wait_exit(&id).await;
-    let output: Vec<bytes::Bytes> = docker.logs(&id, None).collect().await;
-    docker.kill_and_remove(&id).await.ok();
-    let text: String = output.iter().map(|b| String::from_utf8_lossy(b)).collect();
-    if let Some(dir) = log.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let _ = std::fs::write(log, &text);
-    if status == "exit status: 0" {
+        .map_err(|e| format!("node preparation: {e}"))?;
+    if let (false, Some(rank0)) = (self_check_cmd.is_empty(), rank0) {
+        let log = log_dir.join("overlay-verify.log");
+        sparkgate_prepare::verify::self_check(head, rank0, self_check_cmd, &log).await?;
         tracing::info!(log = %log.display(), "self-check passed");
-        return Ok(());
     }
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = lines[lines.len().saturating_sub(20)..].join(" | ");
-    Err(format!(
-        "the image's self-check `{}` failed ({status}; SKIP_OVERLAY_VERIFY=1 skips it); last lines of {}: {tail}",
-        argv.join(" "),
-        log.display()
-    ))
+    Ok(())
 }

@@ -25,23 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub use error::SupervisorError;
 pub use status::{GroupState, LastRestart, NodeMemory, RankStatus, Status};
 
-/// How to reach the worker when it is another machine (its address differs from the head's).
-fn ssh_target(config: &Config) -> Option<sparkgate_docker::SshTarget> {
-    if config.serving.nnodes < 2 || !config.nodes.worker_is_remote() {
-        return None;
-    }
-    let ssh = &config.nodes.ssh;
-    Some(sparkgate_docker::SshTarget {
-        destination: config.nodes.worker_ssh.clone(),
-        port: ssh.port,
-        keyfile: ssh.keyfile.clone(),
-        known_hosts: ssh.known_hosts.clone(),
-        known_hosts_file: ssh.known_hosts_file.clone(),
-        connect_timeout: ssh.connect_timeout,
-        remote_socket: ssh.worker_docker_socket.clone(),
-        control_dir: ssh.control_dir.clone(),
-    })
-}
+use sparkgate_prepare::verify::ssh_target;
 
 /// Preflight on the worker over SSH: enough MemAvailable for a rank (weights + boot margin).
 async fn check_worker_memory(config: &Config, worker: &sparkgate_docker::Node) -> Result<(), SupervisorError> {
@@ -70,6 +54,7 @@ impl SupervisorHandle {
     /// Checks what a start needs (preflight), then starts the supervisor task, which adopts a
     /// running group of this configuration or starts the rank group.
     pub async fn spawn(config: &Config) -> Result<SupervisorHandle, SupervisorError> {
+        let mut packed = Vec::new();
         let backend = match config.supervision.runtime {
             Runtime::Process => {
                 preflight::check(config)?;
@@ -95,16 +80,14 @@ impl SupervisorHandle {
                     }
                     None => None,
                 };
-                for node in std::iter::once(&head).chain(worker.as_ref().map(|(_, n)| n)) {
-                    if !node.has_image(&config.serving.image).await? {
-                        return Err(SupervisorError::Preflight(format!(
-                            "{}: image {} is not present on its Docker daemon; build or load it there first \
-                             (pulling and shipping images is a later step)",
-                            node.name(),
-                            config.serving.image
-                        )));
-                    }
-                }
+                // Packed Engram files present on a node are mounted into its rank (DeepSeek).
+                let mut nodes = vec![(0, sparkgate_config::NodeRole::Head, &head)];
+                // Without a remote worker, rank 1 runs on the head and finds its files there.
+                nodes.push((1, sparkgate_config::NodeRole::Worker, worker.as_ref().map_or(&head, |(_, w)| w)));
+                nodes.truncate(config.serving.nnodes as usize);
+                packed = sparkgate_prepare::pack::packed_ranks(config, &nodes)
+                    .await
+                    .map_err(|e| SupervisorError::Preflight(e.to_string()))?;
                 if let Some((_, w)) = &worker {
                     check_worker_memory(config, w).await?;
                 }
@@ -134,7 +117,7 @@ impl SupervisorHandle {
             last_restart: None,
             memory: Vec::new(),
         });
-        let actor = actor::Actor::new(config, backend, cmd_rx, status_tx);
+        let actor = actor::Actor::new(config, backend, &packed, cmd_rx, status_tx);
         tokio::spawn(actor.run());
         Ok(SupervisorHandle {
             cmd: cmd_tx,

@@ -121,13 +121,27 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Mirror the weight trees to the worker (WEIGHT_SYNC=rsync), skipping trees whose marker on
-    /// the worker matches.
+    /// The worker's weights: WEIGHT_SYNC=rsync mirrors the trees (skipped when the worker's
+    /// marker matches), nfs creates the worker's NFS volumes and prints the head's export, zfs
+    /// prints the snapshot/send commands.
     Sync {
         /// Copy even when the marker matches (also FORCE_SYNC=1).
         #[arg(long)]
         force: bool,
     },
+    /// IMAGE on the head (present, pulled, or built when BUILD=1), then on the worker unless its
+    /// RootFS layers match: streamed, or staged through a resumable rsync (IMAGE_SHIP).
+    Ship {
+        /// stream, staged or auto (overrides IMAGE_SHIP).
+        #[arg(long, value_name = "MODE")]
+        mode: Option<String>,
+    },
+    /// The Engram pack (DeepSeek): the image's packer once per node with that node's rank;
+    /// ranks whose packed files exist are skipped.
+    Pack,
+    /// Check without starting: IMAGE on both nodes with the same layers, the head's weights
+    /// complete, and the image's self-check (SELF_CHECK_CMD).
+    Verify,
     /// The guides' smoke request (17*19, thinking off) through the gateway: pass or fail, with
     /// its latency.
     Smoke {
@@ -211,6 +225,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => return bench::run(&config, args),
         Command::Download { dry_run } => return prepare::download(&config, dry_run),
         Command::Sync { force } => return prepare::sync(&config, force),
+        Command::Ship { mode } => return prepare::ship(&config, mode.as_deref()),
+        Command::Pack => return prepare::pack(&config),
+        Command::Verify => return prepare::verify(&config),
         Command::Smoke { url, timeout_s } => {
             return smoke::run(&config, url.as_deref(), std::time::Duration::from_secs(timeout_s))
         }

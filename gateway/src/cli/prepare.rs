@@ -1,6 +1,7 @@
-//! Node-preparation subcommands: `sparkgate download` — check the head's weight trees and fetch
-//! what is missing with the Hugging Face CLI (AUTO_DOWNLOAD=0 or `--dry-run`: report only);
-//! `sparkgate sync` — mirror them to the worker (WEIGHT_SYNC=rsync).
+//! Node-preparation subcommands, each usable alone: `download` (the head's weights, fetched with
+//! the Hugging Face CLI), `sync` (the worker's weights: rsync by marker, NFS volumes, ZFS
+//! commands), `ship` (IMAGE on the head, then on the worker by layers), `pack` (the Engram pack,
+//! one container per node) and `verify` (image identity, weights, the image's self-check).
 
 use std::process::ExitCode;
 
@@ -67,12 +68,14 @@ pub(super) fn sync(config: &Config, force: bool) -> anyhow::Result<ExitCode> {
             println!("WEIGHT_SYNC=none: the worker's weights are managed outside sparkgate; nothing to do");
             return Ok(ExitCode::SUCCESS);
         }
-        other => {
-            eprintln!(
-                "sparkgate: WEIGHT_SYNC={} is not carried out by `sparkgate sync` yet; use WEIGHT_SYNC=rsync or the launcher's share script",
-                format!("{other:?}").to_lowercase()
-            );
-            return Ok(ExitCode::FAILURE);
+        WeightSync::Nfs => return nfs(config),
+        WeightSync::Zfs => {
+            let snapshot = format!("sparkgate-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
+            println!("WEIGHT_SYNC=zfs: run these on the head (add `-i @PREVIOUS` to `zfs send` for an incremental update):");
+            for c in sparkgate_prepare::share::zfs_commands(config, &snapshot, None) {
+                println!("  {c}");
+            }
+            return Ok(ExitCode::SUCCESS);
         }
     }
     let force = force || config.storage.force_sync;
@@ -100,4 +103,157 @@ pub(super) fn sync(config: &Config, force: bool) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+}
+
+/// WEIGHT_SYNC=nfs: the worker's volumes are created (or recreated when their options changed);
+/// the head's export is printed, since serving NFS is the host's job.
+fn nfs(config: &Config) -> anyhow::Result<ExitCode> {
+    let volumes = sparkgate_prepare::share::nfs_volumes(config);
+    println!("WEIGHT_SYNC=nfs: the head must export (an NFSv4 server, e.g. /etc/exports with the trees bind-mounted under /export):");
+    for line in sparkgate_prepare::share::nfs_exports(config, "/export") {
+        println!("  {line}");
+    }
+    for v in &volumes {
+        println!("  # /export/{} is {}", v.export, v.head_dir);
+    }
+    runtime()?.block_on(async {
+        let (_, worker) = sparkgate_prepare::verify::connect(config).await?;
+        let Some(worker) = worker else {
+            println!("the worker is this machine (WORKER_IP = HEAD_IP): no volumes to create");
+            return Ok(ExitCode::SUCCESS);
+        };
+        for v in &volumes {
+            let created = worker.ensure_volume(&v.name, &v.driver_opts).await?;
+            let opts: Vec<String> = v.driver_opts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!(
+                "worker volume {}: {} ({})",
+                v.name,
+                if created { "created" } else { "up to date" },
+                opts.join(" ")
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// `sparkgate ship`: IMAGE on the head (present, pulled or built), then on the worker unless its
+/// layers match.
+pub(super) fn ship(config: &Config, mode: Option<&str>) -> anyhow::Result<ExitCode> {
+    let mut config = config.clone();
+    if let Some(m) = mode {
+        config.preparation.ship = match m {
+            "stream" => sparkgate_config::ImageShip::Stream,
+            "staged" => sparkgate_config::ImageShip::Staged,
+            "auto" => sparkgate_config::ImageShip::Auto,
+            other => anyhow::bail!("--mode {other}: expected stream, staged or auto"),
+        };
+    }
+    let report = sparkgate_prepare::progress::Terminal::new();
+    runtime()?.block_on(async {
+        let (head, worker) = sparkgate_prepare::verify::connect(&config).await?;
+        let id = sparkgate_prepare::image::ensure_on_head(&config, &head, &report).await?;
+        let Some(worker) = worker else {
+            println!("the worker is this machine (WORKER_IP = HEAD_IP): nothing to ship");
+            return Ok(ExitCode::SUCCESS);
+        };
+        match sparkgate_prepare::ship::ship(&config, &head, &worker, &id, &report).await {
+            Ok(shipped) => {
+                println!("ship: {shipped:?}");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                eprintln!("sparkgate: ship: {e}");
+                Ok(ExitCode::FAILURE)
+            }
+        }
+    })
+}
+
+/// `sparkgate pack`: the Engram pack on every node whose packed files are missing.
+pub(super) fn pack(config: &Config) -> anyhow::Result<ExitCode> {
+    if config.preparation.pack.is_none() {
+        eprintln!("sparkgate: profile {} has no Engram pack (DeepSeek only)", config.profile);
+        return Ok(ExitCode::FAILURE);
+    }
+    let report = sparkgate_prepare::progress::Terminal::new();
+    runtime()?.block_on(async {
+        let (head, worker) = sparkgate_prepare::verify::connect(config).await?;
+        let mut nodes = vec![(0, sparkgate_config::NodeRole::Head, &head)];
+        nodes.push((1, sparkgate_config::NodeRole::Worker, worker.as_ref().unwrap_or(&head)));
+        nodes.truncate(config.serving.nnodes as usize);
+        match sparkgate_prepare::pack::pack(config, &nodes, &report).await {
+            Ok(done) => {
+                for (rank, p) in done {
+                    println!("rank {rank}: {p:?}");
+                }
+                println!("the next start mounts the packed files at /engram-packed (DSV41_PACKED_DIR)");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                eprintln!("sparkgate: pack: {e}");
+                Ok(ExitCode::FAILURE)
+            }
+        }
+    })
+}
+
+/// `sparkgate verify`: what a start would check, without starting — the image on both nodes
+/// with the same layers, the head's weights complete, and the image's self-check.
+pub(super) fn verify(config: &Config) -> anyhow::Result<ExitCode> {
+    let image = &config.serving.image;
+    let mut failed = 0;
+    let mut check = |ok: bool, text: String| {
+        println!("{} {text}", if ok { "ok  " } else { "FAIL" });
+        if !ok {
+            failed += 1;
+        }
+    };
+    for t in sparkgate_prepare::check(config) {
+        let missing = t.missing.join("; ");
+        check(t.complete(), format!("weights {} ({}) {missing}", t.name, t.dir.display()));
+    }
+    runtime()?.block_on(async {
+        let (head, worker) = sparkgate_prepare::verify::connect(config).await?;
+        let head_id = head.image_identity(image).await?;
+        check(
+            head_id.is_some(),
+            format!(
+                "image {image} on the head{}",
+                head_id.as_ref().map_or(String::new(), |i| format!(" (identity {})", i.key()))
+            ),
+        );
+        if let (Some(worker), Some(h)) = (&worker, &head_id) {
+            let w = worker.image_identity(image).await?;
+            check(
+                w.as_ref().is_some_and(|w| w.same_image(h)),
+                format!(
+                    "image on the worker {}",
+                    match &w {
+                        None => "missing (run `sparkgate ship`)".to_owned(),
+                        Some(w) if w.same_image(h) => "has the head's layers".to_owned(),
+                        Some(_) => "differs from the head's (run `sparkgate ship`)".to_owned(),
+                    }
+                ),
+            );
+        }
+        let argv = &config.supervision.self_check;
+        if argv.is_empty() {
+            println!("--   self-check: none (SELF_CHECK_CMD empty or SKIP_OVERLAY_VERIFY=1)");
+        } else if head_id.is_some() {
+            let plan = config.plan();
+            let rank0 = plan.ranks.iter().find(|r| r.rank == 0).expect("rank 0");
+            let log = config.supervision.log_dir.join("overlay-verify.log");
+            let r = sparkgate_prepare::verify::self_check(&head, rank0, argv, &log).await;
+            check(
+                r.is_ok(),
+                format!("self-check `{}` ({}){}", argv.join(" "), log.display(), r.err().map_or(String::new(), |e| format!(": {e}"))),
+            );
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

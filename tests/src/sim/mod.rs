@@ -34,6 +34,9 @@ pub fn main(argv: &[String]) -> i32 {
     if argv.first().map(String::as_str) == Some("selfcheck") {
         return selfcheck();
     }
+    if argv.first().map(String::as_str) == Some("pack-engram") {
+        return pack_engram(&argv[1..]);
+    }
     let args = match args::parse(argv) {
         Ok(a) => a,
         Err(e) => {
@@ -58,6 +61,37 @@ fn selfcheck() -> i32 {
         return 1;
     }
     println!("self-check: EXL3 GEMM matches the reference (simulated)");
+    0
+}
+
+/// `vllm-sim pack-engram --model DIR --rank R --tp N --out DIR`: the stand-in for the DeepSeek
+/// image's `pack_engram.py` (not a vLLM command). Writes `engram-l{1,14}-r<R>of<N>.bin` (a few
+/// bytes naming the rank, instead of 47 GiB per layer) after printing per-layer progress.
+fn pack_engram(argv: &[String]) -> i32 {
+    let flag = |name: &str| {
+        argv.iter()
+            .position(|a| a == name)
+            .and_then(|i| argv.get(i + 1))
+            .cloned()
+    };
+    let (Some(model), Some(rank), Some(tp), Some(out)) = (flag("--model"), flag("--rank"), flag("--tp"), flag("--out"))
+    else {
+        eprintln!("usage: pack-engram --model DIR --rank R --tp N --out DIR");
+        return 2;
+    };
+    if !std::path::Path::new(&model).is_dir() {
+        eprintln!("pack-engram: --model {model} is not a directory");
+        return 1;
+    }
+    for layer in [1, 14] {
+        println!("pack-engram: layer {layer} rank {rank}/{tp}: packing (simulated)");
+        let path = format!("{out}/engram-l{layer}-r{rank}of{tp}.bin");
+        if let Err(e) = std::fs::write(&path, format!("layer {layer} rank {rank} of {tp}\n")) {
+            eprintln!("pack-engram: {path}: {e}");
+            return 1;
+        }
+    }
+    println!("pack-engram: rank {rank}/{tp} done");
     0
 }
 

@@ -1,0 +1,175 @@
+//! The Engram pack (DeepSeek, optional): the image's packer run once per node as a throwaway
+//! container with that node's rank (`--rank R --tp TP`), reading the Engram shards and writing
+//! `engram-l{1,14}-r<R>of<TP>.bin` into the node's packed directory. A rank whose files exist is
+//! skipped; when they exist the launch plan mounts them (see [`packed_ranks`]).
+
+use futures_util::StreamExt;
+use sparkgate_config::{Config, Mount, NodeRole, WeightSync, Weights};
+use sparkgate_docker::Node;
+
+use crate::progress::Report;
+use crate::sync::quote;
+use crate::PrepareError;
+
+/// What [`pack`] did for one rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Packed {
+    AlreadyPacked,
+    Packed,
+}
+
+/// The file whose presence means a rank is packed (as the DeepSeek launcher tests it).
+pub fn packed_marker(dir: &str, rank: u32, tp: u32) -> String {
+    format!("{}/engram-l1-r{rank}of{tp}.bin", dir.trim_end_matches('/'))
+}
+
+fn packed_dir(config: &Config, node: NodeRole) -> Option<&str> {
+    let pack = config.preparation.pack.as_ref()?;
+    Some(match node {
+        NodeRole::Head => &pack.head_dir,
+        NodeRole::Worker => &pack.worker_dir,
+    })
+}
+
+async fn is_packed(node: &Node, dir: &str, rank: u32, tp: u32) -> Result<bool, PrepareError> {
+    let out = node
+        .shell(&format!(
+            "test -f {} && echo yes || echo no",
+            quote(&packed_marker(dir, rank, tp))
+        ))
+        .await?;
+    Ok(out.trim() == "yes")
+}
+
+/// Ranks (with their node's packed directory) whose packed files exist: the plan mounts those.
+pub async fn packed_ranks(config: &Config, nodes: &[(u32, NodeRole, &Node)]) -> Result<Vec<(u32, String)>, PrepareError> {
+    let mut out = Vec::new();
+    for (rank, role, node) in nodes {
+        if let Some(dir) = packed_dir(config, *role) {
+            if is_packed(node, dir, *rank, config.serving.tp).await? {
+                out.push((*rank, dir.to_owned()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Packs every rank whose files are missing, all nodes at once; the packer's output is relayed
+/// line by line with the node's name.
+pub async fn pack(
+    config: &Config,
+    nodes: &[(u32, NodeRole, &Node)],
+    report: &dyn Report,
+) -> Result<Vec<(u32, Packed)>, PrepareError> {
+    let Some(pack) = &config.preparation.pack else {
+        return Err(PrepareError::Local(format!(
+            "profile {} has no Engram pack",
+            config.profile
+        )));
+    };
+    let plan = &config.plan();
+    let tp = config.serving.tp;
+    let jobs = nodes.iter().map(|(rank, role, node)| async move {
+        let dir = packed_dir(config, *role).expect("pack is configured");
+        if is_packed(node, dir, *rank, tp).await? {
+            report.line(&format!(
+                "pack rank {rank} ({}): {} exists; skipped",
+                node.name(),
+                packed_marker(dir, *rank, tp)
+            ));
+            return Ok((*rank, Packed::AlreadyPacked));
+        }
+        node.shell(&format!("mkdir -p {}", quote(dir))).await?;
+        let rank_plan = plan
+            .ranks
+            .iter()
+            .find(|r| r.rank == *rank)
+            .ok_or_else(|| PrepareError::Local(format!("the launch plan has no rank {rank}")))?;
+        let mut spec = rank_plan.container.clone();
+        spec.name = format!("{}-pack", spec.name);
+        spec.labels.clear();
+        spec.entrypoint = pack.cmd[..1].to_vec();
+        spec.cmd = pack.cmd[1..].to_vec();
+        spec.cmd.extend(
+            [
+                "--model",
+                "/models",
+                "--rank",
+                &rank.to_string(),
+                "--tp",
+                &tp.to_string(),
+                "--out",
+                "/engram",
+            ]
+            .map(str::to_owned),
+        );
+        let source = engram_source(config, *role)
+            .ok_or_else(|| PrepareError::Local(format!("profile {} has no Engram shards", config.profile)))?;
+        spec.mounts = vec![source, Mount::Bind {
+            source: dir.to_owned(),
+            target: "/engram".into(),
+            read_only: false,
+        }];
+        spec.env.retain(|(k, _)| k != "DSV41_PACKED_DIR");
+        report.line(&format!("pack rank {rank} ({}): running {}", node.name(), pack.cmd.join(" ")));
+        let id = node.run(&spec, &[]).await?;
+        let mut logs = std::pin::pin!(node.logs(&id, None));
+        let name = node.name().to_owned();
+        let relay = async {
+            let mut pending = Vec::new();
+            let mut tail = Vec::new();
+            while let Some(chunk) = logs.next().await {
+                pending.extend_from_slice(&chunk);
+                while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=pos).collect();
+                    let line = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+                    report.line(&format!("  [{name}] {line}"));
+                    tail.push(line);
+                }
+            }
+            tail
+        };
+        let (status, tail) = tokio::join!(node.wait_exit(&id), relay);
+        let _ = node.kill_and_remove(&id).await;
+        if status != "exit status: 0" || !is_packed(node, dir, *rank, tp).await? {
+            return Err(PrepareError::Local(format!(
+                "pack rank {rank} ({}) failed ({status}); last lines:\n{}",
+                node.name(),
+                tail.iter().rev().take(20).rev().cloned().collect::<Vec<_>>().join("\n")
+            )));
+        }
+        report.line(&format!("pack rank {rank} ({}): done", node.name()));
+        Ok((*rank, Packed::Packed))
+    });
+    futures_util::future::join_all(jobs).await.into_iter().collect()
+}
+
+/// The Engram shards as the node's packer reads them at /models.
+fn engram_source(config: &Config, role: NodeRole) -> Option<Mount> {
+    let Weights::DeepSeek {
+        engram_src,
+        nfs_volume_engram,
+        worker_engram_dir,
+        ..
+    } = &config.storage.weights
+    else {
+        return None;
+    };
+    Some(match role {
+        NodeRole::Head => Mount::Bind {
+            source: engram_src.clone(),
+            target: "/models".into(),
+            read_only: true,
+        },
+        NodeRole::Worker if config.storage.weight_sync == WeightSync::Nfs => Mount::Volume {
+            name: nfs_volume_engram.clone(),
+            target: "/models".into(),
+            read_only: true,
+        },
+        NodeRole::Worker => Mount::Bind {
+            source: worker_engram_dir.clone(),
+            target: "/models".into(),
+            read_only: true,
+        },
+    })
+}

@@ -1,0 +1,76 @@
+//! Checks before a start, each usable alone: the image's self-check in a throwaway container
+//! (SELF_CHECK_CMD), and how to reach the nodes (the head's daemon, the worker's over SSH).
+
+use std::path::Path;
+
+use futures_util::StreamExt;
+use sparkgate_config::{Config, RankPlan};
+use sparkgate_docker::{Node, SshTarget};
+
+use crate::PrepareError;
+
+/// How to reach the worker when it is another machine (its address differs from the head's).
+pub fn ssh_target(config: &Config) -> Option<SshTarget> {
+    if config.serving.nnodes < 2 || !config.nodes.worker_is_remote() {
+        return None;
+    }
+    let ssh = &config.nodes.ssh;
+    Some(SshTarget {
+        destination: config.nodes.worker_ssh.clone(),
+        port: ssh.port,
+        keyfile: ssh.keyfile.clone(),
+        known_hosts: ssh.known_hosts.clone(),
+        known_hosts_file: ssh.known_hosts_file.clone(),
+        connect_timeout: ssh.connect_timeout,
+        remote_socket: ssh.worker_docker_socket.clone(),
+        control_dir: ssh.control_dir.clone(),
+    })
+}
+
+/// The head's Docker daemon and, when the worker is another machine, its daemon over SSH.
+pub async fn connect(config: &Config) -> Result<(Node, Option<Node>), PrepareError> {
+    let head = Node::local("head", &config.supervision.docker_socket).await?;
+    let worker = match ssh_target(config) {
+        Some(t) => Some(Node::over_ssh("worker", &t).await?),
+        None => None,
+    };
+    Ok((head, worker))
+}
+
+/// The image's self-check: `argv` in a throwaway container made from rank 0's spec (same image,
+/// environment, mounts and devices, plus EXL3_SELFCHECK_GPU=1), its output written to `log`.
+/// `Err` carries the exit status and the log's last lines.
+pub async fn self_check(docker: &Node, rank0: &RankPlan, argv: &[String], log: &Path) -> Result<(), String> {
+    let mut spec = rank0.container.clone();
+    spec.name = format!("{}-selfcheck", spec.name);
+    spec.labels.clear();
+    spec.entrypoint = argv[..1].to_vec();
+    spec.cmd = argv[1..].to_vec();
+    spec.env.push((
+        "EXL3_SELFCHECK_GPU".into(),
+        sparkgate_config::RankEnvValue::Plain("1".into()),
+    ));
+    let id = docker
+        .run(&spec, &[])
+        .await
+        .map_err(|e| format!("the self-check container did not start: {e}"))?;
+    let status = docker.wait_exit(&id).await;
+    let output: Vec<bytes::Bytes> = docker.logs(&id, None).collect().await;
+    docker.kill_and_remove(&id).await.ok();
+    let text: String = output.iter().map(|b| String::from_utf8_lossy(b)).collect();
+    if let Some(dir) = log.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::write(log, &text);
+    if status == "exit status: 0" {
+        return Ok(());
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(20)..].join(" | ");
+    Err(format!(
+        "the image's self-check `{}` failed ({status}; SKIP_OVERLAY_VERIFY=1 skips it); last lines of {}: {tail}",
+        argv.join(" "),
+        log.display()
+    ))
+}
+
