@@ -42,7 +42,10 @@ async fn is_packed(node: &Node, dir: &str, rank: u32, tp: u32) -> Result<bool, P
 }
 
 /// Ranks (with their node's packed directory) whose packed files exist: the plan mounts those.
-pub async fn packed_ranks(config: &Config, nodes: &[(u32, NodeRole, &Node)]) -> Result<Vec<(u32, String)>, PrepareError> {
+pub async fn packed_ranks(
+    config: &Config,
+    nodes: &[(u32, NodeRole, &Node)],
+) -> Result<Vec<(u32, String)>, PrepareError> {
     let mut out = Vec::new();
     for (rank, role, node) in nodes {
         if let Some(dir) = packed_dir(config, *role) {
@@ -105,13 +108,20 @@ pub async fn pack(
         );
         let source = engram_source(config, *role)
             .ok_or_else(|| PrepareError::Local(format!("profile {} has no Engram shards", config.profile)))?;
-        spec.mounts = vec![source, Mount::Bind {
-            source: dir.to_owned(),
-            target: "/engram".into(),
-            read_only: false,
-        }];
+        spec.mounts = vec![
+            source,
+            Mount::Bind {
+                source: dir.to_owned(),
+                target: "/engram".into(),
+                read_only: false,
+            },
+        ];
         spec.env.retain(|(k, _)| k != "DSV41_PACKED_DIR");
-        report.line(&format!("pack rank {rank} ({}): running {}", node.name(), pack.cmd.join(" ")));
+        report.line(&format!(
+            "pack rank {rank} ({}): running {}",
+            node.name(),
+            pack.cmd.join(" ")
+        ));
         let id = node.run(&spec, &[]).await?;
         let mut logs = std::pin::pin!(node.logs(&id, None));
         let name = node.name().to_owned();

@@ -73,4 +73,3 @@ pub async fn self_check(docker: &Node, rank0: &RankPlan, argv: &[String], log: &
         log.display()
     ))
 }
-

@@ -383,9 +383,16 @@ impl Actor {
             None => None,
         };
         let rank0 = self.plan.ranks.iter().find(|r| r.rank == 0);
-        crate::container::prepare_nodes(&self.config, head, worker.as_ref(), &self.self_check, rank0, &self.log_dir)
-            .await
-            .map_err(Ended::Failure)
+        crate::container::prepare_nodes(
+            &self.config,
+            head,
+            worker.as_ref(),
+            &self.self_check,
+            rank0,
+            &self.log_dir,
+        )
+        .await
+        .map_err(Ended::Failure)
     }
 
     async fn start_group(&mut self) -> Result<(), Ended> {

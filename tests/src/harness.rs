@@ -636,4 +636,4 @@ impl Gateway {
     }
 }
 
-pub use crate::hosts::{kill_pid, processes_with, Sshd};
+pub use crate::hosts::{kill_pid, processes_with, sim_image, Sshd, WorkerDaemon};

@@ -1,4 +1,5 @@
-//! Test hosts and processes: a real sshd on 127.0.0.2 standing in for the worker host, and
+//! Test hosts and processes: a real sshd on 127.0.0.2 standing in for the worker host, a second
+//! Docker daemon standing in for the worker's, and
 //! helpers that find or kill processes by command line.
 
 use std::process::Command;
@@ -113,6 +114,27 @@ impl Sshd {
     pub fn log(&self) -> String {
         self.proc.as_ref().map(|p| p.log().join("\n")).unwrap_or_default()
     }
+
+    /// sparkgate's settings for a worker on 127.0.0.2 reached through this sshd.
+    pub fn worker_env(&self, control: &std::path::Path) -> Vec<(String, String)> {
+        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        [
+            ("HEAD_IP", "127.0.0.1".to_owned()),
+            ("WORKER_IP", "127.0.0.2".to_owned()),
+            ("WORKER_USER", user),
+            ("WORKER_SSH_PORT", self.port.to_string()),
+            ("WORKER_SSH_KEY", self.key().display().to_string()),
+            (
+                "SSH_KNOWN_HOSTS_FILE",
+                self.dir.path().join("known_hosts").display().to_string(),
+            ),
+            ("SSH_CONTROL_DIR", control.display().to_string()),
+            ("SSH_CONNECT_TIMEOUT", "5".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
 }
 
 impl Drop for Sshd {
@@ -147,4 +169,120 @@ fn descendants(pid: u32) -> Vec<u32> {
         }
     }
     out
+}
+
+/// A second Docker daemon on this machine standing in for the worker's: its own data root, exec
+/// root and socket (reached by the worker's SSH forward), no bridge or iptables changes.
+#[derive(Debug)]
+pub struct WorkerDaemon {
+    proc: Option<Proc>,
+    pub dir: tempfile::TempDir,
+}
+
+impl WorkerDaemon {
+    pub fn start() -> WorkerDaemon {
+        // Short paths: the socket path must fit a unix socket address (108 bytes).
+        let dir = tempfile::Builder::new()
+            .prefix("sgd")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let d = dir.path().display().to_string();
+        std::fs::write(dir.path().join("daemon.json"), "{}").expect("daemon.json");
+        let args: Vec<String> = [
+            "--config-file",
+            &format!("{d}/daemon.json"),
+            "--data-root",
+            &format!("{d}/data"),
+            "--exec-root",
+            &format!("{d}/exec"),
+            "--pidfile",
+            &format!("{d}/dockerd.pid"),
+            "--host",
+            &format!("unix://{d}/docker.sock"),
+            "--bridge=none",
+            "--iptables=false",
+            "--ip6tables=false",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let proc = Proc::spawn("dockerd", &args, &[]);
+        proc.wait_for("API listen on");
+        WorkerDaemon { proc: Some(proc), dir }
+    }
+
+    pub fn socket(&self) -> String {
+        self.dir.path().join("docker.sock").display().to_string()
+    }
+
+    /// `docker -H <this daemon> ARGS`: (success, stdout + stderr).
+    pub fn docker(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket()))
+            .args(args)
+            .output()
+            .expect("docker CLI");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    }
+
+    /// The image's RootFS layer digests on this daemon (empty when it lacks the image).
+    pub fn layers(&self, image: &str) -> String {
+        let (ok, out) = self.docker(&["image", "inspect", "--format", "{{json .RootFS.Layers}}", image]);
+        if ok {
+            out.trim().to_owned()
+        } else {
+            String::new()
+        }
+    }
+}
+
+impl Drop for WorkerDaemon {
+    fn drop(&mut self) {
+        let (_, ids) = self.docker(&["ps", "-aq"]);
+        for id in ids.split_whitespace() {
+            let _ = self.docker(&["rm", "-f", id]);
+        }
+        if let Some(mut p) = self.proc.take() {
+            let _ = Command::new("kill").args(["-TERM", &p.pid().to_string()]).status();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while p.try_status().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            p.kill();
+        }
+        let _ = Command::new("rm").arg("-rf").arg(self.dir.path()).status();
+    }
+}
+
+/// The simulator image of the vllm-sim binary at `sim` on the machine's daemon, built once from
+/// nothing (`tests/sim-image/build.sh`): its tag names the binary's size and mtime, so the test
+/// processes of one run share one image and a rebuilt binary gets a new one.
+pub fn sim_image(sim: &str) -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let meta = std::fs::metadata(sim).expect("vllm-sim binary");
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let tag = format!("sparkgate/vllm-sim:test-{}-{mtime}", meta.len());
+        let present = Command::new("docker")
+            .args(["image", "inspect", &tag])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !present {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sim-image/build.sh");
+            let out = Command::new("bash")
+                .args([script, sim, &tag])
+                .output()
+                .expect("build.sh");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+        tag
+    })
 }

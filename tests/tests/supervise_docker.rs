@@ -3,7 +3,6 @@
 //! adoption by a restarted gateway without a reload, stop, give-up and preflight errors.
 
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -15,32 +14,8 @@ fn sparkgate() -> String {
     binary_next_to(SIM, "sparkgate")
 }
 
-/// The simulator image of this vllm-sim binary: its tag names the binary's size and mtime, so
-/// the test processes of one run share one image and a rebuilt binary gets a new one.
 fn image() -> &'static str {
-    static TAG: OnceLock<String> = OnceLock::new();
-    TAG.get_or_init(|| {
-        let meta = std::fs::metadata(SIM).expect("vllm-sim binary");
-        let mtime = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs());
-        let tag = format!("sparkgate/vllm-sim:test-{}-{mtime}", meta.len());
-        let present = Command::new("docker")
-            .args(["image", "inspect", &tag])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !present {
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sim-image/build.sh");
-            let out = Command::new("bash")
-                .args([script, SIM, &tag])
-                .output()
-                .expect("build.sh");
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        }
-        tag
-    })
+    sparkgate_tests::harness::sim_image(SIM)
 }
 
 /// Containers of this test, removed whatever happens.
@@ -123,6 +98,11 @@ impl Deployment {
             // The simulator image's stand-in for the guides' GPU/overlay check scripts.
             ("SELF_CHECK_CMD", "vllm selfcheck"),
             ("RESTART_BACKOFF_INITIAL", "0.2"),
+            // No weights or weight sync in these tests (prepare_ship.rs covers them), and the
+            // machine's page cache is left alone.
+            ("SKIP_DOWNLOAD", "1"),
+            ("SKIP_SYNC", "1"),
+            ("DSV41_DROP_PAGE_CACHE", "0"),
         ]
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -402,23 +382,7 @@ fn preflight_refuses_a_missing_image_naming_it() {
 }
 
 fn ssh_env(sshd: &sparkgate_tests::harness::Sshd, control: &std::path::Path) -> Vec<(String, String)> {
-    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
-    [
-        ("HEAD_IP", "127.0.0.1".to_owned()),
-        ("WORKER_IP", "127.0.0.2".to_owned()),
-        ("WORKER_USER", user),
-        ("WORKER_SSH_PORT", sshd.port.to_string()),
-        ("WORKER_SSH_KEY", sshd.key().display().to_string()),
-        (
-            "SSH_KNOWN_HOSTS_FILE",
-            sshd.dir.path().join("known_hosts").display().to_string(),
-        ),
-        ("SSH_CONTROL_DIR", control.display().to_string()),
-        ("SSH_CONNECT_TIMEOUT", "5".to_owned()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect()
+    sshd.worker_env(control)
 }
 
 #[test]

@@ -70,8 +70,15 @@ pub(super) fn sync(config: &Config, force: bool) -> anyhow::Result<ExitCode> {
         }
         WeightSync::Nfs => return nfs(config),
         WeightSync::Zfs => {
-            let snapshot = format!("sparkgate-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
-            println!("WEIGHT_SYNC=zfs: run these on the head (add `-i @PREVIOUS` to `zfs send` for an incremental update):");
+            let snapshot = format!(
+                "sparkgate-{}",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)?
+                    .as_secs()
+            );
+            println!(
+                "WEIGHT_SYNC=zfs: run these on the head (add `-i @PREVIOUS` to `zfs send` for an incremental update):"
+            );
             for c in sparkgate_prepare::share::zfs_commands(config, &snapshot, None) {
                 println!("  {c}");
             }
@@ -176,7 +183,10 @@ pub(super) fn ship(config: &Config, mode: Option<&str>) -> anyhow::Result<ExitCo
 /// `sparkgate pack`: the Engram pack on every node whose packed files are missing.
 pub(super) fn pack(config: &Config) -> anyhow::Result<ExitCode> {
     if config.preparation.pack.is_none() {
-        eprintln!("sparkgate: profile {} has no Engram pack (DeepSeek only)", config.profile);
+        eprintln!(
+            "sparkgate: profile {} has no Engram pack (DeepSeek only)",
+            config.profile
+        );
         return Ok(ExitCode::FAILURE);
     }
     let report = sparkgate_prepare::progress::Terminal::new();
@@ -214,7 +224,10 @@ pub(super) fn verify(config: &Config) -> anyhow::Result<ExitCode> {
     };
     for t in sparkgate_prepare::check(config) {
         let missing = t.missing.join("; ");
-        check(t.complete(), format!("weights {} ({}) {missing}", t.name, t.dir.display()));
+        check(
+            t.complete(),
+            format!("weights {} ({}) {missing}", t.name, t.dir.display()),
+        );
     }
     runtime()?.block_on(async {
         let (head, worker) = sparkgate_prepare::verify::connect(config).await?;
@@ -223,7 +236,9 @@ pub(super) fn verify(config: &Config) -> anyhow::Result<ExitCode> {
             head_id.is_some(),
             format!(
                 "image {image} on the head{}",
-                head_id.as_ref().map_or(String::new(), |i| format!(" (identity {})", i.key()))
+                head_id
+                    .as_ref()
+                    .map_or(String::new(), |i| format!(" (identity {})", i.key()))
             ),
         );
         if let (Some(worker), Some(h)) = (&worker, &head_id) {
@@ -250,10 +265,19 @@ pub(super) fn verify(config: &Config) -> anyhow::Result<ExitCode> {
             let r = sparkgate_prepare::verify::self_check(&head, rank0, argv, &log).await;
             check(
                 r.is_ok(),
-                format!("self-check `{}` ({}){}", argv.join(" "), log.display(), r.err().map_or(String::new(), |e| format!(": {e}"))),
+                format!(
+                    "self-check `{}` ({}){}",
+                    argv.join(" "),
+                    log.display(),
+                    r.err().map_or(String::new(), |e| format!(": {e}"))
+                ),
             );
         }
         anyhow::Ok(())
     })?;
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
