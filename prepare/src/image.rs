@@ -88,6 +88,35 @@ fn pullable(image: &str) -> bool {
     image.contains('/')
 }
 
+/// Preflight: fails when IMAGE is missing on the head and can be neither pulled (SKIP_PULL=1 or
+/// no registry in the name) nor built (SKIP_BUILD=1 or no Dockerfile) — a start could not succeed.
+pub async fn obtainable_on_head(config: &Config, head: &Node) -> Result<(), PrepareError> {
+    let p = &config.preparation;
+    let image = &config.serving.image;
+    let dockerfile = p.build_context.join(&p.dockerfile);
+    let can_pull = pullable(image) && !p.skip_pull;
+    let can_build = !p.skip_build && dockerfile.is_file();
+    if can_pull || can_build || head.image_identity(image).await?.is_some() {
+        return Ok(());
+    }
+    Err(PrepareError::NoImage {
+        image: image.clone(),
+        why: format!(
+            "the head's daemon does not have it, it cannot be pulled ({}) and there is nothing to build it from ({})",
+            if p.skip_pull {
+                "SKIP_PULL=1"
+            } else {
+                "no registry in the name"
+            },
+            if p.skip_build {
+                "SKIP_BUILD=1".to_owned()
+            } else {
+                format!("no {}", dockerfile.display())
+            }
+        ),
+    })
+}
+
 /// Makes IMAGE present on the head and returns its identity.
 pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -> Result<ImageIdentity, PrepareError> {
     let p = &config.preparation;

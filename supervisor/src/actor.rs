@@ -352,7 +352,6 @@ impl Actor {
         }
     }
 
-    /// Workers first, rank 0 last; then wait until rank 0 is ready.
     /// The boot-shape warm-up before the group is published ready (failures only warn: an
     /// unwarmed shape compiles on first use instead).
     async fn warm_up(&mut self) {
@@ -382,17 +381,10 @@ impl Actor {
             Some(w) => Some(w.node().await.map_err(|e| Ended::Failure(e.to_string()))?),
             None => None,
         };
-        let rank0 = self.plan.ranks.iter().find(|r| r.rank == 0);
-        crate::container::prepare_nodes(
-            &self.config,
-            head,
-            worker.as_ref(),
-            &self.self_check,
-            rank0,
-            &self.log_dir,
-        )
-        .await
-        .map_err(Ended::Failure)
+        let (config, rank0) = (&self.config, self.plan.ranks.iter().find(|r| r.rank == 0));
+        crate::container::prepare_nodes(config, head, worker.as_ref(), &self.self_check, rank0, &self.log_dir)
+            .await
+            .map_err(Ended::Failure)
     }
 
     async fn start_group(&mut self) -> Result<(), Ended> {

@@ -80,6 +80,9 @@ impl SupervisorHandle {
                     }
                     None => None,
                 };
+                sparkgate_prepare::image::obtainable_on_head(config, &head)
+                    .await
+                    .map_err(|e| SupervisorError::Preflight(format!("head: {e}")))?;
                 // Packed Engram files present on a node are mounted into its rank (DeepSeek).
                 let mut nodes = vec![(0, sparkgate_config::NodeRole::Head, &head)];
                 // Without a remote worker, rank 1 runs on the head and finds its files there.

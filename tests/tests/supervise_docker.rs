@@ -365,7 +365,8 @@ fn preflight_refuses_a_missing_image_naming_it() {
     let d = Deployment::new(
         "deepseek-v4.1-flash",
         "noimage",
-        &[("IMAGE", "sparkgate/does-not-exist:1")],
+        // SKIP_PULL: nothing may reach a registry from a test.
+        &[("IMAGE", "sparkgate/does-not-exist:1"), ("SKIP_PULL", "1")],
     );
     let mut p = Proc::spawn(
         &sparkgate(),
@@ -376,7 +377,7 @@ fn preflight_refuses_a_missing_image_naming_it() {
     assert!(!status.success());
     let log = p.log().join("\n");
     assert!(
-        log.contains("preflight: head: image sparkgate/does-not-exist:1 is not present on its Docker daemon"),
+        log.contains("preflight: head: image sparkgate/does-not-exist:1 is not available: the head's daemon does not have it, it cannot be pulled (SKIP_PULL=1)"),
         "{log}"
     );
 }
