@@ -34,6 +34,8 @@ struct Meter {
     label: String,
     started: Instant,
     last_shown: Option<Instant>,
+    /// The all-done report was shown (an estimated total can be passed by a few chunks).
+    finished: bool,
 }
 
 impl Meter {
@@ -102,6 +104,7 @@ impl Report for Terminal {
                 label: label.to_owned(),
                 started: Instant::now(),
                 last_shown: None,
+                finished: false,
             });
         }
         let m = slot.as_mut().expect("set above");
@@ -161,11 +164,14 @@ impl Report for Log {
                 label: label.to_owned(),
                 started: Instant::now(),
                 last_shown: Some(Instant::now()),
+                finished: false,
             });
             return;
         }
         let m = slot.as_mut().expect("set above");
-        if m.last_shown.is_some_and(|t| t.elapsed() >= Duration::from_secs(10)) {
+        let finished = !m.finished && total.is_some_and(|t| done >= t);
+        m.finished |= finished;
+        if finished || m.last_shown.is_some_and(|t| t.elapsed() >= Duration::from_secs(10)) {
             m.last_shown = Some(Instant::now());
             tracing::info!("{}", m.text(done, total));
         }
@@ -189,6 +195,7 @@ mod tests {
             label: "ship".into(),
             started: Instant::now() - Duration::from_secs(2),
             last_shown: None,
+            finished: false,
         };
         let t = m.text(1 << 30, Some(2 << 30));
         assert!(
