@@ -5,5 +5,6 @@ pub mod harness;
 pub mod hosts;
 pub mod load;
 pub mod overhead;
+pub mod registry;
 pub mod sim;
 pub mod spec_eval;

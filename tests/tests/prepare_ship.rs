@@ -413,6 +413,59 @@ fn build_stamps_the_recipe_and_rebuilds_only_when_it_changes() {
     drop(cleanup);
 }
 
+#[test]
+fn pull_fetches_the_image_from_its_registry_with_the_ghcr_credentials() {
+    // A registry on loopback serving the simulator image, requiring Basic credentials.
+    let registry = sparkgate_tests::registry::Registry::serve(sim_image(SIM), Some(("sg-user", "sg-token")));
+    let image = format!(
+        "127.0.0.1:{}/sparkgate/pulled:{}",
+        registry.addr.port(),
+        std::process::id()
+    );
+    let _cleanup = RemoveImage(image.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let ship = |token: &str| {
+        let out = Command::new(sparkgate())
+            .args(["--profile", "glm-5.3-flash", "ship"])
+            .envs([
+                ("IMAGE", image.as_str()),
+                ("PULL", "1"),
+                ("GHCR_USER", "sg-user"),
+                ("GHCR_TOKEN", token),
+                ("DEPLOY_DIR", &dir.path().display().to_string()),
+                ("LOG_DIR", &dir.path().join("logs").display().to_string()),
+                ("HEAD_IP", "127.0.0.1"),
+                ("WORKER_IP", "127.0.0.1"),
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    let (ok, out) = ship("wrong-token");
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&format!("pull {image}")) && out.contains("unauthorized") && out.contains("GHCR_TOKEN"),
+        "the pull failure names the image and the registry's refusal: {out}"
+    );
+
+    let (ok, out) = ship("sg-token");
+    assert!(ok, "{out}");
+    assert!(out.contains("pulling on the head"), "{out}");
+    let layers = |img: &str| {
+        let o = Command::new("docker")
+            .args(["image", "inspect", "--format", "{{json .RootFS.Layers}}", img])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    assert_eq!(
+        layers(&image),
+        layers(sim_image(SIM)),
+        "the pulled image has the served layers"
+    );
+}
+
 /// Removes the built test image whatever happens.
 struct RemoveImage(String);
 
