@@ -242,6 +242,45 @@ fn the_image_ships_by_stream_is_not_reshipped_and_a_cut_staged_transfer_resumes(
     assert_eq!(t.worker_tar_bytes(), 0, "the staged tar is removed after loading");
 }
 
+/// A small tmpfs mounted for the test's life (a worker disk without room for a staged tar).
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(path: PathBuf) -> SmallDisk {
+        std::fs::create_dir_all(&path).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+            .arg(&path)
+            .output()
+            .expect("mount");
+        assert!(out.status.success(), "mount tmpfs: {}", String::from_utf8_lossy(&out.stderr));
+        SmallDisk(path)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn auto_streams_when_the_worker_lacks_room_for_a_staged_copy() {
+    let t = Topology::new("room");
+    let _disk = SmallDisk::mount(t.path("worker-ship"));
+    let (ok, out) = t.run(&["ship", "--mode", "staged"], &[]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("staged shipping needs") && out.contains("IMAGE_SHIP=stream"),
+        "staged refuses before copying, saying what to do: {out}"
+    );
+    assert!(t.worker.layers(sim_image(SIM)).is_empty());
+    let (ok, out) = t.run(&["ship", "--mode", "auto"], &[]);
+    assert!(ok, "{out}");
+    assert!(out.contains("streaming instead") && out.contains("Streamed"), "{out}");
+    assert_eq!(t.worker.layers(sim_image(SIM)), t.head_layers());
+}
+
 fn serve(t: &Topology, extra: &[(&str, &str)]) -> Gateway {
     let proc = t.spawn(&["serve"], extra);
     let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
