@@ -318,7 +318,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     // === Supervision ===
     k("READY_TIMEOUT", Supervision, V("1500"), V("3600"), "Seconds rank 0 may take to become ready (also VLLM_ENGINE_READY_TIMEOUT_S)."),
     k("SELF_CHECK_CMD", Supervision,
-      V("bash -c \"python3 /opt/dsv41/test_exl3_overlay.py && python3 /opt/dsv41/test_engram_dequant.py\""), V(""),
+      V("bash -c \"python3 /opt/dsv41/test_exl3_overlay.py && python3 /opt/dsv41/test_engram_dequant.py\""), V("python3 /opt/glm53/test_exl3_overlay.py"),
       "Command run in a throwaway container of IMAGE on the head before the first start (RUNTIME=docker; the guides' GPU/overlay self-check, with EXL3_SELFCHECK_GPU=1); its output goes to LOG_DIR/overlay-verify.log and a failure stops the start. Empty: none."),
     k("SKIP_OVERLAY_VERIFY", Supervision, V("0"), V("0"), "1: skip SELF_CHECK_CMD."),
     k("BOOT_SHAPE_WARMUP", Supervision, V("1"), V("1"),
