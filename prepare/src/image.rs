@@ -166,13 +166,15 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
                 report.line(&format!("image {image}: pull failed ({e}); using the head's copy"));
                 HeadImage::Present
             }
-            Err(e) => return Err(PrepareError::NoImage {
-                image: image.clone(),
-                why: format!(
+            Err(e) => {
+                return Err(PrepareError::NoImage {
+                    image: image.clone(),
+                    why: format!(
                     "{e}; if the registry needs a login, set GHCR_USER and GHCR_TOKEN (a token with read:packages), \
                          or build it (BUILD=1) / load it on the head yourself"
                 ),
-            }),
+                })
+            }
         }
     } else if present.is_none() {
         if !can_build {

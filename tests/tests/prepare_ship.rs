@@ -253,7 +253,11 @@ impl SmallDisk {
             .arg(&path)
             .output()
             .expect("mount");
-        assert!(out.status.success(), "mount tmpfs: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "mount tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         SmallDisk(path)
     }
 }
