@@ -274,6 +274,8 @@ pub enum ImageShip {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Preparation {
     pub pull: bool,
+    /// The registry host the GHCR credentials belong to.
+    pub ghcr_registry: String,
     pub build: bool,
     pub skip_pull: bool,
     pub skip_build: bool,

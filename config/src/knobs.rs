@@ -292,6 +292,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     // === Preparation ===
     k("PULL", Preparation, V("0"), V("0"), "1: pull IMAGE from its registry even when the head has it."),
     k("BUILD", Preparation, V("0"), V("0"), "1: build IMAGE from BUILD_CONTEXT instead of pulling; rebuilt only when the recipe stamp differs."),
+    k("GHCR_REGISTRY", Preparation, V("ghcr.io"), V("ghcr.io"), "The registry host GHCR_USER/GHCR_TOKEN are sent to when pulling (IMAGE's registry must be this host)."),
     k("SKIP_PULL", Preparation, V("0"), V("0"), "1: never pull (a missing image is built, or the start stops)."),
     k("SKIP_BUILD", Preparation, V("0"), V("0"), "1: never build."),
     k("SKIP_SHIP", Preparation, V("0"), V("0"), "1: never ship the image to the worker (a missing image there stops the start)."),

@@ -14,12 +14,21 @@ use futures_util::{Stream, StreamExt};
 
 use crate::{DockerError, Node};
 
+/// How long a load or build may run. The node's client gives up after 120 s without response
+/// headers, but the daemon answers a quiet load only once the whole tar is in, and a build of
+/// the overlay image can take an hour.
+const LONG_OPERATION: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// What makes two copies of an image the same image: the digests of its root filesystem's
-/// layers. `docker save | docker load` keeps them, while it drops RepoDigests, and the image Id
-/// differs between storage backends (overlay2 vs containerd).
+/// layers, plus its run configuration (env, command, entrypoint, labels, working directory,
+/// user — a rebuild that changes only those adds no layer). `docker save | docker load` keeps
+/// both, while it drops RepoDigests, and the image Id differs between storage backends
+/// (overlay2 vs containerd).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageIdentity {
     pub layers: Vec<String>,
+    /// FNV-1a hash of the run configuration, 16 hex digits.
+    pub config: String,
     /// The image's labels (the recipe stamp of a built image among them).
     pub labels: HashMap<String, String>,
     /// Size in bytes as the daemon reports it (uncompressed; an export is about this large).
@@ -30,23 +39,39 @@ impl ImageIdentity {
     /// A short stable name for the layer list: 16 hex digits of its FNV-1a hash (file names,
     /// log lines).
     pub fn key(&self) -> String {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in self.layers.join(",").bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        format!("{h:016x}")
+        fnv(&format!("{}|{}", self.layers.join(","), self.config))
     }
 
-    /// Same layers: the same image, whatever its Id or RepoDigests say.
+    /// Same layers and run configuration: the same image, whatever its Id or RepoDigests say.
     pub fn same_image(&self, other: &ImageIdentity) -> bool {
-        !self.layers.is_empty() && self.layers == other.layers
+        !self.layers.is_empty() && self.layers == other.layers && self.config == other.config
     }
+}
+
+fn fnv(text: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The run configuration's hash: the fields a container sees, labels sorted.
+fn config_hash(c: Option<&bollard::models::ImageConfig>) -> String {
+    let Some(c) = c else { return fnv("") };
+    let labels: std::collections::BTreeMap<_, _> = c.labels.iter().flatten().collect();
+    fnv(&format!(
+        "{:?}|{:?}|{:?}|{labels:?}|{:?}|{:?}",
+        c.env, c.cmd, c.entrypoint, c.working_dir, c.user
+    ))
 }
 
 /// One progress report of a long image operation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImageProgress {
+    /// The layer a pull report is about (empty for builds).
+    pub layer: String,
     /// What the daemon says it is doing (a pull's layer status, a build step).
     pub status: String,
     /// Bytes done and expected, when the daemon reports them.
@@ -60,6 +85,7 @@ impl Node {
         match self.docker.inspect_image(image).await {
             Ok(i) => Ok(Some(ImageIdentity {
                 layers: i.root_fs.and_then(|r| r.layers).unwrap_or_default(),
+                config: config_hash(i.config.as_ref()),
                 labels: i.config.and_then(|c| c.labels).unwrap_or_default(),
                 size: i.size.unwrap_or(0).max(0) as u64,
             })),
@@ -87,9 +113,8 @@ impl Node {
             let info = item.map_err(self.api(format!("pull {image}")))?;
             let detail = info.progress_detail.unwrap_or_default();
             progress(ImageProgress {
-                status: format!("{} {}", info.id.unwrap_or_default(), info.status.unwrap_or_default())
-                    .trim()
-                    .to_owned(),
+                layer: info.id.unwrap_or_default(),
+                status: info.status.unwrap_or_default(),
                 current: detail.current.map(|c| c.max(0) as u64),
                 total: detail.total.map(|t| t.max(0) as u64),
             });
@@ -115,9 +140,8 @@ impl Node {
             .labels(labels)
             .buildargs(build_args)
             .build();
-        let mut stream = self
-            .docker
-            .build_image(opts, None, Some(bollard::body_full(context_tar)));
+        let docker = self.docker.clone().with_timeout(LONG_OPERATION);
+        let mut stream = docker.build_image(opts, None, Some(bollard::body_full(context_tar)));
         while let Some(item) = stream.next().await {
             let info = item.map_err(self.api(format!("build {tag}")))?;
             if let Some(err) = info.error_detail.and_then(|e| e.message) {
@@ -131,6 +155,7 @@ impl Node {
                 let line = line.trim_end();
                 if !line.is_empty() {
                     progress(ImageProgress {
+                        layer: String::new(),
                         status: line.to_owned(),
                         current: None,
                         total: None,
@@ -161,7 +186,8 @@ impl Node {
         E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
     {
         let opts = ImportImageOptionsBuilder::default().quiet(true).build();
-        let mut stream = self.docker.import_image_stream(opts, tar, None);
+        let docker = self.docker.clone().with_timeout(LONG_OPERATION);
+        let mut stream = docker.import_image_stream(opts, tar, None);
         while let Some(item) = stream.next().await {
             let info = item.map_err(self.api("load image"))?;
             if let Some(err) = info.error_detail.and_then(|e| e.message) {
@@ -256,6 +282,7 @@ mod tests {
     fn id(layers: &[&str]) -> ImageIdentity {
         ImageIdentity {
             layers: layers.iter().map(|s| (*s).to_owned()).collect(),
+            config: config_hash(None),
             labels: HashMap::new(),
             size: 0,
         }
@@ -270,5 +297,21 @@ mod tests {
         assert_eq!(a.key(), id(&["sha256:aa", "sha256:bb"]).key());
         assert_ne!(a.key(), id(&["sha256:bb", "sha256:aa"]).key());
         assert_eq!(a.key().len(), 16);
+    }
+
+    #[test]
+    fn a_changed_run_configuration_is_another_image() {
+        let with_env = |env: &str| bollard::models::ImageConfig {
+            env: Some(vec![env.to_owned()]),
+            ..Default::default()
+        };
+        let mut a = id(&["sha256:aa"]);
+        let mut b = id(&["sha256:aa"]);
+        a.config = config_hash(Some(&with_env("A=1")));
+        b.config = config_hash(Some(&with_env("A=2")));
+        assert!(!a.same_image(&b), "same layers, different env");
+        assert_ne!(a.key(), b.key());
+        b.config = config_hash(Some(&with_env("A=1")));
+        assert!(a.same_image(&b));
     }
 }

@@ -2,14 +2,12 @@
 //! build it from BUILD_CONTEXT (BUILD=1, or missing and not pullable) with a recipe-stamp label so
 //! an unchanged recipe is never rebuilt.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-
-use sha2::{Digest, Sha256};
 use sparkgate_config::Config;
 use sparkgate_docker::{ImageIdentity, Node};
+use std::collections::HashMap;
 
 use crate::progress::{human_bytes, Report};
+use crate::recipe::Recipe;
 use crate::PrepareError;
 
 /// The label a built image carries: the hash of the recipe it was built from.
@@ -23,69 +21,18 @@ pub enum HeadImage {
     Built { stamp: String },
 }
 
-/// Files that never belong to a recipe (caches, compiled artefacts, VCS data).
-fn ignored(rel: &Path) -> bool {
-    rel.components().any(|c| {
-        let c = c.as_os_str().to_string_lossy();
-        matches!(c.as_ref(), ".git" | "__pycache__" | "target" | "logs") || c.ends_with(".pyc") || c.ends_with(".so")
-    })
-}
-
-/// Every regular file under `dir` (relative paths, sorted), ignored files left out.
-fn recipe_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        for entry in std::fs::read_dir(dir.join(&rel))? {
-            let entry = entry?;
-            let rel = rel.join(entry.file_name());
-            if ignored(&rel) {
-                continue;
-            }
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                stack.push(rel);
-            } else if kind.is_file() {
-                out.push(rel);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// sha256 over each file's relative path and content hash, in path order: any edit, addition or
-/// removal in the build context changes it, and nothing else does (not mtimes, not caches).
-pub fn recipe_stamp(context: &Path) -> Result<String, PrepareError> {
-    let io = |e: std::io::Error| PrepareError::Recipe(format!("{}: {e}", context.display()));
-    let mut all = Sha256::new();
-    for rel in recipe_files(context).map_err(io)? {
-        let content = std::fs::read(context.join(&rel)).map_err(io)?;
-        all.update(rel.to_string_lossy().as_bytes());
-        all.update([0]);
-        all.update(Sha256::digest(&content));
-    }
-    Ok(hex(&all.finalize())[..16].to_owned())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The build context as a tar (the Docker API's build input).
-fn context_tar(context: &Path) -> Result<Vec<u8>, PrepareError> {
-    let io = |e: std::io::Error| PrepareError::Recipe(format!("{}: {e}", context.display()));
-    let mut builder = tar::Builder::new(Vec::new());
-    builder.follow_symlinks(true);
-    for rel in recipe_files(context).map_err(io)? {
-        builder.append_path_with_name(context.join(&rel), &rel).map_err(io)?;
-    }
-    builder.into_inner().map_err(io)
-}
-
 /// Whether IMAGE names a registry (`host/…` or `org/…`), which `docker pull` can fetch.
 fn pullable(image: &str) -> bool {
     image.contains('/')
+}
+
+/// The registry host of an image reference as Docker reads it: the first path component when it
+/// looks like a host (has a `.` or `:`, or is `localhost`), else Docker Hub.
+pub fn registry_host(image: &str) -> &str {
+    match image.split_once('/') {
+        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => first,
+        _ => "docker.io",
+    }
 }
 
 /// Preflight: fails when IMAGE is missing on the head and can be neither pulled (SKIP_PULL=1 or
@@ -131,7 +78,7 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
                 dockerfile.display()
             )));
         }
-        let stamp = recipe_stamp(&p.build_context)?;
+        let stamp = Recipe::of(config).stamp()?;
         match &present {
             Some(id) if id.labels.get(RECIPE_STAMP_LABEL) == Some(&stamp) => {
                 report.line(&format!(
@@ -143,36 +90,42 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
         }
     } else if pullable(image) && !p.skip_pull && (p.pull || present.is_none()) {
         report.line(&format!("image {image}: pulling on the head"));
+        // The GHCR token goes only to the registry it is for, never to whatever IMAGE names.
         let creds = config
             .secrets
             .ghcr_token
             .as_ref()
+            .filter(|_| registry_host(image) == p.ghcr_registry)
             .map(|t| (config.secrets.ghcr_user.clone(), t.expose().to_owned()));
+        let mut layers: HashMap<String, (u64, u64)> = HashMap::new();
         let pulled = head
             .pull(image, creds, |pr| {
                 if let (Some(c), Some(t)) = (pr.current, pr.total) {
-                    report.bytes(&format!("pull {}", pr.status), c, Some(t));
+                    layers.insert(pr.layer.clone(), (c, t));
+                    let (done, total) = layers.values().fold((0, 0), |(d, t), (c, n)| (d + c, t + n));
+                    report.bytes("pull", done, Some(total));
                 }
             })
             .await;
         match pulled {
             Ok(()) => HeadImage::Pulled,
-            Err(e) if can_build => {
-                report.line(&format!("image {image}: pull failed ({e}); building it instead"));
-                let stamp = recipe_stamp(&p.build_context)?;
-                build(config, head, &stamp, report).await?
-            }
+            // A registry outage must not replace the head's copy with a local build.
             Err(e) if present.is_some() => {
                 report.line(&format!("image {image}: pull failed ({e}); using the head's copy"));
                 HeadImage::Present
+            }
+            Err(e) if can_build => {
+                report.line(&format!("image {image}: pull failed ({e}); building it instead"));
+                let stamp = Recipe::of(config).stamp()?;
+                build(config, head, &stamp, report).await?
             }
             Err(e) => {
                 return Err(PrepareError::NoImage {
                     image: image.clone(),
                     why: format!(
-                    "{e}; if the registry needs a login, set GHCR_USER and GHCR_TOKEN (a token with read:packages), \
-                         or build it (BUILD=1) / load it on the head yourself"
-                ),
+                        "{e}; if the registry needs a login, set GHCR_USER and GHCR_TOKEN (a token with read:packages) \
+                         and GHCR_REGISTRY to its host, or build it (BUILD=1) / load it on the head yourself"
+                    ),
                 })
             }
         }
@@ -191,7 +144,7 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
                 },
             });
         }
-        let stamp = recipe_stamp(&p.build_context)?;
+        let stamp = Recipe::of(config).stamp()?;
         build(config, head, &stamp, report).await?
     } else {
         HeadImage::Present
@@ -217,13 +170,17 @@ async fn build(config: &Config, head: &Node, stamp: &str, report: &dyn Report) -
         "image {image}: building from {} (recipe stamp {stamp})",
         p.build_context.join(&p.dockerfile).display()
     ));
-    let tar = context_tar(&p.build_context)?;
+    let tar = Recipe::of(config).tar()?;
     let labels = HashMap::from([(RECIPE_STAMP_LABEL.to_owned(), stamp.to_owned())]);
     let args = HashMap::from([("SPARKGATE_RECIPE_STAMP".to_owned(), stamp.to_owned())]);
     let log_path = config.supervision.log_dir.join("build.log");
     let mut log = String::new();
     let built = head
         .build(tar.into(), &p.dockerfile, image, &labels, &args, |pr| {
+            // Steps are shown as they start, so a long or stuck build is visible.
+            if pr.status.starts_with("Step ") {
+                report.line(&format!("  {}", pr.status));
+            }
             log.push_str(&pr.status);
             log.push('\n');
         })
@@ -253,34 +210,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_stamp_follows_content_and_names_not_caches() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("Dockerfile"), "FROM scratch\n").unwrap();
-        std::fs::create_dir_all(dir.path().join("overlay/__pycache__")).unwrap();
-        std::fs::write(dir.path().join("overlay/a.py"), "x = 1\n").unwrap();
-        let first = recipe_stamp(dir.path()).unwrap();
-        std::fs::write(dir.path().join("overlay/__pycache__/a.pyc"), "cache").unwrap();
-        assert_eq!(recipe_stamp(dir.path()).unwrap(), first, "caches are not the recipe");
-        std::fs::write(dir.path().join("overlay/a.py"), "x = 2\n").unwrap();
-        let edited = recipe_stamp(dir.path()).unwrap();
-        assert_ne!(edited, first);
-        std::fs::rename(dir.path().join("overlay/a.py"), dir.path().join("overlay/b.py")).unwrap();
-        assert_ne!(recipe_stamp(dir.path()).unwrap(), edited, "a rename changes the recipe");
-    }
-
-    #[test]
-    fn the_context_tar_holds_the_recipe_files() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("Dockerfile"), "FROM scratch\n").unwrap();
-        std::fs::create_dir_all(dir.path().join(".git")).unwrap();
-        std::fs::write(dir.path().join(".git/HEAD"), "ref").unwrap();
-        let tar = context_tar(dir.path()).unwrap();
-        let mut archive = tar::Archive::new(&tar[..]);
-        let names: Vec<String> = archive
-            .entries()
-            .unwrap()
-            .map(|e| e.unwrap().path().unwrap().display().to_string())
-            .collect();
-        assert_eq!(names, ["Dockerfile"]);
+    fn registry_hosts_are_read_as_docker_reads_them() {
+        assert_eq!(registry_host("ghcr.io/miaai-lab/glm:exl3"), "ghcr.io");
+        assert_eq!(registry_host("127.0.0.1:5000/x/y:1"), "127.0.0.1:5000");
+        assert_eq!(registry_host("localhost/x"), "localhost");
+        assert_eq!(registry_host("miaai-lab/glm:exl3"), "docker.io");
+        assert_eq!(registry_host("ubuntu"), "docker.io");
     }
 }

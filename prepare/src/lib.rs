@@ -9,6 +9,7 @@ pub mod hf;
 pub mod image;
 pub mod pack;
 pub mod progress;
+pub mod recipe;
 pub mod share;
 pub mod ship;
 pub mod sync;
@@ -46,8 +47,16 @@ pub enum PrepareError {
     Build { error: String, log: String, tail: String },
     #[error("image {image} is not available: {why}")]
     NoImage { image: String, why: String },
-    #[error("the worker has {free} free in {dir} but staged shipping needs {need} (tar ×2 + 5 GiB); free space there, set WORKER_IMAGE_SHIP_DIR to a larger disk, or IMAGE_SHIP=stream")]
-    NoRoom { dir: String, need: String, free: String },
+    #[error("the {node} has {free} free in {dir} but staged shipping needs {need} there (worker: tar ×2 + 5 GiB; head: tar + 1 GiB); free space there, set {knob} to a larger disk, or IMAGE_SHIP=stream")]
+    NoRoom {
+        node: &'static str,
+        dir: String,
+        need: String,
+        free: String,
+        knob: &'static str,
+    },
+    #[error("{0}")]
+    SelfCheck(String),
     #[error("{0}")]
     Local(String),
     #[error("the head's weights are incomplete and AUTO_DOWNLOAD=0: {}; run `sparkgate download`, or set SKIP_DOWNLOAD=1 if the weights are managed elsewhere", .0.join(" | "))]

@@ -18,9 +18,22 @@ pub enum Packed {
     Packed,
 }
 
-/// The file whose presence means a rank is packed (as the DeepSeek launcher tests it).
+/// The packed layers a rank's files cover.
+const PACKED_LAYERS: [u32; 2] = [1, 14];
+
+/// The file the DeepSeek launcher tests for a packed rank.
 pub fn packed_marker(dir: &str, rank: u32, tp: u32) -> String {
-    format!("{}/engram-l1-r{rank}of{tp}.bin", dir.trim_end_matches('/'))
+    packed_file(dir, 1, rank, tp)
+}
+
+fn packed_file(dir: &str, layer: u32, rank: u32, tp: u32) -> String {
+    format!("{}/engram-l{layer}-r{rank}of{tp}.bin", dir.trim_end_matches('/'))
+}
+
+/// Present while `sparkgate pack` runs a rank: a pack cut half-way (one layer written, or one
+/// partly) is not taken for a finished one.
+fn in_progress(dir: &str, rank: u32, tp: u32) -> String {
+    format!("{}/.sparkgate-packing-r{rank}of{tp}", dir.trim_end_matches('/'))
 }
 
 fn packed_dir(config: &Config, node: NodeRole) -> Option<&str> {
@@ -31,11 +44,17 @@ fn packed_dir(config: &Config, node: NodeRole) -> Option<&str> {
     })
 }
 
+/// Every layer's file is there and no pack of this rank was cut short.
 async fn is_packed(node: &Node, dir: &str, rank: u32, tp: u32) -> Result<bool, PrepareError> {
+    let files: Vec<String> = PACKED_LAYERS
+        .iter()
+        .map(|l| format!("[ -s {} ]", quote(&packed_file(dir, *l, rank, tp))))
+        .collect();
     let out = node
         .shell(&format!(
-            "test -f {} && echo yes || echo no",
-            quote(&packed_marker(dir, rank, tp))
+            "if {} && [ ! -e {} ]; then echo yes; else echo no; fi",
+            files.join(" && "),
+            quote(&in_progress(dir, rank, tp))
         ))
         .await?;
     Ok(out.trim() == "yes")
@@ -82,7 +101,18 @@ pub async fn pack(
             ));
             return Ok((*rank, Packed::AlreadyPacked));
         }
-        node.shell(&format!("mkdir -p {}", quote(dir))).await?;
+        node.shell(&format!(
+            "mkdir -p {d} && : > {p}",
+            d = quote(dir),
+            p = quote(&in_progress(dir, *rank, tp))
+        ))
+        .await?;
+        if *role == NodeRole::Worker && config.storage.weight_sync == WeightSync::Nfs {
+            // Docker would create a missing volume empty and the packer would read nothing.
+            for v in crate::share::nfs_volumes(config) {
+                node.ensure_volume(&v.name, &v.driver_opts).await?;
+            }
+        }
         let rank_plan = plan
             .ranks
             .iter()
@@ -141,6 +171,10 @@ pub async fn pack(
         };
         let (status, tail) = tokio::join!(node.wait_exit(&id), relay);
         let _ = node.kill_and_remove(&id).await;
+        if status == "exit status: 0" {
+            node.shell(&format!("rm -f {}", quote(&in_progress(dir, *rank, tp))))
+                .await?;
+        }
         if status != "exit status: 0" || !is_packed(node, dir, *rank, tp).await? {
             return Err(PrepareError::Local(format!(
                 "pack rank {rank} ({}) failed ({status}); last lines:\n{}",

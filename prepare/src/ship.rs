@@ -25,6 +25,8 @@ const WORKER_MARGIN_BYTES: u64 = 5 << 30;
 pub enum Shipped {
     /// The worker's image has the head's layers: nothing sent.
     AlreadyThere,
+    /// The worker's copy differs, but SKIP_SHIP=1 keeps it.
+    Skipped,
     Streamed {
         bytes: u64,
     },
@@ -58,7 +60,7 @@ pub async fn ship(
             report.line(&format!(
                 "image {image}: the worker's copy differs from the head's, but SKIP_SHIP=1; using it"
             ));
-            return Ok(Shipped::AlreadyThere);
+            return Ok(Shipped::Skipped);
         }
         None if p.skip_ship => {
             return Err(PrepareError::NoImage {
@@ -69,29 +71,38 @@ pub async fn ship(
         _ => {}
     }
     let started = Instant::now();
-    let staged_room = match p.ship {
-        ImageShip::Stream => None,
-        _ => Some(worker_room(config, worker, head_id).await?),
+    let staged_mode = match p.ship {
+        ImageShip::Stream => false,
+        ImageShip::Staged => match staging_room(config, head, worker, head_id).await?.short() {
+            None => true,
+            Some(room) => return Err(room.error()),
+        },
+        ImageShip::Auto => match staging_room(config, head, worker, head_id).await {
+            Ok(rooms) => match rooms.short() {
+                None => true,
+                Some(room) => {
+                    report.line(&format!(
+                        "image {image}: the {} has {} free in {} but staging needs {}; streaming instead",
+                        room.node,
+                        human_bytes(room.free),
+                        room.dir,
+                        human_bytes(room.need)
+                    ));
+                    false
+                }
+            },
+            Err(e) => {
+                report.line(&format!(
+                    "image {image}: cannot check the room for staging ({e}); streaming instead"
+                ));
+                false
+            }
+        },
     };
-    let shipped = match (p.ship, staged_room) {
-        (ImageShip::Staged, Some(room)) if !room.enough() => {
-            return Err(PrepareError::NoRoom {
-                dir: p.worker_ship_dir.clone(),
-                need: human_bytes(room.need),
-                free: human_bytes(room.free),
-            })
-        }
-        (ImageShip::Auto, Some(room)) if !room.enough() => {
-            report.line(&format!(
-                "image {image}: the worker has {} free in {} but staging needs {}; streaming instead",
-                human_bytes(room.free),
-                p.worker_ship_dir,
-                human_bytes(room.need)
-            ));
-            stream(head, worker, image, head_id, report).await?
-        }
-        (ImageShip::Stream, _) => stream(head, worker, image, head_id, report).await?,
-        _ => staged(config, head, worker, head_id, report).await?,
+    let shipped = if staged_mode {
+        staged(config, head, worker, head_id, report).await?
+    } else {
+        stream(head, worker, image, head_id, report).await?
     };
     match worker.image_identity(image).await? {
         Some(w) if w.same_image(head_id) => {
@@ -127,7 +138,14 @@ async fn stream(
         let mut export = std::pin::pin!(export);
         let mut sent = 0u64;
         while let Some(chunk) = export.next().await {
-            let chunk = chunk?;
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    // Abort the load's request body: a truncated tar must not look complete.
+                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                    return Err(e.into());
+                }
+            };
             sent += chunk.len() as u64;
             report.bytes("stream", sent, Some(id.size));
             if tx.send(Ok(chunk)).await.is_err() {
@@ -149,9 +167,12 @@ fn tokio_stream<T: Send + 'static>(
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-/// Free space against what staging needs in WORKER_IMAGE_SHIP_DIR, and what is there already.
-#[derive(Debug, Clone, Copy)]
+/// Free space against what staging needs in one node's ship directory.
+#[derive(Debug, Clone)]
 struct Room {
+    node: &'static str,
+    knob: &'static str,
+    dir: String,
     free: u64,
     need: u64,
 }
@@ -160,20 +181,43 @@ impl Room {
     fn enough(&self) -> bool {
         self.free >= self.need
     }
+
+    fn error(&self) -> PrepareError {
+        PrepareError::NoRoom {
+            node: self.node,
+            dir: self.dir.clone(),
+            need: human_bytes(self.need),
+            free: human_bytes(self.free),
+            knob: self.knob,
+        }
+    }
 }
 
-/// Staging needs the tar twice (the file and its loaded layers) plus 5 GiB, less what a cut
+trait Rooms {
+    fn short(&self) -> Option<&Room>;
+}
+
+impl Rooms for Vec<Room> {
+    fn short(&self) -> Option<&Room> {
+        self.iter().find(|r| !r.enough())
+    }
+}
+
+/// The worker needs the tar twice (the file and its loaded layers) plus 5 GiB, less what a cut
 /// transfer already left there.
 fn staging_need(tar_size: u64, already: u64) -> u64 {
     (2 * tar_size + WORKER_MARGIN_BYTES).saturating_sub(already)
 }
 
-async fn worker_room(config: &Config, worker: &Node, id: &ImageIdentity) -> Result<Room, PrepareError> {
-    let dir = quote(&config.preparation.worker_ship_dir);
-    let file = quote(&worker_tar(config, id));
-    let out = worker
+/// The head needs room for the tar (plus 1 GiB) unless it is exported already.
+const HEAD_MARGIN_BYTES: u64 = 1 << 30;
+
+/// `mkdir -p DIR; df -Pk DIR; stat -c %s FILE` on a node: (free bytes, FILE's size or 0).
+async fn free_and_size(node: &Node, dir: &str, file: &str) -> Result<(u64, u64), PrepareError> {
+    let (d, f) = (quote(dir), quote(file));
+    let out = node
         .shell(&format!(
-            "mkdir -p {dir} && df -Pk {dir} | tail -n 1 && (stat -c %s {file} 2>/dev/null || echo 0)"
+            "mkdir -p {d} && df -Pk {d} | tail -n 1 && (stat -c %s {f} 2>/dev/null || echo 0)"
         ))
         .await?;
     let mut lines = out.lines();
@@ -181,15 +225,42 @@ async fn worker_room(config: &Config, worker: &Node, id: &ImageIdentity) -> Resu
         .next()
         .and_then(|l| l.split_whitespace().nth(3))
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| PrepareError::Remote {
-            target: config.nodes.worker_ssh.clone(),
-            detail: format!("unexpected `df` output: {out}"),
-        })?;
-    let already: u64 = lines.next().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
-    Ok(Room {
-        free: free_kib * 1024,
-        need: staging_need(id.size, already),
-    })
+        .ok_or_else(|| PrepareError::Local(format!("{}: unexpected `df` output: {out}", node.name())))?;
+    let size = lines.next().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    Ok((free_kib * 1024, size))
+}
+
+async fn staging_room(
+    config: &Config,
+    head: &Node,
+    worker: &Node,
+    id: &ImageIdentity,
+) -> Result<Vec<Room>, PrepareError> {
+    let p = &config.preparation;
+    let head_dir = p.ship_dir.display().to_string();
+    let head_tar = p
+        .ship_dir
+        .join(tar_name(&config.serving.image, id))
+        .display()
+        .to_string();
+    let (head_free, exported) = free_and_size(head, &head_dir, &head_tar).await?;
+    let (worker_free, already) = free_and_size(worker, &p.worker_ship_dir, &worker_tar(config, id)).await?;
+    Ok(vec![
+        Room {
+            node: "head",
+            knob: "IMAGE_SHIP_DIR",
+            dir: head_dir,
+            free: head_free,
+            need: if exported > 0 { 0 } else { id.size + HEAD_MARGIN_BYTES },
+        },
+        Room {
+            node: "worker",
+            knob: "WORKER_IMAGE_SHIP_DIR",
+            dir: p.worker_ship_dir.clone(),
+            free: worker_free,
+            need: staging_need(id.size, already),
+        },
+    ])
 }
 
 /// The tar's name: the image reference made file-safe, plus its identity key.
@@ -254,16 +325,42 @@ async fn staged(
         quote(&format!("unix://{}", config.nodes.ssh.worker_docker_socket)),
         quote(&remote)
     );
-    worker.shell(&load).await?;
+    if let Err(e) = worker.shell(&load).await {
+        // The tars may be what is wrong (a corrupt or stale copy): the next run starts clean.
+        let _ = worker.shell(&format!("rm -f {}", quote(&remote))).await;
+        let _ = std::fs::remove_file(&local);
+        return Err(e.into());
+    }
     if !p.ship_keep {
         let _ = worker.shell(&format!("rm -f {}", quote(&remote))).await;
         let _ = std::fs::remove_file(&local);
     }
+    remove_stale_tars(config, worker, id).await;
     Ok(Shipped::Staged {
         sent,
         resumed_from,
         size,
     })
+}
+
+/// Tars of this image's earlier identities, on both nodes: never reused, only in the way.
+async fn remove_stale_tars(config: &Config, worker: &Node, id: &ImageIdentity) {
+    let p = &config.preparation;
+    let current = tar_name(&config.serving.image, id);
+    let prefix = current.trim_end_matches(&format!("{}.tar", id.key())).to_owned();
+    for entry in std::fs::read_dir(&p.ship_dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && name != current && name.contains(".tar") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    let dir = quote(p.worker_ship_dir.trim_end_matches('/'));
+    let keep = quote(&current);
+    let script = format!(
+        "for f in {dir}/{}*.tar; do [ -e \"$f\" ] && [ \"$(basename \"$f\")\" != {keep} ] && rm -f \"$f\"; done; true",
+        quote(&prefix)
+    );
+    let _ = worker.shell(&script).await;
 }
 
 /// Exports IMAGE into `path` on the head (via `path.part`, so a finished tar is never partial);
@@ -283,8 +380,15 @@ async fn export_tar(
     if let Some(dir) = path.parent() {
         tokio::fs::create_dir_all(dir).await.map_err(io)?;
     }
-    let part = path.with_extension("tar.part");
-    let mut file = tokio::fs::File::create(&part).await.map_err(io)?;
+    // A part file of our own: two exports at once (a CLI run beside a start) must not interleave.
+    let part = path.with_extension(format!("tar.part.{}", std::process::id()));
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&part)
+        .await
+        .map_err(io)?;
     let mut export = std::pin::pin!(head.export_image(image));
     let mut written = 0u64;
     while let Some(chunk) = export.next().await {
@@ -314,6 +418,8 @@ async fn rsync(
         "--append-verify".to_owned(),
         "--info=progress2".to_owned(),
         "--stats".to_owned(),
+        // A link that dies without a reset must fail the transfer (so a rerun resumes), not hang.
+        "--timeout=120".to_owned(),
         "-e".to_owned(),
         ssh_argv(config).join(" "),
     ];
@@ -367,10 +473,21 @@ async fn rsync(
     let status = child.wait().await.map_err(|e| PrepareError::Local(e.to_string()))?;
     let stderr = errors.await.unwrap_or_default();
     if !status.success() {
-        return Err(PrepareError::Interrupted {
-            command,
-            status: status.to_string(),
-            detail: stderr.trim().lines().last().unwrap_or_default().to_owned(),
+        let detail = stderr.trim().lines().last().unwrap_or_default().to_owned();
+        // rsync's exit codes for a broken connection or stream, a timeout, or a signal: what a
+        // rerun resumes. Anything else (no rsync on the worker, a full disk, permissions) is not.
+        let cut = status.code().is_none_or(|c| matches!(c, 12 | 20 | 30 | 35 | 255));
+        return Err(if cut {
+            PrepareError::Interrupted {
+                command,
+                status: status.to_string(),
+                detail,
+            }
+        } else {
+            PrepareError::Failed {
+                command: format!("{command} ({detail})"),
+                status: status.to_string(),
+            }
         });
     }
     Ok(stat_bytes_sent(&String::from_utf8_lossy(&all)).unwrap_or(size))
@@ -400,10 +517,19 @@ mod tests {
         assert_eq!(staging_need(20 * gib, 0), 45 * gib);
         assert_eq!(staging_need(20 * gib, 10 * gib), 35 * gib);
         let room = Room {
+            node: "worker",
+            knob: "WORKER_IMAGE_SHIP_DIR",
+            dir: "/tmp".into(),
             free: 44 * gib,
             need: staging_need(20 * gib, 0),
         };
         assert!(!room.enough());
+        assert!(vec![room.clone()].short().is_some());
+        let msg = room.error().to_string();
+        assert!(
+            msg.contains("worker has 44.0 GiB free in /tmp") && msg.contains("WORKER_IMAGE_SHIP_DIR"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -418,6 +544,7 @@ mod tests {
     fn tar_names_are_file_safe_and_carry_the_identity() {
         let id = ImageIdentity {
             layers: vec!["sha256:aa".into()],
+            config: String::new(),
             labels: Default::default(),
             size: 0,
         };

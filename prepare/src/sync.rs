@@ -111,6 +111,11 @@ pub fn ssh_argv(config: &Config) -> Vec<String> {
         format!("ConnectTimeout={}", s.connect_timeout.as_secs().max(1)),
         "-o".into(),
         format!("StrictHostKeyChecking={check}"),
+        // A worker that vanishes without a reset is noticed in about a minute, not hours.
+        "-o".into(),
+        "ServerAliveInterval=15".into(),
+        "-o".into(),
+        "ServerAliveCountMax=4".into(),
     ]);
     if let Some(f) = &s.known_hosts_file {
         a.extend(["-o".into(), format!("UserKnownHostsFile={}", f.display())]);
@@ -171,6 +176,7 @@ pub fn sync(config: &Config, plan: &SyncPlan, force: bool) -> Result<Synced, Pre
         "-a".to_owned(),
         "--partial".to_owned(),
         "--info=progress2".to_owned(),
+        "--timeout=120".to_owned(),
         "-e".to_owned(),
         ssh_argv(config).join(" "),
         format!("{}/", plan.src.display()),

@@ -40,7 +40,7 @@ pub async fn connect(config: &Config) -> Result<(Node, Option<Node>), PrepareErr
 /// The image's self-check: `argv` in a throwaway container made from rank 0's spec (same image,
 /// environment, mounts and devices, plus EXL3_SELFCHECK_GPU=1), its output written to `log`.
 /// `Err` carries the exit status and the log's last lines.
-pub async fn self_check(docker: &Node, rank0: &RankPlan, argv: &[String], log: &Path) -> Result<(), String> {
+pub async fn self_check(docker: &Node, rank0: &RankPlan, argv: &[String], log: &Path) -> Result<(), PrepareError> {
     let mut spec = rank0.container.clone();
     spec.name = format!("{}-selfcheck", spec.name);
     spec.labels.clear();
@@ -53,7 +53,7 @@ pub async fn self_check(docker: &Node, rank0: &RankPlan, argv: &[String], log: &
     let id = docker
         .run(&spec, &[])
         .await
-        .map_err(|e| format!("the self-check container did not start: {e}"))?;
+        .map_err(|e| PrepareError::SelfCheck(format!("the self-check container did not start: {e}")))?;
     let status = docker.wait_exit(&id).await;
     let output: Vec<bytes::Bytes> = docker.logs(&id, None).collect().await;
     docker.kill_and_remove(&id).await.ok();
@@ -67,9 +67,9 @@ pub async fn self_check(docker: &Node, rank0: &RankPlan, argv: &[String], log: &
     }
     let lines: Vec<&str> = text.lines().collect();
     let tail = lines[lines.len().saturating_sub(20)..].join(" | ");
-    Err(format!(
+    Err(PrepareError::SelfCheck(format!(
         "the image's self-check `{}` failed ({status}; SKIP_OVERLAY_VERIFY=1 skips it); last lines of {}: {tail}",
         argv.join(" "),
         log.display()
-    ))
+    )))
 }

@@ -372,24 +372,16 @@ impl Actor {
         }
     }
 
-    /// RUNTIME=docker, before the first start: node preparation, then the image's self-check.
-    async fn prepare_nodes(&mut self) -> Result<(), Ended> {
-        let Backend::Docker { head, worker } = &self.backend else {
-            return Ok(());
-        };
-        let worker = match worker {
-            Some(w) => Some(w.node().await.map_err(|e| Ended::Failure(e.to_string()))?),
-            None => None,
-        };
-        let (config, rank0) = (&self.config, self.plan.ranks.iter().find(|r| r.rank == 0));
-        crate::container::prepare_nodes(config, head, worker.as_ref(), &self.self_check, rank0, &self.log_dir)
-            .await
-            .map_err(Ended::Failure)
-    }
-
     async fn start_group(&mut self) -> Result<(), Ended> {
         if !self.prepared {
-            self.prepare_nodes().await?;
+            // Preparation can take long (a download, a ship): operator commands still end it.
+            let rank0 = self.plan.ranks.iter().find(|r| r.rank == 0);
+            let prep =
+                crate::container::prepare_nodes(&self.config, &self.backend, &self.self_check, rank0, &self.log_dir);
+            tokio::select! {
+                r = prep => r.map_err(Ended::Failure)?,
+                cmd = self.cmd_rx.recv() => return Err(Ended::Asked(cmd.unwrap_or(Command::Stop))),
+            }
             self.prepared = true;
         }
         let dir = self.log_dir.join(format!("epoch-{}", self.epoch));

@@ -151,23 +151,31 @@ pub(crate) async fn drop_page_cache(backend: &crate::rank::Backend) {
     }
 }
 
-/// Node preparation ([`sparkgate_prepare::for_start`], progress into the log), then the image's
-/// self-check on the head when SELF_CHECK_CMD is set.
+/// RUNTIME=docker, before the first start: node preparation ([`sparkgate_prepare::for_start`],
+/// progress into the log), then the image's self-check on the head when SELF_CHECK_CMD is set.
 pub(crate) async fn prepare_nodes(
     config: &sparkgate_config::Config,
-    head: &Node,
-    worker: Option<&Node>,
+    backend: &crate::rank::Backend,
     self_check_cmd: &[String],
     rank0: Option<&RankPlan>,
     log_dir: &Path,
 ) -> Result<(), String> {
+    let crate::rank::Backend::Docker { head, worker } = backend else {
+        return Ok(());
+    };
+    let worker = match worker {
+        Some(w) => Some(w.node().await.map_err(|e| e.to_string())?),
+        None => None,
+    };
     let report = sparkgate_prepare::progress::Log::new();
-    sparkgate_prepare::for_start(config, head, worker, &report)
+    sparkgate_prepare::for_start(config, head, worker.as_ref(), &report)
         .await
         .map_err(|e| format!("node preparation: {e}"))?;
     if let (false, Some(rank0)) = (self_check_cmd.is_empty(), rank0) {
         let log = log_dir.join("overlay-verify.log");
-        sparkgate_prepare::verify::self_check(head, rank0, self_check_cmd, &log).await?;
+        sparkgate_prepare::verify::self_check(head, rank0, self_check_cmd, &log)
+            .await
+            .map_err(|e| e.to_string())?;
         tracing::info!(log = %log.display(), "self-check passed");
     }
     Ok(())

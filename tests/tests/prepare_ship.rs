@@ -345,9 +345,16 @@ fn serve_prepares_both_nodes_ships_once_and_mounts_the_engram_pack() {
         .success());
     assert!(gw.proc.wait_exit(Duration::from_secs(60)).success());
 
-    // Pack, on each node, with that node's rank; a second pack skips both.
+    // Pack, on each node, with that node's rank; a second pack skips both. A pack cut after its
+    // first layer (only l1 there) is not taken for a finished one.
+    std::fs::create_dir_all(t.path("head-packed")).unwrap();
+    std::fs::write(t.path("head-packed/engram-l1-r0of2.bin"), "cut short").unwrap();
     let (ok, out) = t.run(&["pack"], &[]);
     assert!(ok, "{out}");
+    assert!(
+        out.contains("pack rank 0 (head): running") && !out.contains("skipped"),
+        "{out}"
+    );
     let head_file = std::fs::read_to_string(t.path("head-packed/engram-l1-r0of2.bin")).unwrap();
     let worker_file = std::fs::read_to_string(t.path("worker-packed/engram-l1-r1of2.bin")).unwrap();
     assert_eq!(
@@ -460,11 +467,8 @@ fn build_stamps_the_recipe_and_rebuilds_only_when_it_changes() {
 fn pull_fetches_the_image_from_its_registry_with_the_ghcr_credentials() {
     // A registry on loopback serving the simulator image, requiring Basic credentials.
     let registry = sparkgate_tests::registry::Registry::serve(sim_image(SIM), Some(("sg-user", "sg-token")));
-    let image = format!(
-        "127.0.0.1:{}/sparkgate/pulled:{}",
-        registry.addr.port(),
-        std::process::id()
-    );
+    let registry_host = format!("127.0.0.1:{}", registry.addr.port());
+    let image = format!("{registry_host}/sparkgate/pulled:{}", std::process::id());
     let _cleanup = RemoveImage(image.clone());
     let dir = tempfile::tempdir().unwrap();
     let ship = |token: &str| {
@@ -475,6 +479,7 @@ fn pull_fetches_the_image_from_its_registry_with_the_ghcr_credentials() {
                 ("PULL", "1"),
                 ("GHCR_USER", "sg-user"),
                 ("GHCR_TOKEN", token),
+                ("GHCR_REGISTRY", &registry_host),
                 ("DEPLOY_DIR", &dir.path().display().to_string()),
                 ("LOG_DIR", &dir.path().join("logs").display().to_string()),
                 ("HEAD_IP", "127.0.0.1"),

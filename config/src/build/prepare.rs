@@ -49,6 +49,7 @@ impl Builder<'_> {
         });
         Preparation {
             pull: self.flag("PULL"),
+            ghcr_registry: self.non_empty("GHCR_REGISTRY"),
             build: self.flag("BUILD"),
             skip_pull: self.flag("SKIP_PULL"),
             skip_build: self.flag("SKIP_BUILD"),
