@@ -39,6 +39,20 @@ struct Meter {
 }
 
 impl Meter {
+    /// Whether to show a report now: the first, then one per `interval`, and the all-done one
+    /// exactly once (an estimated total can be passed by a few more chunks), so a log ends with
+    /// the total.
+    fn due(&mut self, done: u64, total: Option<u64>, interval: Duration) -> bool {
+        let now = Instant::now();
+        let finished = !self.finished && total.is_some_and(|t| done >= t);
+        self.finished |= finished;
+        let due = finished || self.last_shown.is_none_or(|t| now - t >= interval);
+        if due {
+            self.last_shown = Some(now);
+        }
+        due
+    }
+
     fn text(&self, done: u64, total: Option<u64>) -> String {
         let secs = self.started.elapsed().as_secs_f64().max(0.001);
         let rate = human_bytes((done as f64 / secs) as u64);
@@ -108,19 +122,14 @@ impl Report for Terminal {
             });
         }
         let m = slot.as_mut().expect("set above");
-        let now = Instant::now();
-        let due = m.last_shown.is_none_or(|t| {
-            now - t
-                >= if self.tty {
-                    Duration::from_millis(200)
-                } else {
-                    self.every
-                }
-        });
-        if !due {
+        let interval = if self.tty {
+            Duration::from_millis(200)
+        } else {
+            self.every
+        };
+        if !m.due(done, total, interval) {
             return;
         }
-        m.last_shown = Some(now);
         let text = m.text(done, total);
         let mut err = std::io::stderr().lock();
         if self.tty {
@@ -169,10 +178,7 @@ impl Report for Log {
             return;
         }
         let m = slot.as_mut().expect("set above");
-        let finished = !m.finished && total.is_some_and(|t| done >= t);
-        m.finished |= finished;
-        if finished || m.last_shown.is_some_and(|t| t.elapsed() >= Duration::from_secs(10)) {
-            m.last_shown = Some(Instant::now());
+        if m.due(done, total, Duration::from_secs(10)) {
             tracing::info!("{}", m.text(done, total));
         }
     }
@@ -187,6 +193,21 @@ mod tests {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(5 << 30), "5.0 GiB");
+    }
+
+    #[test]
+    fn reports_are_paced_but_the_finished_one_always_shows_once() {
+        let mut m = Meter {
+            label: "ship".into(),
+            started: Instant::now(),
+            last_shown: None,
+            finished: false,
+        };
+        let hour = Duration::from_secs(3600);
+        assert!(m.due(1, Some(10), hour), "the first report shows");
+        assert!(!m.due(5, Some(10), hour), "then one per interval");
+        assert!(m.due(10, Some(10), hour), "the finished one shows");
+        assert!(!m.due(12, Some(10), hour), "once");
     }
 
     #[test]
