@@ -186,6 +186,7 @@ impl Actor {
             restarts: self.restarts,
             last_restart: self.last_restart.clone(),
             memory: self.memory.clone(),
+            preparing: None,
         }
     }
 
@@ -376,13 +377,15 @@ impl Actor {
         if !self.prepared {
             // Preparation can take long (a download, a ship): operator commands still end it.
             let rank0 = self.plan.ranks.iter().find(|r| r.rank == 0);
-            let prep =
-                crate::container::prepare_nodes(&self.config, &self.backend, &self.self_check, rank0, &self.log_dir);
+            let report = crate::container::StatusReport::new(&self.status_tx);
+            let (config, backend, check, logs) = (&self.config, &self.backend, &self.self_check, &self.log_dir);
+            let prep = crate::container::prepare_nodes(config, backend, check, rank0, logs, &report);
             tokio::select! {
                 r = prep => r.map_err(Ended::Failure)?,
                 cmd = self.cmd_rx.recv() => return Err(Ended::Asked(cmd.unwrap_or(Command::Stop))),
             }
             self.prepared = true;
+            let _ = self.status_tx.send(self.status());
         }
         let dir = self.log_dir.join(format!("epoch-{}", self.epoch));
         let mut order: Vec<_> = self.plan.ranks.clone();

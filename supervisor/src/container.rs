@@ -159,6 +159,7 @@ pub(crate) async fn prepare_nodes(
     self_check_cmd: &[String],
     rank0: Option<&RankPlan>,
     log_dir: &Path,
+    report: &dyn sparkgate_prepare::progress::Report,
 ) -> Result<(), String> {
     let crate::rank::Backend::Docker { head, worker } = backend else {
         return Ok(());
@@ -167,8 +168,7 @@ pub(crate) async fn prepare_nodes(
         Some(w) => Some(w.node().await.map_err(|e| e.to_string())?),
         None => None,
     };
-    let report = sparkgate_prepare::progress::Log::new();
-    sparkgate_prepare::for_start(config, head, worker.as_ref(), &report)
+    sparkgate_prepare::for_start(config, head, worker.as_ref(), report)
         .await
         .map_err(|e| format!("node preparation: {e}"))?;
     if let (false, Some(rank0)) = (self_check_cmd.is_empty(), rank0) {
@@ -179,4 +179,101 @@ pub(crate) async fn prepare_nodes(
         tracing::info!(log = %log.display(), "self-check passed");
     }
     Ok(())
+}
+
+/// Preparation's progress into the log and into the published status (`preparing`), so
+/// `sparkgate status` shows a long download or ship while the group is starting. Byte progress
+/// updates the status at most once a second: the gateway mirrors every status change.
+pub(crate) struct StatusReport<'a> {
+    status: &'a tokio::sync::watch::Sender<crate::Status>,
+    log: sparkgate_prepare::progress::Log,
+    last_bytes: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl<'a> StatusReport<'a> {
+    pub(crate) fn new(status: &'a tokio::sync::watch::Sender<crate::Status>) -> Self {
+        StatusReport {
+            status,
+            log: sparkgate_prepare::progress::Log::new(),
+            last_bytes: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn show(&self, text: String) {
+        self.status.send_modify(|s| s.preparing = Some(text));
+    }
+}
+
+impl std::fmt::Debug for StatusReport<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusReport").finish_non_exhaustive()
+    }
+}
+
+impl sparkgate_prepare::progress::Report for StatusReport<'_> {
+    fn line(&self, text: &str) {
+        self.log.line(text);
+        self.show(text.to_owned());
+    }
+
+    fn bytes(&self, label: &str, done: u64, total: Option<u64>) {
+        use sparkgate_prepare::progress::human_bytes;
+        self.log.bytes(label, done, total);
+        let mut last = self.last_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1)) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        self.show(match total.filter(|t| *t > 0) {
+            Some(t) => format!(
+                "{label}: {} of {} ({:.0}%)",
+                human_bytes(done),
+                human_bytes(t),
+                (done as f64 / t as f64 * 100.0).min(100.0)
+            ),
+            None => format!("{label}: {}", human_bytes(done)),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sparkgate_prepare::progress::Report;
+
+    use super::*;
+    use crate::{GroupState, Status};
+
+    #[test]
+    fn preparation_progress_is_published_in_the_status() {
+        let (tx, rx) = tokio::sync::watch::channel(Status {
+            state: GroupState::Starting { epoch: 1 },
+            epoch: 1,
+            mode: "none".into(),
+            max_num_seqs: 4,
+            runtime: "docker",
+            ranks: Vec::new(),
+            restarts: 0,
+            last_restart: None,
+            memory: Vec::new(),
+            preparing: None,
+        });
+        let report = StatusReport::new(&tx);
+        report.line("image x: streaming head → worker");
+        assert_eq!(
+            rx.borrow().preparing.as_deref(),
+            Some("image x: streaming head → worker")
+        );
+        report.bytes("stream", 512 << 20, Some(1 << 30));
+        assert_eq!(
+            rx.borrow().preparing.as_deref(),
+            Some("stream: 512.0 MiB of 1.0 GiB (50%)")
+        );
+        report.bytes("stream", 768 << 20, Some(1 << 30));
+        assert!(
+            rx.borrow().preparing.as_deref().unwrap().contains("512.0 MiB"),
+            "byte progress is published at most once a second"
+        );
+        let json = serde_json::to_value(&*rx.borrow()).unwrap();
+        assert_eq!(json["preparing"], "stream: 512.0 MiB of 1.0 GiB (50%)");
+    }
 }

@@ -123,6 +123,7 @@ impl SupervisorHandle {
             restarts: 0,
             last_restart: None,
             memory: Vec::new(),
+            preparing: None,
         });
         let actor = actor::Actor::new(config, backend, &packed, cmd_rx, status_tx);
         tokio::spawn(actor.run());

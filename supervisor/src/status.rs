@@ -54,6 +54,9 @@ pub struct Status {
     pub last_restart: Option<LastRestart>,
     /// MemAvailable of each node, GiB (sampled while the group runs).
     pub memory: Vec<NodeMemory>,
+    /// What node preparation is doing before the first start (a download, a ship, a build).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preparing: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -154,6 +154,9 @@ pub(super) fn status(config: &Config, target: &Target, json: bool) -> anyhow::Re
             s["restarts"],
             s["runtime"].as_str().unwrap_or("?")
         );
+        if let Some(p) = s.get("preparing").and_then(|p| p.as_str()) {
+            println!("preparing {p}");
+        }
         if let Some(r) = s.get("last_restart").filter(|r| !r.is_null()) {
             println!("last      {}", r["reason"].as_str().unwrap_or("?"));
         }
