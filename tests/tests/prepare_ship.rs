@@ -158,6 +158,27 @@ impl Topology {
     }
 }
 
+/// The image's RootFS layer digests on the head (the machine's daemon).
+fn head_layers(image: &str) -> String {
+    let out = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{json .RootFS.Layers}}", image])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// `sparkgate ship` with the head as the only node (GLM profile, worker = head): (success, output).
+fn ship_on_the_head(env: &[(&str, &str)]) -> (bool, String) {
+    let out = Command::new(sparkgate())
+        .args(["--profile", "glm-5.3-flash", "ship"])
+        .envs([("HEAD_IP", "127.0.0.1"), ("WORKER_IP", "127.0.0.1")])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
 /// `Staged { sent: S, resumed_from: R, size: T }` → (S, R, T).
 fn staged_numbers(out: &str) -> (u64, u64, u64) {
     let field = |name: &str| -> u64 {
@@ -416,21 +437,17 @@ fn build_stamps_the_recipe_and_rebuilds_only_when_it_changes() {
     std::fs::create_dir_all(dir.path().join("overlay")).unwrap();
     std::fs::write(dir.path().join("overlay/patch.py"), "print(1)\n").unwrap();
     let image = format!("sparkgate/built-test:{}", std::process::id());
+    let context = dir.path().display().to_string();
+    let logs = dir.path().join("logs").display().to_string();
     let run = || {
-        let out = Command::new(sparkgate())
-            .args(["--profile", "glm-5.3-flash", "ship"])
-            .envs([
-                ("IMAGE", image.as_str()),
-                ("BUILD", "1"),
-                ("BUILD_CONTEXT", &dir.path().display().to_string()),
-                ("LOG_DIR", &dir.path().join("logs").display().to_string()),
-                ("HEAD_IP", "127.0.0.1"),
-                ("WORKER_IP", "127.0.0.1"),
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{text}");
+        let env = [
+            ("IMAGE", image.as_str()),
+            ("BUILD", "1"),
+            ("BUILD_CONTEXT", &context),
+            ("LOG_DIR", &logs),
+        ];
+        let (ok, text) = ship_on_the_head(&env);
+        assert!(ok, "{text}");
         text
     };
     let stamp = || {
@@ -471,24 +488,20 @@ fn pull_fetches_the_image_from_its_registry_with_the_ghcr_credentials() {
     let image = format!("{registry_host}/sparkgate/pulled:{}", std::process::id());
     let _cleanup = RemoveImage(image.clone());
     let dir = tempfile::tempdir().unwrap();
+    let (deploy, logs) = (
+        dir.path().display().to_string(),
+        dir.path().join("logs").display().to_string(),
+    );
     let ship = |token: &str| {
-        let out = Command::new(sparkgate())
-            .args(["--profile", "glm-5.3-flash", "ship"])
-            .envs([
-                ("IMAGE", image.as_str()),
-                ("PULL", "1"),
-                ("GHCR_USER", "sg-user"),
-                ("GHCR_TOKEN", token),
-                ("GHCR_REGISTRY", &registry_host),
-                ("DEPLOY_DIR", &dir.path().display().to_string()),
-                ("LOG_DIR", &dir.path().join("logs").display().to_string()),
-                ("HEAD_IP", "127.0.0.1"),
-                ("WORKER_IP", "127.0.0.1"),
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        (out.status.success(), text)
+        ship_on_the_head(&[
+            ("IMAGE", image.as_str()),
+            ("PULL", "1"),
+            ("GHCR_USER", "sg-user"),
+            ("GHCR_TOKEN", token),
+            ("GHCR_REGISTRY", &registry_host),
+            ("DEPLOY_DIR", &deploy),
+            ("LOG_DIR", &logs),
+        ])
     };
     let (ok, out) = ship("wrong-token");
     assert!(!ok, "{out}");
@@ -500,16 +513,9 @@ fn pull_fetches_the_image_from_its_registry_with_the_ghcr_credentials() {
     let (ok, out) = ship("sg-token");
     assert!(ok, "{out}");
     assert!(out.contains("pulling on the head"), "{out}");
-    let layers = |img: &str| {
-        let o = Command::new("docker")
-            .args(["image", "inspect", "--format", "{{json .RootFS.Layers}}", img])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).trim().to_owned()
-    };
     assert_eq!(
-        layers(&image),
-        layers(sim_image(SIM)),
+        head_layers(&image),
+        head_layers(sim_image(SIM)),
         "the pulled image has the served layers"
     );
 }
