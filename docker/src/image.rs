@@ -264,6 +264,12 @@ impl Node {
         }
     }
 
+    /// Where the daemon keeps images (`docker info`'s DockerRootDir), when it says.
+    pub async fn docker_root_dir(&self) -> Result<Option<String>, DockerError> {
+        let info = self.docker.info().await.map_err(self.api("docker info"))?;
+        Ok(info.docker_root_dir.filter(|d| !d.is_empty()))
+    }
+
     /// Whether the node is reached over SSH (a worker) rather than on this machine.
     pub fn is_remote(&self) -> bool {
         self.tunnel.is_some()

@@ -47,13 +47,14 @@ pub enum PrepareError {
     Build { error: String, log: String, tail: String },
     #[error("image {image} is not available: {why}")]
     NoImage { image: String, why: String },
-    #[error("the {node} has {free} free in {dir} but staged shipping needs {need} there (worker: tar ×2 + 5 GiB; head: tar + 1 GiB); free space there, set {knob} to a larger disk, or IMAGE_SHIP=stream")]
+    #[error("the {node} has {free} free in {dir} but {what} needs {need} there; {fix}")]
     NoRoom {
         node: &'static str,
         dir: String,
         need: String,
         free: String,
-        knob: &'static str,
+        what: &'static str,
+        fix: &'static str,
     },
     #[error("{0}")]
     SelfCheck(String),

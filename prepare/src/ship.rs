@@ -70,6 +70,12 @@ pub async fn ship(
         }
         _ => {}
     }
+    // Either way the layers land in the worker daemon's data root: refuse before sending.
+    if let Some(room) = data_root_room(worker, head_id, report).await? {
+        if !room.enough() {
+            return Err(room.error());
+        }
+    }
     let started = Instant::now();
     let staged_mode = match p.ship {
         ImageShip::Stream => false,
@@ -171,7 +177,9 @@ fn tokio_stream<T: Send + 'static>(
 #[derive(Debug, Clone)]
 struct Room {
     node: &'static str,
-    knob: &'static str,
+    /// What needs the room, and how to make it (for the error).
+    what: &'static str,
+    fix: &'static str,
     dir: String,
     free: u64,
     need: u64,
@@ -188,7 +196,8 @@ impl Room {
             dir: self.dir.clone(),
             need: human_bytes(self.need),
             free: human_bytes(self.free),
-            knob: self.knob,
+            what: self.what,
+            fix: self.fix,
         }
     }
 }
@@ -230,6 +239,34 @@ async fn free_and_size(node: &Node, dir: &str, file: &str) -> Result<(u64, u64),
     Ok((free_kib * 1024, size))
 }
 
+/// Free space in the worker daemon's data root against the image's size; `None` when the
+/// daemon does not say where it is or the host cannot tell (the load then decides).
+async fn data_root_room(worker: &Node, id: &ImageIdentity, report: &dyn Report) -> Result<Option<Room>, PrepareError> {
+    let Some(root) = worker.docker_root_dir().await? else {
+        return Ok(None);
+    };
+    let out = match worker.shell(&format!("df -Pk {} | tail -n 1", quote(&root))).await {
+        Ok(out) => out,
+        Err(e) => {
+            report.line(&format!(
+                "cannot read the free space of the worker's Docker data root ({e})"
+            ));
+            return Ok(None);
+        }
+    };
+    let Some(free_kib) = out.split_whitespace().nth(3).and_then(|v| v.parse::<u64>().ok()) else {
+        return Ok(None);
+    };
+    Ok(Some(Room {
+        node: "worker",
+        what: "loading the image",
+        fix: "free space in the worker's Docker data root (e.g. `docker image prune`); no shipping mode avoids it",
+        dir: root,
+        free: free_kib * 1024,
+        need: id.size,
+    }))
+}
+
 async fn staging_room(
     config: &Config,
     head: &Node,
@@ -248,14 +285,16 @@ async fn staging_room(
     Ok(vec![
         Room {
             node: "head",
-            knob: "IMAGE_SHIP_DIR",
+            what: "staged shipping (tar + 1 GiB)",
+            fix: "free space there, set IMAGE_SHIP_DIR to a larger disk, or IMAGE_SHIP=stream",
             dir: head_dir,
             free: head_free,
             need: if exported > 0 { 0 } else { id.size + HEAD_MARGIN_BYTES },
         },
         Room {
             node: "worker",
-            knob: "WORKER_IMAGE_SHIP_DIR",
+            what: "staged shipping (tar ×2 + 5 GiB)",
+            fix: "free space there, set WORKER_IMAGE_SHIP_DIR to a larger disk, or IMAGE_SHIP=stream",
             dir: p.worker_ship_dir.clone(),
             free: worker_free,
             need: staging_need(id.size, already),
@@ -518,7 +557,8 @@ mod tests {
         assert_eq!(staging_need(20 * gib, 10 * gib), 35 * gib);
         let room = Room {
             node: "worker",
-            knob: "WORKER_IMAGE_SHIP_DIR",
+            what: "staged shipping (tar ×2 + 5 GiB)",
+            fix: "set WORKER_IMAGE_SHIP_DIR to a larger disk",
             dir: "/tmp".into(),
             free: 44 * gib,
             need: staging_need(20 * gib, 0),

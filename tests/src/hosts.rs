@@ -181,12 +181,40 @@ pub struct WorkerDaemon {
 
 impl WorkerDaemon {
     pub fn start() -> WorkerDaemon {
+        Self::start_with_data_root_mib(None)
+    }
+
+    /// A daemon whose data root is a tmpfs of `mib` MiB (a worker disk that is nearly full).
+    pub fn start_with_small_disk(mib: u32) -> WorkerDaemon {
+        Self::start_with_data_root_mib(Some(mib))
+    }
+
+    fn start_with_data_root_mib(mib: Option<u32>) -> WorkerDaemon {
         // Short paths: the socket path must fit a unix socket address (108 bytes).
         let dir = tempfile::Builder::new()
             .prefix("sgd")
             .tempdir_in("/tmp")
             .expect("tempdir");
         let d = dir.path().display().to_string();
+        if let Some(mib) = mib {
+            std::fs::create_dir_all(dir.path().join("data")).expect("data dir");
+            let out = Command::new("mount")
+                .args([
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    &format!("size={mib}m"),
+                    "tmpfs",
+                    &format!("{d}/data"),
+                ])
+                .output()
+                .expect("mount");
+            assert!(
+                out.status.success(),
+                "mount tmpfs: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         std::fs::write(dir.path().join("daemon.json"), "{}").expect("daemon.json");
         let args: Vec<String> = [
             "--config-file",
@@ -253,6 +281,20 @@ impl Drop for WorkerDaemon {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
             p.kill();
+        }
+        // Whatever is still mounted below the daemon's directories (its default network
+        // namespace, a tmpfs data root), deepest first, so the directory can go.
+        let root = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/mounts")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter(|m| m.starts_with(&root))
+            .map(str::to_owned)
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = Command::new("umount").args(["-l", &m]).output();
         }
         let _ = Command::new("rm").arg("-rf").arg(self.dir.path()).status();
     }

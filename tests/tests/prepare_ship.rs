@@ -31,8 +31,11 @@ struct Topology {
 
 impl Topology {
     fn new(name: &str) -> Topology {
+        Topology::with_worker(name, WorkerDaemon::start())
+    }
+
+    fn with_worker(name: &str, worker: WorkerDaemon) -> Topology {
         let sshd = Sshd::start();
-        let worker = WorkerDaemon::start();
         let control = tempfile::Builder::new().prefix("sgc").tempdir_in("/tmp").unwrap();
         let dir = tempfile::tempdir().unwrap();
         let p = |rel: &str| dir.path().join(rel).display().to_string();
@@ -296,7 +299,7 @@ fn auto_streams_when_the_worker_lacks_room_for_a_staged_copy() {
     let (ok, out) = t.run(&["ship", "--mode", "staged"], &[]);
     assert!(!ok, "{out}");
     assert!(
-        out.contains("staged shipping needs") && out.contains("IMAGE_SHIP=stream"),
+        out.contains("staged shipping (tar ×2 + 5 GiB) needs") && out.contains("IMAGE_SHIP=stream"),
         "staged refuses before copying, saying what to do: {out}"
     );
     assert!(t.worker.layers(sim_image(SIM)).is_empty());
@@ -304,6 +307,18 @@ fn auto_streams_when_the_worker_lacks_room_for_a_staged_copy() {
     assert!(ok, "{out}");
     assert!(out.contains("streaming instead") && out.contains("Streamed"), "{out}");
     assert_eq!(t.worker.layers(sim_image(SIM)), t.head_layers());
+}
+
+#[test]
+fn a_worker_daemon_without_room_for_the_layers_is_refused_before_sending() {
+    let t = Topology::with_worker("full", WorkerDaemon::start_with_small_disk(8));
+    let (ok, out) = t.run(&["ship", "--mode", "stream"], &[]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("worker has") && out.contains("but loading the image needs") && out.contains("docker image prune"),
+        "{out}"
+    );
+    assert!(!out.contains("streaming head"), "nothing was sent: {out}");
 }
 
 fn serve(t: &Topology, extra: &[(&str, &str)]) -> Gateway {
