@@ -67,6 +67,15 @@ fn config_hash(c: Option<&bollard::models::ImageConfig>) -> String {
     ))
 }
 
+/// The registry host of an image reference as Docker reads it: the first path component when it
+/// looks like a host (has a `.` or `:`, or is `localhost`), else Docker Hub.
+pub fn registry_host(image: &str) -> &str {
+    match image.split_once('/') {
+        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => first,
+        _ => "docker.io",
+    }
+}
+
 /// One progress report of a long image operation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImageProgress {
@@ -105,7 +114,7 @@ impl Node {
         let creds = credentials.map(|(username, password)| DockerCredentials {
             username: Some(username),
             password: Some(password),
-            serveraddress: image.split('/').next().map(str::to_owned),
+            serveraddress: Some(registry_host(image).to_owned()),
             ..Default::default()
         });
         let mut stream = self.docker.create_image(Some(opts), None, creds);
@@ -292,6 +301,15 @@ mod tests {
             labels: HashMap::new(),
             size: 0,
         }
+    }
+
+    #[test]
+    fn registry_hosts_are_read_as_docker_reads_them() {
+        assert_eq!(registry_host("ghcr.io/miaai-lab/glm:exl3"), "ghcr.io");
+        assert_eq!(registry_host("127.0.0.1:5000/x/y:1"), "127.0.0.1:5000");
+        assert_eq!(registry_host("localhost/x"), "localhost");
+        assert_eq!(registry_host("miaai-lab/glm:exl3"), "docker.io");
+        assert_eq!(registry_host("ubuntu"), "docker.io");
     }
 
     #[test]

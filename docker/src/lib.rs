@@ -6,7 +6,7 @@
 mod image;
 mod ssh;
 
-pub use image::{ImageIdentity, ImageProgress};
+pub use image::{registry_host, ImageIdentity, ImageProgress};
 pub use ssh::{RemoteProcess, SshTarget};
 
 use std::collections::HashMap;

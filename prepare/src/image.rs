@@ -2,9 +2,11 @@
 //! build it from BUILD_CONTEXT (BUILD=1, or missing and not pullable) with a recipe-stamp label so
 //! an unchanged recipe is never rebuilt.
 
-use sparkgate_config::Config;
-use sparkgate_docker::{ImageIdentity, Node};
 use std::collections::HashMap;
+use std::path::PathBuf;
+
+use sparkgate_config::Config;
+use sparkgate_docker::{registry_host, ImageIdentity, Node};
 
 use crate::progress::{human_bytes, Report};
 use crate::recipe::Recipe;
@@ -21,47 +23,48 @@ pub enum HeadImage {
     Built { stamp: String },
 }
 
-/// Whether IMAGE names a registry (`host/…` or `org/…`), which `docker pull` can fetch.
-fn pullable(image: &str) -> bool {
-    image.contains('/')
+/// Where IMAGE can come from when the head lacks it.
+struct Sources {
+    dockerfile: PathBuf,
+    /// A registry name (`host/…` or `org/…`) and SKIP_PULL=0.
+    can_pull: bool,
+    /// The Dockerfile exists and SKIP_BUILD=0.
+    can_build: bool,
 }
 
-/// The registry host of an image reference as Docker reads it: the first path component when it
-/// looks like a host (has a `.` or `:`, or is `localhost`), else Docker Hub.
-pub fn registry_host(image: &str) -> &str {
-    match image.split_once('/') {
-        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => first,
-        _ => "docker.io",
+impl Sources {
+    fn of(config: &Config) -> Sources {
+        let p = &config.preparation;
+        let dockerfile = p.build_context.join(&p.dockerfile);
+        Sources {
+            can_pull: config.serving.image.contains('/') && !p.skip_pull,
+            can_build: !p.skip_build && dockerfile.is_file(),
+            dockerfile,
+        }
+    }
+
+    /// The error for an image the head lacks and that can be neither pulled nor built.
+    fn none_error(&self, config: &Config) -> PrepareError {
+        let p = &config.preparation;
+        PrepareError::NoImage {
+            image: config.serving.image.clone(),
+            why: format!(
+                "the head's daemon does not have it, it cannot be pulled ({}) and there is nothing to build it from ({})",
+                if p.skip_pull { "SKIP_PULL=1" } else { "no registry in the name" },
+                if p.skip_build { "SKIP_BUILD=1".to_owned() } else { format!("no {}", self.dockerfile.display()) }
+            ),
+        }
     }
 }
 
 /// Preflight: fails when IMAGE is missing on the head and can be neither pulled (SKIP_PULL=1 or
 /// no registry in the name) nor built (SKIP_BUILD=1 or no Dockerfile) — a start could not succeed.
 pub async fn obtainable_on_head(config: &Config, head: &Node) -> Result<(), PrepareError> {
-    let p = &config.preparation;
-    let image = &config.serving.image;
-    let dockerfile = p.build_context.join(&p.dockerfile);
-    let can_pull = pullable(image) && !p.skip_pull;
-    let can_build = !p.skip_build && dockerfile.is_file();
-    if can_pull || can_build || head.image_identity(image).await?.is_some() {
+    let sources = Sources::of(config);
+    if sources.can_pull || sources.can_build || head.image_identity(&config.serving.image).await?.is_some() {
         return Ok(());
     }
-    Err(PrepareError::NoImage {
-        image: image.clone(),
-        why: format!(
-            "the head's daemon does not have it, it cannot be pulled ({}) and there is nothing to build it from ({})",
-            if p.skip_pull {
-                "SKIP_PULL=1"
-            } else {
-                "no registry in the name"
-            },
-            if p.skip_build {
-                "SKIP_BUILD=1".to_owned()
-            } else {
-                format!("no {}", dockerfile.display())
-            }
-        ),
-    })
+    Err(sources.none_error(config))
 }
 
 /// Makes IMAGE present on the head and returns its identity.
@@ -69,16 +72,16 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
     let p = &config.preparation;
     let image = &config.serving.image;
     let present = head.image_identity(image).await?;
-    let dockerfile = p.build_context.join(&p.dockerfile);
-    let can_build = !p.skip_build && dockerfile.is_file();
+    let sources = Sources::of(config);
     let outcome = if p.build && !p.skip_build {
-        if !dockerfile.is_file() {
+        if !sources.can_build {
             return Err(PrepareError::Recipe(format!(
                 "BUILD=1 but {} does not exist; set BUILD_CONTEXT/DOCKERFILE",
-                dockerfile.display()
+                sources.dockerfile.display()
             )));
         }
-        let stamp = Recipe::of(config).stamp()?;
+        let recipe = Recipe::of(config);
+        let stamp = recipe.stamp()?;
         match &present {
             Some(id) if id.labels.get(RECIPE_STAMP_LABEL) == Some(&stamp) => {
                 report.line(&format!(
@@ -86,9 +89,9 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
                 ));
                 HeadImage::Present
             }
-            _ => build(config, head, &stamp, report).await?,
+            _ => build(config, head, &recipe, &stamp, report).await?,
         }
-    } else if pullable(image) && !p.skip_pull && (p.pull || present.is_none()) {
+    } else if sources.can_pull && (p.pull || present.is_none()) {
         report.line(&format!("image {image}: pulling on the head"));
         // The GHCR token goes only to the registry it is for, never to whatever IMAGE names.
         let creds = config
@@ -114,10 +117,9 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
                 report.line(&format!("image {image}: pull failed ({e}); using the head's copy"));
                 HeadImage::Present
             }
-            Err(e) if can_build => {
+            Err(e) if sources.can_build => {
                 report.line(&format!("image {image}: pull failed ({e}); building it instead"));
-                let stamp = Recipe::of(config).stamp()?;
-                build(config, head, &stamp, report).await?
+                build_from_recipe(config, head, report).await?
             }
             Err(e) => {
                 return Err(PrepareError::NoImage {
@@ -130,22 +132,11 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
             }
         }
     } else if present.is_none() {
-        if !can_build {
-            return Err(PrepareError::NoImage {
-                image: image.clone(),
-                why: if p.skip_pull || !pullable(image) {
-                    format!(
-                        "it is not pullable (SKIP_PULL=1 or no registry in the name) and there is no {} to build from{}",
-                        dockerfile.display(),
-                        if p.skip_build { " (SKIP_BUILD=1)" } else { "" }
-                    )
-                } else {
-                    "SKIP_BUILD=1".into()
-                },
-            });
+        // Not pullable here (the branch above takes every pullable missing image).
+        if !sources.can_build {
+            return Err(sources.none_error(config));
         }
-        let stamp = Recipe::of(config).stamp()?;
-        build(config, head, &stamp, report).await?
+        build_from_recipe(config, head, report).await?
     } else {
         HeadImage::Present
     };
@@ -163,14 +154,27 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
     Ok(id)
 }
 
-async fn build(config: &Config, head: &Node, stamp: &str, report: &dyn Report) -> Result<HeadImage, PrepareError> {
+/// Builds from BUILD_CONTEXT's recipe, stamped.
+async fn build_from_recipe(config: &Config, head: &Node, report: &dyn Report) -> Result<HeadImage, PrepareError> {
+    let recipe = Recipe::of(config);
+    let stamp = recipe.stamp()?;
+    build(config, head, &recipe, &stamp, report).await
+}
+
+async fn build(
+    config: &Config,
+    head: &Node,
+    recipe: &Recipe,
+    stamp: &str,
+    report: &dyn Report,
+) -> Result<HeadImage, PrepareError> {
     let p = &config.preparation;
     let image = &config.serving.image;
     report.line(&format!(
         "image {image}: building from {} (recipe stamp {stamp})",
         p.build_context.join(&p.dockerfile).display()
     ));
-    let tar = Recipe::of(config).tar()?;
+    let tar = recipe.tar()?;
     let labels = HashMap::from([(RECIPE_STAMP_LABEL.to_owned(), stamp.to_owned())]);
     let args = HashMap::from([("SPARKGATE_RECIPE_STAMP".to_owned(), stamp.to_owned())]);
     let log_path = config.supervision.log_dir.join("build.log");
@@ -202,19 +206,5 @@ async fn build(config: &Config, head: &Node, stamp: &str, report: &dyn Report) -
                 tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
             })
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn registry_hosts_are_read_as_docker_reads_them() {
-        assert_eq!(registry_host("ghcr.io/miaai-lab/glm:exl3"), "ghcr.io");
-        assert_eq!(registry_host("127.0.0.1:5000/x/y:1"), "127.0.0.1:5000");
-        assert_eq!(registry_host("localhost/x"), "localhost");
-        assert_eq!(registry_host("miaai-lab/glm:exl3"), "docker.io");
-        assert_eq!(registry_host("ubuntu"), "docker.io");
     }
 }

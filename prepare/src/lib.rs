@@ -70,6 +70,25 @@ pub enum PrepareError {
     },
 }
 
+/// Runs `cmd` (described as `command` in errors) with its output on the terminal; an error
+/// unless it exits 0.
+fn run_to_success(cmd: &mut std::process::Command, command: &str) -> Result<(), PrepareError> {
+    let status = cmd
+        .stdin(Stdio::null())
+        .status()
+        .map_err(|source| PrepareError::Spawn {
+            command: command.to_owned(),
+            source,
+        })?;
+    if !status.success() {
+        return Err(PrepareError::Failed {
+            command: command.to_owned(),
+            status: status.to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// What [`download`] did for one tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fetched {
@@ -91,19 +110,7 @@ pub fn download(config: &Config, cli: &HfCli, token: Option<&str>) -> Result<Vec
         if let Some(t) = token {
             cmd.env("HF_TOKEN", t);
         }
-        let status = cmd
-            .stdin(Stdio::null())
-            .status()
-            .map_err(|source| PrepareError::Spawn {
-                command: command.clone(),
-                source,
-            })?;
-        if !status.success() {
-            return Err(PrepareError::Failed {
-                command,
-                status: status.to_string(),
-            });
-        }
+        run_to_success(&mut cmd, &command)?;
         done.push((tree, Fetched::Downloaded { command }));
     }
     for tree in weights::check(config) {
@@ -152,13 +159,12 @@ pub async fn for_start(
             }
         }
         sparkgate_config::WeightSync::Nfs => {
-            for v in share::nfs_volumes(config) {
-                let created = worker.ensure_volume(&v.name, &v.driver_opts).await?;
+            let server = p.nfs.as_ref().map(|n| n.server_ip.to_string()).unwrap_or_default();
+            for (v, created) in share::ensure_worker_volumes(config, worker).await? {
                 report.line(&format!(
-                    "weights: worker volume {} {} (NFS {}:/{})",
+                    "weights: worker volume {} {} (NFS {server}:/{})",
                     v.name,
                     if created { "created" } else { "up to date" },
-                    v.driver_opts["o"].split(',').next().unwrap_or_default().trim_start_matches("addr="),
                     v.export
                 ));
             }

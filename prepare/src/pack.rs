@@ -21,11 +21,6 @@ pub enum Packed {
 /// The packed layers a rank's files cover.
 const PACKED_LAYERS: [u32; 2] = [1, 14];
 
-/// The file the DeepSeek launcher tests for a packed rank.
-pub fn packed_marker(dir: &str, rank: u32, tp: u32) -> String {
-    packed_file(dir, 1, rank, tp)
-}
-
 fn packed_file(dir: &str, layer: u32, rank: u32, tp: u32) -> String {
     format!("{}/engram-l{layer}-r{rank}of{tp}.bin", dir.trim_end_matches('/'))
 }
@@ -58,6 +53,14 @@ async fn is_packed(node: &Node, dir: &str, rank: u32, tp: u32) -> Result<bool, P
         ))
         .await?;
     Ok(out.trim() == "yes")
+}
+
+/// Each rank with its role and the node it runs on: rank 0 on the head, rank 1 on the worker —
+/// or on the head too when the worker is this machine (no remote worker).
+pub fn rank_nodes<'a>(config: &Config, head: &'a Node, worker: Option<&'a Node>) -> Vec<(u32, NodeRole, &'a Node)> {
+    let mut nodes = vec![(0, NodeRole::Head, head), (1, NodeRole::Worker, worker.unwrap_or(head))];
+    nodes.truncate(config.serving.nnodes as usize);
+    nodes
 }
 
 /// Ranks (with their node's packed directory) whose packed files exist: the plan mounts those.
@@ -97,7 +100,7 @@ pub async fn pack(
             report.line(&format!(
                 "pack rank {rank} ({}): {} exists; skipped",
                 node.name(),
-                packed_marker(dir, *rank, tp)
+                packed_file(dir, PACKED_LAYERS[0], *rank, tp)
             ));
             return Ok((*rank, Packed::AlreadyPacked));
         }
@@ -109,9 +112,7 @@ pub async fn pack(
         .await?;
         if *role == NodeRole::Worker && config.storage.weight_sync == WeightSync::Nfs {
             // Docker would create a missing volume empty and the packer would read nothing.
-            for v in crate::share::nfs_volumes(config) {
-                node.ensure_volume(&v.name, &v.driver_opts).await?;
-            }
+            crate::share::ensure_worker_volumes(config, node).await?;
         }
         let rank_plan = plan
             .ranks

@@ -39,6 +39,15 @@ struct Meter {
 }
 
 impl Meter {
+    fn new(label: &str) -> Meter {
+        Meter {
+            label: label.to_owned(),
+            started: Instant::now(),
+            last_shown: None,
+            finished: false,
+        }
+    }
+
     /// Whether to show a report now: the first, then one per `interval`, and the all-done one
     /// exactly once (an estimated total can be passed by a few more chunks), so a log ends with
     /// the total.
@@ -114,12 +123,7 @@ impl Report for Terminal {
             if slot.is_some() && self.tty {
                 eprintln!();
             }
-            *slot = Some(Meter {
-                label: label.to_owned(),
-                started: Instant::now(),
-                last_shown: None,
-                finished: false,
-            });
+            *slot = Some(Meter::new(label));
         }
         let m = slot.as_mut().expect("set above");
         let interval = if self.tty {
@@ -169,12 +173,10 @@ impl Report for Log {
     fn bytes(&self, label: &str, done: u64, total: Option<u64>) {
         let mut slot = self.meter.lock().unwrap_or_else(|p| p.into_inner());
         if slot.as_ref().is_none_or(|m| m.label != label) {
-            *slot = Some(Meter {
-                label: label.to_owned(),
-                started: Instant::now(),
-                last_shown: Some(Instant::now()),
-                finished: false,
-            });
+            // The log starts counting at the first report and shows the next one due.
+            let mut m = Meter::new(label);
+            m.last_shown = Some(m.started);
+            *slot = Some(m);
             return;
         }
         let m = slot.as_mut().expect("set above");
@@ -197,12 +199,7 @@ mod tests {
 
     #[test]
     fn reports_are_paced_but_the_finished_one_always_shows_once() {
-        let mut m = Meter {
-            label: "ship".into(),
-            started: Instant::now(),
-            last_shown: None,
-            finished: false,
-        };
+        let mut m = Meter::new("ship");
         let hour = Duration::from_secs(3600);
         assert!(m.due(1, Some(10), hour), "the first report shows");
         assert!(!m.due(5, Some(10), hour), "then one per interval");
@@ -212,12 +209,8 @@ mod tests {
 
     #[test]
     fn a_bar_shows_share_bytes_and_rate() {
-        let m = Meter {
-            label: "ship".into(),
-            started: Instant::now() - Duration::from_secs(2),
-            last_shown: None,
-            finished: false,
-        };
+        let mut m = Meter::new("ship");
+        m.started -= Duration::from_secs(2);
         let t = m.text(1 << 30, Some(2 << 30));
         assert!(
             t.starts_with("ship [############............]  50% 1.0 GiB / 2.0 GiB "),

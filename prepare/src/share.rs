@@ -55,6 +55,20 @@ pub fn nfs_volumes(config: &Config) -> Vec<NfsVolume> {
     ]
 }
 
+/// Creates the worker's NFS volumes (recreating those whose options changed); each volume with
+/// whether it was (re)created.
+pub async fn ensure_worker_volumes(
+    config: &Config,
+    worker: &sparkgate_docker::Node,
+) -> Result<Vec<(NfsVolume, bool)>, crate::PrepareError> {
+    let mut done = Vec::new();
+    for v in nfs_volumes(config) {
+        let created = worker.ensure_volume(&v.name, &v.driver_opts).await?;
+        done.push((v, created));
+    }
+    Ok(done)
+}
+
 /// `/etc/exports` lines for a host NFS server serving the same pseudo-root the worker mounts:
 /// the root (`fsid=0`) and one line per tree, readable by NFS_CLIENTS.
 pub fn nfs_exports(config: &Config, export_root: &str) -> Vec<String> {

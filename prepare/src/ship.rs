@@ -77,15 +77,18 @@ pub async fn ship(
         }
     }
     let started = Instant::now();
-    let staged_mode = match p.ship {
-        ImageShip::Stream => false,
-        ImageShip::Staged => match staging_room(config, head, worker, head_id).await?.short() {
-            None => true,
-            Some(room) => return Err(room.error()),
-        },
+    let staging = match p.ship {
+        ImageShip::Stream => None,
+        ImageShip::Staged => {
+            let staging = staging_room(config, head, worker, head_id).await?;
+            if let Some(room) = staging.short() {
+                return Err(room.error());
+            }
+            Some(staging)
+        }
         ImageShip::Auto => match staging_room(config, head, worker, head_id).await {
-            Ok(rooms) => match rooms.short() {
-                None => true,
+            Ok(staging) => match staging.short() {
+                None => Some(staging),
                 Some(room) => {
                     report.line(&format!(
                         "image {image}: the {} has {} free in {} but staging needs {}; streaming instead",
@@ -94,21 +97,20 @@ pub async fn ship(
                         room.dir,
                         human_bytes(room.need)
                     ));
-                    false
+                    None
                 }
             },
             Err(e) => {
                 report.line(&format!(
                     "image {image}: cannot check the room for staging ({e}); streaming instead"
                 ));
-                false
+                None
             }
         },
     };
-    let shipped = if staged_mode {
-        staged(config, head, worker, head_id, report).await?
-    } else {
-        stream(head, worker, image, head_id, report).await?
+    let shipped = match staging {
+        Some(staging) => staged(config, head, worker, head_id, staging.resumed_from, report).await?,
+        None => stream(head, worker, image, head_id, report).await?,
     };
     match worker.image_identity(image).await? {
         Some(w) if w.same_image(head_id) => {
@@ -202,13 +204,17 @@ impl Room {
     }
 }
 
-trait Rooms {
-    fn short(&self) -> Option<&Room>;
+/// Staging's room on both nodes, and what a cut transfer already left on the worker.
+#[derive(Debug)]
+struct Staging {
+    rooms: Vec<Room>,
+    resumed_from: u64,
 }
 
-impl Rooms for Vec<Room> {
+impl Staging {
+    /// The first node without enough room.
     fn short(&self) -> Option<&Room> {
-        self.iter().find(|r| !r.enough())
+        self.rooms.iter().find(|r| !r.enough())
     }
 }
 
@@ -221,6 +227,15 @@ fn staging_need(tar_size: u64, already: u64) -> u64 {
 /// The head needs room for the tar (plus 1 GiB) unless it is exported already.
 const HEAD_MARGIN_BYTES: u64 = 1 << 30;
 
+/// Free bytes from the data line of `df -Pk` (its fourth column, in KiB).
+fn df_free_bytes(line: &str) -> Option<u64> {
+    line.split_whitespace()
+        .nth(3)?
+        .parse::<u64>()
+        .ok()
+        .map(|kib| kib * 1024)
+}
+
 /// `mkdir -p DIR; df -Pk DIR; stat -c %s FILE` on a node: (free bytes, FILE's size or 0).
 async fn free_and_size(node: &Node, dir: &str, file: &str) -> Result<(u64, u64), PrepareError> {
     let (d, f) = (quote(dir), quote(file));
@@ -230,13 +245,12 @@ async fn free_and_size(node: &Node, dir: &str, file: &str) -> Result<(u64, u64),
         ))
         .await?;
     let mut lines = out.lines();
-    let free_kib: u64 = lines
+    let free = lines
         .next()
-        .and_then(|l| l.split_whitespace().nth(3))
-        .and_then(|v| v.parse().ok())
+        .and_then(df_free_bytes)
         .ok_or_else(|| PrepareError::Local(format!("{}: unexpected `df` output: {out}", node.name())))?;
     let size = lines.next().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
-    Ok((free_kib * 1024, size))
+    Ok((free, size))
 }
 
 /// Free space in the worker daemon's data root against the image's size; `None` when the
@@ -254,7 +268,7 @@ async fn data_root_room(worker: &Node, id: &ImageIdentity, report: &dyn Report) 
             return Ok(None);
         }
     };
-    let Some(free_kib) = out.split_whitespace().nth(3).and_then(|v| v.parse::<u64>().ok()) else {
+    let Some(free) = df_free_bytes(&out) else {
         return Ok(None);
     };
     Ok(Some(Room {
@@ -262,7 +276,7 @@ async fn data_root_room(worker: &Node, id: &ImageIdentity, report: &dyn Report) 
         what: "loading the image",
         fix: "free space in the worker's Docker data root (e.g. `docker image prune`); no shipping mode avoids it",
         dir: root,
-        free: free_kib * 1024,
+        free,
         need: id.size,
     }))
 }
@@ -272,7 +286,7 @@ async fn staging_room(
     head: &Node,
     worker: &Node,
     id: &ImageIdentity,
-) -> Result<Vec<Room>, PrepareError> {
+) -> Result<Staging, PrepareError> {
     let p = &config.preparation;
     let head_dir = p.ship_dir.display().to_string();
     let head_tar = p
@@ -282,7 +296,7 @@ async fn staging_room(
         .to_string();
     let (head_free, exported) = free_and_size(head, &head_dir, &head_tar).await?;
     let (worker_free, already) = free_and_size(worker, &p.worker_ship_dir, &worker_tar(config, id)).await?;
-    Ok(vec![
+    let rooms = vec![
         Room {
             node: "head",
             what: "staged shipping (tar + 1 GiB)",
@@ -299,7 +313,11 @@ async fn staging_room(
             free: worker_free,
             need: staging_need(id.size, already),
         },
-    ])
+    ];
+    Ok(Staging {
+        rooms,
+        resumed_from: already,
+    })
 }
 
 /// The tar's name: the image reference made file-safe, plus its identity key.
@@ -330,6 +348,7 @@ async fn staged(
     head: &Node,
     worker: &Node,
     id: &ImageIdentity,
+    resumed_from: u64,
     report: &dyn Report,
 ) -> Result<Shipped, PrepareError> {
     let p = &config.preparation;
@@ -338,12 +357,6 @@ async fn staged(
     export_tar(head, image, id, &local, report).await?;
     let size = std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0);
     let remote = worker_tar(config, id);
-    let resumed_from: u64 = worker
-        .shell(&format!("stat -c %s {} 2>/dev/null || echo 0", quote(&remote)))
-        .await?
-        .trim()
-        .parse()
-        .unwrap_or(0);
     if resumed_from > 0 {
         report.line(&format!(
             "image {image}: resuming the transfer at {} of {}",
@@ -364,16 +377,14 @@ async fn staged(
         quote(&format!("unix://{}", config.nodes.ssh.worker_docker_socket)),
         quote(&remote)
     );
-    if let Err(e) = worker.shell(&load).await {
-        // The tars may be what is wrong (a corrupt or stale copy): the next run starts clean.
-        let _ = worker.shell(&format!("rm -f {}", quote(&remote))).await;
-        let _ = std::fs::remove_file(&local);
-        return Err(e.into());
-    }
-    if !p.ship_keep {
+    let loaded = worker.shell(&load).await;
+    // After a failed load the tars may be what is wrong (a corrupt or stale copy): the next run
+    // starts clean whatever IMAGE_SHIP_KEEP says.
+    if loaded.is_err() || !p.ship_keep {
         let _ = worker.shell(&format!("rm -f {}", quote(&remote))).await;
         let _ = std::fs::remove_file(&local);
     }
+    loaded?;
     remove_stale_tars(config, worker, id).await;
     Ok(Shipped::Staged {
         sent,
@@ -564,11 +575,27 @@ mod tests {
             need: staging_need(20 * gib, 0),
         };
         assert!(!room.enough());
-        assert!(vec![room.clone()].short().is_some());
+        let staging = Staging {
+            rooms: vec![room.clone()],
+            resumed_from: 0,
+        };
+        assert!(staging.short().is_some());
         let msg = room.error().to_string();
         assert!(
             msg.contains("worker has 44.0 GiB free in /tmp") && msg.contains("WORKER_IMAGE_SHIP_DIR"),
             "{msg}"
+        );
+    }
+
+    #[test]
+    fn df_lines_give_free_bytes() {
+        assert_eq!(
+            df_free_bytes("/dev/vda  263174212 12462712 83984848  13% /"),
+            Some(83_984_848 * 1024)
+        );
+        assert_eq!(
+            df_free_bytes("Filesystem 1024-blocks Used Available Capacity Mounted on"),
+            None
         );
     }
 

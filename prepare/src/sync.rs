@@ -183,20 +183,7 @@ pub fn sync(config: &Config, plan: &SyncPlan, force: bool) -> Result<Synced, Pre
         format!("{}:{}/", config.nodes.worker_ssh, plan.dest),
     ];
     let rsync = format!("rsync {}", argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "));
-    let status = Command::new("rsync")
-        .args(&argv)
-        .stdin(Stdio::null())
-        .status()
-        .map_err(|source| PrepareError::Spawn {
-            command: rsync.clone(),
-            source,
-        })?;
-    if !status.success() {
-        return Err(PrepareError::Failed {
-            command: rsync,
-            status: status.to_string(),
-        });
-    }
+    crate::run_to_success(Command::new("rsync").args(&argv), &rsync)?;
     remote(config, &format!("printf %s {} > {marker_path}", quote(&plan.marker)))?;
     Ok(Synced::Copied)
 }

@@ -84,14 +84,7 @@ impl SupervisorHandle {
                     .await
                     .map_err(|e| SupervisorError::Preflight(format!("head: {e}")))?;
                 // Packed Engram files present on a node are mounted into its rank (DeepSeek).
-                let mut nodes = vec![(0, sparkgate_config::NodeRole::Head, &head)];
-                // Without a remote worker, rank 1 runs on the head and finds its files there.
-                nodes.push((
-                    1,
-                    sparkgate_config::NodeRole::Worker,
-                    worker.as_ref().map_or(&head, |(_, w)| w),
-                ));
-                nodes.truncate(config.serving.nnodes as usize);
+                let nodes = sparkgate_prepare::pack::rank_nodes(config, &head, worker.as_ref().map(|(_, w)| w));
                 packed = sparkgate_prepare::pack::packed_ranks(config, &nodes)
                     .await
                     .map_err(|e| SupervisorError::Preflight(e.to_string()))?;

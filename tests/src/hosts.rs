@@ -197,23 +197,7 @@ impl WorkerDaemon {
             .expect("tempdir");
         let d = dir.path().display().to_string();
         if let Some(mib) = mib {
-            std::fs::create_dir_all(dir.path().join("data")).expect("data dir");
-            let out = Command::new("mount")
-                .args([
-                    "-t",
-                    "tmpfs",
-                    "-o",
-                    &format!("size={mib}m"),
-                    "tmpfs",
-                    &format!("{d}/data"),
-                ])
-                .output()
-                .expect("mount");
-            assert!(
-                out.status.success(),
-                "mount tmpfs: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            mount_tmpfs(&dir.path().join("data"), mib);
         }
         std::fs::write(dir.path().join("daemon.json"), "{}").expect("daemon.json");
         let args: Vec<String> = [
@@ -327,4 +311,20 @@ pub fn sim_image(sim: &str) -> &'static str {
         }
         tag
     })
+}
+
+/// Mounts a tmpfs of `mib` MiB at `path` (created if missing): a small disk for a test. The
+/// caller unmounts it.
+pub fn mount_tmpfs(path: &std::path::Path, mib: u32) {
+    std::fs::create_dir_all(path).expect("mount point");
+    let out = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+        .arg(path)
+        .output()
+        .expect("mount");
+    assert!(
+        out.status.success(),
+        "mount tmpfs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -271,17 +271,7 @@ struct SmallDisk(PathBuf);
 
 impl SmallDisk {
     fn mount(path: PathBuf) -> SmallDisk {
-        std::fs::create_dir_all(&path).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
-            .arg(&path)
-            .output()
-            .expect("mount");
-        assert!(
-            out.status.success(),
-            "mount tmpfs: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        sparkgate_tests::hosts::mount_tmpfs(&path, 16);
         SmallDisk(path)
     }
 }

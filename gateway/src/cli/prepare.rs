@@ -133,8 +133,7 @@ fn nfs(config: &Config) -> anyhow::Result<ExitCode> {
             println!("the worker is this machine (WORKER_IP = HEAD_IP): no volumes to create");
             return Ok(ExitCode::SUCCESS);
         };
-        for v in &volumes {
-            let created = worker.ensure_volume(&v.name, &v.driver_opts).await?;
+        for (v, created) in sparkgate_prepare::share::ensure_worker_volumes(config, &worker).await? {
             let opts: Vec<String> = v.driver_opts.iter().map(|(k, v)| format!("{k}={v}")).collect();
             println!(
                 "worker volume {}: {} ({})",
@@ -192,9 +191,7 @@ pub(super) fn pack(config: &Config) -> anyhow::Result<ExitCode> {
     let report = sparkgate_prepare::progress::Terminal::new();
     runtime()?.block_on(async {
         let (head, worker) = sparkgate_prepare::verify::connect(config).await?;
-        let mut nodes = vec![(0, sparkgate_config::NodeRole::Head, &head)];
-        nodes.push((1, sparkgate_config::NodeRole::Worker, worker.as_ref().unwrap_or(&head)));
-        nodes.truncate(config.serving.nnodes as usize);
+        let nodes = sparkgate_prepare::pack::rank_nodes(config, &head, worker.as_ref());
         match sparkgate_prepare::pack::pack(config, &nodes, &report).await {
             Ok(done) => {
                 for (rank, p) in done {
