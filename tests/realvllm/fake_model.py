@@ -69,7 +69,7 @@ class Prompt:
         tail = text.rsplit(user_tag, 1)[-1]
         self.user = tail.split(asst_tag, 1)[0]
         self.thinking = text.rstrip().endswith("<think>")
-        m = re.search(r"Reasoning Effort: ([^\s(]+)", text)
+        m = re.search(r"Reasoning Effort: ([A-Za-z0-9]+)", text)
         self.effort = m.group(1) if m else None
         self.after_tool = "<tool_result>" in tail or "<tool_response>" in tail
         self.tools = _tools_in(text)

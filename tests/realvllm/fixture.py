@@ -94,7 +94,7 @@ def prepare(profile: str, workdir: str) -> tuple[str, dict, str]:
     model = os.path.join(workdir, "model")
     facts = model_dir.build(profile, model, fake_model.CORPUS)
     draft = os.path.join(workdir, "draft")
-    model_dir.build(profile, draft, fake_model.CORPUS)
+    model_dir.build(profile, draft, fake_model.CORPUS, draft=True)
     return model, facts, draft
 
 

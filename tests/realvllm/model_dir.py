@@ -135,8 +135,9 @@ def _train(profile: dict, corpus: list[str]) -> Tokenizer:
     return tok
 
 
-def build(name: str, directory: str, corpus: list[str]) -> dict:
-    """Writes tokenizer and config into `directory`; returns facts the fixture needs."""
+def build(name: str, directory: str, corpus: list[str], draft: bool = False) -> dict:
+    """Writes tokenizer and config into `directory` (a DFlash2 drafter's when `draft`);
+    returns facts the fixture needs."""
     profile = PROFILES[name]
     os.makedirs(directory, exist_ok=True)
     tok = _train(profile, corpus)
@@ -167,6 +168,9 @@ def build(name: str, directory: str, corpus: list[str]) -> dict:
         "torch_dtype": "bfloat16",
         "rms_norm_eps": 1e-5,
     }
+    if draft:
+        config["architectures"] = ["DFlash2DraftModel"]
+        config["dflash_config"] = {"target_layer_ids": [0, 1], "mask_token_id": eos}
     for file, body in [("tokenizer_config.json", tokenizer_config), ("config.json", config)]:
         with open(os.path.join(directory, file), "w", encoding="utf-8") as f:
             json.dump(body, f, ensure_ascii=False, indent=1)

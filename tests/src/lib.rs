@@ -1,10 +1,12 @@
 //! Test support for sparkgate: `vllm-sim` (the simulator of a vLLM 0.33 rank) and the helpers
 //! the integration tests share.
 
+pub mod conformance;
 pub mod harness;
 pub mod hosts;
 pub mod load;
 pub mod overhead;
+pub mod realvllm;
 pub mod registry;
 pub mod sim;
 pub mod spec_eval;

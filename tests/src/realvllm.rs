@@ -1,0 +1,133 @@
+//! The reference fixture from Rust: vLLM 0.33.0's real `vllm serve` frontend with a fake engine
+//! core (`tests/realvllm/`, what is real and what is faked is written at the top of
+//! `fixture.py`), started like any fixture — a free loopback port, readiness from its log, killed
+//! when dropped — and the launch-plan argv each profile serves with.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sparkgate_config::{Config, LoadOptions, ProfileId, SpecMethod};
+
+use crate::harness::{free_port, Proc};
+
+/// The venv `.ci/run` installs `vllm==0.33.0` into (`SPARKGATE_VLLM_VENV` overrides).
+pub fn venv() -> PathBuf {
+    match std::env::var_os("SPARKGATE_VLLM_VENV") {
+        Some(v) => PathBuf::from(v),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/vllm-0.33.0"),
+    }
+}
+
+/// The venv's Python, or a panic that says how to get it (the suite never skips).
+pub fn python() -> String {
+    let venv = venv();
+    assert!(
+        venv.join(".sparkgate-complete").exists(),
+        "vLLM 0.33.0 is not installed in {} — run `bash .ci/run` (or set SPARKGATE_VLLM_VENV)",
+        venv.display()
+    );
+    venv.join("bin/python").to_string_lossy().into_owned()
+}
+
+/// `tests/realvllm/` (the Python side of the fixture).
+pub fn script(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("realvllm")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The fixture's name for a profile.
+pub fn fixture_profile(profile: ProfileId) -> &'static str {
+    match profile {
+        ProfileId::DeepSeekV41Flash => "deepseek",
+        ProfileId::Glm53Flash => "glm",
+    }
+}
+
+/// A `Config` of `profile` as the tests load it: loopback nodes, a throwaway working
+/// directory, and `extra` variables on top.
+pub fn test_config(profile: ProfileId, extra: &[(&str, &str)]) -> Config {
+    let mut env: BTreeMap<String, String> = [
+        ("HOME", "/home/t"),
+        ("USER", "t"),
+        ("HEAD_IP", "127.0.0.1"),
+        ("WORKER_IP", "127.0.0.2"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    let dir = tempfile::tempdir().expect("tempdir");
+    Config::load(&LoadOptions {
+        env_file: None,
+        profile: Some(profile.as_str().into()),
+        overrides: Default::default(),
+        process_env: env,
+        working_dir: dir.path().into(),
+    })
+    .expect("test config loads")
+}
+
+/// Rank 0's `vllm serve …` argv of the profile's default plan in `mode` (default: the
+/// profile's default mode).
+pub fn plan_argv(profile: ProfileId, mode: Option<SpecMethod>) -> Vec<String> {
+    let c = test_config(profile, &[]);
+    let plan = match mode {
+        Some(m) => c.plan_for(m),
+        None => c.plan(),
+    };
+    plan.ranks
+        .iter()
+        .find(|r| r.rank == 0)
+        .expect("rank 0")
+        .vllm_argv()
+        .to_vec()
+}
+
+/// A running reference frontend.
+#[derive(Debug)]
+pub struct RealVllm {
+    pub proc: Proc,
+    pub addr: SocketAddr,
+    _work: tempfile::TempDir,
+}
+
+/// How long the frontend may take to start (≈20 s on 2 cores, more when the machine is busy).
+const START: Duration = Duration::from_secs(240);
+
+impl RealVllm {
+    /// Serves `profile` with its default plan's rank-0 argv.
+    pub fn start(profile: ProfileId) -> RealVllm {
+        RealVllm::start_with(profile, &plan_argv(profile, None), &[])
+    }
+
+    /// Serves `argv` (`serve MODEL …`, paths rewritten by the fixture) for `profile`.
+    pub fn start_with(profile: ProfileId, argv: &[String], env: &[(&str, &str)]) -> RealVllm {
+        let work = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let mut args = vec![
+            script("fixture.py"),
+            "--profile".into(),
+            fixture_profile(profile).into(),
+            "--workdir".into(),
+            work.path().to_string_lossy().into_owned(),
+            "--port".into(),
+            port.to_string(),
+            "--".into(),
+        ];
+        args.extend(argv.iter().cloned());
+        let mut full_env = vec![("PYTHONUNBUFFERED", "1")];
+        full_env.extend_from_slice(env);
+        let proc = Proc::spawn(&python(), &args, &full_env);
+        proc.wait_for_within("Application startup complete.", START);
+        RealVllm {
+            proc,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            _work: work,
+        }
+    }
+}
