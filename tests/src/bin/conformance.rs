@@ -1,6 +1,7 @@
 //! `cargo run -p sparkgate-tests --bin conformance [deepseek|glm]…`: runs the conformance
 //! battery against the real vLLM 0.33.0 frontend and vllm-sim and prints every difference (the
-//! integration test `conformance.rs` asserts there are none).
+//! integration test `conformance.rs` asserts there are none). CONFORMANCE_DUMP=DIR keeps both
+//! raw answers of every case.
 
 use sparkgate_config::ProfileId;
 use sparkgate_tests::conformance::{compare, exclusions, start_sim};
@@ -23,7 +24,11 @@ fn main() {
         let argv = plan_argv(profile, None);
         let real = RealVllm::start(profile);
         let (_sim, sim) = start_sim(&sim_bin, &argv);
-        let report = compare(profile, real.addr, sim, &excl);
+        let dump = std::env::var_os("CONFORMANCE_DUMP").map(std::path::PathBuf::from);
+        if let Some(d) = &dump {
+            std::fs::create_dir_all(d).expect("dump dir");
+        }
+        let report = compare(profile, real.addr, sim, &excl, dump.as_deref());
         for f in &report.failures {
             println!("{f}");
         }

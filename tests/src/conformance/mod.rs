@@ -123,7 +123,14 @@ pub struct Report {
 }
 
 /// Sends every case to both servers and compares the shapes.
-pub fn compare(profile: ProfileId, real: SocketAddr, sim: SocketAddr, excl: &[Exclusion]) -> Report {
+/// With `dump`, both raw answers of each case are written there (`<profile>.<case>.{real,sim}`).
+pub fn compare(
+    profile: ProfileId,
+    real: SocketAddr,
+    sim: SocketAddr,
+    excl: &[Exclusion],
+    dump: Option<&std::path::Path>,
+) -> Report {
     let model = crate::realvllm::test_config(profile, &[])
         .serving
         .served_model_name
@@ -132,11 +139,19 @@ pub fn compare(profile: ProfileId, real: SocketAddr, sim: SocketAddr, excl: &[Ex
     let mut report = Report::default();
     for case in cases(&model) {
         let headers: Vec<(&str, &str)> = case.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let observe = |addr| match try_request(addr, &case.method, &case.path, &headers, &case.body) {
-            Some(r) => shape::response_shape(&r),
+        let observe = |addr, side: &str| match try_request(addr, &case.method, &case.path, &headers, &case.body) {
+            Some(r) => {
+                if let Some(dir) = dump {
+                    let head: String = r.headers.iter().map(|(k, v)| format!("{k}: {v}\n")).collect();
+                    let mut text = format!("{}\n{head}\n", r.status).into_bytes();
+                    text.extend_from_slice(&r.body);
+                    let _ = std::fs::write(dir.join(format!("{tag}.{}.{side}", case.name)), text);
+                }
+                shape::response_shape(&r)
+            }
             None => serde_json::json!("<connection failed before a complete answer>"),
         };
-        let (r, s) = (observe(real), observe(sim));
+        let (r, s) = (observe(real, "real"), observe(sim, "sim"));
         report.compared += 1;
         for line in shape::diff(&r, &s) {
             match excl.iter().position(|e| e.covers(tag, &case.name, &line)) {

@@ -58,7 +58,13 @@ pub fn shape(v: &Value, key: Option<&str>) -> Value {
         Value::Array(items) => {
             let mut shapes: Vec<Value> = Vec::new();
             for item in items {
-                let s = shape(item, None);
+                let s = match item {
+                    // Completions' top logprobs are maps keyed by token text.
+                    Value::Object(m) if key == Some("top_logprobs") && m.values().all(Value::is_number) => {
+                        json!({"<token>": "float"})
+                    }
+                    _ => shape(item, None),
+                };
                 if !shapes.contains(&s) {
                     shapes.push(s);
                 }

@@ -318,20 +318,38 @@ fn truthy(v: &Value) -> bool {
     }
 }
 
+/// The deepseek_v41 encoder's refusal of an effort it cannot render (vLLM answers it with 400).
+pub(crate) const DEEPSEEK_EFFORT_ERROR: &str =
+    "DeepSeek V4.1 reasoning_effort must be low, high, xhigh, max, or an integer within [1, 100] in chat_template_kwargs";
+
 impl Template {
+    /// The encoder's checks before rendering: DeepSeek accepts `low|high|xhigh|max`, `none`
+    /// (thinking off) or a JSON integer 1..=100; GLM's jinja template takes any value.
+    pub(crate) fn check(self, kwargs: &Map<String, Value>) -> Result<(), &'static str> {
+        if self == Template::Glm {
+            return Ok(());
+        }
+        match kwargs.get("reasoning_effort") {
+            None | Some(Value::Null) => Ok(()),
+            Some(Value::String(s)) if ["none", "low", "high", "xhigh", "max"].contains(&s.as_str()) => Ok(()),
+            Some(Value::Number(n)) if n.as_i64().is_some_and(|v| (1..=100).contains(&v)) => Ok(()),
+            Some(_) => Err(DEEPSEEK_EFFORT_ERROR),
+        }
+    }
+
     /// Renders the effort and thinking switch from the final template kwargs.
     pub(crate) fn render(self, kwargs: &Map<String, Value>) -> Rendering {
-        let thinking = ["enable_thinking", "thinking"]
-            .iter()
-            .all(|k| kwargs.get(*k).is_none_or(truthy));
         let effort = kwargs.get("reasoning_effort");
         match self {
             Template::DeepSeek => {
+                // The encoder thinks when either flag is truthy, or when neither is given.
+                let flags: Vec<&Value> = ["thinking", "enable_thinking"].iter().filter_map(|k| kwargs.get(*k)).collect();
+                let thinking = (flags.is_empty() || flags.iter().any(|v| truthy(v))) && effort != Some(&Value::from("none"));
                 let value = match effort {
                     Some(Value::String(s)) if s == "low" => 50,
                     Some(Value::String(s)) if s == "max" => 100,
                     Some(Value::Number(n)) => n.as_u64().filter(|v| (1..=100).contains(v)).unwrap_or(75),
-                    // "high", absent, or a value outside the documented set: the default.
+                    // "high", "xhigh", absent: 75.
                     _ => 75,
                 };
                 Rendering {
@@ -341,6 +359,7 @@ impl Template {
                 }
             }
             Template::Glm => {
+                let thinking = kwargs.get("enable_thinking").is_none_or(truthy);
                 let (label, lines) = match effort.and_then(Value::as_str) {
                     Some("low") => ("Low", 3),
                     Some("high") => ("High", 6),
@@ -531,10 +550,20 @@ mod tests {
         let max = Template::Glm.render(&Map::new());
         assert!(max.reasoning_lines > 4 * high.reasoning_lines);
         assert!(
-            !Template::Glm
+            Template::Glm
                 .render(&Map::from_iter([("thinking".into(), json!(false))]))
-                .thinking
+                .thinking,
+            "GLM's template reads enable_thinking only"
         );
+        assert!(
+            Template::DeepSeek
+                .render(&Map::from_iter([("thinking".into(), json!(true)), ("enable_thinking".into(), json!(false))]))
+                .thinking,
+            "the deepseek_v41 encoder thinks when either flag is set"
+        );
+        assert_eq!(Template::DeepSeek.check(&Map::from_iter([("reasoning_effort".into(), json!("medium"))])), Err(DEEPSEEK_EFFORT_ERROR));
+        assert_eq!(Template::DeepSeek.check(&Map::from_iter([("reasoning_effort".into(), json!("50"))])), Err(DEEPSEEK_EFFORT_ERROR));
+        assert_eq!(Template::DeepSeek.check(&Map::from_iter([("reasoning_effort".into(), json!(50))])), Ok(()));
         assert!(
             Template::Glm
                 .render(&Map::from_iter([("enable_thinking".into(), json!("false"))]))

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::generate::{ChoicePlan, Delta, Job, Step};
-use super::request::{self, invalid};
+use super::request;
+use super::validate;
 use super::{error, json_response, ApiError, App, Shared};
 use crate::sim::text::{self, ToolCall};
 
@@ -43,6 +44,8 @@ pub(crate) struct Ctx {
     pub(crate) model: String,
     pub(crate) created: u64,
     pub(crate) stream: request::StreamOptions,
+    /// `tool_choice` required or named: vLLM answers `content: ""` beside the call.
+    pub(crate) forced_tool: bool,
 }
 
 pub(crate) fn now_secs() -> u64 {
@@ -53,38 +56,19 @@ pub(crate) fn now_secs() -> u64 {
 }
 
 fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiError> {
-    let req = request::json_object(headers, body)?;
-    let messages = match req.get("messages") {
-        Some(Value::Array(m)) => m.clone(),
-        Some(other) => return Err(invalid("list_type", "messages", "Input should be a valid list", other)),
-        None => {
-            return Err(invalid(
-                "missing",
-                "messages",
-                "Field required",
-                &Value::Object(req.clone()),
-            ))
-        }
-    };
+    let mut req = request::json_object(headers, body)?;
+    validate::chat_before(&req)?;
+    validate::fields(&mut req, validate::CHAT, &["messages"])?;
+    let messages = req.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
     let stream = request::stream_options(app, &req)?;
     let kwargs = request::template_kwargs(app, &req)?;
     request::refuse_chat_template(app, &req)?;
+    let tools = req.get("tools").and_then(Value::as_array).cloned();
+    request::check_model(app, &req)?;
+    request::render_checks(app, &messages, &kwargs)?;
+    validate::sampling(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let n = request::n_choices(&req)?;
-    let tools = match req.get("tools") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(t)) if t.is_empty() => {
-            return Err(request::invalid(
-                "value_error",
-                "tools",
-                "Value error, `tools` must not be an empty array.",
-                &json!([]),
-            ))
-        }
-        Some(Value::Array(t)) => Some(t.clone()),
-        Some(other) => return Err(invalid("list_type", "tools", "Input should be a valid list", other)),
-    };
-    request::check_model(app, &req)?;
     let rendering = app.template.render(&kwargs);
     let prompt_tokens = text::count_tokens(&text::render_prompt(&messages, &rendering));
     request::check_prompt_length(app, prompt_tokens)?;
@@ -107,6 +91,7 @@ fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiErr
             model: app.args.served_name().to_owned(),
             created: now_secs(),
             stream,
+            forced_tool: matches!(req.get("tool_choice"), Some(Value::Object(_))) || req.get("tool_choice") == Some(&json!("required")),
         },
     ))
 }
@@ -115,11 +100,18 @@ fn tool_call_json(call: &ToolCall, id: &str) -> Value {
     json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}})
 }
 
-fn usage(app: &App, prompt: usize, completion: usize) -> Value {
-    let mut u = json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion, "prompt_tokens_details": null});
-    if app.args.enable_prompt_tokens_details {
-        u["prompt_tokens_details"] = json!({"cached_tokens": 0});
+/// The usage object; `streamed` is the usage chunk's form (no `multimodal_tokens`, no null
+/// details), as vLLM renders the two.
+pub(crate) fn usage(app: &App, job: &Job, streamed: bool) -> Value {
+    let (prompt, completion) = (job.prompt_tokens, job.completion_tokens());
+    let mut u = json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion});
+    match (app.args.enable_prompt_tokens_details, streamed) {
+        (true, false) => u["prompt_tokens_details"] = json!({"cached_tokens": 0, "created_cache_tokens": 0, "multimodal_tokens": null}),
+        (true, true) => u["prompt_tokens_details"] = json!({"cached_tokens": 0, "created_cache_tokens": 0}),
+        (false, false) => u["prompt_tokens_details"] = Value::Null,
+        (false, true) => {}
     }
+    u["completion_tokens_details"] = json!({"reasoning_tokens": job.reasoning_tokens()});
     u
 }
 
@@ -132,20 +124,20 @@ fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
             let content = c.content_text();
             let mut message = json!({
                 "role": "assistant",
-                "content": if c.tool_call.is_some() && content.is_empty() { Value::Null } else { Value::String(content) },
+                "content": if content.is_empty() && !ctx.forced_tool { Value::Null } else { Value::String(content) },
                 "refusal": null, "annotations": null, "audio": null, "function_call": null,
             });
             if let Some(call) = &c.tool_call {
                 message["tool_calls"] = json!([tool_call_json(call, &format!("chatcmpl-tool-{}", request::random_hex(16)))]);
             }
             message["reasoning"] = c.reasoning_text().map_or(Value::Null, Value::String);
-            json!({"index": index, "message": message, "logprobs": null, "finish_reason": c.finish, "stop_reason": null, "token_ids": null, "routed_experts": null})
+            json!({"index": index, "message": message, "logprobs": null, "finish_reason": c.finish, "stop_reason": null, "token_ids": null, "routed_experts": null, "weight_versions": null})
         })
         .collect();
     json!({
         "id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model, "choices": choices,
         "service_tier": null, "system_fingerprint": app.fingerprint,
-        "usage": usage(app, job.prompt_tokens, job.completion_tokens()),
+        "usage": usage(app, job, false),
         "prompt_logprobs": null, "prompt_token_ids": null, "prompt_text": null,
         "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null
     })
@@ -194,7 +186,8 @@ impl StreamState {
             c[k] = v;
         }
         if self.ctx.stream.continuous_usage && !c["choices"].as_array().is_some_and(Vec::is_empty) {
-            c["usage"] = json!({"prompt_tokens": self.job.prompt_tokens, "total_tokens": self.job.prompt_tokens + self.job.completion_tokens(), "completion_tokens": self.job.completion_tokens()});
+            let (p, n) = (self.job.prompt_tokens, self.job.completion_tokens());
+            c["usage"] = json!({"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n, "completion_tokens_details": {"reasoning_tokens": self.job.reasoning_tokens()}});
         }
         c
     }
@@ -213,6 +206,14 @@ impl StreamState {
         }
     }
 
+    /// A content (or reasoning, or tool-call) chunk: vLLM adds `token_ids` to the choice and
+    /// `kv_transfer_params` to the chunk.
+    fn push_delta(&mut self, index: usize, delta: Value) {
+        let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null, "token_ids": null});
+        let c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
+        self.pending.push_back(frame(&c));
+    }
+
     fn on_delta(&mut self, index: usize, d: Delta) {
         self.role_chunks();
         let mut delta = Map::new();
@@ -222,51 +223,37 @@ impl StreamState {
         if !d.content.is_empty() {
             delta.insert("content".into(), Value::String(d.content));
         }
-        if !delta.is_empty() && !d.last {
-            let choice =
-                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null, "token_ids": null});
-            let c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
-            self.pending.push_back(frame(&c));
-            return;
-        }
         if !d.last {
+            if !delta.is_empty() {
+                self.push_delta(index, Value::Object(delta));
+            }
             return;
         }
         let plan = &self.job.choices[index];
+        let finish = plan.finish;
         if let Some(call) = plan.tool_call.clone() {
             if !delta.is_empty() {
-                let choice =
-                    json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null, "token_ids": null});
-                self.pending.push_back(frame(
-                    &self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null))),
-                ));
+                self.push_delta(index, Value::Object(std::mem::take(&mut delta)));
             }
             let id = format!("chatcmpl-tool-{}", request::random_hex(16));
-            let head = json!({"tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": call.name, "arguments": ""}}]});
-            let args = json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]});
-            for d in [head, args] {
-                let choice =
-                    json!({"index": index, "delta": d, "logprobs": null, "finish_reason": null, "token_ids": null});
-                self.pending.push_back(frame(
-                    &self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null))),
-                ));
-            }
-            delta = Map::new();
+            self.push_delta(index, json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name}}]}));
+            self.push_delta(index, json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]}));
+        } else if finish == "stop" && !delta.is_empty() {
+            // The end-of-sequence token has no text: its chunk carries only the finish reason.
+            self.push_delta(index, Value::Object(std::mem::take(&mut delta)));
         }
-        let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": plan.finish, "stop_reason": null, "token_ids": null});
-        let extra = (!self.ctx.stream.include_usage)
-            .then(|| ("system_fingerprint", Value::String(self.app.fingerprint.clone())));
-        self.pending.push_back(frame(&self.chunk(json!([choice]), extra)));
+        let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish, "stop_reason": null, "token_ids": null, "weight_versions": null});
+        let mut c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
+        if !self.ctx.stream.include_usage {
+            c["system_fingerprint"] = Value::String(self.app.fingerprint.clone());
+        }
+        self.pending.push_back(frame(&c));
     }
 
     fn on_end(&mut self) {
         if self.ctx.stream.include_usage {
             let mut c = self.chunk(json!([]), None);
-            let mut u = usage(&self.app, self.job.prompt_tokens, self.job.completion_tokens());
-            if u["prompt_tokens_details"].is_null() {
-                u.as_object_mut().expect("object").remove("prompt_tokens_details");
-            }
-            c["usage"] = u;
+            c["usage"] = usage(&self.app, &self.job, true);
             c["system_fingerprint"] = Value::String(self.app.fingerprint.clone());
             self.pending.push_back(frame(&c));
         }

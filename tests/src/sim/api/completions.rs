@@ -10,35 +10,34 @@ use serde_json::{json, Value};
 use super::chat::{error_frame, frame, now_secs, sse_response, with_request_id, DONE};
 use super::generate::{ChoicePlan, Job, Step};
 use super::request::{self, invalid};
+use super::{bad_request, validate, App};
 use super::{error, json_response, ApiError, Shared};
 use crate::sim::text::{self, Output};
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
-    let req = request::json_object(&headers, &body)?;
-    let prompts: Vec<String> =
-        match req.get("prompt") {
-            Some(Value::String(p)) => vec![p.clone()],
-            Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
-                a.iter().filter_map(Value::as_str).map(str::to_owned).collect()
-            }
-            Some(other) => {
-                return Err(invalid(
-                    "string_type",
-                    "prompt",
-                    "Input should be a valid string",
-                    other,
-                ))
-            }
-            None => return Err(error(
-                StatusCode::BAD_REQUEST,
-                "Bad Request",
-                "1 validation error:\n  Value error, Either prompt or prompt_embeds must be provided and non-empty.",
+    let mut req = request::json_object(&headers, &body)?;
+    validate::stream_options_need_stream(&req)?;
+    validate::fields(&mut req, validate::COMPLETION, &[])?;
+    let prompts: Vec<String> = match req.get("prompt") {
+        Some(Value::String(p)) if !p.is_empty() => vec![p.clone()],
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
+            a.iter().filter_map(Value::as_str).map(str::to_owned).collect()
+        }
+        Some(other) if !other.is_null() && !other.as_str().is_some_and(str::is_empty) => {
+            return Err(invalid("string_type", "prompt", "Input should be a valid string", other))
+        }
+        _ => {
+            return Err(bad_request(
+                "Either prompt or prompt_embeds must be provided and non-empty.",
                 Some("prompt"),
-            )),
-        };
+                None,
+            ))
+        }
+    };
+    request::check_model(&app, &req)?;
+    validate::sampling(&app, &req, &["max_tokens"])?;
     let stream = request::stream_options(&app, &req)?;
     let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
-    request::check_model(&app, &req)?;
     let prompt_tokens: usize = prompts.iter().map(|p| text::count_tokens(p)).sum();
     request::check_prompt_length(&app, prompts.iter().map(|p| text::count_tokens(p)).max().unwrap_or(0))?;
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
@@ -71,22 +70,24 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
             .choices
             .iter()
             .enumerate()
-            .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": null, "finish_reason": c.finish, "stop_reason": null, "prompt_logprobs": null, "prompt_token_ids": null, "token_ids": null}))
+            .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": null, "finish_reason": c.finish, "stop_reason": null, "token_ids": null, "prompt_logprobs": null, "prompt_token_ids": null, "routed_experts": null, "weight_versions": null}))
             .collect();
         let completion = job.completion_tokens();
         let body = json!({
             "id": id, "object": "text_completion", "created": created, "model": model, "choices": choices,
             "service_tier": null, "system_fingerprint": app.fingerprint,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion, "completion_tokens": completion, "prompt_tokens_details": null},
-            "kv_transfer_params": null
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion, "completion_tokens": completion,
+                "prompt_tokens_details": details(&app, false).unwrap_or(Value::Null), "completion_tokens_details": null},
+            "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null
         });
         return Ok(with_request_id(&app, &request_id, json_response(StatusCode::OK, &body)));
     }
     let include_usage = stream.include_usage;
     let fingerprint = app.fingerprint.clone();
     let state = (job, false);
+    let app2 = app.clone();
     let frames = futures_util::stream::unfold(state, move |(mut job, done)| {
-        let (id, model, fingerprint) = (id.clone(), model.clone(), fingerprint.clone());
+        let (id, model, fingerprint, app2) = (id.clone(), model.clone(), fingerprint.clone(), app2.clone());
         async move {
             if done {
                 return None;
@@ -103,9 +104,13 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
                         } else {
                             Value::Null
                         };
-                        let c = chunk(
-                            json!([{"index": i, "text": d.content, "logprobs": null, "finish_reason": finish, "stop_reason": null}]),
+                        let mut c = chunk(
+                            json!([{"index": i, "text": d.content, "logprobs": null, "finish_reason": finish, "stop_reason": null, "prompt_token_ids": null, "token_ids": null, "weight_versions": null}]),
                         );
+                        if d.last && !include_usage {
+                            c["system_fingerprint"] = Value::String(fingerprint.clone());
+                        }
+                        c["kv_transfer_params"] = Value::Null;
                         return Some((frame(&c), (job, false)));
                     }
                     Some(Step::Failed(msg)) => {
@@ -119,6 +124,9 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
                             let completion = job.completion_tokens();
                             let mut c = chunk(json!([]));
                             c["usage"] = json!({"prompt_tokens": job.prompt_tokens, "total_tokens": job.prompt_tokens + completion, "completion_tokens": completion});
+                            if let Some(d) = details(&app2, true) {
+                                c["usage"]["prompt_tokens_details"] = d;
+                            }
                             c["system_fingerprint"] = Value::String(fingerprint.clone());
                             b.extend_from_slice(&frame(&c));
                         }
@@ -130,4 +138,14 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         }
     });
     Ok(sse_response(&app, &request_id, frames))
+}
+
+/// `prompt_tokens_details` as vLLM's completions render it: with `--enable-prompt-tokens-details`
+/// the full object (the usage chunk only `cached_tokens`), else null (absent in the chunk).
+fn details(app: &App, streamed: bool) -> Option<Value> {
+    match (app.args.enable_prompt_tokens_details, streamed) {
+        (true, false) => Some(json!({"cached_tokens": 0, "created_cache_tokens": null, "multimodal_tokens": null})),
+        (true, true) => Some(json!({"cached_tokens": 0})),
+        (false, _) => None,
+    }
 }

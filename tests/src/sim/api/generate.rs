@@ -180,4 +180,9 @@ impl Job {
     pub(crate) fn completion_tokens(&self) -> usize {
         self.choices.iter().map(|c| c.produced).sum()
     }
+
+    /// Tokens released so far that were reasoning (vLLM's `reasoning_tokens`).
+    pub(crate) fn reasoning_tokens(&self) -> usize {
+        self.choices.iter().map(|c| c.produced.min(c.reasoning_len)).sum()
+    }
 }

@@ -4,9 +4,11 @@
 mod chat;
 mod completions;
 mod generate;
+mod pydantic;
 mod request;
 mod responses;
 mod serve;
+mod validate;
 
 use std::sync::Arc;
 
@@ -71,12 +73,28 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
 
 /// The request body failed FastAPI/pydantic validation: 400 `Bad Request`.
 pub(crate) fn validation_error(detail: &str, param: Option<&str>) -> ApiError {
-    error(
-        StatusCode::BAD_REQUEST,
-        "Bad Request",
-        &format!("1 validation error:\n  {detail}"),
-        param,
-    )
+    validation_error_raw(&format!("1 validation error:\n  {detail}"), param)
+}
+
+/// 400 `Bad Request` with a ready message (`pydantic` builds it).
+pub(crate) fn validation_error_raw(message: &str, param: Option<&str>) -> ApiError {
+    error(StatusCode::BAD_REQUEST, "Bad Request", message, param)
+}
+
+/// A serving check's refusal (vLLM's `VLLMValidationError`): 400 `BadRequestError`, the message
+/// ending in `(parameter=X, value=Y)` when they are known.
+pub(crate) fn bad_request(message: &str, param: Option<&str>, value: Option<&str>) -> ApiError {
+    let extras: Vec<String> = param
+        .map(|p| format!("parameter={p}"))
+        .into_iter()
+        .chain(value.map(|v| format!("value={v}")))
+        .collect();
+    let message = if extras.is_empty() {
+        message.to_owned()
+    } else {
+        format!("{message} ({})", extras.join(", "))
+    };
+    error(StatusCode::BAD_REQUEST, "BadRequestError", &message, param)
 }
 
 pub(crate) fn router(app: Shared) -> Router {

@@ -4,7 +4,7 @@
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value};
 
-use super::{error, validation_error, ApiError, App};
+use super::{error, pydantic, validation_error, ApiError, App};
 
 /// vLLM's `ReasoningEffort` literal set.
 const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh", "max"];
@@ -55,6 +55,20 @@ pub(crate) fn invalid(kind: &str, field: &str, msg: &str, input: &Value) -> ApiE
     )
 }
 
+/// Python's `json` message for a decode error serde reports (the family clients see).
+fn python_json_error(e: &serde_json::Error) -> &'static str {
+    use serde_json::error::Category;
+    let text = e.to_string();
+    match e.classify() {
+        Category::Eof if text.contains("string") => "Unterminated string starting at",
+        Category::Syntax if text.contains("key must be a string") => "Expecting property name enclosed in double quotes",
+        Category::Syntax if text.contains("expected `,` or `}`") => "Expecting ',' delimiter",
+        Category::Syntax if text.contains("expected `:`") => "Expecting ':' delimiter",
+        Category::Syntax if text.contains("trailing characters") => "Extra data",
+        _ => "Expecting value",
+    }
+}
+
 /// The body as a JSON object, after vLLM's content-type check.
 pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -66,14 +80,20 @@ pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(other) => Err(validation_error(
-            &format!("{{'type': 'model_attributes_type', 'loc': 'body', 'msg': 'Input should be a valid dictionary or object to extract fields from', 'input': {}}}", summarise(&other)),
-            Some("body"),
-        )),
-        Err(e) => Err(validation_error(
-            &format!("{{'type': 'json_invalid', 'loc': 'body.{}', 'msg': 'JSON decode error', 'input': {{}}, 'ctx': {{'error': '{}'}}}}", e.column().saturating_sub(1), e.to_string().split(" at line").next().unwrap_or("invalid JSON")),
-            Some("body"),
-        )),
+        Ok(other) => Err(pydantic::to_error(&[pydantic::PyErr::new(
+            "model_attributes_type",
+            "body",
+            "Input should be a valid dictionary or object to extract fields from",
+            &other,
+        )])),
+        Err(e) => {
+            // Python reports the character offset where decoding stopped.
+            let line_start: usize = body.split(|b| *b == b'\n').take(e.line().saturating_sub(1)).map(|l| l.len() + 1).sum();
+            let offset = String::from_utf8_lossy(&body[..(line_start + e.column()).min(body.len())]).chars().count();
+            let mut err = pydantic::PyErr::new("json_invalid", &format!("body.{offset}"), "JSON decode error", &Value::Object(Map::new()));
+            err.ctx = Some(("error", python_json_error(&e).to_owned()));
+            Err(pydantic::to_error(&[err]))
+        }
     }
 }
 
@@ -102,7 +122,7 @@ pub(crate) fn request_id(headers: &HeaderMap, req: &Map<String, Value>) -> Strin
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
         .or_else(|| req.get("request_id").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| random_hex(32))
+        .unwrap_or_else(|| random_hex(16))
 }
 
 /// The chat template kwargs after vLLM's merge: request kwargs, overridden by the top-level
@@ -228,20 +248,31 @@ pub(crate) fn max_tokens(app: &App, req: &Map<String, Value>, names: &[&str]) ->
     Ok(None)
 }
 
-/// `n`: a positive integer (default 1).
+/// `n` (default 1), already checked by `validate`.
 pub(crate) fn n_choices(req: &Map<String, Value>) -> Result<usize, ApiError> {
-    match req.get("n") {
-        None | Some(Value::Null) => Ok(1),
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|v| (1..=128).contains(&v)) => {
-            Ok(n.as_u64().unwrap_or(1) as usize)
+    Ok(req.get("n").and_then(Value::as_u64).unwrap_or(1).max(1) as usize)
+}
+
+/// What rendering refuses: DeepSeek's encoder checks roles and the effort; GLM's template
+/// cannot render an empty conversation.
+pub(crate) fn render_checks(app: &App, messages: &[Value], kwargs: &Map<String, Value>) -> Result<(), ApiError> {
+    use super::text::Template;
+    let refuse = |m: &str| Err(super::bad_request(m, None, None));
+    match app.template {
+        Template::DeepSeek => {
+            for m in messages {
+                let role = m.get("role").unwrap_or(&Value::Null);
+                if !["system", "developer", "user", "assistant", "tool"].iter().any(|r| role == r) {
+                    return refuse(&format!("Invalid role: {}", pydantic::py_str(role)));
+                }
+            }
         }
-        Some(other) => Err(invalid(
-            "greater_than_equal",
-            "n",
-            "Input should be greater than or equal to 1",
-            other,
-        )),
+        Template::Glm if messages.is_empty() => {
+            return refuse("Cannot apply chat template to an empty conversation. Provide at least one message.")
+        }
+        Template::Glm => {}
     }
+    app.template.check(kwargs).or_else(|m| refuse(m))
 }
 
 /// The context-length check on the rendered prompt.
@@ -251,8 +282,10 @@ pub(crate) fn check_prompt_length(app: &App, prompt_tokens: usize) -> Result<(),
             StatusCode::BAD_REQUEST,
             "BadRequestError",
             &format!(
-                "This model's maximum context length is {} tokens. However, your prompt contains {prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.",
-                app.args.max_model_len
+                "This model's maximum context length is {} tokens. However, your prompt contains at least {} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value={})",
+                app.args.max_model_len,
+                app.args.max_model_len + 1,
+                app.args.max_model_len + 1,
             ),
             Some("input_tokens"),
         ));
