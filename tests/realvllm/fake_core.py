@@ -159,12 +159,16 @@ class FakeEngineCore:
 
     def _next_token(self, r: Running) -> int:
         i = len(r.out)
-        tok = r.planned[i] if i < len(r.planned) else self.filler[(i - len(r.planned)) % len(self.filler)]
-        held = r.sp.ignore_eos and tok == self.eos or (i < r.sp.min_tokens and (tok == self.eos or tok in (r.sp.stop_token_ids or ())))
-        if held:
-            # The min-tokens processor (or ignore_eos) masks eos: the model says more instead.
-            tok = self.filler[i % len(self.filler)]
-        return tok
+        held = lambda t: (r.sp.ignore_eos and t == self.eos) or (
+            i < r.sp.min_tokens and (t == self.eos or t in (r.sp.stop_token_ids or ()))
+        )
+        if i < len(r.planned) and not held(r.planned[i]):
+            return r.planned[i]
+        # Past the plan, or eos masked (min-tokens processor, ignore_eos): the model says more,
+        # and ends as soon as it may.
+        if i >= len(r.planned) and not held(self.eos):
+            return self.eos
+        return self.filler[i % len(self.filler)]
 
     def _advance(self, r: Running) -> EngineCoreOutput:
         tok = self._next_token(r)

@@ -4,6 +4,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
+use super::metric_families::{Kind, FAMILIES};
+
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
     160.0, 640.0, 2560.0,
@@ -44,9 +46,8 @@ impl Histogram {
         g.2 += 1;
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
         let g = self.inner.lock().expect("histogram lock");
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (i, b) in self.buckets.iter().enumerate() {
             let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b:?}\"}} {:?}", g.0[i] as f64);
         }
@@ -96,6 +97,8 @@ pub(crate) struct Metrics {
     e2e: Histogram,
     queue_time: Histogram,
     iteration_tokens: Histogram,
+    /// Unix time of start, the value of every `_created` sample.
+    started: f64,
 }
 
 impl Metrics {
@@ -118,6 +121,9 @@ impl Metrics {
             e2e: Histogram::new(LATENCY_BUCKETS),
             queue_time: Histogram::new(LATENCY_BUCKETS),
             iteration_tokens: Histogram::new(ITERATION_BUCKETS),
+            started: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
         }
     }
 
@@ -166,124 +172,90 @@ impl Metrics {
         self.generation_tokens.load(Relaxed)
     }
 
+    /// The exposition: every family of the real server (`metric_families`), in its order,
+    /// with the `_created` companions prometheus_client adds; the simulator's measured values
+    /// where it has them, zero samples elsewhere.
     pub(crate) fn render(&self) -> String {
-        let l = &self.labels;
-        let mut out = String::with_capacity(16 * 1024);
-        let mut gauge = |name: &str, help: &str, v: f64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {v:?}");
-        };
-        let running = self.running.load(Relaxed);
-        gauge(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            running as f64,
-        );
-        gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            self.waiting.load(Relaxed) as f64,
-        );
-        gauge(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            running as f64 / self.max_num_seqs.max(1) as f64 * 0.5,
-        );
-        let mut counter = |name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {:?}",
-                v as f64
-            );
-        };
-        counter(
-            "vllm:prompt_tokens_total",
-            "Number of prefill tokens processed.",
-            self.prompt_tokens.load(Relaxed),
-        );
-        counter(
-            "vllm:generation_tokens_total",
-            "Number of generation tokens processed.",
-            self.generation_tokens.load(Relaxed),
-        );
-        counter(
-            "vllm:num_preemptions_total",
-            "Cumulative number of preemption from the engine.",
-            0,
-        );
-        let _ = writeln!(
-            out,
-            "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter"
-        );
-        for why in Finished::ALL {
-            let _ = writeln!(
-                out,
-                "vllm:request_success_total{{{l},finished_reason=\"{}\"}} {:?}",
-                why.label(),
-                self.finished[why as usize].load(Relaxed) as f64
-            );
-        }
-        if self.spec_k.is_some() {
-            let mut spec = |name: &str, help: &str, v: u64| {
+        let mut out = String::with_capacity(32 * 1024);
+        for &(name, kind, help) in FAMILIES {
+            if name.starts_with("vllm:spec_decode") && self.spec_k.is_none() {
+                continue;
+            }
+            let type_name = match kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+                Kind::Histogram => "histogram",
+                Kind::Summary => "summary",
+            };
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {type_name}");
+            let labels = if name.starts_with("vllm:") { self.labels.as_str() } else { "" };
+            self.samples(&mut out, name, kind, labels);
+            let created = kind != Kind::Gauge && (name.starts_with("vllm:") || name.starts_with("http_"));
+            if created {
+                let base = if kind == Kind::Counter { name.strip_suffix("_total").unwrap_or(name) } else { name };
                 let _ = writeln!(
                     out,
-                    "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {:?}",
-                    v as f64
+                    "# HELP {base}_created {help}\n# TYPE {base}_created gauge\n{base}_created{{{labels}}} {:?}",
+                    self.started
                 );
-            };
-            spec(
-                "vllm:spec_decode_num_drafts_total",
-                "Number of spec decoding drafts.",
-                self.drafts.load(Relaxed),
-            );
-            spec(
-                "vllm:spec_decode_num_draft_tokens_total",
-                "Number of draft tokens.",
-                self.draft_tokens.load(Relaxed),
-            );
-            spec(
-                "vllm:spec_decode_num_accepted_tokens_total",
-                "Number of accepted tokens.",
-                self.accepted.load(Relaxed),
-            );
-            let name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
-            let _ = writeln!(
-                out,
-                "# HELP {name} Accepted tokens per draft position.\n# TYPE {name} counter"
-            );
-            for (pos, v) in self.accepted_per_pos.iter().enumerate() {
-                let _ = writeln!(out, "{name}{{{l},position=\"{pos}\"}} {:?}", v.load(Relaxed) as f64);
             }
         }
-        self.ttft.render(
-            &mut out,
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            l,
-        );
-        self.itl.render(
-            &mut out,
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            l,
-        );
-        self.e2e.render(
-            &mut out,
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            l,
-        );
-        self.queue_time.render(
-            &mut out,
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            l,
-        );
-        self.iteration_tokens.render(
-            &mut out,
-            "vllm:iteration_tokens_total",
-            "Histogram of number of tokens per engine_step.",
-            l,
-        );
         out
+    }
+
+    fn samples(&self, out: &mut String, name: &str, kind: Kind, l: &str) {
+        let value = |v: u64| v as f64;
+        let simple = match name {
+            "vllm:num_requests_running" => Some(value(self.running.load(Relaxed))),
+            "vllm:num_requests_waiting" => Some(value(self.waiting.load(Relaxed))),
+            "vllm:kv_cache_usage_perc" => {
+                Some(self.running.load(Relaxed) as f64 / self.max_num_seqs.max(1) as f64 * 0.5)
+            }
+            "vllm:prompt_tokens_total" => Some(value(self.prompt_tokens.load(Relaxed))),
+            "vllm:generation_tokens_total" => Some(value(self.generation_tokens.load(Relaxed))),
+            "vllm:spec_decode_num_drafts_total" => Some(value(self.drafts.load(Relaxed))),
+            "vllm:spec_decode_num_draft_tokens_total" => Some(value(self.draft_tokens.load(Relaxed))),
+            "vllm:spec_decode_num_accepted_tokens_total" => Some(value(self.accepted.load(Relaxed))),
+            _ => None,
+        };
+        if let Some(v) = simple {
+            let _ = writeln!(out, "{name}{{{l}}} {v:?}");
+            return;
+        }
+        match name {
+            "vllm:request_success_total" => {
+                for why in Finished::ALL {
+                    let v = self.finished[why as usize].load(Relaxed) as f64;
+                    let _ = writeln!(out, "{name}{{{l},finished_reason=\"{}\"}} {v:?}", why.label());
+                }
+            }
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total" => {
+                for (pos, v) in self.accepted_per_pos.iter().enumerate() {
+                    let _ = writeln!(out, "{name}{{{l},position=\"{pos}\"}} {:?}", v.load(Relaxed) as f64);
+                }
+            }
+            "vllm:time_to_first_token_seconds" => self.ttft.render(out, name, l),
+            "vllm:inter_token_latency_seconds" => self.itl.render(out, name, l),
+            "vllm:e2e_request_latency_seconds" => self.e2e.render(out, name, l),
+            "vllm:request_queue_time_seconds" => self.queue_time.render(out, name, l),
+            "vllm:iteration_tokens_total" => self.iteration_tokens.render(out, name, l),
+            _ => zero(out, name, kind, l),
+        }
+    }
+}
+
+/// A family the simulator does not measure: one zero sample of its kind.
+fn zero(out: &mut String, name: &str, kind: Kind, l: &str) {
+    match kind {
+        Kind::Counter | Kind::Gauge => {
+            let _ = writeln!(out, "{name}{{{l}}} 0.0");
+        }
+        Kind::Histogram => {
+            let sep = if l.is_empty() { "" } else { "," };
+            let _ = writeln!(out, "{name}_bucket{{{l}{sep}le=\"+Inf\"}} 0.0\n{name}_count{{{l}}} 0.0\n{name}_sum{{{l}}} 0.0");
+        }
+        Kind::Summary => {
+            let _ = writeln!(out, "{name}_count{{{l}}} 0.0\n{name}_sum{{{l}}} 0.0");
+        }
     }
 }

@@ -10,6 +10,7 @@ mod engine;
 mod faults;
 mod group;
 mod log;
+mod metric_families;
 mod metrics;
 mod text;
 mod tools;

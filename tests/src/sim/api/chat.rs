@@ -75,10 +75,18 @@ fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiErr
     let budget = (app.args.max_model_len as usize - prompt_tokens).min(max_tokens.map_or(usize::MAX, |m| m as usize));
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let min_tokens = req.get("min_tokens").and_then(Value::as_u64).unwrap_or(0) as usize;
+    let stops = request::stop_strings(&req);
+    let named_tool = matches!(req.get("tool_choice"), Some(Value::Object(_)));
     let choices = (0..n)
         .map(|_| {
             let out = text::plan_chat(&messages, tools.as_deref(), req.get("tool_choice"), &rendering);
-            ChoicePlan::new(out, budget, ignore_eos, min_tokens)
+            let mut plan = ChoicePlan::new(out, budget, ignore_eos, min_tokens);
+            plan.apply_stop(&stops);
+            if named_tool && plan.tool_call.is_some() {
+                // A named tool choice is structured output: vLLM finishes it with `stop`.
+                plan.finish = "stop";
+            }
+            plan
         })
         .collect();
     let request_id = request::request_id(headers, &req);
@@ -131,7 +139,7 @@ fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
                 message["tool_calls"] = json!([tool_call_json(call, &format!("chatcmpl-tool-{}", request::random_hex(16)))]);
             }
             message["reasoning"] = c.reasoning_text().map_or(Value::Null, Value::String);
-            json!({"index": index, "message": message, "logprobs": null, "finish_reason": c.finish, "stop_reason": null, "token_ids": null, "routed_experts": null, "weight_versions": null})
+            json!({"index": index, "message": message, "logprobs": null, "finish_reason": c.finish, "stop_reason": c.stop_reason, "token_ids": null, "routed_experts": null, "weight_versions": null})
         })
         .collect();
     json!({
@@ -230,8 +238,8 @@ impl StreamState {
             return;
         }
         let plan = &self.job.choices[index];
-        let finish = plan.finish;
-        if let Some(call) = plan.tool_call.clone() {
+        let (finish, stop_reason, tool_call) = (plan.finish, plan.stop_reason.clone(), plan.tool_call.clone());
+        if let Some(call) = tool_call {
             if !delta.is_empty() {
                 self.push_delta(index, Value::Object(std::mem::take(&mut delta)));
             }
@@ -242,7 +250,7 @@ impl StreamState {
             // The end-of-sequence token has no text: its chunk carries only the finish reason.
             self.push_delta(index, Value::Object(std::mem::take(&mut delta)));
         }
-        let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish, "stop_reason": null, "token_ids": null, "weight_versions": null});
+        let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": null, "weight_versions": null});
         let mut c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
         if !self.ctx.stream.include_usage {
             c["system_fingerprint"] = Value::String(self.app.fingerprint.clone());

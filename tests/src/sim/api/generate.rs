@@ -18,6 +18,8 @@ pub(crate) struct ChoicePlan {
     tool_tokens: usize,
     pub(crate) tool_call: Option<ToolCall>,
     pub(crate) finish: &'static str,
+    /// The stop string that ended the output.
+    pub(crate) stop_reason: Option<String>,
     produced: usize,
 }
 
@@ -50,7 +52,8 @@ impl ChoicePlan {
             }
         }
         let natural = tokens.len() + tool_tokens;
-        let (tool_call, finish) = if natural > budget {
+        let (tool_call, finish) = if natural > budget || (ignore_eos && out.tool_call.is_none()) {
+            // ignore_eos runs to the budget: vLLM reports that as a length stop.
             tokens.truncate(budget);
             (None, "length")
         } else if out.tool_call.is_some() {
@@ -65,7 +68,34 @@ impl ChoicePlan {
             tool_tokens,
             tool_call,
             finish,
+            stop_reason: None,
             produced: 0,
+        }
+    }
+
+    /// Stop strings (vLLM's detokenizer): the output ends before the first one that appears,
+    /// with finish `stop` and the string as `stop_reason`.
+    pub(crate) fn apply_stop(&mut self, stops: &[String]) {
+        if stops.is_empty() {
+            return;
+        }
+        let mut text = String::new();
+        for i in 0..self.tokens.len() {
+            let before = text.len();
+            text.push_str(&self.tokens[i]);
+            let hit = stops
+                .iter()
+                .filter_map(|s| text.find(s.as_str()).map(|at| (at, s)))
+                .min_by_key(|(at, _)| *at);
+            if let Some((at, stop)) = hit {
+                self.tokens[i] = text[before.min(at)..at].to_owned();
+                self.tokens.truncate(i + 1);
+                self.tool_call = None;
+                self.tool_tokens = 0;
+                self.finish = "stop";
+                self.stop_reason = Some(stop.clone());
+                return;
+            }
         }
     }
 

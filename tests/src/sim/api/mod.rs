@@ -115,11 +115,14 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/v1/completions", post(completions::handle))
         .route("/v1/responses", post(responses::handle))
         .route("/tokenize", post(tokenize))
+        .route("/v1/responses/{id}", get(responses::get_stored))
         .route("/detokenize", post(detokenize))
         .fallback(|| async { json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"})) })
         .method_not_allowed_fallback(|| async {
             json_response(StatusCode::METHOD_NOT_ALLOWED, &json!({"detail": "Method Not Allowed"}))
         })
+        // vLLM has no body limit below its context check.
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(app)
 }
 
@@ -134,7 +137,7 @@ async fn health(State(app): State<Shared>) -> Response {
 
 async fn metrics(State(app): State<Shared>) -> Response {
     (
-        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+        [("content-type", "text/plain; version=1.0.0; charset=utf-8")],
         app.metrics.render(),
     )
         .into_response()
@@ -172,12 +175,8 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
                 .render(&request::template_kwargs(&app, &req).unwrap_or_default());
             text::render_prompt(messages, &rendering)
         }
-        _ => {
-            return Err(validation_error(
-                "{'type': 'missing', 'loc': 'body.prompt', 'msg': 'Field required'}",
-                Some("body.prompt"),
-            ))
-        }
+        // The body is a union of the prompt and the chat forms: both report their field.
+        _ => return Err(pydantic::to_error(&[pydantic::missing("prompt", &req), pydantic::missing("messages", &req)])),
     };
     let tokens = text::tokenize(&text);
     Ok(json_response(
@@ -187,7 +186,11 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
 }
 
 async fn detokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
-    let req = request::json_object(&headers, &body)?;
+    let mut req = request::json_object(&headers, &body)?;
+    if !req.contains_key("tokens") {
+        return Err(pydantic::to_error(&[pydantic::missing("tokens", &req)]));
+    }
+    validate::fields(&mut req, &[("model", pydantic::Kind::Str, true), ("tokens", pydantic::Kind::List, false)], &[])?;
     request::check_model(&app, &req)?;
     let ids: Option<Vec<u64>> = req
         .get("tokens")

@@ -292,3 +292,12 @@ pub(crate) fn check_prompt_length(app: &App, prompt_tokens: usize) -> Result<(),
     }
     Ok(())
 }
+
+/// `stop`: one string or a list of them.
+pub(crate) fn stop_strings(req: &Map<String, Value>) -> Vec<String> {
+    match req.get("stop") {
+        Some(Value::String(s)) if !s.is_empty() => vec![s.clone()],
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+        _ => Vec::new(),
+    }
+}

@@ -3,7 +3,7 @@
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
@@ -307,4 +307,15 @@ fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util
             }
         }
     })
+}
+
+/// `GET /v1/responses/{id}`: the simulator stores no responses, so every id is unknown.
+pub(crate) async fn get_stored(axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    super::error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        &format!("Response with id '{id}' not found."),
+        Some("response_id"),
+    )
+    .into_response()
 }
