@@ -56,7 +56,11 @@ pub(crate) fn now_secs() -> u64 {
 }
 
 fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiError> {
-    let mut req = request::json_object(headers, body)?;
+    prepare(app, headers, request::json_object(headers, body)?)
+}
+
+/// Validates a chat request in vLLM's order and submits it to the engine.
+pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value>) -> Result<(Job, Ctx), ApiError> {
     validate::chat_before(&req)?;
     validate::fields(&mut req, validate::CHAT, &["messages"])?;
     let messages = req.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
@@ -123,7 +127,7 @@ pub(crate) fn usage(app: &App, job: &Job, streamed: bool) -> Value {
     u
 }
 
-fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
+pub(crate) fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
     let choices: Vec<Value> = job
         .choices
         .iter()

@@ -3,7 +3,9 @@
 
 mod chat;
 mod completions;
+mod dispatch;
 mod generate;
+mod messages;
 mod pydantic;
 mod request;
 mod responses;
@@ -48,6 +50,28 @@ pub(crate) struct ApiError {
     kind: &'static str,
     message: String,
     param: Option<String>,
+}
+
+impl ApiError {
+    /// The same failure in Anthropic's envelope (`/v1/messages`).
+    pub(crate) fn into_anthropic(self) -> Response {
+        let kind = match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            500 => "api_error",
+            503 | 529 => "overloaded_error",
+            _ => "invalid_request_error",
+        };
+        json_response(self.status, &json!({"type": "error", "error": {"type": kind, "message": self.message}}))
+    }
+
+    /// A pydantic (`Bad Request`) failure: vLLM answers those in its own envelope on every route.
+    pub(crate) fn is_validation(&self) -> bool {
+        self.kind == "Bad Request"
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -113,6 +137,10 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
+        .route("/v1/chat/completions/batch", post(dispatch::batch))
+        .route("/invocations", post(dispatch::invocations))
+        .route("/v1/messages", post(messages::handle))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/responses", post(responses::handle))
         .route("/tokenize", post(tokenize))
         .route("/v1/responses/{id}", get(responses::get_stored))

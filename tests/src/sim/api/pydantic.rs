@@ -18,6 +18,8 @@ pub(crate) enum Kind {
     Dict,
     List,
     Lit(&'static [&'static str]),
+    /// Anything (a union the simulator does not check).
+    Any,
 }
 
 /// One field of a request model: name, type, whether `null` is allowed.
@@ -30,7 +32,8 @@ pub(crate) struct PyErr {
     pub(crate) loc: String,
     pub(crate) msg: String,
     pub(crate) input: Value,
-    pub(crate) ctx: Option<(&'static str, String)>,
+    /// The inside of the `ctx` dict, already in Python's rendering.
+    pub(crate) ctx: Option<String>,
 }
 
 /// Python's `repr` of a string.
@@ -108,8 +111,8 @@ impl PyErr {
             repr_str(&self.msg),
             summarise(&self.input)
         );
-        if let Some((k, v)) = &self.ctx {
-            s.push_str(&format!(", 'ctx': {{{}: {}}}", repr_str(k), repr_str(v)));
+        if let Some(ctx) = &self.ctx {
+            s.push_str(&format!(", 'ctx': {{{ctx}}}"));
         }
         s.push('}');
         s
@@ -140,7 +143,7 @@ fn expected(options: &[&str]) -> String {
 }
 
 /// Validates `v` as `kind` in lax mode; the coerced value, or the error's (type, msg, ctx).
-fn coerce(kind: Kind, v: &Value) -> Result<Value, (&'static str, String, Option<(&'static str, String)>)> {
+fn coerce(kind: Kind, v: &Value) -> Result<Value, (&'static str, String, Option<String>)> {
     let err = |t: &'static str, m: &str| Err((t, m.to_owned(), None));
     match (kind, v) {
         (Kind::Int, Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(v.clone()),
@@ -182,10 +185,11 @@ fn coerce(kind: Kind, v: &Value) -> Result<Value, (&'static str, String, Option<
         (Kind::Dict, _) => err("dict_type", "Input should be a valid dictionary"),
         (Kind::List, Value::Array(_)) => Ok(v.clone()),
         (Kind::List, _) => err("list_type", "Input should be a valid list"),
+        (Kind::Any, _) => Ok(v.clone()),
         (Kind::Lit(options), Value::String(s)) if options.contains(&s.as_str()) => Ok(v.clone()),
         (Kind::Lit(options), _) => {
             let e = expected(options);
-            Err(("literal_error", format!("Input should be {e}"), Some(("expected", e))))
+            Err(("literal_error", format!("Input should be {e}"), Some(format!("'expected': {}", repr_str(&e)))))
         }
     }
 }

@@ -91,7 +91,7 @@ pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String
             let line_start: usize = body.split(|b| *b == b'\n').take(e.line().saturating_sub(1)).map(|l| l.len() + 1).sum();
             let offset = String::from_utf8_lossy(&body[..(line_start + e.column()).min(body.len())]).chars().count();
             let mut err = pydantic::PyErr::new("json_invalid", &format!("body.{offset}"), "JSON decode error", &Value::Object(Map::new()));
-            err.ctx = Some(("error", python_json_error(&e).to_owned()));
+            err.ctx = Some(format!("'error': {}", pydantic::repr_str(python_json_error(&e))));
             Err(pydantic::to_error(&[err]))
         }
     }

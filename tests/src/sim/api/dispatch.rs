@@ -1,0 +1,75 @@
+//! The routes that reuse chat and completions: `POST /v1/chat/completions/batch` (one choice
+//! per conversation, no streaming, usage details null) and SageMaker's `POST /invocations`
+//! (chat when the body has `messages`, else completions — vLLM dispatches by the body's shape).
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::pydantic::{self, PyErr};
+use super::{chat, completions, error, json_response, request, ApiError, Shared};
+
+pub(crate) async fn batch(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    match run_batch(&app, &headers, &body).await {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+async fn run_batch(app: &Shared, headers: &HeaderMap, body: &[u8]) -> Result<Response, Response> {
+    let req = request::json_object(headers, body).map_err(IntoResponse::into_response)?;
+    let conversations = match req.get("messages") {
+        None => return Err(pydantic::to_error(&[pydantic::missing("messages", &req)]).into_response()),
+        Some(Value::Array(c)) if c.is_empty() => {
+            let mut e = PyErr::new(
+                "too_short",
+                "body.messages",
+                "List should have at least 1 item after validation, not 0",
+                &json!([]),
+            );
+            e.ctx = Some("'field_type': 'List', 'min_length': 1, 'actual_length': 0".into());
+            return Err(pydantic::to_error(&[e]).into_response());
+        }
+        Some(Value::Array(c)) => c.clone(),
+        Some(other) => {
+            return Err(pydantic::to_error(&[PyErr::new("list_type", "body.messages", "Input should be a valid list", other)])
+                .into_response())
+        }
+    };
+    let mut choices = Vec::new();
+    let (mut prompt, mut completion) = (0, 0);
+    let mut first: Option<Value> = None;
+    for (index, conversation) in conversations.into_iter().enumerate() {
+        let mut one = req.clone();
+        one.insert("messages".into(), conversation);
+        one.remove("stream");
+        let (mut job, ctx) = chat::prepare(app, headers, one).map_err(IntoResponse::into_response)?;
+        job.complete().await.map_err(|m| internal(&m))?;
+        let mut body = chat::full_body(app, &job, &ctx);
+        let mut choice = body["choices"][0].take();
+        choice["index"] = json!(index);
+        choices.push(choice);
+        prompt += job.prompt_tokens;
+        completion += job.completion_tokens();
+        first.get_or_insert(body);
+    }
+    let mut body = first.unwrap_or_default();
+    body["choices"] = Value::Array(choices);
+    body["usage"] = json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+        "prompt_tokens_details": null, "completion_tokens_details": null});
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+fn internal(msg: &str) -> Response {
+    error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", msg, None).into_response()
+}
+
+pub(crate) async fn invocations(state: State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let req = request::json_object(&headers, &body)?;
+    if req.contains_key("messages") {
+        Ok(chat::handle(state, headers, body).await)
+    } else {
+        completions::handle(state, headers, body).await
+    }
+}

@@ -1,0 +1,317 @@
+//! `POST /v1/messages` and `/v1/messages/count_tokens`: the Anthropic Messages API as vLLM 0.33
+//! serves it — the request translated into a chat request (system, content blocks, tools and
+//! tool choice, stop sequences, `output_config.effort` as reasoning effort, `thinking` disabled
+//! as effort `none`, `output_config.format` as a JSON schema), the answer as content blocks
+//! (thinking with a signature, text, tool_use) or Anthropic's event stream. Request-validation
+//! failures keep vLLM's own envelope; every later failure is Anthropic's.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use super::chat;
+use super::generate::{Job, Step};
+use super::pydantic::{Field, Kind};
+use super::{json_response, request, validate, ApiError, App, Shared};
+use crate::sim::text;
+
+const MESSAGES: &[Field] = &[
+    ("model", Kind::Str, false),
+    ("messages", Kind::List, false),
+    ("max_tokens", Kind::Int, false),
+    ("stop_sequences", Kind::List, true),
+    ("stream", Kind::Bool, true),
+    ("system", Kind::Any, true),
+    ("temperature", Kind::Float, true),
+    ("tools", Kind::List, true),
+    ("top_k", Kind::Int, true),
+    ("top_p", Kind::Float, true),
+];
+
+/// Anthropic's finish names.
+fn stop_reason(finish: &str, stop: Option<&String>) -> &'static str {
+    match (finish, stop) {
+        (_, Some(_)) => "stop_sequence",
+        ("length", _) => "max_tokens",
+        ("tool_calls", _) => "tool_use",
+        _ => "end_turn",
+    }
+}
+
+/// The text of a content field: a string, or the text blocks of a list.
+fn block_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// One Anthropic message as chat messages (tool results become tool messages).
+fn convert_message(m: &Value, out: &mut Vec<Value>) {
+    let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+    let blocks = m.get("content").and_then(Value::as_array).cloned().unwrap_or_default();
+    for b in blocks.iter().filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result")) {
+        let id = b.get("tool_use_id").cloned().unwrap_or(Value::Null);
+        out.push(json!({"role": "tool", "tool_call_id": id, "content": block_text(b.get("content"))}));
+    }
+    let calls: Vec<Value> = blocks
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
+        .map(|b| {
+            let args = b.get("input").cloned().unwrap_or_else(|| json!({})).to_string();
+            json!({"id": b.get("id"), "type": "function", "function": {"name": b.get("name"), "arguments": args}})
+        })
+        .collect();
+    let text = block_text(m.get("content"));
+    if !text.is_empty() || !calls.is_empty() || blocks.is_empty() {
+        let mut msg = json!({"role": role, "content": text});
+        if !calls.is_empty() {
+            msg["tool_calls"] = Value::Array(calls);
+        }
+        out.push(msg);
+    }
+}
+
+/// The chat request vLLM derives from a Messages request.
+fn to_chat(req: &Map<String, Value>) -> Map<String, Value> {
+    let mut messages = Vec::new();
+    let system = block_text(req.get("system"));
+    if !system.is_empty() {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    for m in req.get("messages").and_then(Value::as_array).into_iter().flatten() {
+        convert_message(m, &mut messages);
+    }
+    let mut chat = Map::new();
+    chat.insert("model".into(), req.get("model").cloned().unwrap_or(Value::Null));
+    chat.insert("messages".into(), Value::Array(messages));
+    for (from, to) in [("max_tokens", "max_tokens"), ("stop_sequences", "stop"), ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("stream", "stream")] {
+        if let Some(v) = req.get(from).filter(|v| !v.is_null()) {
+            chat.insert(to.into(), v.clone());
+        }
+    }
+    if let Some(tools) = req.get("tools").and_then(Value::as_array) {
+        let tools: Vec<Value> = tools
+            .iter()
+            .map(|t| json!({"type": "function", "function": {"name": t.get("name"), "description": t.get("description"), "parameters": t.get("input_schema")}}))
+            .collect();
+        chat.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(choice) = req.get("tool_choice") {
+        let mapped = match choice.get("type").and_then(Value::as_str) {
+            Some("any") => json!("required"),
+            Some("none") => json!("none"),
+            Some("tool") => json!({"type": "function", "function": {"name": choice.get("name")}}),
+            _ => json!("auto"),
+        };
+        chat.insert("tool_choice".into(), mapped);
+    }
+    let config = req.get("output_config");
+    if let Some(effort) = config.and_then(|c| c.get("effort")).filter(|v| !v.is_null()) {
+        chat.insert("reasoning_effort".into(), effort.clone());
+    }
+    if req.get("thinking").and_then(|t| t.get("type")).and_then(Value::as_str) == Some("disabled") {
+        chat.insert("reasoning_effort".into(), json!("none"));
+    }
+    if let Some(schema) = config.and_then(|c| c.get("format")).and_then(|f| f.get("schema")) {
+        chat.insert("response_format".into(), json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}));
+    }
+    chat
+}
+
+fn usage(app: &App, input: usize, output: usize) -> Value {
+    let mut u = json!({"input_tokens": input, "output_tokens": output});
+    if app.args.enable_prompt_tokens_details {
+        u["cache_creation_input_tokens"] = json!(0);
+        u["cache_read_input_tokens"] = json!(0);
+    }
+    u
+}
+
+fn signature() -> String {
+    request::random_hex(32)
+}
+
+pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let mut req = match request::json_object(&headers, &body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    if let Err(e) = validate::fields(&mut req, MESSAGES, &["model", "messages", "max_tokens"]) {
+        return e.into_response();
+    }
+    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let (mut job, ctx) = match chat::prepare(&app, &headers, to_chat(&req)) {
+        Ok(p) => p,
+        Err(e) if e.is_validation() => return e.into_response(),
+        Err(e) => return e.into_anthropic(),
+    };
+    if stream {
+        return event_stream(app, job, ctx.id);
+    }
+    if let Err(msg) = job.complete().await {
+        return super::error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None).into_anthropic();
+    }
+    let c = &job.choices[0];
+    let mut content = Vec::new();
+    if let Some(r) = c.reasoning_text().filter(|r| !r.is_empty()) {
+        content.push(json!({"type": "thinking", "thinking": r, "signature": signature()}));
+    }
+    let text = c.content_text();
+    if !text.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    if let Some(call) = &c.tool_call {
+        let input: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|_| json!({}));
+        let id = format!("chatcmpl-tool-{}", request::random_hex(16));
+        content.push(json!({"type": "tool_use", "id": id, "name": call.name, "input": input}));
+    }
+    let mut body = json!({"id": ctx.id, "type": "message", "role": "assistant", "content": content, "model": ctx.model,
+        "stop_reason": stop_reason(c.finish, c.stop_reason.as_ref()),
+        "usage": usage(&app, job.prompt_tokens, job.completion_tokens())});
+    if let Some(s) = &c.stop_reason {
+        body["stop_sequence"] = json!(s);
+    }
+    json_response(StatusCode::OK, &body)
+}
+
+/// `event: NAME\ndata: {json}\n\n`.
+fn event(name: &str, data: &Value) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
+}
+
+/// Which content block is open in the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    None,
+    Thinking,
+    Text,
+}
+
+struct Events {
+    app: Shared,
+    job: Job,
+    id: String,
+    out: Vec<Bytes>,
+    open: Block,
+    index: usize,
+    started: bool,
+}
+
+impl Events {
+    fn start(&mut self) {
+        if !self.started {
+            self.started = true;
+            let u = json!({"input_tokens": self.job.prompt_tokens, "output_tokens": 0});
+            let msg = json!({"id": self.id, "type": "message", "role": "assistant", "content": [], "model": self.app.args.served_name(), "stop_reason": null, "stop_sequence": null, "usage": u});
+            self.out.push(event("message_start", &json!({"type": "message_start", "message": msg})));
+        }
+    }
+
+    fn close(&mut self) {
+        if self.open == Block::Thinking {
+            let d = json!({"type": "content_block_delta", "delta": {"type": "signature_delta", "signature": signature()}, "index": self.index});
+            self.out.push(event("content_block_delta", &d));
+        }
+        if self.open != Block::None {
+            self.out.push(event("content_block_stop", &json!({"type": "content_block_stop", "index": self.index})));
+            self.index += 1;
+            self.open = Block::None;
+        }
+    }
+
+    fn delta(&mut self, block: Block, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if self.open != block {
+            self.close();
+            let start = match block {
+                Block::Thinking => json!({"type": "thinking", "thinking": ""}),
+                _ => json!({"type": "text", "text": ""}),
+            };
+            self.out.push(event("content_block_start", &json!({"type": "content_block_start", "content_block": start, "index": self.index})));
+            self.open = block;
+        }
+        let d = match block {
+            Block::Thinking => json!({"type": "thinking_delta", "thinking": text}),
+            _ => json!({"type": "text_delta", "text": text}),
+        };
+        self.out.push(event("content_block_delta", &json!({"type": "content_block_delta", "delta": d, "index": self.index})));
+    }
+
+    fn finish(&mut self, index: usize) {
+        let c = &self.job.choices[index];
+        let (call, finish, stop) = (c.tool_call.clone(), c.finish, c.stop_reason.clone());
+        self.close();
+        if let Some(call) = call {
+            let id = format!("chatcmpl-tool-{}", request::random_hex(16));
+            let start = json!({"type": "tool_use", "id": id, "name": call.name, "input": {}});
+            self.out.push(event("content_block_start", &json!({"type": "content_block_start", "content_block": start, "index": self.index})));
+            let d = json!({"type": "input_json_delta", "partial_json": call.arguments});
+            self.out.push(event("content_block_delta", &json!({"type": "content_block_delta", "delta": d, "index": self.index})));
+            self.out.push(event("content_block_stop", &json!({"type": "content_block_stop", "index": self.index})));
+        }
+        let u = usage(&self.app, self.job.prompt_tokens, self.job.completion_tokens());
+        let d = json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(finish, stop.as_ref()), "stop_sequence": stop}, "usage": u});
+        self.out.push(event("message_delta", &d));
+        self.out.push(event("message_stop", &json!({"type": "message_stop"})));
+    }
+}
+
+fn event_stream(app: Shared, job: Job, id: String) -> Response {
+    let state = Events {
+        app: app.clone(),
+        job,
+        id,
+        out: Vec::new(),
+        open: Block::None,
+        index: 0,
+        started: false,
+    };
+    let frames = futures_util::stream::unfold((state, false), |(mut s, done)| async move {
+        if done {
+            return None;
+        }
+        match s.job.next().await {
+            Some(Step::Delta(i, d)) => {
+                s.start();
+                s.delta(Block::Thinking, &d.reasoning);
+                s.delta(Block::Text, &d.content);
+                if d.last {
+                    s.finish(i);
+                }
+                let bytes: Vec<u8> = s.out.drain(..).flat_map(|b| b.to_vec()).collect();
+                Some((Bytes::from(bytes), (s, false)))
+            }
+            Some(Step::Failed(msg)) => {
+                let e = json!({"type": "error", "error": {"type": "api_error", "message": msg}});
+                Some((event("error", &e), (s, true)))
+            }
+            None => None,
+        }
+    });
+    chat::sse_response(&app, "", frames)
+}
+
+/// `POST /v1/messages/count_tokens`: the rendered prompt's length, no generation.
+pub(crate) async fn count_tokens(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let mut req = request::json_object(&headers, &body)?;
+    validate::fields(&mut req, MESSAGES, &["model", "messages"])?;
+    if let Err(e) = request::check_model(&app, &req) {
+        return Ok(e.into_anthropic());
+    }
+    let chat = to_chat(&req);
+    let messages = chat.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
+    let kwargs = request::template_kwargs(&app, &chat)?;
+    let n = text::count_tokens(&text::render_prompt(&messages, &app.template.render(&kwargs)));
+    Ok(json_response(StatusCode::OK, &json!({"input_tokens": n, "context_management": {"original_input_tokens": n}})))
+}
