@@ -12,6 +12,7 @@ mod group;
 mod log;
 mod metric_families;
 mod metrics;
+mod structured;
 mod text;
 mod tools;
 

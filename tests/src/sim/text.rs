@@ -456,6 +456,15 @@ fn prose(seed: u64) -> Vec<String> {
     tokens
 }
 
+impl Output {
+    /// The answer a structured-output request forces (after the reasoning, as vLLM's grammar
+    /// starts when reasoning ends).
+    pub(crate) fn constrain(&mut self, c: &super::structured::Constraint) {
+        self.content = split_tokens(&c.output()).into_iter().map(str::to_owned).collect();
+        self.tool_call = None;
+    }
+}
+
 /// Plans the output for a chat turn: reasoning (when thinking), then the answer or a tool call.
 pub(crate) fn plan_chat(
     messages: &[Value],

@@ -8,9 +8,11 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::generate::{ChoicePlan, Delta, Job, Step};
+use super::logprobs;
 use super::request;
 use super::validate;
 use super::{error, json_response, ApiError, App, Shared};
+use crate::sim::structured::Constraint;
 use crate::sim::text::{self, ToolCall};
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
@@ -46,6 +48,8 @@ pub(crate) struct Ctx {
     pub(crate) stream: request::StreamOptions,
     /// `tool_choice` required or named: vLLM answers `content: ""` beside the call.
     pub(crate) forced_tool: bool,
+    /// `logprobs: true`: how many top alternatives each token lists.
+    pub(crate) logprobs: Option<usize>,
 }
 
 pub(crate) fn now_secs() -> u64 {
@@ -80,10 +84,14 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let min_tokens = req.get("min_tokens").and_then(Value::as_u64).unwrap_or(0) as usize;
     let stops = request::stop_strings(&req);
+    let constraint = Constraint::of_request(&req);
     let named_tool = matches!(req.get("tool_choice"), Some(Value::Object(_)));
     let choices = (0..n)
         .map(|_| {
-            let out = text::plan_chat(&messages, tools.as_deref(), req.get("tool_choice"), &rendering);
+            let mut out = text::plan_chat(&messages, tools.as_deref(), req.get("tool_choice"), &rendering);
+            if let Some(c) = &constraint {
+                out.constrain(c);
+            }
             let mut plan = ChoicePlan::new(out, budget, ignore_eos, min_tokens);
             plan.apply_stop(&stops);
             if named_tool && plan.tool_call.is_some() {
@@ -104,6 +112,8 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value
             created: now_secs(),
             stream,
             forced_tool: matches!(req.get("tool_choice"), Some(Value::Object(_))) || req.get("tool_choice") == Some(&json!("required")),
+            logprobs: (req.get("logprobs") == Some(&Value::Bool(true)))
+                .then(|| req.get("top_logprobs").and_then(Value::as_u64).unwrap_or(0) as usize),
         },
     ))
 }
@@ -143,7 +153,8 @@ pub(crate) fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
                 message["tool_calls"] = json!([tool_call_json(call, &format!("chatcmpl-tool-{}", request::random_hex(16)))]);
             }
             message["reasoning"] = c.reasoning_text().map_or(Value::Null, Value::String);
-            json!({"index": index, "message": message, "logprobs": null, "finish_reason": c.finish, "stop_reason": c.stop_reason, "token_ids": null, "routed_experts": null, "weight_versions": null})
+            let lp = ctx.logprobs.map_or(Value::Null, |top| logprobs::chat(c.released(), top));
+            json!({"index": index, "message": message, "logprobs": lp, "finish_reason": c.finish, "stop_reason": c.stop_reason, "token_ids": null, "routed_experts": null, "weight_versions": null})
         })
         .collect();
     json!({
@@ -220,10 +231,18 @@ impl StreamState {
 
     /// A content (or reasoning, or tool-call) chunk: vLLM adds `token_ids` to the choice and
     /// `kv_transfer_params` to the chunk.
-    fn push_delta(&mut self, index: usize, delta: Value) {
-        let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null, "token_ids": null});
+    fn push_delta(&mut self, index: usize, delta: Value, tokens: &[String]) {
+        let lp = self.logprobs(tokens);
+        let choice = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": null, "token_ids": null});
         let c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
         self.pending.push_back(frame(&c));
+    }
+
+    fn logprobs(&self, tokens: &[String]) -> Value {
+        match self.ctx.logprobs {
+            Some(top) if !tokens.is_empty() => logprobs::chat(tokens, top),
+            _ => Value::Null,
+        }
     }
 
     fn on_delta(&mut self, index: usize, d: Delta) {
@@ -235,9 +254,10 @@ impl StreamState {
         if !d.content.is_empty() {
             delta.insert("content".into(), Value::String(d.content));
         }
+        let mut tokens = d.tokens;
         if !d.last {
             if !delta.is_empty() {
-                self.push_delta(index, Value::Object(delta));
+                self.push_delta(index, Value::Object(delta), &tokens);
             }
             return;
         }
@@ -245,16 +265,17 @@ impl StreamState {
         let (finish, stop_reason, tool_call) = (plan.finish, plan.stop_reason.clone(), plan.tool_call.clone());
         if let Some(call) = tool_call {
             if !delta.is_empty() {
-                self.push_delta(index, Value::Object(std::mem::take(&mut delta)));
+                self.push_delta(index, Value::Object(std::mem::take(&mut delta)), &std::mem::take(&mut tokens));
             }
             let id = format!("chatcmpl-tool-{}", request::random_hex(16));
-            self.push_delta(index, json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name}}]}));
-            self.push_delta(index, json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]}));
+            self.push_delta(index, json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name}}]}), &[]);
+            self.push_delta(index, json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]}), &[]);
         } else if finish == "stop" && !delta.is_empty() {
             // The end-of-sequence token has no text: its chunk carries only the finish reason.
-            self.push_delta(index, Value::Object(std::mem::take(&mut delta)));
+            self.push_delta(index, Value::Object(std::mem::take(&mut delta)), &std::mem::take(&mut tokens));
         }
-        let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": null, "weight_versions": null});
+        let lp = self.logprobs(&tokens);
+        let choice = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": null, "weight_versions": null});
         let mut c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
         if !self.ctx.stream.include_usage {
             c["system_fingerprint"] = Value::String(self.app.fingerprint.clone());

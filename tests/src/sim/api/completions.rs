@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::chat::{error_frame, frame, now_secs, sse_response, with_request_id, DONE};
 use super::generate::{ChoicePlan, Job, Step};
 use super::request::{self, invalid};
-use super::{bad_request, validate, App};
+use super::{bad_request, logprobs, validate, App};
 use super::{error, json_response, ApiError, Shared};
 use crate::sim::text::{self, Output};
 
@@ -38,6 +38,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     validate::sampling(&app, &req, &["max_tokens"])?;
     let stream = request::stream_options(&app, &req)?;
     let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
+    let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);
     let prompt_tokens: usize = prompts.iter().map(|p| text::count_tokens(p)).sum();
     request::check_prompt_length(&app, prompts.iter().map(|p| text::count_tokens(p)).max().unwrap_or(0))?;
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
@@ -70,7 +71,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
             .choices
             .iter()
             .enumerate()
-            .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": null, "finish_reason": c.finish, "stop_reason": null, "token_ids": null, "prompt_logprobs": null, "prompt_token_ids": null, "routed_experts": null, "weight_versions": null}))
+            .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": top.map_or(Value::Null, |k| logprobs::completion(c.released(), k)), "finish_reason": c.finish, "stop_reason": null, "token_ids": null, "prompt_logprobs": null, "prompt_token_ids": null, "routed_experts": null, "weight_versions": null}))
             .collect();
         let completion = job.completion_tokens();
         let body = json!({
@@ -104,8 +105,12 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
                         } else {
                             Value::Null
                         };
+                        let lp = match top {
+                            Some(k) if !d.tokens.is_empty() => logprobs::completion(&d.tokens, k),
+                            _ => Value::Null,
+                        };
                         let mut c = chunk(
-                            json!([{"index": i, "text": d.content, "logprobs": null, "finish_reason": finish, "stop_reason": null, "prompt_token_ids": null, "token_ids": null, "weight_versions": null}]),
+                            json!([{"index": i, "text": d.content, "logprobs": lp, "finish_reason": finish, "stop_reason": null, "prompt_token_ids": null, "token_ids": null, "weight_versions": null}]),
                         );
                         if d.last && !include_usage {
                             c["system_fingerprint"] = Value::String(fingerprint.clone());

@@ -30,6 +30,8 @@ pub(crate) struct Delta {
     pub(crate) content: String,
     /// The choice's last token was released with this step.
     pub(crate) last: bool,
+    /// The text tokens released (for logprobs).
+    pub(crate) tokens: Vec<String>,
 }
 
 impl ChoicePlan {
@@ -107,6 +109,11 @@ impl ChoicePlan {
         (self.reasoning_len > 0).then(|| self.tokens[..self.reasoning_len.min(self.tokens.len())].concat())
     }
 
+    /// The text tokens released so far.
+    pub(crate) fn released(&self) -> &[String] {
+        &self.tokens[..self.produced.min(self.tokens.len())]
+    }
+
     pub(crate) fn content_text(&self) -> String {
         self.tokens[self.reasoning_len.min(self.tokens.len())..].concat()
     }
@@ -120,6 +127,7 @@ impl ChoicePlan {
             ..Delta::default()
         };
         for i in start.min(text_end)..text_end {
+            d.tokens.push(self.tokens[i].clone());
             if i < self.reasoning_len {
                 d.reasoning.push_str(&self.tokens[i]);
             } else {

@@ -5,6 +5,7 @@ mod chat;
 mod completions;
 mod dispatch;
 mod generate;
+mod logprobs;
 mod messages;
 mod pydantic;
 mod request;

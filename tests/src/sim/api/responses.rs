@@ -30,7 +30,13 @@ fn messages(req: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
                 }
             }
         }
-        Some(other) => return Err(invalid("string_type", "input", "Input should be a valid string", other)),
+        // `input` is `str | list[...]`: pydantic reports both branches.
+        Some(other) => {
+            return Err(super::pydantic::to_error(&[
+                super::pydantic::PyErr::new("string_type", "body.input", "Input should be a valid string", other),
+                super::pydantic::PyErr::new("list_type", "body.input", "Input should be a valid list", other),
+            ]))
+        }
         None => {
             return Err(invalid(
                 "missing",
@@ -51,26 +57,46 @@ struct Turn {
     rs_id: String,
     call_id: String,
     fc_id: String,
-    max_output_tokens: Option<u64>,
+    max_output_tokens: u64,
+    /// The request's tools, echoed with vLLM's defaults for the keys not given.
+    tools: Value,
+    tool_choice: Value,
+}
+
+/// A function tool as the Responses object echoes it.
+fn echo_tool(t: &Value) -> Value {
+    let mut e = json!({"name": t.get("name"), "parameters": t.get("parameters"), "strict": null, "type": "function",
+        "description": t.get("description"), "allowed_callers": null, "async": null, "defer_loading": null, "output_schema": null});
+    if let Some(strict) = t.get("strict") {
+        e["strict"] = strict.clone();
+    }
+    e
 }
 
 fn response_object(turn: &Turn, status: &str, output: Vec<Value>, usage: Value) -> Value {
+    let incomplete = if status == "incomplete" { json!({"reason": "max_output_tokens"}) } else { Value::Null };
     json!({
-        "id": turn.id, "created_at": turn.created, "incomplete_details": null, "instructions": null, "metadata": null,
+        "id": turn.id, "created_at": turn.created, "incomplete_details": incomplete, "instructions": null, "metadata": null,
         "model": turn.model, "object": "response", "output": output, "parallel_tool_calls": true, "temperature": 1.0,
-        "tool_choice": "auto", "tools": [], "top_p": 1.0, "background": false, "max_output_tokens": turn.max_output_tokens,
-        "max_tool_calls": null, "previous_response_id": null, "prompt": null, "reasoning": null, "service_tier": "auto",
-        "status": status, "text": null, "top_logprobs": null, "truncation": "disabled", "usage": usage, "user": null
+        "tool_choice": turn.tool_choice, "tools": turn.tools, "top_p": 1.0, "background": false, "max_output_tokens": turn.max_output_tokens,
+        "max_tool_calls": null, "previous_response_id": null, "prompt": null, "prompt_cache_options": null, "prompt_cache_key": null,
+        "prompt_cache_retention": null, "reasoning": null, "safety_identifier": null, "service_tier": "auto",
+        "status": status, "text": null, "top_logprobs": null, "truncation": "disabled", "usage": usage, "user": null,
+        "presence_penalty": 0.0, "frequency_penalty": 0.0, "kv_transfer_params": null, "ec_transfer_params": null,
+        "input_messages": null, "output_messages": null
     })
 }
 
 fn usage(prompt: usize, completion: usize, reasoning: usize) -> Value {
-    json!({"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": completion,
-           "output_tokens_details": {"reasoning_tokens": reasoning}, "total_tokens": prompt + completion})
+    json!({"input_tokens": prompt,
+           "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0, "input_tokens_per_turn": [], "cached_tokens_per_turn": []},
+           "output_tokens": completion,
+           "output_tokens_details": {"reasoning_tokens": reasoning, "tool_output_tokens": 0, "output_tokens_per_turn": [], "tool_output_tokens_per_turn": []},
+           "total_tokens": prompt + completion})
 }
 
-fn reasoning_item(turn: &Turn, text: &str) -> Value {
-    json!({"id": turn.rs_id, "summary": [], "type": "reasoning", "content": [{"text": text, "type": "reasoning_text"}], "encrypted_content": null, "status": null})
+fn reasoning_item(turn: &Turn, text: &str, status: Value) -> Value {
+    json!({"id": turn.rs_id, "summary": [], "type": "reasoning", "content": [{"text": text, "type": "reasoning_text"}], "encrypted_content": null, "status": status})
 }
 
 fn message_item(turn: &Turn, text: &str, status: &str) -> Value {
@@ -83,13 +109,14 @@ fn message_item(turn: &Turn, text: &str, status: &str) -> Value {
 }
 
 fn call_item(turn: &Turn, name: &str, arguments: &str, status: &str) -> Value {
-    json!({"arguments": arguments, "call_id": turn.call_id, "name": name, "type": "function_call", "id": turn.fc_id, "status": status})
+    json!({"arguments": arguments, "call_id": turn.call_id, "name": name, "type": "function_call", "id": turn.fc_id,
+        "async": null, "caller": null, "namespace": null, "status": status})
 }
 
 fn final_output(turn: &Turn, plan: &ChoicePlan) -> Vec<Value> {
     let mut output = Vec::new();
     if let Some(r) = plan.reasoning_text() {
-        output.push(reasoning_item(turn, &r));
+        output.push(reasoning_item(turn, &r, Value::Null));
     }
     match &plan.tool_call {
         Some(call) => output.push(call_item(turn, &call.name, &call.arguments, "completed")),
@@ -132,11 +159,13 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         id: format!("resp_{request_id}"),
         created: now_secs(),
         model: app.args.served_name().to_owned(),
-        msg_id: format!("msg_{}", request::random_hex(32)),
-        rs_id: format!("rs_{}", request::random_hex(32)),
-        call_id: format!("call_{}", request::random_hex(24)),
-        fc_id: format!("fc_{}", request::random_hex(32)),
-        max_output_tokens,
+        msg_id: format!("msg_{}", request::random_hex(16)),
+        rs_id: format!("rs_{}", request::random_hex(16)),
+        call_id: format!("chatcmpl-tool-{}", request::random_hex(16)),
+        fc_id: format!("fc_{}", request::random_hex(16)),
+        max_output_tokens: max_output_tokens.unwrap_or(app.args.max_model_len.saturating_sub(prompt_tokens as u64)),
+        tools: Value::Array(tools.iter().flatten().map(echo_tool).collect()),
+        tool_choice: req.get("tool_choice").cloned().unwrap_or_else(|| json!(if tools.is_some() { "auto" } else { "none" })),
     };
     if !stream {
         if let Err(msg) = job.complete().await {
@@ -196,7 +225,13 @@ fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util
                     "response.reasoning_text.done",
                     json!({"item_id": self.turn.rs_id, "output_index": 0, "content_index": 0, "text": text}),
                 );
-                let item = reasoning_item(&self.turn, &text);
+                let rs = self.turn.rs_id.clone();
+                self.emit(
+                    "response.content_part.done",
+                    json!({"content_index": 0, "item_id": rs, "output_index": 0, "part": {"text": text, "type": "reasoning_text"}}),
+                );
+                let status = if self.job.choices[0].finish == "length" && !self.started_message { "incomplete" } else { "completed" };
+                let item = reasoning_item(&self.turn, &text, json!(status));
                 self.emit("response.output_item.done", json!({"item": item, "output_index": 0}));
             }
         }
@@ -232,8 +267,10 @@ fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util
                     if !d.reasoning.is_empty() {
                         if !s.started_reasoning && s.reasoning.is_empty() {
                             s.started_reasoning = true;
-                            let item = json!({"id": s.turn.rs_id, "summary": [], "type": "reasoning", "content": [], "encrypted_content": null, "status": "in_progress"});
+                            let item = json!({"id": s.turn.rs_id, "summary": [], "type": "reasoning", "content": null, "encrypted_content": null, "status": "in_progress"});
                             s.emit("response.output_item.added", json!({"item": item, "output_index": 0}));
+                            let rs = s.turn.rs_id.clone();
+                            s.emit("response.content_part.added", json!({"content_index": 0, "item_id": rs, "output_index": 0, "part": {"text": "", "type": "reasoning_text"}}));
                         }
                         s.reasoning.push_str(&d.reasoning);
                         let rs = s.turn.rs_id.clone();

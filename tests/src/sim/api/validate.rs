@@ -22,6 +22,7 @@ pub(crate) const CHAT: &[Field] = &[
     ("max_completion_tokens", Kind::Int, true),
     ("n", Kind::Int, true),
     ("presence_penalty", Kind::Float, true),
+    ("response_format", Kind::Any, true),
     ("seed", Kind::Int, true),
     ("stream", Kind::Bool, true),
     ("temperature", Kind::Float, true),
@@ -81,6 +82,7 @@ pub(crate) const COMPLETION: &[Field] = &[
     ("min_tokens", Kind::Int, false),
     ("skip_special_tokens", Kind::Bool, true),
     ("add_special_tokens", Kind::Bool, false),
+    ("response_format", Kind::Any, true),
     ("priority", Kind::Int, false),
     ("request_id", Kind::Str, false),
 ];
@@ -160,8 +162,15 @@ pub(crate) fn fields(req: &mut Map<String, Value>, table: &[Field], required: &[
         }
     }
     errors.extend(pydantic::check_fields(req, table));
+    if table.iter().any(|f| f.0 == "response_format") {
+        errors.extend(response_format(req));
+    }
     // pydantic reports in field declaration order.
-    errors.sort_by_key(|e| table.iter().position(|f| format!("body.{}", f.0) == e.loc));
+    errors.sort_by_key(|e| {
+        let field = e.loc.strip_prefix("body.").unwrap_or(&e.loc);
+        let field = field.split('.').next().unwrap_or(field);
+        table.iter().position(|f| f.0 == field)
+    });
     if errors.is_empty() {
         Ok(())
     } else {
@@ -215,4 +224,32 @@ pub(crate) fn sampling(app: &App, req: &Map<String, Value>, max_names: &[&str]) 
         }
     }
     Ok(())
+}
+
+/// `response_format` is a union of `{type: text|json_object|json_schema}` and two structural-tag
+/// forms; an unknown `type` fails every branch, and pydantic lists them all.
+fn response_format(req: &Map<String, Value>) -> Vec<pydantic::PyErr> {
+    let Some(Value::Object(rf)) = req.get("response_format") else {
+        return Vec::new();
+    };
+    let kind = rf.get("type").cloned().unwrap_or(Value::Null);
+    if ["text", "json_object", "json_schema", "structural_tag"].iter().any(|t| kind == *t) {
+        return Vec::new();
+    }
+    let loc = "body.response_format.type";
+    let lit = |options: &str| {
+        let mut e = pydantic::PyErr::new("literal_error", loc, &format!("Input should be {options}"), &kind);
+        e.ctx = Some(format!("'expected': {}", pydantic::repr_str(options)));
+        e
+    };
+    let whole = Value::Object(rf.clone());
+    let missing = |field: &str| pydantic::PyErr::new("missing", &format!("body.response_format.{field}"), "Field required", &whole);
+    vec![
+        lit("'text', 'json_object' or 'json_schema'"),
+        lit("'structural_tag'"),
+        missing("format"),
+        lit("'structural_tag'"),
+        missing("structures"),
+        missing("triggers"),
+    ]
 }
