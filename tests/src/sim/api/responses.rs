@@ -11,6 +11,7 @@ use super::chat::{now_secs, sse_response, with_request_id};
 use super::generate::{ChoicePlan, Job, Step};
 use super::request::{self, invalid};
 use super::{error, json_response, ApiError, Shared};
+use crate::sim::structured::Constraint;
 use crate::sim::text;
 
 /// Responses `input` (plus `instructions`) as chat messages.
@@ -61,6 +62,25 @@ struct Turn {
     /// The request's tools, echoed with vLLM's defaults for the keys not given.
     tools: Value,
     tool_choice: Value,
+    /// `instructions`, `text` and `reasoning` as the object echoes them.
+    echo: [(&'static str, Value); 3],
+}
+
+/// The request's `text` and `reasoning` with vLLM's defaults for the keys not given.
+fn echoes(req: &Map<String, Value>) -> [(&'static str, Value); 3] {
+    let text = req.get("text").and_then(|t| t.get("format")).map_or(Value::Null, |f| {
+        let mut f = f.clone();
+        for k in ["description", "strict"] {
+            if f.get(k).is_none() {
+                f[k] = Value::Null;
+            }
+        }
+        json!({"format": f, "verbosity": null})
+    });
+    let reasoning = req.get("reasoning").filter(|r| r.is_object()).map_or(Value::Null, |r| {
+        json!({"context": null, "effort": r.get("effort"), "generate_summary": null, "mode": null, "summary": null})
+    });
+    [("instructions", req.get("instructions").cloned().unwrap_or(Value::Null)), ("text", text), ("reasoning", reasoning)]
 }
 
 /// A function tool as the Responses object echoes it.
@@ -75,7 +95,7 @@ fn echo_tool(t: &Value) -> Value {
 
 fn response_object(turn: &Turn, status: &str, output: Vec<Value>, usage: Value) -> Value {
     let incomplete = if status == "incomplete" { json!({"reason": "max_output_tokens"}) } else { Value::Null };
-    json!({
+    let mut o = json!({
         "id": turn.id, "created_at": turn.created, "incomplete_details": incomplete, "instructions": null, "metadata": null,
         "model": turn.model, "object": "response", "output": output, "parallel_tool_calls": true, "temperature": 1.0,
         "tool_choice": turn.tool_choice, "tools": turn.tools, "top_p": 1.0, "background": false, "max_output_tokens": turn.max_output_tokens,
@@ -84,7 +104,11 @@ fn response_object(turn: &Turn, status: &str, output: Vec<Value>, usage: Value) 
         "status": status, "text": null, "top_logprobs": null, "truncation": "disabled", "usage": usage, "user": null,
         "presence_penalty": 0.0, "frequency_penalty": 0.0, "kv_transfer_params": null, "ec_transfer_params": null,
         "input_messages": null, "output_messages": null
-    })
+    });
+    for (k, v) in &turn.echo {
+        o[*k] = v.clone();
+    }
+    o
 }
 
 fn usage(prompt: usize, completion: usize, reasoning: usize) -> Value {
@@ -105,7 +129,7 @@ fn message_item(turn: &Turn, text: &str, status: &str) -> Value {
     } else {
         json!([{"annotations": [], "text": text, "type": "output_text", "logprobs": null}])
     };
-    json!({"id": turn.msg_id, "content": content, "role": "assistant", "status": status, "type": "message"})
+    json!({"id": turn.msg_id, "content": content, "role": "assistant", "status": status, "type": "message", "phase": null})
 }
 
 fn call_item(turn: &Turn, name: &str, arguments: &str, status: &str) -> Value {
@@ -113,14 +137,26 @@ fn call_item(turn: &Turn, name: &str, arguments: &str, status: &str) -> Value {
         "async": null, "caller": null, "namespace": null, "status": status})
 }
 
-fn final_output(turn: &Turn, plan: &ChoicePlan) -> Vec<Value> {
+/// The output items of a finished turn. `streamed`: the stream's final object, where the
+/// reasoning item carries its status (non-streamed it is null).
+fn final_output(turn: &Turn, plan: &ChoicePlan, streamed: bool) -> Vec<Value> {
     let mut output = Vec::new();
+    let cut = plan.finish == "length";
+    let content = plan.content_text();
     if let Some(r) = plan.reasoning_text() {
-        output.push(reasoning_item(turn, &r, Value::Null));
+        let status = match (streamed, cut && content.is_empty() && plan.tool_call.is_none()) {
+            (false, _) => Value::Null,
+            (true, true) => json!("incomplete"),
+            (true, false) => json!("completed"),
+        };
+        output.push(reasoning_item(turn, &r, status));
     }
     match &plan.tool_call {
         Some(call) => output.push(call_item(turn, &call.name, &call.arguments, "completed")),
-        None => output.push(message_item(turn, &plan.content_text(), "completed")),
+        None if !content.is_empty() => {
+            output.push(message_item(turn, &content, if cut { "incomplete" } else { "completed" }))
+        }
+        None => {}
     }
     output
 }
@@ -151,7 +187,17 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     request::check_prompt_length(&app, prompt_tokens)?;
     let budget =
         (app.args.max_model_len as usize - prompt_tokens).min(max_output_tokens.map_or(usize::MAX, |m| m as usize));
-    let out = text::plan_chat(&msgs, tools.as_deref(), req.get("tool_choice"), &rendering);
+    let mut out = text::plan_chat(&msgs, tools.as_deref(), req.get("tool_choice"), &rendering);
+    // `text.format` constrains the answer like chat's `response_format`.
+    let format = req.get("text").and_then(|t| t.get("format")).cloned();
+    let constraint = match format.as_ref().and_then(|f| f.get("type")).and_then(Value::as_str) {
+        Some("json_schema") => Some(Constraint::Schema(format.as_ref().and_then(|f| f.get("schema")).cloned().unwrap_or(json!({})))),
+        Some("json_object") => Some(Constraint::Object),
+        _ => None,
+    };
+    if let Some(c) = &constraint {
+        out.constrain(c);
+    }
     let plan = ChoicePlan::new(out, budget, false, 0);
     let request_id = request::request_id(&headers, &req);
     let mut job = Job::start(&app, prompt_tokens, vec![plan])?;
@@ -166,6 +212,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         max_output_tokens: max_output_tokens.unwrap_or(app.args.max_model_len.saturating_sub(prompt_tokens as u64)),
         tools: Value::Array(tools.iter().flatten().map(echo_tool).collect()),
         tool_choice: req.get("tool_choice").cloned().unwrap_or_else(|| json!(if tools.is_some() { "auto" } else { "none" })),
+        echo: echoes(&req),
     };
     if !stream {
         if let Err(msg) = job.complete().await {
@@ -186,7 +233,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         let body = response_object(
             &turn,
             status,
-            final_output(&turn, plan),
+            final_output(&turn, plan, false),
             usage(prompt_tokens, job.completion_tokens(), reasoning),
         );
         return Ok(with_request_id(&app, &request_id, json_response(StatusCode::OK, &body)));
@@ -287,7 +334,7 @@ fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util
                             let item = message_item(&s.turn, "", "in_progress");
                             s.emit("response.output_item.added", json!({"item": item, "output_index": idx}));
                             let msg = s.turn.msg_id.clone();
-                            s.emit("response.content_part.added", json!({"item_id": msg, "output_index": idx, "content_index": 0, "part": {"annotations": [], "text": "", "type": "output_text", "logprobs": null}}));
+                            s.emit("response.content_part.added", json!({"item_id": msg, "output_index": idx, "content_index": 0, "part": {"annotations": [], "text": "", "type": "output_text", "logprobs": []}}));
                         }
                         s.content.push_str(&d.content);
                         let msg = s.turn.msg_id.clone();
@@ -325,12 +372,13 @@ fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util
                         let (msg, text) = (s.turn.msg_id.clone(), s.content.clone());
                         s.emit("response.output_text.done", json!({"item_id": msg, "output_index": idx, "content_index": 0, "text": text, "logprobs": []}));
                         s.emit("response.content_part.done", json!({"item_id": msg, "output_index": idx, "content_index": 0, "part": {"annotations": [], "text": text, "type": "output_text", "logprobs": null}}));
-                        let item = message_item(&s.turn, &text, "completed");
+                        let status = if finish == "length" { "incomplete" } else { "completed" };
+                        let item = message_item(&s.turn, &text, status);
                         s.emit("response.output_item.done", json!({"item": item, "output_index": idx}));
                     }
                     let plan = &s.job.choices[0];
                     let reasoning = plan.reasoning_text().map_or(0, |r| text::count_tokens(&r));
-                    let output = final_output(&s.turn, plan);
+                    let output = final_output(&s.turn, plan, true);
                     let u = usage(s.prompt_tokens, s.job.completion_tokens(), reasoning);
                     let (kind, status) = if finish == "length" {
                         ("response.incomplete", "incomplete")
