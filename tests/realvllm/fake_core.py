@@ -70,6 +70,8 @@ class FakeEngineCore:
 
     async def add_request_async(self, req) -> None:
         prompt = self.tok.decode(req.prompt_token_ids or [], skip_special_tokens=False)
+        if os.environ.get("FAKE_LOG_REQUESTS"):
+            print(f"fake-core: request {req.request_id} structured={req.sampling_params.structured_outputs}", flush=True)
         text = fake_model.plan(prompt, self.profile, req.sampling_params.structured_outputs)
         planned = self.tok.encode(text).ids + [self.eos]
         chunks = max(0, (len(req.prompt_token_ids or []) - 1) // max(1, self.max_batched))

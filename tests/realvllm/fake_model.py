@@ -254,8 +254,14 @@ def _class(items) -> str:
 
 
 def structural(tag: dict, prompt: Prompt) -> str:
-    """A forced tool call under a structural tag: the first function the tag allows."""
-    names = re.findall(r'"name"\s*:\s*"([^"]+)"', json.dumps(tag))
+    """A tool call under a structural tag. A triggered tag (`at_least_one: false`, what vLLM
+    sends for `tool_choice: auto`) only constrains a call the model chooses to make; a forced
+    one (required / named) makes the model call the first function the tag allows."""
+    if not tag.get("format", {}).get("at_least_one", True):
+        return answer(prompt, None)
+    text = json.dumps(tag)
+    names = re.findall(r'"name"\s*:\s*"([^"]+)"', text) + re.findall(r"<tool_call>([\w.\-]+)", text)
+    names += re.findall(r'name=\\"([^"\\]+)\\"', text)
     fn = next((f for f in prompt.tools if f["name"] in names), prompt.tools[0] if prompt.tools else None)
     if fn is None:
         return prose(prompt.user, 1)

@@ -236,7 +236,14 @@ async fn run(args: ServeArgs) -> i32 {
         } else {
             970.0
         },
-        acceptance: k.map(|k| acceptance(method, k)).unwrap_or_default(),
+        // SIM_DRAFT_ACCEPTANCE scales every position's acceptance (0: one token per step, as the
+        // reference fixture's engine emits).
+        acceptance: k
+            .map(|k| {
+                let scale = env_f64("SIM_DRAFT_ACCEPTANCE").unwrap_or(1.0).clamp(0.0, 1.0);
+                acceptance(method, k).into_iter().map(|p| p * scale).collect()
+            })
+            .unwrap_or_default(),
     };
     let metrics = Arc::new(metrics::Metrics::new(args.served_name(), args.max_num_seqs, k));
     let engine = engine::Engine::new(

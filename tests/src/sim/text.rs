@@ -304,6 +304,10 @@ pub(crate) struct Rendering {
     pub(crate) effort_label: String,
     /// How many reasoning lines the model thinks for (grows with effort).
     pub(crate) reasoning_lines: usize,
+    /// Whether the reasoning parser separates the reasoning: vLLM's glm45 parser stops when
+    /// `thinking` is false, while GLM's template (reading `enable_thinking`) still thinks — the
+    /// reasoning and `</think>` then land in `content`.
+    pub(crate) parsed: bool,
 }
 
 /// Jinja truthiness, which is what a template's `{% if enable_thinking %}` applies.
@@ -354,6 +358,7 @@ impl Template {
                 };
                 Rendering {
                     thinking,
+                    parsed: true,
                     effort_label: value.to_string(),
                     reasoning_lines: (value as usize).div_ceil(10),
                 }
@@ -367,6 +372,7 @@ impl Template {
                 };
                 Rendering {
                     thinking,
+                    parsed: kwargs.get("thinking").is_none_or(truthy),
                     effort_label: label.to_owned(),
                     reasoning_lines: lines,
                 }
@@ -474,37 +480,47 @@ pub(crate) fn plan_chat(
 ) -> Output {
     let prompt = render_prompt(messages, rendering);
     let seed = fnv(&prompt);
-    let reasoning = if rendering.thinking {
+    let mut reasoning = if rendering.thinking {
         reasoning_tokens(rendering, seed)
     } else {
         Vec::new()
     };
+    let mut leaked = Vec::new();
+    if !rendering.parsed && !reasoning.is_empty() {
+        leaked = std::mem::take(&mut reasoning);
+        leaked.push("</think>".to_owned());
+    }
     let last = messages.last();
     let last_role = last
         .and_then(|m| m.get("role"))
         .and_then(Value::as_str)
         .unwrap_or("user");
     let last_text = content_text(last.and_then(|m| m.get("content")));
-    if last_role == "tool" {
+    let mut out = if last_role == "tool" {
         let text = format!("The tool returned: {}", last_text.trim());
-        return Output {
+        Output {
             reasoning,
             content: split_tokens(&text).into_iter().map(str::to_owned).collect(),
             tool_call: None,
-        };
-    }
-    if let Some(call) = tools.and_then(|t| super::tools::choose(t, tool_choice, &last_text)) {
-        return Output {
+        }
+    } else if let Some(call) = tools.and_then(|t| super::tools::choose(t, tool_choice, &last_text)) {
+        Output {
             reasoning,
             content: Vec::new(),
             tool_call: Some(call),
-        };
+        }
+    } else {
+        Output {
+            reasoning,
+            content: answer_tokens(&last_text, seed),
+            tool_call: None,
+        }
+    };
+    if !leaked.is_empty() {
+        leaked.append(&mut out.content);
+        out.content = leaked;
     }
-    Output {
-        reasoning,
-        content: answer_tokens(&last_text, seed),
-        tool_call: None,
-    }
+    out
 }
 
 /// The answer tokens for a plain prompt.
