@@ -168,8 +168,18 @@ def build(name: str, directory: str, corpus: list[str], draft: bool = False) -> 
         "torch_dtype": "bfloat16",
         "rms_norm_eps": 1e-5,
     }
+    if name == "glm":
+        # GLM's MoE family with one next-token-prediction layer, so `--speculative-config`
+        # method `mtp` resolves to its MTP draft as it does for the real checkpoint.
+        config.update({
+            "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_nextn_predict_layers": 1,
+            "head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+            "n_shared_experts": 1, "first_k_dense_replace": 1, "partial_rotary_factor": 0.5, "routed_scaling_factor": 1.0,
+            "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "use_qk_norm": False,
+        })
     if draft:
         config["architectures"] = ["DFlash2DraftModel"]
+        config["model_type"] = "llama"
         config["dflash_config"] = {"target_layer_ids": [0, 1], "mask_token_id": eos}
     for file, body in [("tokenizer_config.json", tokenizer_config), ("config.json", config)]:
         with open(os.path.join(directory, file), "w", encoding="utf-8") as f:

@@ -1,33 +1,13 @@
 //! vllm-sim's command line checks sparkgate's generated plans: every flag the plan produces for
 //! either profile, rank and mode is accepted; a wrong flag or value is refused as vLLM would.
 
-use std::collections::BTreeMap;
-
-use sparkgate_config::{Config, LoadOptions, ProfileId};
+use sparkgate_config::ProfileId;
 use sparkgate_tests::sim::parse_args;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
-fn config(profile: ProfileId, extra: &[(&str, &str)]) -> Config {
-    let mut env: BTreeMap<String, String> = [
-        ("HOME", "/home/t"),
-        ("USER", "t"),
-        ("HEAD_IP", "127.0.0.1"),
-        ("WORKER_IP", "127.0.0.2"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-    let dir = tempfile::tempdir().unwrap();
-    Config::load(&LoadOptions {
-        env_file: None,
-        profile: Some(profile.as_str().into()),
-        overrides: Default::default(),
-        process_env: env,
-        working_dir: dir.path().into(),
-    })
-    .unwrap()
+fn config(profile: ProfileId, extra: &[(&str, &str)]) -> sparkgate_config::Config {
+    sparkgate_tests::realvllm::test_config(profile, extra)
 }
 
 #[test]

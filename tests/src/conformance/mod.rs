@@ -172,7 +172,11 @@ pub fn start_sim(bin: &str, argv: &[String]) -> (Vec<Proc>, SocketAddr) {
         }
     };
     // One token per step, as the fixture's engine: chunk boundaries then follow tokens alike.
-    let env = [("SIM_LOAD_SECONDS", "0"), ("SIM_SPEED", "instant"), ("SIM_DRAFT_ACCEPTANCE", "0")];
+    let env = [
+        ("SIM_LOAD_SECONDS", "0"),
+        ("SIM_SPEED", "instant"),
+        ("SIM_DRAFT_ACCEPTANCE", "0"),
+    ];
     let mut a0 = argv.to_vec();
     set(&mut a0, "--port", "0");
     set(&mut a0, "--master-addr", "127.0.0.1");

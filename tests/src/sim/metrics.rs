@@ -188,11 +188,19 @@ impl Metrics {
                 Kind::Summary => "summary",
             };
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {type_name}");
-            let labels = if name.starts_with("vllm:") { self.labels.as_str() } else { "" };
+            let labels = if name.starts_with("vllm:") {
+                self.labels.as_str()
+            } else {
+                ""
+            };
             self.samples(&mut out, name, kind, labels);
             let created = kind != Kind::Gauge && (name.starts_with("vllm:") || name.starts_with("http_"));
             if created {
-                let base = if kind == Kind::Counter { name.strip_suffix("_total").unwrap_or(name) } else { name };
+                let base = if kind == Kind::Counter {
+                    name.strip_suffix("_total").unwrap_or(name)
+                } else {
+                    name
+                };
                 let _ = writeln!(
                     out,
                     "# HELP {base}_created {help}\n# TYPE {base}_created gauge\n{base}_created{{{labels}}} {:?}",
@@ -252,7 +260,10 @@ fn zero(out: &mut String, name: &str, kind: Kind, l: &str) {
         }
         Kind::Histogram => {
             let sep = if l.is_empty() { "" } else { "," };
-            let _ = writeln!(out, "{name}_bucket{{{l}{sep}le=\"+Inf\"}} 0.0\n{name}_count{{{l}}} 0.0\n{name}_sum{{{l}}} 0.0");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{l}{sep}le=\"+Inf\"}} 0.0\n{name}_count{{{l}}} 0.0\n{name}_sum{{{l}}} 0.0"
+            );
         }
         Kind::Summary => {
             let _ = writeln!(out, "{name}_count{{{l}}} 0.0\n{name}_sum{{{l}}} 0.0");

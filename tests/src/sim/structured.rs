@@ -28,7 +28,9 @@ impl Constraint {
                 return Some(Constraint::Schema(schema));
             }
             if let Some(choices) = so.get("choice").and_then(Value::as_array) {
-                return Some(Constraint::Choice(choices.iter().filter_map(Value::as_str).map(str::to_owned).collect()));
+                return Some(Constraint::Choice(
+                    choices.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+                ));
             }
             if let Some(r) = so.get("regex").and_then(Value::as_str) {
                 return Some(Constraint::Regex(r.to_owned()));
@@ -39,7 +41,9 @@ impl Constraint {
         }
         let rf = req.get("response_format")?;
         match rf.get("type").and_then(Value::as_str)? {
-            "json_schema" => Some(Constraint::Schema(rf.pointer("/json_schema/schema").cloned().unwrap_or(json!({})))),
+            "json_schema" => Some(Constraint::Schema(
+                rf.pointer("/json_schema/schema").cloned().unwrap_or(json!({})),
+            )),
             "json_object" => Some(Constraint::Object),
             _ => None,
         }
@@ -57,7 +61,11 @@ impl Constraint {
 }
 
 fn resolve<'a>(schema: &'a Value, root: &'a Value) -> &'a Value {
-    match schema.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#')) {
+    match schema
+        .get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| r.strip_prefix('#'))
+    {
         Some(pointer) => root.pointer(pointer).map_or(schema, |s| resolve(s, root)),
         None => schema,
     }
@@ -89,7 +97,11 @@ pub(crate) fn instance(schema: &Value, root: &Value, depth: usize) -> Value {
     }
     let kind = match schema.get("type") {
         Some(Value::String(t)) => t.as_str(),
-        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).find(|t| *t != "null").unwrap_or("null"),
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|t| *t != "null")
+            .unwrap_or("null"),
         _ if schema.get("properties").is_some() => "object",
         _ => "string",
     };
@@ -103,7 +115,11 @@ pub(crate) fn instance(schema: &Value, root: &Value, depth: usize) -> Value {
             Value::Object(out)
         }
         "array" => {
-            let item = instance(schema.get("items").unwrap_or(&json!({"type": "string"})), root, depth + 1);
+            let item = instance(
+                schema.get("items").unwrap_or(&json!({"type": "string"})),
+                root,
+                depth + 1,
+            );
             let n = schema.get("minItems").and_then(Value::as_u64).unwrap_or(1).max(1);
             Value::Array(vec![item; n as usize])
         }
@@ -116,7 +132,10 @@ pub(crate) fn instance(schema: &Value, root: &Value, depth: usize) -> Value {
                 return json!(regex_instance(p));
             }
             let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let max = schema.get("maxLength").and_then(Value::as_u64).map_or(usize::MAX, |m| m as usize);
+            let max = schema
+                .get("maxLength")
+                .and_then(Value::as_u64)
+                .map_or(usize::MAX, |m| m as usize);
             let mut s = "Paris".repeat(min / 5 + 1);
             s.truncate(min.max(5).min(max));
             json!(s)

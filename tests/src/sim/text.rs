@@ -347,8 +347,12 @@ impl Template {
         match self {
             Template::DeepSeek => {
                 // The encoder thinks when either flag is truthy, or when neither is given.
-                let flags: Vec<&Value> = ["thinking", "enable_thinking"].iter().filter_map(|k| kwargs.get(*k)).collect();
-                let thinking = (flags.is_empty() || flags.iter().any(|v| truthy(v))) && effort != Some(&Value::from("none"));
+                let flags: Vec<&Value> = ["thinking", "enable_thinking"]
+                    .iter()
+                    .filter_map(|k| kwargs.get(*k))
+                    .collect();
+                let thinking =
+                    (flags.is_empty() || flags.iter().any(|v| truthy(v))) && effort != Some(&Value::from("none"));
                 let value = match effort {
                     Some(Value::String(s)) if s == "low" => 50,
                     Some(Value::String(s)) if s == "max" => 100,
@@ -582,13 +586,25 @@ mod tests {
         );
         assert!(
             Template::DeepSeek
-                .render(&Map::from_iter([("thinking".into(), json!(true)), ("enable_thinking".into(), json!(false))]))
+                .render(&Map::from_iter([
+                    ("thinking".into(), json!(true)),
+                    ("enable_thinking".into(), json!(false))
+                ]))
                 .thinking,
             "the deepseek_v41 encoder thinks when either flag is set"
         );
-        assert_eq!(Template::DeepSeek.check(&Map::from_iter([("reasoning_effort".into(), json!("medium"))])), Err(DEEPSEEK_EFFORT_ERROR));
-        assert_eq!(Template::DeepSeek.check(&Map::from_iter([("reasoning_effort".into(), json!("50"))])), Err(DEEPSEEK_EFFORT_ERROR));
-        assert_eq!(Template::DeepSeek.check(&Map::from_iter([("reasoning_effort".into(), json!(50))])), Ok(()));
+        assert_eq!(
+            Template::DeepSeek.check(&Map::from_iter([("reasoning_effort".into(), json!("medium"))])),
+            Err(DEEPSEEK_EFFORT_ERROR)
+        );
+        assert_eq!(
+            Template::DeepSeek.check(&Map::from_iter([("reasoning_effort".into(), json!("50"))])),
+            Err(DEEPSEEK_EFFORT_ERROR)
+        );
+        assert_eq!(
+            Template::DeepSeek.check(&Map::from_iter([("reasoning_effort".into(), json!(50))])),
+            Ok(())
+        );
         assert!(
             Template::Glm
                 .render(&Map::from_iter([("enable_thinking".into(), json!("false"))]))

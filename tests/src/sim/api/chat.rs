@@ -67,7 +67,11 @@ fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiErr
 pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value>) -> Result<(Job, Ctx), ApiError> {
     validate::chat_before(&req)?;
     validate::fields(&mut req, validate::CHAT, &["messages"])?;
-    let messages = req.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
+    let messages = req
+        .get("messages")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let stream = request::stream_options(app, &req)?;
     let kwargs = request::template_kwargs(app, &req)?;
     request::refuse_chat_template(app, &req)?;
@@ -111,7 +115,8 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value
             model: app.args.served_name().to_owned(),
             created: now_secs(),
             stream,
-            forced_tool: matches!(req.get("tool_choice"), Some(Value::Object(_))) || req.get("tool_choice") == Some(&json!("required")),
+            forced_tool: matches!(req.get("tool_choice"), Some(Value::Object(_)))
+                || req.get("tool_choice") == Some(&json!("required")),
             logprobs: (req.get("logprobs") == Some(&Value::Bool(true)))
                 .then(|| req.get("top_logprobs").and_then(Value::as_u64).unwrap_or(0) as usize),
         },
@@ -128,7 +133,10 @@ pub(crate) fn usage(app: &App, job: &Job, streamed: bool) -> Value {
     let (prompt, completion) = (job.prompt_tokens, job.completion_tokens());
     let mut u = json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion});
     match (app.args.enable_prompt_tokens_details, streamed) {
-        (true, false) => u["prompt_tokens_details"] = json!({"cached_tokens": 0, "created_cache_tokens": 0, "multimodal_tokens": null}),
+        (true, false) => {
+            u["prompt_tokens_details"] =
+                json!({"cached_tokens": 0, "created_cache_tokens": 0, "multimodal_tokens": null})
+        }
         (true, true) => u["prompt_tokens_details"] = json!({"cached_tokens": 0, "created_cache_tokens": 0}),
         (false, false) => u["prompt_tokens_details"] = Value::Null,
         (false, true) => {}
@@ -265,14 +273,30 @@ impl StreamState {
         let (finish, stop_reason, tool_call) = (plan.finish, plan.stop_reason.clone(), plan.tool_call.clone());
         if let Some(call) = tool_call {
             if !delta.is_empty() {
-                self.push_delta(index, Value::Object(std::mem::take(&mut delta)), &std::mem::take(&mut tokens));
+                self.push_delta(
+                    index,
+                    Value::Object(std::mem::take(&mut delta)),
+                    &std::mem::take(&mut tokens),
+                );
             }
             let id = format!("chatcmpl-tool-{}", request::random_hex(16));
-            self.push_delta(index, json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name}}]}), &[]);
-            self.push_delta(index, json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]}), &[]);
+            self.push_delta(
+                index,
+                json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name}}]}),
+                &[],
+            );
+            self.push_delta(
+                index,
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]}),
+                &[],
+            );
         } else if finish == "stop" && !delta.is_empty() {
             // The end-of-sequence token has no text: its chunk carries only the finish reason.
-            self.push_delta(index, Value::Object(std::mem::take(&mut delta)), &std::mem::take(&mut tokens));
+            self.push_delta(
+                index,
+                Value::Object(std::mem::take(&mut delta)),
+                &std::mem::take(&mut tokens),
+            );
         }
         let lp = self.logprobs(&tokens);
         let choice = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": null, "weight_versions": null});

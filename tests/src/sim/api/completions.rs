@@ -24,7 +24,12 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
             a.iter().filter_map(Value::as_str).map(str::to_owned).collect()
         }
         Some(other) if !other.is_null() && !other.as_str().is_some_and(str::is_empty) => {
-            return Err(invalid("string_type", "prompt", "Input should be a valid string", other))
+            return Err(invalid(
+                "string_type",
+                "prompt",
+                "Input should be a valid string",
+                other,
+            ))
         }
         _ => {
             return Err(bad_request(

@@ -33,8 +33,13 @@ async fn run_batch(app: &Shared, headers: &HeaderMap, body: &[u8]) -> Result<Res
         }
         Some(Value::Array(c)) => c.clone(),
         Some(other) => {
-            return Err(pydantic::to_error(&[PyErr::new("list_type", "body.messages", "Input should be a valid list", other)])
-                .into_response())
+            return Err(pydantic::to_error(&[PyErr::new(
+                "list_type",
+                "body.messages",
+                "Input should be a valid list",
+                other,
+            )])
+            .into_response())
         }
     };
     let mut choices = Vec::new();

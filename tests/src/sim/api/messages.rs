@@ -58,7 +58,10 @@ fn block_text(content: Option<&Value>) -> String {
 fn convert_message(m: &Value, out: &mut Vec<Value>) {
     let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
     let blocks = m.get("content").and_then(Value::as_array).cloned().unwrap_or_default();
-    for b in blocks.iter().filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result")) {
+    for b in blocks
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+    {
         let id = b.get("tool_use_id").cloned().unwrap_or(Value::Null);
         out.push(json!({"role": "tool", "tool_call_id": id, "content": block_text(b.get("content"))}));
     }
@@ -93,7 +96,14 @@ fn to_chat(req: &Map<String, Value>) -> Map<String, Value> {
     let mut chat = Map::new();
     chat.insert("model".into(), req.get("model").cloned().unwrap_or(Value::Null));
     chat.insert("messages".into(), Value::Array(messages));
-    for (from, to) in [("max_tokens", "max_tokens"), ("stop_sequences", "stop"), ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("stream", "stream")] {
+    for (from, to) in [
+        ("max_tokens", "max_tokens"),
+        ("stop_sequences", "stop"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("stream", "stream"),
+    ] {
         if let Some(v) = req.get(from).filter(|v| !v.is_null()) {
             chat.insert(to.into(), v.clone());
         }
@@ -122,7 +132,10 @@ fn to_chat(req: &Map<String, Value>) -> Map<String, Value> {
         chat.insert("reasoning_effort".into(), json!("none"));
     }
     if let Some(schema) = config.and_then(|c| c.get("format")).and_then(|f| f.get("schema")) {
-        chat.insert("response_format".into(), json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}));
+        chat.insert(
+            "response_format".into(),
+            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}),
+        );
     }
     chat
 }
@@ -212,7 +225,10 @@ impl Events {
             self.started = true;
             let u = json!({"input_tokens": self.job.prompt_tokens, "output_tokens": 0});
             let msg = json!({"id": self.id, "type": "message", "role": "assistant", "content": [], "model": self.app.args.served_name(), "stop_reason": null, "stop_sequence": null, "usage": u});
-            self.out.push(event("message_start", &json!({"type": "message_start", "message": msg})));
+            self.out.push(event(
+                "message_start",
+                &json!({"type": "message_start", "message": msg}),
+            ));
         }
     }
 
@@ -222,7 +238,10 @@ impl Events {
             self.out.push(event("content_block_delta", &d));
         }
         if self.open != Block::None {
-            self.out.push(event("content_block_stop", &json!({"type": "content_block_stop", "index": self.index})));
+            self.out.push(event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": self.index}),
+            ));
             self.index += 1;
             self.open = Block::None;
         }
@@ -238,14 +257,20 @@ impl Events {
                 Block::Thinking => json!({"type": "thinking", "thinking": ""}),
                 _ => json!({"type": "text", "text": ""}),
             };
-            self.out.push(event("content_block_start", &json!({"type": "content_block_start", "content_block": start, "index": self.index})));
+            self.out.push(event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "content_block": start, "index": self.index}),
+            ));
             self.open = block;
         }
         let d = match block {
             Block::Thinking => json!({"type": "thinking_delta", "thinking": text}),
             _ => json!({"type": "text_delta", "text": text}),
         };
-        self.out.push(event("content_block_delta", &json!({"type": "content_block_delta", "delta": d, "index": self.index})));
+        self.out.push(event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "delta": d, "index": self.index}),
+        ));
     }
 
     fn finish(&mut self, index: usize) {
@@ -255,10 +280,19 @@ impl Events {
         if let Some(call) = call {
             let id = format!("chatcmpl-tool-{}", request::random_hex(16));
             let start = json!({"type": "tool_use", "id": id, "name": call.name, "input": {}});
-            self.out.push(event("content_block_start", &json!({"type": "content_block_start", "content_block": start, "index": self.index})));
+            self.out.push(event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "content_block": start, "index": self.index}),
+            ));
             let d = json!({"type": "input_json_delta", "partial_json": call.arguments});
-            self.out.push(event("content_block_delta", &json!({"type": "content_block_delta", "delta": d, "index": self.index})));
-            self.out.push(event("content_block_stop", &json!({"type": "content_block_stop", "index": self.index})));
+            self.out.push(event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "delta": d, "index": self.index}),
+            ));
+            self.out.push(event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": self.index}),
+            ));
         }
         let u = usage(&self.app, self.job.prompt_tokens, self.job.completion_tokens());
         let d = json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(finish, stop.as_ref()), "stop_sequence": stop}, "usage": u});
@@ -303,15 +337,26 @@ fn event_stream(app: Shared, job: Job, id: String) -> Response {
 }
 
 /// `POST /v1/messages/count_tokens`: the rendered prompt's length, no generation.
-pub(crate) async fn count_tokens(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+pub(crate) async fn count_tokens(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
     validate::fields(&mut req, MESSAGES, &["model", "messages"])?;
     if let Err(e) = request::check_model(&app, &req) {
         return Ok(e.into_anthropic());
     }
     let chat = to_chat(&req);
-    let messages = chat.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
+    let messages = chat
+        .get("messages")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let kwargs = request::template_kwargs(&app, &chat)?;
     let n = text::count_tokens(&text::render_prompt(&messages, &app.template.render(&kwargs)));
-    Ok(json_response(StatusCode::OK, &json!({"input_tokens": n, "context_management": {"original_input_tokens": n}})))
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"input_tokens": n, "context_management": {"original_input_tokens": n}}),
+    ))
 }

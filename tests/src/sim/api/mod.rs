@@ -66,7 +66,10 @@ impl ApiError {
             503 | 529 => "overloaded_error",
             _ => "invalid_request_error",
         };
-        json_response(self.status, &json!({"type": "error", "error": {"type": kind, "message": self.message}}))
+        json_response(
+            self.status,
+            &json!({"type": "error", "error": {"type": kind, "message": self.message}}),
+        )
     }
 
     /// A pydantic (`Bad Request`) failure: vLLM answers those in its own envelope on every route.
@@ -205,7 +208,12 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
             text::render_prompt(messages, &rendering)
         }
         // The body is a union of the prompt and the chat forms: both report their field.
-        _ => return Err(pydantic::to_error(&[pydantic::missing("prompt", &req), pydantic::missing("messages", &req)])),
+        _ => {
+            return Err(pydantic::to_error(&[
+                pydantic::missing("prompt", &req),
+                pydantic::missing("messages", &req),
+            ]))
+        }
     };
     let tokens = text::tokenize(&text);
     Ok(json_response(
@@ -219,7 +227,14 @@ async fn detokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) 
     if !req.contains_key("tokens") {
         return Err(pydantic::to_error(&[pydantic::missing("tokens", &req)]));
     }
-    validate::fields(&mut req, &[("model", pydantic::Kind::Str, true), ("tokens", pydantic::Kind::List, false)], &[])?;
+    validate::fields(
+        &mut req,
+        &[
+            ("model", pydantic::Kind::Str, true),
+            ("tokens", pydantic::Kind::List, false),
+        ],
+        &[],
+    )?;
     request::check_model(&app, &req)?;
     let ids: Option<Vec<u64>> = req
         .get("tokens")

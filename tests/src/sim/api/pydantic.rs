@@ -38,7 +38,11 @@ pub(crate) struct PyErr {
 
 /// Python's `repr` of a string.
 pub(crate) fn repr_str(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -149,24 +153,36 @@ fn coerce(kind: Kind, v: &Value) -> Result<Value, (&'static str, String, Option<
         (Kind::Int, Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(v.clone()),
         (Kind::Int, Value::Number(n)) => match n.as_f64() {
             Some(f) if f.fract() == 0.0 => Ok(Value::from(f as i64)),
-            _ => err("int_from_float", "Input should be a valid integer, got a number with a fractional part"),
+            _ => err(
+                "int_from_float",
+                "Input should be a valid integer, got a number with a fractional part",
+            ),
         },
         (Kind::Int, Value::Bool(b)) => Ok(Value::from(i64::from(*b))),
         (Kind::Int, Value::String(s)) => s.trim().parse::<i64>().map(Value::from).or_else(|_| {
-            err("int_parsing", "Input should be a valid integer, unable to parse string as an integer")
+            err(
+                "int_parsing",
+                "Input should be a valid integer, unable to parse string as an integer",
+            )
         }),
         (Kind::Int, _) => err("int_type", "Input should be a valid integer"),
         (Kind::Float, Value::Number(_)) => Ok(v.clone()),
         (Kind::Float, Value::Bool(b)) => Ok(Value::from(f64::from(u8::from(*b)))),
         (Kind::Float, Value::String(s)) => match s.trim().parse::<f64>() {
             Ok(f) => Ok(Value::from(f)),
-            Err(_) => err("float_parsing", "Input should be a valid number, unable to parse string as a number"),
+            Err(_) => err(
+                "float_parsing",
+                "Input should be a valid number, unable to parse string as a number",
+            ),
         },
         (Kind::Float, _) => err("float_type", "Input should be a valid number"),
         (Kind::Bool, Value::Bool(_)) => Ok(v.clone()),
         (Kind::Bool, Value::Number(n)) => match n.as_f64() {
             Some(f) if f == 0.0 || f == 1.0 => Ok(Value::Bool(f == 1.0)),
-            _ => err("bool_parsing", "Input should be a valid boolean, unable to interpret input"),
+            _ => err(
+                "bool_parsing",
+                "Input should be a valid boolean, unable to interpret input",
+            ),
         },
         (Kind::Bool, Value::String(s)) => {
             let l = s.to_ascii_lowercase();
@@ -175,7 +191,10 @@ fn coerce(kind: Kind, v: &Value) -> Result<Value, (&'static str, String, Option<
             } else if FALSE.contains(&l.as_str()) {
                 Ok(Value::Bool(false))
             } else {
-                err("bool_parsing", "Input should be a valid boolean, unable to interpret input")
+                err(
+                    "bool_parsing",
+                    "Input should be a valid boolean, unable to interpret input",
+                )
             }
         }
         (Kind::Bool, _) => err("bool_type", "Input should be a valid boolean"),
@@ -189,7 +208,11 @@ fn coerce(kind: Kind, v: &Value) -> Result<Value, (&'static str, String, Option<
         (Kind::Lit(options), Value::String(s)) if options.contains(&s.as_str()) => Ok(v.clone()),
         (Kind::Lit(options), _) => {
             let e = expected(options);
-            Err(("literal_error", format!("Input should be {e}"), Some(format!("'expected': {}", repr_str(&e)))))
+            Err((
+                "literal_error",
+                format!("Input should be {e}"),
+                Some(format!("'expected': {}", repr_str(&e))),
+            ))
         }
     }
 }
@@ -220,7 +243,12 @@ pub(crate) fn check_fields(req: &mut Map<String, Value>, fields: &[Field]) -> Ve
 
 /// A required field that is absent: pydantic's `missing` (the input is the whole body).
 pub(crate) fn missing(field: &str, body: &Map<String, Value>) -> PyErr {
-    PyErr::new("missing", &format!("body.{field}"), "Field required", &Value::Object(body.clone()))
+    PyErr::new(
+        "missing",
+        &format!("body.{field}"),
+        "Field required",
+        &Value::Object(body.clone()),
+    )
 }
 
 #[cfg(test)]
@@ -239,7 +267,10 @@ mod tests {
 
     #[test]
     fn lax_coercion_and_errors() {
-        let mut req = json!({"stream": "yes", "n": "2", "temperature": "hot", "max_tokens": 1.5}).as_object().unwrap().clone();
+        let mut req = json!({"stream": "yes", "n": "2", "temperature": "hot", "max_tokens": 1.5})
+            .as_object()
+            .unwrap()
+            .clone();
         let fields: &[Field] = &[
             ("max_tokens", Kind::Int, true),
             ("n", Kind::Int, true),

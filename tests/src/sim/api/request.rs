@@ -61,7 +61,9 @@ fn python_json_error(e: &serde_json::Error) -> &'static str {
     let text = e.to_string();
     match e.classify() {
         Category::Eof if text.contains("string") => "Unterminated string starting at",
-        Category::Syntax if text.contains("key must be a string") => "Expecting property name enclosed in double quotes",
+        Category::Syntax if text.contains("key must be a string") => {
+            "Expecting property name enclosed in double quotes"
+        }
         Category::Syntax if text.contains("expected `,` or `}`") => "Expecting ',' delimiter",
         Category::Syntax if text.contains("expected `:`") => "Expecting ':' delimiter",
         Category::Syntax if text.contains("trailing characters") => "Extra data",
@@ -88,9 +90,20 @@ pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String
         )])),
         Err(e) => {
             // Python reports the character offset where decoding stopped.
-            let line_start: usize = body.split(|b| *b == b'\n').take(e.line().saturating_sub(1)).map(|l| l.len() + 1).sum();
-            let offset = String::from_utf8_lossy(&body[..(line_start + e.column()).min(body.len())]).chars().count();
-            let mut err = pydantic::PyErr::new("json_invalid", &format!("body.{offset}"), "JSON decode error", &Value::Object(Map::new()));
+            let line_start: usize = body
+                .split(|b| *b == b'\n')
+                .take(e.line().saturating_sub(1))
+                .map(|l| l.len() + 1)
+                .sum();
+            let offset = String::from_utf8_lossy(&body[..(line_start + e.column()).min(body.len())])
+                .chars()
+                .count();
+            let mut err = pydantic::PyErr::new(
+                "json_invalid",
+                &format!("body.{offset}"),
+                "JSON decode error",
+                &Value::Object(Map::new()),
+            );
             err.ctx = Some(format!("'error': {}", pydantic::repr_str(python_json_error(&e))));
             Err(pydantic::to_error(&[err]))
         }
@@ -262,7 +275,10 @@ pub(crate) fn render_checks(app: &App, messages: &[Value], kwargs: &Map<String, 
         Template::DeepSeek => {
             for m in messages {
                 let role = m.get("role").unwrap_or(&Value::Null);
-                if !["system", "developer", "user", "assistant", "tool"].iter().any(|r| role == r) {
+                if !["system", "developer", "user", "assistant", "tool"]
+                    .iter()
+                    .any(|r| role == r)
+                {
                     return refuse(&format!("Invalid role: {}", pydantic::py_str(role)));
                 }
             }
@@ -272,7 +288,7 @@ pub(crate) fn render_checks(app: &App, messages: &[Value], kwargs: &Map<String, 
         }
         Template::Glm => {}
     }
-    app.template.check(kwargs).or_else(|m| refuse(m))
+    app.template.check(kwargs).or_else(refuse)
 }
 
 /// The context-length check on the rendered prompt.

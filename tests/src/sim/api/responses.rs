@@ -80,7 +80,11 @@ fn echoes(req: &Map<String, Value>) -> [(&'static str, Value); 3] {
     let reasoning = req.get("reasoning").filter(|r| r.is_object()).map_or(Value::Null, |r| {
         json!({"context": null, "effort": r.get("effort"), "generate_summary": null, "mode": null, "summary": null})
     });
-    [("instructions", req.get("instructions").cloned().unwrap_or(Value::Null)), ("text", text), ("reasoning", reasoning)]
+    [
+        ("instructions", req.get("instructions").cloned().unwrap_or(Value::Null)),
+        ("text", text),
+        ("reasoning", reasoning),
+    ]
 }
 
 /// A function tool as the Responses object echoes it.
@@ -94,7 +98,11 @@ fn echo_tool(t: &Value) -> Value {
 }
 
 fn response_object(turn: &Turn, status: &str, output: Vec<Value>, usage: Value) -> Value {
-    let incomplete = if status == "incomplete" { json!({"reason": "max_output_tokens"}) } else { Value::Null };
+    let incomplete = if status == "incomplete" {
+        json!({"reason": "max_output_tokens"})
+    } else {
+        Value::Null
+    };
     let mut o = json!({
         "id": turn.id, "created_at": turn.created, "incomplete_details": incomplete, "instructions": null, "metadata": null,
         "model": turn.model, "object": "response", "output": output, "parallel_tool_calls": true, "temperature": 1.0,
@@ -153,9 +161,11 @@ fn final_output(turn: &Turn, plan: &ChoicePlan, streamed: bool) -> Vec<Value> {
     }
     match &plan.tool_call {
         Some(call) => output.push(call_item(turn, &call.name, &call.arguments, "completed")),
-        None if !content.is_empty() => {
-            output.push(message_item(turn, &content, if cut { "incomplete" } else { "completed" }))
-        }
+        None if !content.is_empty() => output.push(message_item(
+            turn,
+            &content,
+            if cut { "incomplete" } else { "completed" },
+        )),
         None => {}
     }
     output
@@ -191,7 +201,13 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     // `text.format` constrains the answer like chat's `response_format`.
     let format = req.get("text").and_then(|t| t.get("format")).cloned();
     let constraint = match format.as_ref().and_then(|f| f.get("type")).and_then(Value::as_str) {
-        Some("json_schema") => Some(Constraint::Schema(format.as_ref().and_then(|f| f.get("schema")).cloned().unwrap_or(json!({})))),
+        Some("json_schema") => Some(Constraint::Schema(
+            format
+                .as_ref()
+                .and_then(|f| f.get("schema"))
+                .cloned()
+                .unwrap_or(json!({})),
+        )),
         Some("json_object") => Some(Constraint::Object),
         _ => None,
     };
@@ -211,7 +227,10 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         fc_id: format!("fc_{}", request::random_hex(16)),
         max_output_tokens: max_output_tokens.unwrap_or(app.args.max_model_len.saturating_sub(prompt_tokens as u64)),
         tools: Value::Array(tools.iter().flatten().map(echo_tool).collect()),
-        tool_choice: req.get("tool_choice").cloned().unwrap_or_else(|| json!(if tools.is_some() { "auto" } else { "none" })),
+        tool_choice: req
+            .get("tool_choice")
+            .cloned()
+            .unwrap_or_else(|| json!(if tools.is_some() { "auto" } else { "none" })),
         echo: echoes(&req),
     };
     if !stream {
@@ -277,7 +296,11 @@ fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util
                     "response.content_part.done",
                     json!({"content_index": 0, "item_id": rs, "output_index": 0, "part": {"text": text, "type": "reasoning_text"}}),
                 );
-                let status = if self.job.choices[0].finish == "length" && !self.started_message { "incomplete" } else { "completed" };
+                let status = if self.job.choices[0].finish == "length" && !self.started_message {
+                    "incomplete"
+                } else {
+                    "completed"
+                };
                 let item = reasoning_item(&self.turn, &text, json!(status));
                 self.emit("response.output_item.done", json!({"item": item, "output_index": 0}));
             }

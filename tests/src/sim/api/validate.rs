@@ -116,13 +116,25 @@ pub(crate) fn chat_before(req: &Map<String, Value>) -> Result<(), ApiError> {
     stream_options_need_stream(req)?;
     if let Some(top) = req.get("top_logprobs").filter(|v| !v.is_null()) {
         let Some(n) = top.as_f64() else {
-            return Err(bad_request("`top_logprobs` must be an integer.", Some("top_logprobs"), Some(&pydantic::py_str(top))));
+            return Err(bad_request(
+                "`top_logprobs` must be an integer.",
+                Some("top_logprobs"),
+                Some(&pydantic::py_str(top)),
+            ));
         };
         if n < 0.0 && n != -1.0 {
-            return Err(bad_request("`top_logprobs` must be a positive value or -1.", Some("top_logprobs"), Some(&pydantic::py_str(top))));
+            return Err(bad_request(
+                "`top_logprobs` must be a positive value or -1.",
+                Some("top_logprobs"),
+                Some(&pydantic::py_str(top)),
+            ));
         }
         if (n == -1.0 || n > 0.0) && !truthy(req.get("logprobs")) {
-            return Err(bad_request("when using `top_logprobs`, `logprobs` must be set to true.", Some("top_logprobs"), None));
+            return Err(bad_request(
+                "when using `top_logprobs`, `logprobs` must be set to true.",
+                Some("top_logprobs"),
+                None,
+            ));
         }
     }
     if req.get("tools") == Some(&Value::Array(Vec::new())) {
@@ -197,27 +209,47 @@ pub(crate) fn sampling(app: &App, req: &Map<String, Value>, max_names: &[&str]) 
     if let Some(t) = number(req, "temperature") {
         let v = float_str(t);
         if t < 0.0 {
-            return Err(bad_request(&format!("temperature must be non-negative, got {v}."), Some("temperature"), Some(&v)));
+            return Err(bad_request(
+                &format!("temperature must be non-negative, got {v}."),
+                Some("temperature"),
+                Some(&v),
+            ));
         }
         if t > 2.0 {
-            return Err(bad_request(&format!("temperature must be in [0, 2], got {v}."), Some("temperature"), Some(&v)));
+            return Err(bad_request(
+                &format!("temperature must be in [0, 2], got {v}."),
+                Some("temperature"),
+                Some(&v),
+            ));
         }
     }
     if let Some(p) = number(req, "top_p") {
         if !(p > 0.0 && p <= 1.0) {
             let v = float_str(p);
-            return Err(bad_request(&format!("top_p must be in (0, 1], got {v}."), Some("top_p"), Some(&v)));
+            return Err(bad_request(
+                &format!("top_p must be in (0, 1], got {v}."),
+                Some("top_p"),
+                Some(&v),
+            ));
         }
     }
-    let max = max_names.iter().find_map(|n| req.get(*n).and_then(Value::as_i64).map(|v| (*n, v)));
+    let max = max_names
+        .iter()
+        .find_map(|n| req.get(*n).and_then(Value::as_i64).map(|v| (*n, v)));
     if let Some((_, m)) = max {
         if m < 1 {
-            return Err(bad_request(&format!("max_tokens must be at least 1, got {m}."), Some("max_tokens"), Some(&m.to_string())));
+            return Err(bad_request(
+                &format!("max_tokens must be at least 1, got {m}."),
+                Some("max_tokens"),
+                Some(&m.to_string()),
+            ));
         }
         let limit = app.args.max_model_len as i64;
         if m > limit {
             return Err(bad_request(
-                &format!("max_tokens={m} cannot be greater than max_model_len={limit}. Please request fewer output tokens."),
+                &format!(
+                    "max_tokens={m} cannot be greater than max_model_len={limit}. Please request fewer output tokens."
+                ),
                 Some("max_tokens"),
                 Some(&m.to_string()),
             ));
@@ -233,7 +265,10 @@ fn response_format(req: &Map<String, Value>) -> Vec<pydantic::PyErr> {
         return Vec::new();
     };
     let kind = rf.get("type").cloned().unwrap_or(Value::Null);
-    if ["text", "json_object", "json_schema", "structural_tag"].iter().any(|t| kind == *t) {
+    if ["text", "json_object", "json_schema", "structural_tag"]
+        .iter()
+        .any(|t| kind == *t)
+    {
         return Vec::new();
     }
     let loc = "body.response_format.type";
@@ -243,7 +278,14 @@ fn response_format(req: &Map<String, Value>) -> Vec<pydantic::PyErr> {
         e
     };
     let whole = Value::Object(rf.clone());
-    let missing = |field: &str| pydantic::PyErr::new("missing", &format!("body.response_format.{field}"), "Field required", &whole);
+    let missing = |field: &str| {
+        pydantic::PyErr::new(
+            "missing",
+            &format!("body.response_format.{field}"),
+            "Field required",
+            &whole,
+        )
+    };
     vec![
         lit("'text', 'json_object' or 'json_schema'"),
         lit("'structural_tag'"),

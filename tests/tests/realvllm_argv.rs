@@ -1,0 +1,103 @@
+//! The launch plan's `vllm serve` argv, for every profile, mode and rank (and the plan's
+//! variants), goes through vLLM 0.33.0's own argument parser, serve-argument validation and
+//! engine-config construction (`tests/realvllm/check_argv.py`). Paths that exist only in the
+//! deployment image are replaced by stand-ins; `--quantization exl3` is the one flag the stock
+//! package cannot take (the image's plugin), so it is dropped and must be the only thing dropped.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+use sparkgate_config::ProfileId;
+use sparkgate_tests::realvllm::{fixture_profile, python, script, test_config};
+
+/// Runs the checker on `cases`; one verdict per case, in order.
+fn check(cases: &[Value]) -> Vec<Value> {
+    let mut child = Command::new(python())
+        .arg(script("check_argv.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run check_argv.py");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(Value::from(cases.to_vec()).to_string().as_bytes())
+        .expect("write cases");
+    let out = child.wait_with_output().expect("checker finishes");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let verdicts: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("argv-check: "))
+        .map(|l| serde_json::from_str(l).expect("verdict JSON"))
+        .collect();
+    assert_eq!(
+        verdicts.len(),
+        cases.len(),
+        "one verdict per case; stderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    verdicts
+}
+
+#[test]
+fn every_plan_argv_is_accepted_by_vllm_itself() {
+    let variants: &[&[(&str, &str)]] = &[
+        &[],
+        &[("ENFORCE_EAGER", "1")],
+        &[("LANGUAGE_MODEL_ONLY", "0")],
+        &[("LONG_PREFILL_TOKEN_THRESHOLD", "512")],
+        &[("GLM53_DEFAULT_REASONING_EFFORT", "high")],
+        &[("NNODES", "1")],
+    ];
+    let mut cases = Vec::new();
+    for profile in ProfileId::ALL {
+        for extra in variants {
+            if profile == ProfileId::DeepSeekV41Flash && extra.iter().any(|(k, _)| k.starts_with("GLM53_")) {
+                continue;
+            }
+            let c = test_config(profile, extra);
+            for mode in c.speculation.modes.iter().map(|m| m.method) {
+                for rank in c.plan_for(mode).ranks {
+                    let name = format!("{profile} {mode} rank {} {extra:?}", rank.rank);
+                    cases.push(json!({"name": name, "profile": fixture_profile(profile), "argv": rank.vllm_argv()}));
+                }
+            }
+        }
+    }
+    assert!(cases.len() >= 40, "{} argv", cases.len());
+    for v in check(&cases) {
+        assert_eq!(v["ok"], true, "{}: {}", v["name"], v["error"]);
+        assert_eq!(
+            v["dropped"],
+            json!(["exl3"]),
+            "{}: only EXL3 is the image's own",
+            v["name"]
+        );
+    }
+}
+
+#[test]
+fn a_wrong_flag_or_value_is_refused_by_vllm() {
+    let c = test_config(ProfileId::DeepSeekV41Flash, &[]);
+    let argv = c.plan().ranks[0].vllm_argv().to_vec();
+    let with = |extra: &[&str]| {
+        let mut a = argv.clone();
+        a.extend(extra.iter().map(|s| (*s).to_owned()));
+        json!({"name": format!("{extra:?}"), "profile": "deepseek", "argv": a})
+    };
+    let bad = [
+        with(&["--no-such-flag", "1"]),
+        with(&["--max-num-seqs", "two"]),
+        with(&[
+            "--speculative-config",
+            r#"{"method":"dspark","num_speculative_tokens":3,"disable_by_batch_size":4}"#,
+        ]),
+    ];
+    for v in check(&bad) {
+        assert_eq!(v["ok"], false, "{} must be refused", v["name"]);
+        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+    }
+}
