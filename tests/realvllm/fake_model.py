@@ -71,7 +71,9 @@ class Prompt:
         self.thinking = text.rstrip().endswith("<think>")
         m = re.search(r"Reasoning Effort: ([A-Za-z0-9]+)", text)
         self.effort = m.group(1) if m else None
-        self.after_tool = "<tool_result>" in tail or "<tool_response>" in tail
+        results = re.findall(r"<tool_(?:result|response)>(.*?)</tool_(?:result|response)>", tail, re.S)
+        self.after_tool = bool(results)
+        self.tool_result = results[-1].strip() if results else ""
         self.tools = _tools_in(text)
 
 
@@ -125,7 +127,7 @@ def answer(prompt: Prompt, structured) -> str:
             if fn["name"] in prompt.user:
                 return tool_call(prompt.profile, fn["name"], instance(fn.get("parameters") or {}))
     if prompt.after_tool:
-        return "The tool returned a result and here is the answer based on it. " + prose(prompt.user, 1)
+        return f"The tool returned: {prompt.tool_result}"
     if "17*19" in prompt.user:
         return "323"
     return prose(prompt.user)
