@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sparkgate_config::{Config, LoadOptions, ProfileId, SpecMethod};
 
-use crate::harness::{free_port, Proc};
+use crate::harness::{free_port, try_request, Proc};
 
 /// The venv `.ci/run` installs `vllm==0.33.0` into (`SPARKGATE_VLLM_VENV` overrides).
 pub fn venv() -> PathBuf {
@@ -124,9 +124,20 @@ impl RealVllm {
         full_env.extend_from_slice(env);
         let proc = Proc::spawn(&python(), &args, &full_env);
         proc.wait_for_within("Application startup complete.", START);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        // Ready when `/health` answers 200, as the supervisor judges a rank.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while try_request(addr, "GET", "/health", &[], b"").map(|r| r.status) != Some(200) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "/health never answered 200:\n{}",
+                proc.log().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         RealVllm {
             proc,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            addr,
             _work: work,
         }
     }

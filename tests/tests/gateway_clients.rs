@@ -32,7 +32,12 @@ const TESTS: &[&str] = &[
 fn run_clients(backend: SocketAddr, tight_backend: SocketAddr, gw_env: &[(&str, &str)]) {
     let sparkgate = binary_next_to(SIM, "sparkgate");
     let gw = Gateway::start(&sparkgate, "deepseek-v4.1-flash", backend, gw_env);
-    let tight = Gateway::start(&sparkgate, "deepseek-v4.1-flash", tight_backend, &[("QUEUE_DEPTH", "0")]);
+    let tight = Gateway::start(
+        &sparkgate,
+        "deepseek-v4.1-flash",
+        tight_backend,
+        &[("QUEUE_DEPTH", "0")],
+    );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/test_clients.py");
     // Client libraries' unclosed-socket warnings would interleave with unittest's verdict lines.
     let out = std::process::Command::new("python3")
@@ -51,7 +56,10 @@ fn run_clients(backend: SocketAddr, tight_backend: SocketAddr, gw_env: &[(&str, 
     );
     for test in TESTS {
         let line = report.lines().find(|l| l.starts_with(&format!("{test} ")));
-        assert!(line.is_some_and(|l| l.ends_with("ok")), "{test} did not pass:\n{report}");
+        assert!(
+            line.is_some_and(|l| l.ends_with("ok")),
+            "{test} did not pass:\n{report}"
+        );
     }
 }
 
