@@ -164,62 +164,47 @@ class AsyncClient(unittest.TestCase):
         self.assertEqual(many, ["323"] * 8)
 
 
+def agent_weather_turn(model_class, weather):
+    """One openai-agents run with a weather tool on `model_class` (chat or Responses); returns
+    the cities the tool was called with and the final output."""
+    from agents import Agent, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    calls = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        calls.append(city)
+        return f"{weather} in {city}"
+
+    async def run():
+        c = AsyncOpenAI(base_url=BASE, api_key="unused", max_retries=0)
+        agent = Agent(
+            name="weather",
+            instructions="Answer weather questions with the tool.",
+            tools=[get_weather],
+            model=model_class(model=MODEL, openai_client=c),
+        )
+        result = await Runner.run(agent, "Use get_weather to tell me the weather in Paris.")
+        await c.close()
+        return result.final_output
+
+    return calls, asyncio.run(run())
+
+
 class Agent(unittest.TestCase):
     def test_openai_agents_tool_turn(self):
-        from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+        from agents import OpenAIChatCompletionsModel
 
-        set_tracing_disabled(True)
-        calls = []
-
-        @function_tool
-        def get_weather(city: str) -> str:
-            """Current weather for a city."""
-            calls.append(city)
-            return f"sunny, 21 degrees in {city}"
-
-        async def run():
-            c = AsyncOpenAI(base_url=BASE, api_key="unused", max_retries=0)
-            agent = Agent(
-                name="weather",
-                instructions="Answer weather questions with the tool.",
-                tools=[get_weather],
-                model=OpenAIChatCompletionsModel(model=MODEL, openai_client=c),
-            )
-            result = await Runner.run(agent, "Use get_weather to tell me the weather in Paris.")
-            await c.close()
-            return result.final_output
-
-        final = asyncio.run(run())
+        calls, final = agent_weather_turn(OpenAIChatCompletionsModel, "sunny, 21 degrees")
         self.assertEqual(calls, ["Paris"], "the agent called the tool through the gateway")
         self.assertIn("sunny, 21 degrees in Paris", final)
 
-
-class AgentOnResponses(unittest.TestCase):
     def test_openai_agents_on_the_responses_api(self):
-        from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+        from agents import OpenAIResponsesModel
 
-        set_tracing_disabled(True)
-        calls = []
-
-        @function_tool
-        def get_weather(city: str) -> str:
-            """Current weather for a city."""
-            calls.append(city)
-            return f"rain, 9 degrees in {city}"
-
-        async def run():
-            c = AsyncOpenAI(base_url=BASE, api_key="unused", max_retries=0)
-            agent = Agent(
-                name="weather",
-                instructions="Answer weather questions with the tool.",
-                tools=[get_weather],
-                model=OpenAIResponsesModel(model=MODEL, openai_client=c),
-            )
-            result = await Runner.run(agent, "Use get_weather to tell me the weather in Paris.")
-            await c.close()
-            return result.final_output
-
-        final = asyncio.run(run())
+        calls, final = agent_weather_turn(OpenAIResponsesModel, "rain, 9 degrees")
         self.assertEqual(calls, ["Paris"])
         self.assertIn("rain, 9 degrees in Paris", final)
 

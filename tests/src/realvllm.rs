@@ -72,6 +72,53 @@ pub fn test_config(profile: ProfileId, extra: &[(&str, &str)]) -> Config {
     .expect("test config loads")
 }
 
+/// Every launch-plan argv the tests check: both profiles, every mode and rank, and the plan's
+/// variants (eager, multimodal, long-prefill threshold, GLM's default effort, one node) —
+/// `(profile, description, mode's MAX_NUM_SEQS, whether speculative, rank, argv)`.
+pub fn every_plan_argv() -> Vec<PlanArgv> {
+    let variants: &[&[(&str, &str)]] = &[
+        &[],
+        &[("ENFORCE_EAGER", "1")],
+        &[("LANGUAGE_MODEL_ONLY", "0")],
+        &[("LONG_PREFILL_TOKEN_THRESHOLD", "512")],
+        &[("GLM53_DEFAULT_REASONING_EFFORT", "high")],
+        &[("NNODES", "1")],
+    ];
+    let mut out = Vec::new();
+    for profile in ProfileId::ALL {
+        for extra in variants {
+            if profile == ProfileId::DeepSeekV41Flash && extra.iter().any(|(k, _)| k.starts_with("GLM53_")) {
+                continue;
+            }
+            let c = test_config(profile, extra);
+            for mode in c.speculation.modes.iter().map(|m| m.method) {
+                for rank in c.plan_for(mode).ranks {
+                    out.push(PlanArgv {
+                        profile,
+                        name: format!("{profile} {mode} rank {} {extra:?}", rank.rank),
+                        max_num_seqs: c.speculation.mode(mode).expect("the plan's mode").max_num_seqs,
+                        speculative: c.speculative_config(mode).is_some(),
+                        rank: rank.rank,
+                        argv: rank.vllm_argv().to_vec(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One rank's argv of one plan variant.
+#[derive(Debug, Clone)]
+pub struct PlanArgv {
+    pub profile: ProfileId,
+    pub name: String,
+    pub max_num_seqs: u32,
+    pub speculative: bool,
+    pub rank: u32,
+    pub argv: Vec<String>,
+}
+
 /// Rank 0's `vllm serve …` argv of the profile's default plan in `mode` (default: the
 /// profile's default mode).
 pub fn plan_argv(profile: ProfileId, mode: Option<SpecMethod>) -> Vec<String> {

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 use sparkgate_config::ProfileId;
-use sparkgate_tests::realvllm::{fixture_profile, python, script, test_config};
+use sparkgate_tests::realvllm::{every_plan_argv, fixture_profile, python, script, test_config};
 
 /// Runs the checker on `cases`; one verdict per case, in order.
 fn check(cases: &[Value]) -> Vec<Value> {
@@ -44,29 +44,10 @@ fn check(cases: &[Value]) -> Vec<Value> {
 
 #[test]
 fn every_plan_argv_is_accepted_by_vllm_itself() {
-    let variants: &[&[(&str, &str)]] = &[
-        &[],
-        &[("ENFORCE_EAGER", "1")],
-        &[("LANGUAGE_MODEL_ONLY", "0")],
-        &[("LONG_PREFILL_TOKEN_THRESHOLD", "512")],
-        &[("GLM53_DEFAULT_REASONING_EFFORT", "high")],
-        &[("NNODES", "1")],
-    ];
-    let mut cases = Vec::new();
-    for profile in ProfileId::ALL {
-        for extra in variants {
-            if profile == ProfileId::DeepSeekV41Flash && extra.iter().any(|(k, _)| k.starts_with("GLM53_")) {
-                continue;
-            }
-            let c = test_config(profile, extra);
-            for mode in c.speculation.modes.iter().map(|m| m.method) {
-                for rank in c.plan_for(mode).ranks {
-                    let name = format!("{profile} {mode} rank {} {extra:?}", rank.rank);
-                    cases.push(json!({"name": name, "profile": fixture_profile(profile), "argv": rank.vllm_argv()}));
-                }
-            }
-        }
-    }
+    let cases: Vec<Value> = every_plan_argv()
+        .into_iter()
+        .map(|p| json!({"name": p.name, "profile": fixture_profile(p.profile), "argv": p.argv}))
+        .collect();
     assert!(cases.len() >= 40, "{} argv", cases.len());
     for v in check(&cases) {
         assert_eq!(v["ok"], true, "{}: {}", v["name"], v["error"]);

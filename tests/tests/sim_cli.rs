@@ -12,36 +12,15 @@ fn config(profile: ProfileId, extra: &[(&str, &str)]) -> sparkgate_config::Confi
 
 #[test]
 fn every_plan_argv_is_accepted() {
-    let variants: &[&[(&str, &str)]] = &[
-        &[],
-        &[("ENFORCE_EAGER", "1")],
-        &[("LANGUAGE_MODEL_ONLY", "0")],
-        &[("LONG_PREFILL_TOKEN_THRESHOLD", "512")],
-        &[("GLM53_DEFAULT_REASONING_EFFORT", "high")],
-        &[("NNODES", "1")],
-    ];
-    let mut checked = 0;
-    for profile in ProfileId::ALL {
-        for extra in variants {
-            if profile == ProfileId::DeepSeekV41Flash && extra.iter().any(|(k, _)| k.starts_with("GLM53_DEFAULT")) {
-                continue;
-            }
-            let c = config(profile, extra);
-            for mode in c.speculation.modes.iter().map(|m| m.method) {
-                for rank in c.plan_for(mode).ranks {
-                    let argv = rank.vllm_argv();
-                    let parsed = parse_args(argv)
-                        .unwrap_or_else(|e| panic!("{profile} {mode} rank {}: {}\n{argv:?}", rank.rank, e.message));
-                    assert_eq!(parsed.node_rank, rank.rank);
-                    assert_eq!(parsed.headless, rank.rank > 0);
-                    assert_eq!(parsed.max_num_seqs, c.speculation.mode(mode).unwrap().max_num_seqs);
-                    assert_eq!(parsed.speculative.is_some(), c.speculative_config(mode).is_some());
-                    checked += 1;
-                }
-            }
-        }
+    let all = sparkgate_tests::realvllm::every_plan_argv();
+    for p in &all {
+        let parsed = parse_args(&p.argv).unwrap_or_else(|e| panic!("{}: {}\n{:?}", p.name, e.message, p.argv));
+        assert_eq!(parsed.node_rank, p.rank);
+        assert_eq!(parsed.headless, p.rank > 0);
+        assert_eq!(parsed.max_num_seqs, p.max_num_seqs);
+        assert_eq!(parsed.speculative.is_some(), p.speculative);
     }
-    assert!(checked >= 40, "{checked} argv checked");
+    assert!(all.len() >= 40, "{} argv checked", all.len());
 }
 
 #[test]

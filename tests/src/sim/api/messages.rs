@@ -158,7 +158,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    if let Err(e) = validate::fields(&mut req, MESSAGES, &["model", "messages", "max_tokens"]) {
+    if let Err(e) = validate::fields(&mut req, &[MESSAGES], &["model", "messages", "max_tokens"]) {
         return e.into_response();
     }
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
@@ -343,7 +343,7 @@ pub(crate) async fn count_tokens(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
-    validate::fields(&mut req, MESSAGES, &["model", "messages"])?;
+    validate::fields(&mut req, &[MESSAGES], &["model", "messages"])?;
     if let Err(e) = request::check_model(&app, &req) {
         return Ok(e.into_anthropic());
     }

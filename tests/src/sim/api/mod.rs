@@ -229,10 +229,10 @@ async fn detokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) 
     }
     validate::fields(
         &mut req,
-        &[
+        &[&[
             ("model", pydantic::Kind::Str, true),
             ("tokens", pydantic::Kind::List, false),
-        ],
+        ]],
         &[],
     )?;
     request::check_model(&app, &req)?;

@@ -10,8 +10,16 @@ use super::{bad_request, ApiError, App};
 
 const EFFORT: Kind = Kind::Lit(&["none", "minimal", "low", "medium", "high", "xhigh", "max"]);
 
+/// A request model's simple fields in declaration order, as runs of tables.
+pub(crate) type Model = &'static [&'static [Field]];
+
 /// `ChatCompletionRequest`'s simple fields.
-pub(crate) const CHAT: &[Field] = &[
+pub(crate) const CHAT: Model = &[CHAT_HEAD, SAMPLING, CHAT_TAIL];
+
+/// `CompletionRequest`'s simple fields.
+pub(crate) const COMPLETION: Model = &[COMPLETION_HEAD, SAMPLING, COMPLETION_TAIL];
+
+const CHAT_HEAD: &[Field] = &[
     ("messages", Kind::List, false),
     ("model", Kind::Str, true),
     ("frequency_penalty", Kind::Float, true),
@@ -33,16 +41,14 @@ pub(crate) const CHAT: &[Field] = &[
     ("include_reasoning", Kind::Bool, false),
     ("parallel_tool_calls", Kind::Bool, true),
     ("user", Kind::Str, true),
-    ("use_beam_search", Kind::Bool, false),
-    ("top_k", Kind::Int, true),
-    ("min_p", Kind::Float, true),
-    ("repetition_penalty", Kind::Float, true),
-    ("length_penalty", Kind::Float, false),
-    ("stop_token_ids", Kind::List, true),
-    ("include_stop_str_in_output", Kind::Bool, false),
-    ("ignore_eos", Kind::Bool, false),
-    ("min_tokens", Kind::Int, false),
-    ("skip_special_tokens", Kind::Bool, true),
+];
+
+/// The sampling fields both models declare, in their shared order.
+const SAMPLING: &[Field] = &[];
+
+const COMPLETION_TAIL: &[Field] = &[];
+
+const CHAT_TAIL: &[Field] = &[
     ("spaces_between_special_tokens", Kind::Bool, false),
     ("echo", Kind::Bool, false),
     ("add_generation_prompt", Kind::Bool, false),
@@ -55,8 +61,7 @@ pub(crate) const CHAT: &[Field] = &[
     ("cache_salt", Kind::Str, true),
 ];
 
-/// `CompletionRequest`'s simple fields.
-pub(crate) const COMPLETION: &[Field] = &[
+const COMPLETION_HEAD: &[Field] = &[
     ("model", Kind::Str, true),
     ("echo", Kind::Bool, true),
     ("frequency_penalty", Kind::Float, true),
@@ -166,7 +171,9 @@ pub(crate) fn chat_before(req: &Map<String, Value>) -> Result<(), ApiError> {
 }
 
 /// Pydantic's pass over the fields (coercing in place); `required` fields must be present.
-pub(crate) fn fields(req: &mut Map<String, Value>, table: &[Field], required: &[&str]) -> Result<(), ApiError> {
+pub(crate) fn fields(req: &mut Map<String, Value>, model: &[&[Field]], required: &[&str]) -> Result<(), ApiError> {
+    let table: Vec<Field> = model.concat();
+    let table = table.as_slice();
     let mut errors = Vec::new();
     for (name, _, _) in table {
         if required.contains(name) && !req.contains_key(*name) {
