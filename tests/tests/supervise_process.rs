@@ -369,6 +369,7 @@ fn the_demo_serves_the_smoke_request() {
         ("VLLM_PORT", vllm.as_str()),
         ("MASTER_PORT", master.as_str()),
         ("SIM_LOAD_SECONDS", "0"),
+        ("SIM_SPEED", "20"),
     ];
     let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate(), &["demo".to_owned()], &env);
     let addr = sparkgate_tests::harness::addr_in(&proc.wait_for("sparkgate listening on http://"));
@@ -381,6 +382,18 @@ fn the_demo_serves_the_smoke_request() {
         .log()
         .iter()
         .any(|l| l.contains("HEAD_IP") || l.contains("rank started")));
+    // Structured output in the demo, as the openai SDK and pydantic-ai ask for it.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/demo_structured.py");
+    let out = std::process::Command::new("python3")
+        .args(["-W", "ignore::ResourceWarning", script, &gw.base_url(), "DeepSeek-v4.1-Flash-EXL3"])
+        .output()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("openai parse:") && text.contains("pydantic-ai native:"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
