@@ -385,7 +385,13 @@ fn the_demo_serves_the_smoke_request() {
     // Structured output in the demo, as the openai SDK and pydantic-ai ask for it.
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/demo_structured.py");
     let out = std::process::Command::new("python3")
-        .args(["-W", "ignore::ResourceWarning", script, &gw.base_url(), "DeepSeek-v4.1-Flash-EXL3"])
+        .args([
+            "-W",
+            "ignore::ResourceWarning",
+            script,
+            &gw.base_url(),
+            "DeepSeek-v4.1-Flash-EXL3",
+        ])
         .output()
         .expect("python3 runs");
     let text = String::from_utf8_lossy(&out.stdout);
