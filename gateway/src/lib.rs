@@ -11,6 +11,7 @@ mod error;
 mod normalize;
 mod observe;
 mod relay;
+mod routes;
 mod server;
 mod spec;
 mod state;

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{get, post};
 use axum::{middleware, Extension, Router};
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -29,6 +29,7 @@ use crate::error::GatewayError;
 use crate::normalize::{Api, Normalizer};
 use crate::observe;
 use crate::relay::{relay, RelayCtx};
+use crate::routes::{Family, Methods, Role, Route, ROUTES};
 use crate::state::{GatewayControl, UpstreamState};
 use crate::upstream::{is_hop_by_hop, Upstream};
 
@@ -83,25 +84,33 @@ impl App {
     }
 }
 
-/// The router with its layers (see `edge` for their order).
+/// One upstream route's axum method router, from its table entry.
+fn route_service(r: &'static Route) -> axum::routing::MethodRouter<Shared> {
+    let handler = move |state: State<Shared>, id: Extension<RequestId>, req: Request| async move {
+        match r.role {
+            Role::Generate(api) => {
+                let (parts, body) = req.into_parts();
+                generate(state, id, parts.headers, body, api, r).await
+            }
+            Role::Utility => utility(state, id, req).await.into_response(),
+            Role::Forward => passthrough(state, id, req).await.into_response(),
+        }
+    };
+    match r.methods {
+        Methods::Get => get(handler),
+        Methods::Post => post(handler),
+        Methods::GetPost => get(handler).post(handler),
+    }
+}
+
+/// The router with its layers (see `edge` for their order): every upstream route from the
+/// route table, the gateway's own routes, and 404 for everything else.
 pub(crate) fn router(app: Shared) -> Router {
-    Router::new()
-        .route(
-            "/v1/chat/completions",
-            post(|s, id, h, b| generate(s, id, h, b, Api::Chat, "chat")),
-        )
-        .route(
-            "/v1/completions",
-            post(|s, id, h, b| generate(s, id, h, b, Api::Completions, "completions")),
-        )
-        .route(
-            "/v1/responses",
-            post(|s, id, h, b| generate(s, id, h, b, Api::Responses, "responses")),
-        )
-        .route("/tokenize", post(utility))
-        .route("/detokenize", post(utility))
-        .route("/v1/{*rest}", any(passthrough))
-        .route("/health", get(|| async { StatusCode::OK }))
+    let mut r = Router::new();
+    for route in ROUTES {
+        r = r.route(route.path, route_service(route));
+    }
+    r.route("/health", get(|| async { StatusCode::OK }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
         .route("/admin/status", get(admin::status))
@@ -117,6 +126,31 @@ pub(crate) fn router(app: Shared) -> Router {
         .layer(middleware::from_fn(edge::access_log))
         .layer(middleware::from_fn(edge::request_id))
         .with_state(app)
+}
+
+/// Rewrites the request's path to its canonical form (`routes::canonical`) before routing, so
+/// the route table sees — and the upstream receives — one spelling of every path.
+fn canonicalize(req: &mut hyper::Request<Incoming>) {
+    let uri = req.uri();
+    let Some(path) = crate::routes::canonical(uri.path()) else {
+        // Undecodable: routed as a path no route has (404 envelope).
+        *req.uri_mut() = axum::http::Uri::from_static("/%invalid-path");
+        return;
+    };
+    if path == uri.path() {
+        return;
+    }
+    let rebuilt = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    };
+    if let Ok(p) = rebuilt.parse::<axum::http::uri::PathAndQuery>() {
+        let mut parts = uri.clone().into_parts();
+        parts.path_and_query = Some(p);
+        if let Ok(u) = axum::http::Uri::from_parts(parts) {
+            *req.uri_mut() = u;
+        }
+    }
 }
 
 /// Reads the whole body, refusing more than `limit` bytes with 413.
@@ -226,9 +260,10 @@ async fn generate(
     headers: HeaderMap,
     body: Body,
     api: Api,
-    route: &'static str,
+    route: &'static Route,
 ) -> Response {
     let started = Instant::now();
+    let label = route.label;
     let result = generate_inner(&app, &id.0, headers, body, api, route, started).await;
     let resp = result.unwrap_or_else(|e| {
         if let Some(reason) = e.rejection_reason() {
@@ -236,7 +271,7 @@ async fn generate(
         }
         e.into_response()
     });
-    observe::request_done(route, resp.status().as_u16(), started.elapsed().as_secs_f64());
+    observe::request_done(label, resp.status().as_u16(), started.elapsed().as_secs_f64());
     resp
 }
 
@@ -246,7 +281,7 @@ async fn generate_inner(
     headers: HeaderMap,
     body: Body,
     api: Api,
-    route: &'static str,
+    route: &'static Route,
     started: Instant,
 ) -> Result<Response, GatewayError> {
     let bytes = read_body(body, app.max_body).await?;
@@ -269,12 +304,7 @@ async fn generate_inner(
     histogram!(observe::QUEUE_WAIT_SECONDS).record(waited.as_secs_f64());
     let snap = app.control.snapshot();
     observe::admission(snap.queued, snap.in_use);
-    let path = match api {
-        Api::Chat => "/v1/chat/completions",
-        Api::Completions => "/v1/completions",
-        Api::Responses => "/v1/responses",
-        Api::Utility => unreachable!("utility routes do not generate"),
-    };
+    let path = route.path;
     let forward = Bytes::from(forward);
     // The gateway's own time before the upstream request: everything but the queue wait.
     histogram!(observe::OVERHEAD_SECONDS).record(started.elapsed().saturating_sub(waited).as_secs_f64());
@@ -306,7 +336,9 @@ async fn generate_inner(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
     let head = response_head(&upstream);
-    if norm.stream && is_sse && upstream.status().is_success() {
+    // The relay's tap reads OpenAI's event framing; other families pass through with the permit
+    // held until the last byte.
+    if norm.stream && is_sse && upstream.status().is_success() && route.family == Family::OpenAi {
         let ctx = RelayCtx {
             started,
             usage_injected: norm.usage_injected,
@@ -317,10 +349,17 @@ async fn generate_inner(
             mode: app.control.mode(),
             control: app.control.clone(),
             request_id: request_id.to_owned(),
-            route,
+            route: route.label,
         };
         let events = relay(upstream.into_body(), ctx);
         return Ok(head.body(Body::from_stream(events)).expect("valid response parts"));
+    }
+    if norm.stream && is_sse && upstream.status().is_success() {
+        let body = HoldPermit {
+            inner: upstream.into_body(),
+            _permit: permit,
+        };
+        return Ok(head.body(Body::new(body)).expect("valid response parts"));
     }
     // Non-streaming (or an upstream error before streaming): the body is complete upstream
     // work; read it within the request timeout, count its tokens, pass the bytes through.
@@ -532,6 +571,7 @@ pub async fn serve(
                     let _ = stream.set_nodelay(true);
                     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                         req.extensions_mut().insert(ConnectInfo(peer));
+                        canonicalize(&mut req);
                         let router = router.clone();
                         async move {
                             use hyper::service::Service as _;

@@ -1,0 +1,235 @@
+//! Unit tests of the normaliser: extra_body, models, both profiles' effort and kwargs rules.
+
+use super::*;
+use serde_json::json;
+
+fn ds() -> Normalizer {
+    let map = [("minimal", "low"), ("medium", "high"), ("xhigh", "max")].map(|(a, b)| (a.to_owned(), b.to_owned()));
+    Normalizer::new(ProfileId::DeepSeekV41Flash, "DS", &["ds".to_owned()], &map)
+}
+
+fn glm() -> Normalizer {
+    let map = [("minimal", "low"), ("medium", "high"), ("xhigh", "max")].map(|(a, b)| (a.to_owned(), b.to_owned()));
+    Normalizer::new(ProfileId::Glm53Flash, "GLM", &[], &map)
+}
+
+fn run(n: &Normalizer, api: Api, body: Value) -> Result<Normalized, GatewayError> {
+    n.normalize(api, body.as_object().unwrap().clone())
+}
+
+fn ok(n: &Normalizer, api: Api, body: Value) -> Value {
+    Value::Object(run(n, api, body).unwrap_or_else(|e| panic!("{e}")).body)
+}
+
+#[test]
+fn extra_body_is_flattened_like_the_sdk() {
+    let out = run(
+        &ds(),
+        Api::Chat,
+        json!({"messages": [], "top_k": 1, "chat_template_kwargs": {"a": 1},
+               "extra_body": {"top_k": 5, "chat_template_kwargs": {"enable_thinking": false}, "extra_body": {"seed": 7}}}),
+    )
+    .unwrap();
+    assert!(out.extra_body_repaired);
+    let b = Value::Object(out.body);
+    assert_eq!(b["top_k"], 5, "extra_body keys override");
+    assert_eq!(
+        b["chat_template_kwargs"],
+        json!({"a": 1, "enable_thinking": false}),
+        "objects deep-merge"
+    );
+    assert_eq!(b["seed"], 7, "nested extra_body is flattened too");
+    assert!(b.get("extra_body").is_none());
+    let plain = run(&ds(), Api::Chat, json!({"messages": []})).unwrap();
+    assert!(!plain.extra_body_repaired);
+    for bad in [json!("x"), json!([1]), json!(3)] {
+        let e = run(&ds(), Api::Chat, json!({"messages": [], "extra_body": bad})).unwrap_err();
+        assert_eq!(e.param(), Some("extra_body"));
+    }
+    let deep = json!({"extra_body": {"extra_body": {"extra_body": {"extra_body": {"extra_body": {"x": 1}}}}}});
+    assert_eq!(run(&ds(), Api::Chat, deep).unwrap_err().param(), Some("extra_body"));
+}
+
+#[test]
+fn model_aliases_and_defaults() {
+    assert_eq!(ok(&ds(), Api::Chat, json!({"model": "ds"}))["model"], "DS");
+    assert_eq!(ok(&ds(), Api::Chat, json!({}))["model"], "DS");
+    assert_eq!(ok(&ds(), Api::Chat, json!({"model": null}))["model"], "DS");
+    assert_eq!(ok(&ds(), Api::Chat, json!({"model": ""}))["model"], "DS");
+    let e = run(&ds(), Api::Chat, json!({"model": "gpt-4", "stream": true})).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "The model `gpt-4` does not exist. Valid aliases: DS, ds."
+    );
+    assert_eq!(
+        run(&ds(), Api::Chat, json!({"model": 3})).unwrap_err().param(),
+        Some("model")
+    );
+}
+
+#[test]
+fn deepseek_efforts() {
+    let n = ds();
+    let chat = |extra: Value| {
+        let mut b = json!({"messages": []});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        ok(&n, Api::Chat, b)
+    };
+    assert_eq!(chat(json!({"reasoning_effort": "high"}))["reasoning_effort"], "high");
+    assert_eq!(chat(json!({"reasoning_effort": "max"}))["reasoning_effort"], "max");
+    let b = chat(json!({"reasoning_effort": 33}));
+    assert!(
+        b.get("reasoning_effort").is_none(),
+        "integers leave vLLM's literal field"
+    );
+    assert_eq!(b["chat_template_kwargs"]["reasoning_effort"], 33);
+    assert_eq!(
+        chat(json!({"reasoning_effort": "40"}))["chat_template_kwargs"]["reasoning_effort"],
+        40
+    );
+    assert_eq!(chat(json!({"reasoning_effort": "medium"}))["reasoning_effort"], "high");
+    assert_eq!(chat(json!({"reasoning_effort": "minimal"}))["reasoning_effort"], "low");
+    assert_eq!(chat(json!({"reasoning_effort": "xhigh"}))["reasoning_effort"], "max");
+    let off = chat(json!({"reasoning_effort": "none"}));
+    assert_eq!(off["chat_template_kwargs"]["enable_thinking"], false);
+    assert!(off.get("reasoning_effort").is_none());
+    // Top-level wins over kwargs.
+    let both = chat(json!({"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": 90}}));
+    assert_eq!(both["reasoning_effort"], "low");
+    assert!(both["chat_template_kwargs"].get("reasoning_effort").is_none());
+    assert_eq!(
+        chat(json!({"chat_template_kwargs": {"reasoning_effort": "max"}}))["reasoning_effort"],
+        "max"
+    );
+    for bad in [
+        json!("extreme"),
+        json!(0),
+        json!(101),
+        json!("150"),
+        json!(true),
+        json!(2.5),
+    ] {
+        let e = run(&n, Api::Chat, json!({"messages": [], "reasoning_effort": bad})).unwrap_err();
+        assert_eq!(e.param(), Some("reasoning_effort"));
+        assert!(
+            e.to_string().contains("use low, high, max, none or an integer 1-100"),
+            "{e}"
+        );
+    }
+    let e = run(
+        &n,
+        Api::Chat,
+        json!({"chat_template_kwargs": {"reasoning_effort": "turbo"}}),
+    )
+    .unwrap_err();
+    assert_eq!(e.param(), Some("chat_template_kwargs.reasoning_effort"));
+    assert_eq!(
+        run(&n, Api::Chat, json!({"reasoning_effort": "medium"}))
+            .unwrap()
+            .effort_mapping,
+        Some(("medium".into(), "high".into()))
+    );
+    assert_eq!(
+        run(&n, Api::Chat, json!({"reasoning_effort": "high"}))
+            .unwrap()
+            .effort_mapping,
+        None
+    );
+}
+
+#[test]
+fn glm_efforts() {
+    let n = glm();
+    assert_eq!(
+        ok(&n, Api::Chat, json!({"reasoning_effort": "low"}))["reasoning_effort"],
+        "low"
+    );
+    assert_eq!(
+        ok(&n, Api::Chat, json!({"reasoning_effort": "max"}))["reasoning_effort"],
+        "max"
+    );
+    assert_eq!(
+        ok(&n, Api::Chat, json!({"reasoning_effort": "medium"}))["reasoning_effort"],
+        "high"
+    );
+    for bad in [json!(50), json!("50"), json!("ultra")] {
+        let e = run(&n, Api::Chat, json!({"reasoning_effort": bad})).unwrap_err();
+        assert_eq!(e.param(), Some("reasoning_effort"));
+        assert!(e.to_string().contains("use low, high, max or none"), "{e}");
+    }
+}
+
+#[test]
+fn responses_effort_travels_where_vllm_reads_it() {
+    let n = ds();
+    let b = ok(
+        &n,
+        Api::Responses,
+        json!({"input": "x", "reasoning": {"effort": "high"}}),
+    );
+    assert_eq!(b["reasoning"]["effort"], "high");
+    let b = ok(
+        &n,
+        Api::Responses,
+        json!({"input": "x", "reasoning": {"effort": "max"}}),
+    );
+    assert!(b["reasoning"].get("effort").is_none());
+    assert_eq!(b["chat_template_kwargs"]["reasoning_effort"], "max");
+    let b = ok(
+        &n,
+        Api::Responses,
+        json!({"input": "x", "reasoning": {"effort": "none"}}),
+    );
+    assert_eq!(b["chat_template_kwargs"]["enable_thinking"], false);
+    let e = run(
+        &n,
+        Api::Responses,
+        json!({"input": "x", "reasoning": {"effort": "extreme"}}),
+    )
+    .unwrap_err();
+    assert_eq!(e.param(), Some("reasoning.effort"));
+}
+
+#[test]
+fn chat_template_kwargs_rules() {
+    let n = ds();
+    for (kw, needle) in [
+        (json!("x"), "must be an object"),
+        (
+            json!({"enable_thinking": "false"}),
+            "enable_thinking must be true or false",
+        ),
+        (json!({"thinking": 0}), "thinking must be true or false"),
+        (json!({"chat_template": "{{x}}"}), "chat_template is not allowed"),
+        (json!({"tokenize": true}), "tokenize is not allowed"),
+    ] {
+        let e = run(&n, Api::Chat, json!({"chat_template_kwargs": kw})).unwrap_err();
+        assert_eq!(e.param(), Some("chat_template_kwargs"));
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+    let big: Map<String, Value> = (0..100).map(|i| (format!("k{i}"), json!(i))).collect();
+    assert!(run(&n, Api::Chat, json!({"chat_template_kwargs": big})).is_err());
+}
+
+#[test]
+fn streams_get_usage_for_accounting() {
+    let n = ds();
+    let out = run(&n, Api::Chat, json!({"stream": true})).unwrap();
+    assert!(out.usage_injected);
+    assert_eq!(out.body["stream_options"]["include_usage"], true);
+    let out = run(
+        &n,
+        Api::Chat,
+        json!({"stream": true, "stream_options": {"include_usage": true}}),
+    )
+    .unwrap();
+    assert!(!out.usage_injected);
+    let out = run(&n, Api::Chat, json!({"stream": false})).unwrap();
+    assert!(!out.usage_injected && out.body.get("stream_options").is_none());
+    assert_eq!(run(&n, Api::Chat, json!({"n": 3})).unwrap().n, 3);
+    assert_eq!(run(&n, Api::Chat, json!({"n": 0})).unwrap_err().param(), Some("n"));
+    assert_eq!(
+        run(&n, Api::Chat, json!({"stream": "yes"})).unwrap_err().param(),
+        Some("stream")
+    );
+}

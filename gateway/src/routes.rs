@@ -1,0 +1,193 @@
+//! The route table: the one place that says what every upstream path is — whether it runs the
+//! engine (normalised, admitted, relayed) or is a utility (checked, forwarded, no permit), its API
+//! family (which decides the error envelope) and its metric label — and the canonical form of a
+//! request path, computed once before routing so no spelling (`/v1/chat%2Fcompletions`,
+//! `//v1/./chat/completions/`) reaches the engine around admission. A path the table does not
+//! know is answered 404 by the gateway without reaching vLLM.
+
+use crate::normalize::Api;
+
+/// Which API a route speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Family {
+    OpenAi,
+    Anthropic,
+}
+
+/// What the gateway does with a request on a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Runs the engine: normalised as `Api`, admitted, relayed.
+    Generate(Api),
+    /// The model is resolved, then forwarded without a permit.
+    Utility,
+    /// Forwarded unchanged without a permit (it runs nothing on the engine).
+    Forward,
+}
+
+/// The HTTP methods a route answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Methods {
+    Get,
+    Post,
+    GetPost,
+}
+
+/// One upstream route of vLLM 0.33's surface.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Route {
+    /// axum's path syntax (`{id}` for a segment).
+    pub(crate) path: &'static str,
+    pub(crate) methods: Methods,
+    pub(crate) role: Role,
+    pub(crate) family: Family,
+    /// The `route` label of the gateway's metrics.
+    pub(crate) label: &'static str,
+}
+
+const fn route(path: &'static str, methods: Methods, role: Role, family: Family, label: &'static str) -> Route {
+    Route {
+        path,
+        methods,
+        role,
+        family,
+        label,
+    }
+}
+
+use Family::{Anthropic, OpenAi};
+use Methods::{Get, GetPost, Post};
+use Role::{Forward, Generate, Utility};
+
+/// Every vLLM route the gateway serves.
+pub(crate) const ROUTES: &[Route] = &[
+    route("/v1/chat/completions", Post, Generate(Api::Chat), OpenAi, "chat"),
+    route(
+        "/v1/chat/completions/batch",
+        Post,
+        Generate(Api::Batch),
+        OpenAi,
+        "chat_batch",
+    ),
+    route(
+        "/v1/completions",
+        Post,
+        Generate(Api::Completions),
+        OpenAi,
+        "completions",
+    ),
+    route("/v1/responses", Post, Generate(Api::Responses), OpenAi, "responses"),
+    route("/v1/messages", Post, Generate(Api::Messages), Anthropic, "messages"),
+    route("/invocations", Post, Generate(Api::Invocations), OpenAi, "invocations"),
+    route("/v1/decisions", Post, Generate(Api::Opaque), OpenAi, "decisions"),
+    route("/v1/systemone", Post, Generate(Api::Opaque), OpenAi, "systemone"),
+    route(
+        "/generative_scoring",
+        Post,
+        Generate(Api::Opaque),
+        OpenAi,
+        "generative_scoring",
+    ),
+    route("/tokenize", Post, Utility, OpenAi, "tokenize"),
+    route("/detokenize", Post, Utility, OpenAi, "detokenize"),
+    route("/v1/messages/count_tokens", Post, Utility, Anthropic, "count_tokens"),
+    route("/v1/models", Get, Forward, OpenAi, "models"),
+    route("/v1/responses/{id}", Get, Forward, OpenAi, "responses_get"),
+    route("/v1/responses/{id}/cancel", Post, Forward, OpenAi, "responses_cancel"),
+    route("/load", Get, Forward, OpenAi, "load"),
+    route("/version", Get, Forward, OpenAi, "version"),
+    route("/ping", GetPost, Forward, OpenAi, "ping"),
+];
+
+/// Decodes `%XX` escapes; `None` when they do not decode to UTF-8 (or hold a NUL).
+fn percent_decode(path: &str) -> Option<String> {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok().filter(|s| !s.contains('\0'))
+}
+
+/// The canonical form of a request path, as uvicorn would route it and stricter: escapes
+/// decoded, empty and `.` segments dropped, `..` resolved (never above the root), no trailing
+/// slash. `None` for a path that cannot be decoded.
+pub(crate) fn canonical(path: &str) -> Option<String> {
+    let decoded = percent_decode(path)?;
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in decoded.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    Some(format!("/{}", segments.join("/")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spelling_of_a_path_is_one_canonical_path() {
+        for spelling in [
+            "/v1/chat/completions",
+            "/v1/chat%2Fcompletions",
+            "/v1/%63hat/completions",
+            "/v1/chat/completions/",
+            "//v1//chat/./completions",
+            "/v1/x/../chat/completions",
+            "/v1/chat%2fcompletions",
+        ] {
+            assert_eq!(
+                canonical(spelling).as_deref(),
+                Some("/v1/chat/completions"),
+                "{spelling}"
+            );
+        }
+        assert_eq!(canonical("/../../etc").as_deref(), Some("/etc"));
+        assert_eq!(canonical("/").as_deref(), Some("/"));
+        assert_eq!(canonical("/v1/%ff%fe"), None, "not UTF-8");
+        assert_eq!(canonical("/v1/a%00b"), None, "NUL");
+        assert_eq!(canonical("/v1/100%").as_deref(), Some("/v1/100%"), "a bare % stays");
+    }
+
+    #[test]
+    fn every_generation_route_is_admitted_and_labels_are_unique() {
+        let mut labels: Vec<&str> = ROUTES.iter().map(|r| r.label).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), ROUTES.len());
+        let generating: Vec<&str> = ROUTES
+            .iter()
+            .filter(|r| matches!(r.role, Role::Generate(_)))
+            .map(|r| r.path)
+            .collect();
+        for p in [
+            "/v1/chat/completions",
+            "/v1/chat/completions/batch",
+            "/v1/messages",
+            "/invocations",
+        ] {
+            assert!(generating.contains(&p), "{p} runs the engine");
+        }
+    }
+}

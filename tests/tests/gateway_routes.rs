@@ -1,0 +1,148 @@
+//! The route table through the gateway: every engine route — Anthropic's `/v1/messages`, the
+//! batch route, `/invocations`, and every spelling of a path (`/v1/chat%2Fcompletions`,
+//! `/v1/%63hat/completions`, duplicate and trailing slashes) — is admitted under MAX_NUM_SEQS;
+//! the request checks apply to every spelling; unknown routes are the gateway's 404 envelope.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sparkgate_tests::harness::{post_json, request, Streaming};
+
+mod common;
+use common::ds_pair;
+
+const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
+
+fn chat_body() -> Value {
+    json!({"messages": [{"role": "user", "content": "Explain tensor parallel inference."}], "max_tokens": 30,
+           "ignore_eos": true, "stream": true, "chat_template_kwargs": {"enable_thinking": false}})
+}
+
+fn messages_body() -> Value {
+    json!({"model": MODEL, "max_tokens": 30, "stream": true,
+           "messages": [{"role": "user", "content": "Explain tensor parallel inference."}]})
+}
+
+#[test]
+fn six_streams_on_every_engine_path_never_exceed_max_num_seqs_upstream() {
+    let (sim, gw) = ds_pair(&[("SIM_SPEED", "4")], &[]);
+    for (path, body) in [
+        ("/v1/messages", messages_body()),
+        ("/v1/chat%2Fcompletions", chat_body()),
+        ("/v1/%63hat/completions", chat_body()),
+        ("//v1/chat/completions/", chat_body()),
+        ("/invocations", chat_body()),
+    ] {
+        let addr = gw.addr;
+        let workers: Vec<_> = (0..6)
+            .map(|_| {
+                let body = body.to_string();
+                std::thread::spawn(move || {
+                    Streaming::open(
+                        addr,
+                        "POST",
+                        path,
+                        &[("Content-Type", "application/json")],
+                        body.as_bytes(),
+                    )
+                    .read_all()
+                })
+            })
+            .collect();
+        let mut max_upstream = 0;
+        while !workers.iter().all(|w| w.is_finished()) {
+            let s = sim.state();
+            max_upstream = max_upstream.max(s["running"].as_u64().unwrap() + s["waiting"].as_u64().unwrap());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let bodies: Vec<Vec<u8>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        assert!(
+            max_upstream <= 2,
+            "{path}: {max_upstream} upstream at once with MAX_NUM_SEQS 2"
+        );
+        assert!(max_upstream >= 1, "{path}: the streams ran");
+        for b in bodies {
+            let text = String::from_utf8_lossy(&b);
+            let end = if path == "/v1/messages" {
+                "event: message_stop"
+            } else {
+                "data: [DONE]"
+            };
+            assert!(text.contains(end), "{path}: stream ended with {end}: {text}");
+        }
+    }
+}
+
+#[test]
+fn a_batch_takes_a_permit_per_conversation_and_is_refused_above_the_capacity() {
+    let (_sim, gw) = ds_pair(&[], &[]);
+    let convo = json!([{"role": "user", "content": "What is 17*19? Reply with the integer only."}]);
+    let ok = post_json(
+        gw.addr,
+        "/v1/chat/completions/batch",
+        &json!({"model": MODEL, "messages": [convo, convo]}),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(ok.json()["choices"].as_array().map(Vec::len), Some(2));
+    let over = post_json(
+        gw.addr,
+        "/v1/chat/completions/batch",
+        &json!({"model": MODEL, "messages": [convo, convo, convo]}),
+    );
+    assert_eq!(over.status, 400, "{}", over.text());
+    assert!(
+        over.json()["error"]["message"].as_str().unwrap().contains('2'),
+        "{}",
+        over.text()
+    );
+}
+
+#[test]
+fn the_checks_hold_on_every_spelling_of_every_generation_path() {
+    let (_sim, gw) = ds_pair(&[], &[]);
+    for path in [
+        "/v1/chat/completions",
+        "/v1/chat%2Fcompletions",
+        "/v1/%63hat/completions",
+        "/v1//chat/./completions/",
+        "/invocations",
+    ] {
+        let n50 = post_json(
+            gw.addr,
+            path,
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 50}),
+        );
+        assert_eq!(n50.status, 400, "{path} n=50: {}", n50.text());
+        let template = post_json(
+            gw.addr,
+            path,
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"chat_template": "{{ 1 }}"}}),
+        );
+        assert_eq!(template.status, 400, "{path} chat_template: {}", template.text());
+        assert_eq!(template.json()["error"]["param"], "chat_template_kwargs", "{path}");
+    }
+}
+
+#[test]
+fn unknown_routes_are_the_gateways_404_envelope() {
+    let (_sim, gw) = ds_pair(&[], &[]);
+    for (method, path) in [
+        ("GET", "/v1/nope"),
+        ("POST", "/v1/chat/completion"),
+        ("GET", "/v2/models"),
+        ("GET", "/v1/%ff"),
+    ] {
+        let r = request(gw.addr, method, path, &[("Content-Type", "application/json")], b"{}");
+        assert_eq!(r.status, 404, "{method} {path}");
+        let body = r.json();
+        // vLLM's own unknown-route answer is `{"detail": "Not Found"}`: the envelope shows
+        // the gateway answered without the upstream.
+        assert!(
+            body["error"]["message"].is_string() && body.get("detail").is_none(),
+            "{method} {path}: {body}"
+        );
+    }
+    for (path, status) in [("/ping", 200), ("/version", 200), ("/v1/models", 200), ("/load", 200)] {
+        assert_eq!(request(gw.addr, "GET", path, &[], b"").status, status, "{path}");
+    }
+}
