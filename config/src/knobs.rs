@@ -353,7 +353,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("BIND_ADDR", Gateway, V("0.0.0.0"), V("0.0.0.0"), "Address the gateway listens on (with PORT)."),
     k("UPSTREAM_URL", Gateway, V("http://127.0.0.1:${VLLM_PORT}"), V("http://127.0.0.1:${VLLM_PORT}"),
       "vLLM rank 0's base URL; `sparkgate serve --upstream URL` fronts an already running vLLM."),
-    k("MODEL_ALIASES", Gateway, V(""), V(""), "Comma-separated extra model names accepted and rewritten to SERVED_MODEL_NAME."),
+    k("MODEL_ALIASES", Gateway, V(""), V(""), "Comma-separated extra model names accepted and rewritten to SERVED_MODEL_NAME; one `*` matches any run of characters (`claude-*` for Claude Code)."),
     k("REASONING_EFFORT_MAP", Gateway, V("minimal=low,medium=high,xhigh=max"), V("minimal=low,medium=high,xhigh=max"),
       "How OpenAI effort names the template lacks are mapped (from=to, comma-separated)."),
     k("QUEUE_DEPTH", Gateway, V("256"), V("256"), "Generation requests that may wait for a MAX_NUM_SEQS slot; more get 429."),

@@ -8,6 +8,8 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::routes::Family;
+
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error("{message}")]
@@ -120,10 +122,36 @@ impl GatewayError {
     }
 }
 
-impl IntoResponse for GatewayError {
-    fn into_response(self) -> Response {
+impl GatewayError {
+    /// Anthropic's error type for this failure (its envelope has no `param` or `code`).
+    fn anthropic_kind(&self) -> &'static str {
+        match self.status().as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            500..=599 => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The error as its route's family answers it: vLLM's OpenAI envelope, or Anthropic's
+    /// `{"type":"error","error":{"type","message"}}` on `/v1/messages`.
+    pub(crate) fn render(self, family: Family) -> Response {
+        match family {
+            Family::OpenAi => self.into_response(),
+            Family::Anthropic => {
+                let body =
+                    json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": self.to_string()}});
+                self.respond(body)
+            }
+        }
+    }
+
+    fn respond(self, body: serde_json::Value) -> Response {
         let status = self.status();
-        let body = json!({"error": {"message": self.to_string(), "type": self.kind(), "param": self.param(), "code": status.as_u16()}});
         let mut resp = (status, [("content-type", "application/json")], body.to_string()).into_response();
         if let Some(after) = self.retry_after() {
             let secs = after.as_secs_f64().ceil().clamp(1.0, 120.0) as u64;
@@ -135,6 +163,13 @@ impl IntoResponse for GatewayError {
             );
         }
         resp
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"message": self.to_string(), "type": self.kind(), "param": self.param(), "code": self.status().as_u16()}});
+        self.respond(body)
     }
 }
 

@@ -113,7 +113,8 @@ impl Normalizer {
             Api::Chat => self.chat_effort(&mut body)?,
             Api::Responses => self.responses_effort(&mut body)?,
             Api::Batch => self.chat_effort(&mut body)?,
-            Api::Completions | Api::Utility | Api::Messages | Api::Opaque | Api::Invocations => None,
+            Api::Messages => self.messages_effort(&mut body)?,
+            Api::Completions | Api::Utility | Api::Opaque | Api::Invocations => None,
         };
         let stream = match body.get("stream") {
             None | Some(Value::Null) => false,
@@ -163,7 +164,8 @@ impl Normalizer {
     fn resolve_model(&self, body: &mut Map<String, Value>) -> Result<(), GatewayError> {
         match body.get("model") {
             None | Some(Value::Null) => {}
-            Some(Value::String(m)) if m.is_empty() || *m == self.served || self.aliases.contains(m) => {}
+            Some(Value::String(m))
+                if m.is_empty() || *m == self.served || self.aliases.iter().any(|a| alias_matches(a, m)) => {}
             Some(Value::String(m)) => {
                 let mut valid = vec![self.served.clone()];
                 valid.extend(self.aliases.iter().cloned());
@@ -354,6 +356,44 @@ impl Normalizer {
     }
 }
 
+impl Normalizer {
+    /// Anthropic: `output_config.effort` under the same rules (vLLM turns it into
+    /// `reasoning_effort`). Names stay in the field (Anthropic's literal takes low, high and
+    /// max), integers travel in `chat_template_kwargs`, `none` becomes thinking disabled.
+    fn messages_effort(&self, body: &mut Map<String, Value>) -> Result<Option<(String, String)>, GatewayError> {
+        self.kwargs(body)?;
+        let value = match body.get("output_config") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Object(o)) => o.get("effort").cloned().filter(|e| !e.is_null()),
+            Some(_) => {
+                return Err(GatewayError::bad_request(
+                    "output_config must be an object",
+                    "output_config",
+                ))
+            }
+        };
+        let Some(value) = value else { return Ok(None) };
+        let effort = self.parse_effort(&value, "output_config.effort")?;
+        let config = body
+            .get_mut("output_config")
+            .and_then(Value::as_object_mut)
+            .expect("checked above");
+        config.remove("effort");
+        match &effort {
+            Effort::Named(n) => {
+                config.insert("effort".into(), Value::String((*n).to_owned()));
+            }
+            Effort::Int(v) => {
+                kwargs_entry(body).insert("reasoning_effort".into(), Value::from(*v));
+            }
+            Effort::Off => {
+                body.insert("thinking".into(), serde_json::json!({"type": "disabled"}));
+            }
+        }
+        Ok(mapping(&value, &effort))
+    }
+}
+
 fn kwargs_entry(body: &mut Map<String, Value>) -> &mut Map<String, Value> {
     let entry = body
         .entry("chat_template_kwargs")
@@ -380,6 +420,17 @@ fn wants_usage(body: &Map<String, Value>) -> bool {
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false)
+}
+
+/// Whether `model` is the alias `pattern`: an exact name, or a pattern with one `*` standing
+/// for any run of characters (`claude-*` takes every model name Claude Code sends).
+fn alias_matches(pattern: &str, model: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == model,
+        Some((head, tail)) => {
+            model.len() >= head.len() + tail.len() && model.starts_with(head) && model.ends_with(tail)
+        }
+    }
 }
 
 /// Merges `value` into `target`: objects merge key by key (recursively), anything else replaces.

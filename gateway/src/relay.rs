@@ -1,8 +1,9 @@
 //! The SSE relay: vLLM's event bytes reach the client unchanged and unflushed-by-nobody (each
 //! event is sent as it completes), while a tap reads them for time to first token, inter-event
 //! gaps, exact token counts and upstream error events. The gateway's own accounting usage chunk
-//! is removed, a stalled or broken upstream ends the stream with an error event and `[DONE]`,
-//! and dropping the stream (client gone) drops the upstream request, which vLLM aborts.
+//! is removed, a stalled or broken upstream ends the stream with the route's error event (OpenAI:
+//! an error chunk and `[DONE]`; Responses and Anthropic: `event: error`), and dropping the stream
+//! (client gone) drops the upstream request, which vLLM aborts.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -18,12 +19,24 @@ use crate::admission::Permit;
 use crate::observe;
 use crate::state::GatewayControl;
 
+/// The event framing of a stream, which decides how it ends and how the gateway's own error
+/// event is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// `data: {…}` chunks ending with `data: [DONE]` (chat, completions).
+    Chat,
+    /// `event: response.*` frames; the stream ends with the connection.
+    Responses,
+    /// Anthropic's `event: message_*` frames ending with `message_stop`.
+    Anthropic,
+}
+
 /// What a relay needs to know about its request.
 #[derive(Debug)]
 pub(crate) struct RelayCtx {
     pub(crate) started: Instant,
     pub(crate) usage_injected: bool,
-    pub(crate) responses_api: bool,
+    pub(crate) framing: Framing,
     pub(crate) first_token_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     /// Held for its drop: the slot is free when the stream ends or the client leaves.
@@ -129,13 +142,20 @@ impl Relay {
         for h in std::mem::take(&mut self.held) {
             self.out.push_back(Bytes::from(h));
         }
-        if self.ctx.responses_api {
-            let e = json!({"type": "error", "code": kind, "message": message, "param": null});
-            self.out.push_back(Bytes::from(format!("event: error\ndata: {e}\n\n")));
-        } else {
-            let e = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
-            self.out.push_back(Bytes::from(format!("data: {e}\n\n")));
-            self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        match self.ctx.framing {
+            Framing::Responses => {
+                let e = json!({"type": "error", "code": kind, "message": message, "param": null});
+                self.out.push_back(Bytes::from(format!("event: error\ndata: {e}\n\n")));
+            }
+            Framing::Anthropic => {
+                let e = json!({"type": "error", "error": {"type": if code == 504 { "overloaded_error" } else { "api_error" }, "message": message}});
+                self.out.push_back(Bytes::from(format!("event: error\ndata: {e}\n\n")));
+            }
+            Framing::Chat => {
+                let e = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+                self.out.push_back(Bytes::from(format!("data: {e}\n\n")));
+                self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            }
         }
         // Dropping the upstream body closes its connection; vLLM aborts the request.
         self.body = None;
@@ -156,13 +176,7 @@ impl Relay {
             .strip_prefix(b"data: ")
             .map(|p| p.strip_suffix(b"\n\n").unwrap_or(p));
         let Some(payload) = payload else {
-            // `event: …` frames (the Responses API): forward, and read the final usage.
-            if contains(&event, b"event: response.completed") || contains(&event, b"event: response.incomplete") {
-                if let Some(data) = event.split(|b| *b == b'\n').find_map(|l| l.strip_prefix(b"data: ")) {
-                    let v: Value = serde_json::from_slice(data).unwrap_or(Value::Null);
-                    self.tokens = v["response"]["usage"]["output_tokens"].as_u64().or(self.tokens);
-                }
-            }
+            self.on_named_event(&event);
             self.out.push_back(event);
             return;
         };
@@ -201,6 +215,27 @@ impl Relay {
             return;
         }
         self.out.push_back(event);
+    }
+
+    /// `event: …` frames (Responses, Anthropic): the final usage, the end, upstream errors.
+    fn on_named_event(&mut self, event: &[u8]) {
+        let data = || -> Value {
+            event
+                .split(|b| *b == b'\n')
+                .find_map(|l| l.strip_prefix(b"data: "))
+                .and_then(|d| serde_json::from_slice(d).ok())
+                .unwrap_or(Value::Null)
+        };
+        if contains(event, b"event: response.completed") || contains(event, b"event: response.incomplete") {
+            self.tokens = data()["response"]["usage"]["output_tokens"].as_u64().or(self.tokens);
+        } else if contains(event, b"event: message_delta") {
+            self.tokens = data()["usage"]["output_tokens"].as_u64().or(self.tokens);
+        } else if contains(event, b"event: message_stop") {
+            self.saw_done = true;
+        } else if event.starts_with(b"event: error") {
+            counter!(observe::STREAM_ERRORS, "reason" => "upstream_error_event").increment(1);
+            self.outcome = "upstream_error_event";
+        }
     }
 
     fn on_data(&mut self, data: Bytes) {
@@ -242,7 +277,7 @@ impl Relay {
                 Cut::IdleTimeout
             }),
             Some(None) => {
-                if self.saw_done || self.ctx.responses_api {
+                if self.saw_done || self.ctx.framing == Framing::Responses {
                     for h in std::mem::take(&mut self.held) {
                         self.out.push_back(Bytes::from(h));
                     }

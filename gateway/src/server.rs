@@ -28,7 +28,7 @@ use crate::edge::{self, Limiter, RequestId};
 use crate::error::GatewayError;
 use crate::normalize::{Api, Normalizer};
 use crate::observe;
-use crate::relay::{relay, RelayCtx};
+use crate::relay::{relay, Framing, RelayCtx};
 use crate::routes::{Family, Methods, Role, Route, ROUTES};
 use crate::state::{GatewayControl, UpstreamState};
 use crate::upstream::{is_hop_by_hop, Upstream};
@@ -92,8 +92,8 @@ fn route_service(r: &'static Route) -> axum::routing::MethodRouter<Shared> {
                 let (parts, body) = req.into_parts();
                 generate(state, id, parts.headers, body, api, r).await
             }
-            Role::Utility => utility(state, id, req).await.into_response(),
-            Role::Forward => passthrough(state, id, req).await.into_response(),
+            Role::Utility => utility(state, id, req).await.unwrap_or_else(|e| e.render(r.family)),
+            Role::Forward => passthrough(state, id, req).await.unwrap_or_else(|e| e.render(r.family)),
         }
     };
     match r.methods {
@@ -269,7 +269,7 @@ async fn generate(
         if let Some(reason) = e.rejection_reason() {
             counter!(observe::REJECTIONS, "reason" => reason).increment(1);
         }
-        e.into_response()
+        e.render(route.family)
     });
     observe::request_done(label, resp.status().as_u16(), started.elapsed().as_secs_f64());
     resp
@@ -336,13 +336,15 @@ async fn generate_inner(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
     let head = response_head(&upstream);
-    // The relay's tap reads OpenAI's event framing; other families pass through with the permit
-    // held until the last byte.
-    if norm.stream && is_sse && upstream.status().is_success() && route.family == Family::OpenAi {
+    if norm.stream && is_sse && upstream.status().is_success() {
         let ctx = RelayCtx {
             started,
             usage_injected: norm.usage_injected,
-            responses_api: api == Api::Responses,
+            framing: match (route.family, api) {
+                (Family::Anthropic, _) => Framing::Anthropic,
+                (_, Api::Responses) => Framing::Responses,
+                _ => Framing::Chat,
+            },
             first_token_timeout: app.first_token_timeout,
             idle_timeout: app.idle_timeout,
             _permit: permit,
@@ -353,13 +355,6 @@ async fn generate_inner(
         };
         let events = relay(upstream.into_body(), ctx);
         return Ok(head.body(Body::from_stream(events)).expect("valid response parts"));
-    }
-    if norm.stream && is_sse && upstream.status().is_success() {
-        let body = HoldPermit {
-            inner: upstream.into_body(),
-            _permit: permit,
-        };
-        return Ok(head.body(Body::new(body)).expect("valid response parts"));
     }
     // Non-streaming (or an upstream error before streaming): the body is complete upstream
     // work; read it within the request timeout, count its tokens, pass the bytes through.

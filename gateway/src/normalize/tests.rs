@@ -233,3 +233,47 @@ fn streams_get_usage_for_accounting() {
         Some("stream")
     );
 }
+
+#[test]
+fn alias_patterns_take_a_family_of_names() {
+    assert!(alias_matches("claude-*", "claude-sonnet-4-5"));
+    assert!(alias_matches("*-flash", "glm-flash"));
+    assert!(alias_matches("gpt-4o", "gpt-4o"));
+    assert!(!alias_matches("claude-*", "gpt-4"));
+    assert!(!alias_matches("a*a", "a"), "head and tail may not overlap");
+    let n = Normalizer::new(ProfileId::DeepSeekV41Flash, "DS", &["claude-*".to_owned()], &[]);
+    let body = run(
+        &n,
+        Api::Messages,
+        json!({"model": "claude-opus-4-1", "max_tokens": 5, "messages": []}),
+    )
+    .unwrap()
+    .body;
+    assert_eq!(body["model"], "DS");
+    assert!(run(&n, Api::Messages, json!({"model": "gpt-4", "max_tokens": 5})).is_err());
+}
+
+#[test]
+fn anthropic_effort_follows_the_profile() {
+    let body =
+        |effort: Value| json!({"model": "DS", "max_tokens": 5, "messages": [], "output_config": {"effort": effort}});
+    let out = ok(&ds(), Api::Messages, body(json!("medium")));
+    assert_eq!(
+        out["output_config"]["effort"], "high",
+        "DeepSeek cannot render medium: mapped"
+    );
+    let out = ok(&ds(), Api::Messages, body(json!(30)));
+    assert_eq!(out["chat_template_kwargs"]["reasoning_effort"], 30);
+    assert!(out["output_config"].get("effort").is_none());
+    let out = ok(&ds(), Api::Messages, body(json!("none")));
+    assert_eq!(out["thinking"], json!({"type": "disabled"}));
+    let bare = Normalizer::new(ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
+    let e = run(&bare, Api::Messages, body(json!("medium"))).unwrap_err();
+    assert_eq!(e.param(), Some("output_config.effort"));
+    assert!(e.to_string().contains("low, high, max"), "{e}");
+    let kw = json!({"model": "DS", "max_tokens": 5, "messages": [], "chat_template_kwargs": {"chat_template": "x"}});
+    assert_eq!(
+        run(&ds(), Api::Messages, kw).unwrap_err().param(),
+        Some("chat_template_kwargs")
+    );
+}
