@@ -376,6 +376,8 @@ pub struct Gateway {
     /// Requests per minute per key; `None` = no rate limit.
     pub rate_limit_rpm: Option<u32>,
     pub rate_limit_burst: u32,
+    /// `/metrics` answers without an API key.
+    pub metrics_public: bool,
     pub max_body_bytes: usize,
     pub header_read_timeout: Duration,
     pub drain_timeout: Duration,

@@ -363,6 +363,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("REQUEST_TIMEOUT", Gateway, V("3600"), V("3600"), "Seconds a non-streaming generation may take upstream."),
     k("RATE_LIMIT_RPM", Gateway, V("0"), V("0"), "Requests per minute per API key (or client IP) on /v1/*; 0 = off."),
     k("RATE_LIMIT_BURST", Gateway, V(""), V(""), "Burst of the rate limit; empty = RATE_LIMIT_RPM."),
+    k("METRICS_PUBLIC", Gateway, V("0"), V("0"), "1 = `/metrics` answers without an API key when API_KEYS is set (for a Prometheus without credentials)."),
     k("MAX_BODY_BYTES", Gateway, V("33554432"), V("33554432"), "Largest request body accepted (413 beyond)."),
     k("HEADER_READ_TIMEOUT", Gateway, V("30"), V("30"), "Seconds a client may take to send request headers."),
     k("DRAIN_TIMEOUT", Gateway, V("60"), V("60"), "Seconds in-flight requests may finish on shutdown or before a restart."),
@@ -374,7 +375,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("GHCR_USER", Secrets, V("MiaAI-Lab"), V("MiaAI-Lab"), "GHCR user for image pulls."),
     k("GHCR_TOKEN", Secrets, V(""), V(""), "GHCR token for image pulls.").secret(),
     k("VLLM_API_KEY", Secrets, V(""), V(""), "API key the ranks require (the gateway sends it upstream).").secret().rank_env(),
-    k("API_KEYS", Secrets, V(""), V(""), "Comma-separated API keys the gateway accepts on /v1/*; empty: open.").secret(),
+    k("API_KEYS", Secrets, V(""), V(""), "Comma-separated API keys the gateway accepts (Bearer or x-api-key) on every route that reaches the model or its tokenizer, and on /metrics unless METRICS_PUBLIC=1; empty: open.").secret(),
     k("ADMIN_TOKEN", Secrets, V(""), V(""), "Bearer token for /admin/*; empty: loopback peers only.").secret(),
 ];
 

@@ -248,6 +248,19 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "ftp://10.0.0.1",
         "must be an http:// URL",
     ),
+    // Passed the old prefix check, then panicked the gateway on every request.
+    (
+        "deepseek-v4.1-flash",
+        "UPSTREAM_URL",
+        "http://[::1",
+        "must be an http:// URL",
+    ),
+    (
+        "deepseek-v4.1-flash",
+        "UPSTREAM_URL",
+        "http://host:99999999",
+        "must be an http:// URL",
+    ),
     (
         "deepseek-v4.1-flash",
         "REASONING_EFFORT_MAP",

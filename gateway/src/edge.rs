@@ -2,9 +2,12 @@
 //! 1. request id — `X-Request-Id` accepted (printable, ≤128 bytes) or generated, stored for the
 //!    handlers (which forward it upstream) and echoed on the response;
 //! 2. access log — one structured line per response (method, path, status, latency, id);
-//! 3. authentication — API keys on `/v1/*` (when `API_KEYS` is set), the admin token on
-//!    `/admin/*` (loopback peers only when no token is set); constant-time comparison;
-//! 4. rate limit — per API key (or client IP) on `/v1/*`, when `RATE_LIMIT_RPM` is set.
+//! 3. authentication — API keys (bearer or `x-api-key`) on every upstream route that reaches the
+//!    model or its tokenizer and on `/metrics` unless METRICS_PUBLIC (when `API_KEYS` is set),
+//!    the admin token on `/admin/*` (loopback peers only when no token is set); constant-time
+//!    comparison; a refusal in the route's envelope;
+//! 4. rate limit — per validated API key, else per client IP, on the upstream routes, when
+//!    `RATE_LIMIT_RPM` is set.
 //!
 //! Body size is bounded where the body is read (`server::read_body`), so the 413 carries the
 //! error envelope.
@@ -25,7 +28,7 @@ use governor::{Quota, RateLimiter};
 use sparkgate_config::Secret;
 
 use crate::error::GatewayError;
-use crate::server::Shared;
+use crate::server::{App, Shared};
 
 /// The request's id, as accepted or generated.
 #[derive(Debug, Clone)]
@@ -91,10 +94,24 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn bearer(req: &Request) -> Option<&str> {
-    let v = req.headers().get("authorization")?.to_str().ok()?;
-    let (scheme, token) = v.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+/// The key a client presents: `Authorization: Bearer …` (OpenAI SDKs, Claude Code's
+/// ANTHROPIC_AUTH_TOKEN) or `x-api-key` (the anthropic SDK).
+fn presented_key(req: &Request) -> Option<&str> {
+    let bearer = || {
+        let v = req.headers().get("authorization")?.to_str().ok()?;
+        let (scheme, token) = v.split_once(' ')?;
+        scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    };
+    bearer().or_else(|| req.headers().get("x-api-key")?.to_str().ok().map(str::trim))
+}
+
+/// What the API keys guard: every upstream route that reaches the model or its tokenizer, and
+/// `/metrics` unless METRICS_PUBLIC is set.
+fn guarded(app: &App, path: &str) -> bool {
+    match crate::routes::lookup(path) {
+        Some(r) => r.needs_key(),
+        None => path == "/metrics" && !app.metrics_public,
+    }
 }
 
 fn matches_any(token: Option<&str>, keys: &[Secret]) -> bool {
@@ -105,16 +122,23 @@ fn matches_any(token: Option<&str>, keys: &[Secret]) -> bool {
     })
 }
 
-pub(crate) async fn authenticate(State(app): State<Shared>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    if path.starts_with("/v1/") && !app.api_keys.is_empty() && !matches_any(bearer(&req), &app.api_keys) {
-        return GatewayError::Unauthorized.into_response();
+pub(crate) async fn authenticate(State(app): State<Shared>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_owned();
+    let path = path.as_str();
+    if !app.api_keys.is_empty() && guarded(&app, path) {
+        if !matches_any(presented_key(&req), &app.api_keys) {
+            let family = crate::routes::lookup(path).map_or(crate::routes::Family::OpenAi, |r| r.family);
+            return GatewayError::Unauthorized.render(family);
+        }
+        // The rate limiter keys on this key: it is validated now.
+        let key = presented_key(&req).unwrap_or_default().to_owned();
+        req.extensions_mut().insert(ValidatedKey(key));
     }
     if path.starts_with("/admin") {
         match &app.admin_token {
             Some(token) => {
-                if !matches_any(bearer(&req), std::slice::from_ref(token)) {
-                    return GatewayError::Unauthorized.into_response();
+                if !matches_any(presented_key(&req), std::slice::from_ref(token)) {
+                    return GatewayError::AdminUnauthorized.into_response();
                 }
             }
             None => {
@@ -158,11 +182,19 @@ impl Limiter {
     }
 }
 
+/// An API key `authenticate` checked against API_KEYS.
+#[derive(Debug, Clone)]
+struct ValidatedKey(String);
+
 pub(crate) async fn rate_limit(State(app): State<Shared>, req: Request, next: Next) -> Response {
-    let Some(limiter) = app.limiter.as_ref().filter(|_| req.uri().path().starts_with("/v1/")) else {
+    let limited = crate::routes::lookup(req.uri().path()).is_some();
+    let Some(limiter) = app.limiter.as_ref().filter(|_| limited) else {
         return next.run(req).await;
     };
-    let key = bearer(&req).map(|t| format!("key:{t}")).unwrap_or_else(|| {
+    // A validated key, or else the client address: never a header nobody checked, which a
+    // client could change per request to escape the limit.
+    let validated = req.extensions().get::<ValidatedKey>().map(|k| format!("key:{}", k.0));
+    let key = validated.unwrap_or_else(|| {
         let ip = req
             .extensions()
             .get::<ConnectInfo<SocketAddr>>()

@@ -27,6 +27,8 @@ pub enum GatewayError {
     PayloadTooLarge { limit: usize },
     #[error("missing or invalid API key")]
     Unauthorized,
+    #[error("missing or invalid admin token (ADMIN_TOKEN)")]
+    AdminUnauthorized,
     #[error("{0}")]
     Forbidden(&'static str),
     #[error("rate limit of {limit} requests per minute reached; retry in {}s", retry_after.as_secs().max(1))]
@@ -64,7 +66,7 @@ impl GatewayError {
             }
             GatewayError::ModelNotFound { .. } | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
+            GatewayError::Unauthorized | GatewayError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
             GatewayError::RateLimited { .. } | GatewayError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::QueueTimeout { .. } | GatewayError::Restarting | GatewayError::NotRunning(_) => {
@@ -230,6 +232,7 @@ mod tests {
                 None,
             ),
             (GatewayError::Unauthorized, 401, "Unauthorized", None, None),
+            (GatewayError::AdminUnauthorized, 401, "Unauthorized", None, None),
             (GatewayError::Forbidden("no"), 403, "Forbidden", None, None),
             (
                 GatewayError::RateLimited {

@@ -114,7 +114,12 @@ impl Normalizer {
             Api::Responses => self.responses_effort(&mut body)?,
             Api::Batch => self.chat_effort(&mut body)?,
             Api::Messages => self.messages_effort(&mut body)?,
-            Api::Completions | Api::Utility | Api::Opaque | Api::Invocations => None,
+            // `/tokenize` renders chat messages too: the same kwargs rules.
+            Api::Utility => {
+                self.kwargs(&mut body)?;
+                None
+            }
+            Api::Completions | Api::Opaque | Api::Invocations => None,
         };
         let stream = match body.get("stream") {
             None | Some(Value::Null) => false,

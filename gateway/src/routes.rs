@@ -99,6 +99,31 @@ pub(crate) const ROUTES: &[Route] = &[
     route("/ping", GetPost, Forward, OpenAi, "ping"),
 ];
 
+/// Whether a canonical `path` fits a route pattern (`{name}` stands for one segment).
+fn fits(pattern: &str, path: &str) -> bool {
+    let (mut p, mut q) = (pattern.split('/'), path.split('/'));
+    loop {
+        match (p.next(), q.next()) {
+            (None, None) => return true,
+            (Some(a), Some(b)) if a == b || (a.starts_with('{') && !b.is_empty()) => {}
+            _ => return false,
+        }
+    }
+}
+
+/// The upstream route a canonical path belongs to.
+pub(crate) fn lookup(path: &str) -> Option<&'static Route> {
+    ROUTES.iter().find(|r| fits(r.path, path))
+}
+
+impl Route {
+    /// Whether API_KEYS guard the route: everything that reaches the model or its tokenizer;
+    /// not the liveness answers (`/ping`, `/version`, `/load`) that monitors poll.
+    pub(crate) fn needs_key(&self) -> bool {
+        !matches!(self.path, "/ping" | "/version" | "/load")
+    }
+}
+
 /// Decodes `%XX` escapes; `None` when they do not decode to UTF-8 (or hold a NUL).
 fn percent_decode(path: &str) -> Option<String> {
     let bytes = path.as_bytes();
@@ -168,6 +193,19 @@ mod tests {
         assert_eq!(canonical("/v1/%ff%fe"), None, "not UTF-8");
         assert_eq!(canonical("/v1/a%00b"), None, "NUL");
         assert_eq!(canonical("/v1/100%").as_deref(), Some("/v1/100%"), "a bare % stays");
+    }
+
+    #[test]
+    fn paths_find_their_route() {
+        assert_eq!(lookup("/v1/messages").map(|r| r.label), Some("messages"));
+        assert_eq!(lookup("/v1/responses/resp_1").map(|r| r.label), Some("responses_get"));
+        assert_eq!(
+            lookup("/v1/responses/resp_1/cancel").map(|r| r.label),
+            Some("responses_cancel")
+        );
+        assert!(lookup("/v1/responses/").is_none() && lookup("/v1/nope").is_none());
+        assert!(lookup("/tokenize").is_some_and(Route::needs_key));
+        assert!(lookup("/ping").is_some_and(|r| !r.needs_key()));
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub(crate) struct App {
     pub(crate) control: GatewayControl,
     pub(crate) api_keys: Vec<Secret>,
     pub(crate) admin_token: Option<Secret>,
+    /// `/metrics` answers without an API key (METRICS_PUBLIC).
+    pub(crate) metrics_public: bool,
     pub(crate) limiter: Option<Arc<Limiter>>,
     pub(crate) supervisor: Option<SupervisorHandle>,
     pub(crate) drain_timeout: Duration,
@@ -70,6 +72,7 @@ impl App {
             control,
             api_keys: config.secrets.api_keys.clone(),
             admin_token: config.secrets.admin_token.clone(),
+            metrics_public: g.metrics_public,
             limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
             supervisor,
             drain_timeout: g.drain_timeout,

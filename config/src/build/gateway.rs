@@ -10,10 +10,7 @@ use crate::profile::ProfileId;
 impl Builder<'_> {
     pub(super) fn gateway(&mut self, profile: ProfileId) -> Gateway {
         let upstream = self.string("UPSTREAM_URL");
-        let upstream_ok = upstream
-            .strip_prefix("http://")
-            .is_some_and(|rest| !rest.is_empty() && !rest.contains(['?', '#', ' ']));
-        if !upstream_ok {
+        if !upstream_ok(upstream.trim_end_matches('/')) {
             self.fail("UPSTREAM_URL", "must be an http:// URL such as http://127.0.0.1:18888");
         }
         let model_aliases: Vec<String> = self
@@ -39,6 +36,7 @@ impl Builder<'_> {
             request_timeout: self.seconds("REQUEST_TIMEOUT"),
             rate_limit_rpm: (rpm > 0).then_some(rpm),
             rate_limit_burst: burst,
+            metrics_public: self.flag("METRICS_PUBLIC"),
             max_body_bytes: self.int("MAX_BODY_BYTES", 1024..=1_073_741_824usize),
             header_read_timeout: self.seconds("HEADER_READ_TIMEOUT"),
             drain_timeout: Duration::from_secs(self.int("DRAIN_TIMEOUT", 0..=86_400u64)),
@@ -46,7 +44,35 @@ impl Builder<'_> {
             worker_threads: self.int("WORKER_THREADS", 0..=1024usize),
         }
     }
+}
 
+/// Whether the gateway can build upstream request URIs on `base` (`{base}{path}`), checked
+/// with the same parser it builds them with: `http://` and a host, no path, query or fragment.
+fn upstream_ok(base: &str) -> bool {
+    let Some(rest) = base.strip_prefix("http://") else {
+        return false;
+    };
+    if rest.is_empty() || rest.contains(['/', '?', '#', ' ']) {
+        return false;
+    }
+    format!("{base}/v1/models?x=1").parse::<http::Uri>().is_ok_and(|u| {
+        u.scheme_str() == Some("http")
+            && u.authority()
+                .is_some_and(|a| !a.host().is_empty() && port_ok(a.as_str()))
+    })
+}
+
+/// An authority's port, when it has one, is a number the connector can dial.
+fn port_ok(authority: &str) -> bool {
+    // After an IPv6 literal's `]`, or after the host.
+    let tail = authority.rsplit_once(']').map_or(authority, |(_, t)| t);
+    match tail.rsplit_once(':') {
+        Some((_, port)) => port.parse::<u16>().is_ok(),
+        None => true,
+    }
+}
+
+impl Builder<'_> {
     /// `from=to,…`: `from` an OpenAI effort name, `to` one the profile's template accepts.
     fn effort_map(&mut self, profile: ProfileId) -> Vec<(String, String)> {
         const OPENAI: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
