@@ -8,6 +8,7 @@ mod admission;
 pub mod cli;
 mod edge;
 mod error;
+mod exposition;
 mod normalize;
 mod observe;
 mod relay;

@@ -54,6 +54,7 @@ pub(crate) struct App {
     /// The profile's speculation modes (what `/admin/spec` may switch to).
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
     pub(crate) spec_policy: Arc<crate::spec::SpecPolicy>,
+    upstream_metrics: crate::exposition::UpstreamMetrics,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -83,6 +84,7 @@ impl App {
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
             spec_policy: crate::spec::SpecPolicy::new(&config.speculation),
+            upstream_metrics: Default::default(),
         })
     }
 }
@@ -480,12 +482,15 @@ async fn ready(State(app): State<Shared>) -> Response {
         .into_response()
 }
 
+/// The gateway's families and rank 0's in one exposition (`exposition`).
 async fn metrics_text(State(app): State<Shared>) -> Response {
     let snap = app.control.snapshot();
     observe::admission(snap.queued, snap.in_use);
+    let upstream = app.upstream_metrics.get(&app.upstream).await;
+    let body = crate::exposition::merge(&observe::metrics_handle().render(), upstream.as_deref());
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        observe::metrics_handle().render(),
+        body,
     )
         .into_response()
 }

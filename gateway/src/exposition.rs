@@ -1,0 +1,96 @@
+//! `GET /metrics`: the gateway's own `sparkgate_` families and rank 0's `vllm:` families in one
+//! exposition, so dashboards and alerts built for vLLM on :8888 keep working behind the gateway.
+//! Rank 0's text is fetched with a short timeout and kept for at most a second (a scrape storm
+//! costs vLLM one request a second); with rank 0 down the answer is the gateway's families and
+//! `sparkgate_upstream_up 0`.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, Method, StatusCode};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use crate::upstream::Upstream;
+
+/// How long a fetched upstream exposition is reused.
+const FRESH: Duration = Duration::from_secs(1);
+/// How long the gateway waits for rank 0's `/metrics`.
+const TIMEOUT: Duration = Duration::from_millis(800);
+
+/// Rank 0's last exposition (or its absence) and when it was fetched.
+#[derive(Debug, Default)]
+pub(crate) struct UpstreamMetrics {
+    cached: Mutex<Option<(Instant, Option<Bytes>)>>,
+}
+
+impl UpstreamMetrics {
+    /// Rank 0's exposition, at most a second old; `None` when it does not answer 200 in time.
+    pub(crate) async fn get(&self, upstream: &Upstream) -> Option<Bytes> {
+        if let Some((at, text)) = self.cached.lock().expect("metrics cache").as_ref() {
+            if at.elapsed() < FRESH {
+                return text.clone();
+            }
+        }
+        let text = fetch(upstream).await;
+        *self.cached.lock().expect("metrics cache") = Some((Instant::now(), text.clone()));
+        text
+    }
+}
+
+async fn fetch(upstream: &Upstream) -> Option<Bytes> {
+    let headers = HeaderMap::new();
+    let send = upstream.send(Method::GET, "/metrics", &headers, "metrics", Bytes::new());
+    let resp = tokio::time::timeout(TIMEOUT, send).await.ok()?.ok()?;
+    if resp.status() != StatusCode::OK {
+        return None;
+    }
+    let body = tokio::time::timeout(TIMEOUT, resp.into_body().collect())
+        .await
+        .ok()?
+        .ok()?;
+    Some(body.to_bytes())
+}
+
+/// One exposition: the gateway's families, `sparkgate_upstream_up`, then rank 0's families
+/// unchanged (their names never collide: `sparkgate_` against `vllm:`, `http_`, `process_`,
+/// `python_`).
+pub(crate) fn merge(own: &str, upstream: Option<&[u8]>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(own.len() + upstream.map_or(0, <[u8]>::len) + 160);
+    out.extend_from_slice(own.as_bytes());
+    if !out.is_empty() && !out.ends_with(b"\n") {
+        out.push(b'\n');
+    }
+    let up = u8::from(upstream.is_some());
+    out.extend_from_slice(
+        format!(
+            "# HELP sparkgate_upstream_up Whether rank 0 answered its /metrics for this scrape.\n\
+             # TYPE sparkgate_upstream_up gauge\nsparkgate_upstream_up {up}\n"
+        )
+        .as_bytes(),
+    );
+    if let Some(text) = upstream {
+        out.extend_from_slice(text);
+        if !text.ends_with(b"\n") {
+            out.push(b'\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_sides_and_the_up_gauge_in_one_exposition() {
+        let own = "# TYPE sparkgate_requests_total counter\nsparkgate_requests_total 3";
+        let rank = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1.0";
+        let text = String::from_utf8(merge(own, Some(rank))).unwrap();
+        assert!(text.contains("sparkgate_requests_total 3\n# HELP sparkgate_upstream_up"));
+        assert!(text.contains("sparkgate_upstream_up 1\n# TYPE vllm:num_requests_running gauge"));
+        assert!(text.ends_with("vllm:num_requests_running 1.0\n"));
+        let down = String::from_utf8(merge(own, None)).unwrap();
+        assert!(down.ends_with("sparkgate_upstream_up 0\n") && !down.contains("vllm:"));
+    }
+}

@@ -1,0 +1,83 @@
+//! `/metrics` on the gateway: its own `sparkgate_` families and rank 0's `vllm:` families in one
+//! exposition that a Prometheus text parser reads (in front of vllm-sim and of the real vLLM
+//! frontend), and `sparkgate_upstream_up 0` with only the gateway's families when rank 0 is gone.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sparkgate_config::ProfileId;
+use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway};
+use sparkgate_tests::realvllm::RealVllm;
+
+mod common;
+use common::{ds_pair, SIM};
+
+/// The family names prometheus_client's text parser finds in `text` (it raises on bad syntax).
+fn parse(text: &str) -> Vec<String> {
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import sys\nfrom prometheus_client.parser import text_string_to_metric_families as f\nfor m in f(sys.stdin.read()): print(m.name)",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 with prometheus_client (bash .ci/run installs it)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "not a valid exposition: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn metrics(gw: &Gateway) -> String {
+    request(gw.addr, "GET", "/metrics", &[], b"").text()
+}
+
+#[test]
+fn one_exposition_with_both_families_and_the_upstream_gauge() {
+    let (mut sim, gw) = ds_pair(&[], &[]);
+    let smoke = json!({"messages": [{"role": "user", "content": "What is 17*19? Reply with the integer only."}], "max_tokens": 8});
+    assert_eq!(post_json(gw.addr, "/v1/chat/completions", &smoke).status, 200);
+    let text = metrics(&gw);
+    let names = parse(&text);
+    assert!(names.iter().any(|n| n == "sparkgate_requests"), "{names:?}");
+    assert!(names.iter().any(|n| n == "vllm:num_requests_running"), "{names:?}");
+    assert!(text.contains("sparkgate_upstream_up 1\n"), "{text}");
+    sim.proc.kill();
+    // The rank's text is reused for at most a second: wait for the next fetch.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let down = loop {
+        let t = metrics(&gw);
+        if t.contains("sparkgate_upstream_up 0\n") || Instant::now() > deadline {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(down.contains("sparkgate_upstream_up 0\n"), "{down}");
+    assert!(!down.contains("vllm:"), "only the gateway's families without rank 0");
+    parse(&down);
+}
+
+#[test]
+fn the_real_frontends_families_merge_into_a_valid_exposition() {
+    let real = RealVllm::start(ProfileId::DeepSeekV41Flash);
+    let gw = Gateway::start(&binary_next_to(SIM, "sparkgate"), "deepseek-v4.1-flash", real.addr, &[]);
+    let names = parse(&metrics(&gw));
+    for family in [
+        "vllm:iteration_tokens_total",
+        "vllm:num_requests_waiting",
+        "sparkgate_upstream_up",
+    ] {
+        assert!(names.iter().any(|n| n == family), "{family} in {names:?}");
+    }
+}
