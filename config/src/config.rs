@@ -369,6 +369,8 @@ pub struct Gateway {
     /// an integer 1..=100 as text).
     pub effort_map: Vec<(String, String)>,
     pub queue_depth: usize,
+    /// Body bytes the queue may hold.
+    pub queue_max_bytes: usize,
     pub queue_timeout: Duration,
     pub first_token_timeout: Duration,
     pub stream_idle_timeout: Duration,

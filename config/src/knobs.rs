@@ -358,6 +358,7 @@ pub(crate) static KNOBS: &[Knob] = &[
       "How OpenAI effort names the template lacks are mapped (from=to, comma-separated)."),
     k("QUEUE_DEPTH", Gateway, V("256"), V("256"), "Generation requests that may wait for a MAX_NUM_SEQS slot; more get 429."),
     k("QUEUE_TIMEOUT", Gateway, V("600"), V("600"), "Seconds a request may wait for a slot before 503."),
+    k("QUEUE_MAX_BYTES", Gateway, V("268435456"), V("268435456"), "Bytes of request bodies the queue may hold (256 MiB: several 600k-token prompts); more get 429 with Retry-After."),
     k("FIRST_TOKEN_TIMEOUT", Gateway, V("900"), V("900"), "Seconds a stream may wait for its first event (long prefills take minutes)."),
     k("STREAM_IDLE_TIMEOUT", Gateway, V("120"), V("120"), "Seconds without an upstream event before a stream ends with an error."),
     k("REQUEST_TIMEOUT", Gateway, V("3600"), V("3600"), "Seconds a non-streaming generation may take upstream."),

@@ -1,7 +1,8 @@
 //! Admission = MAX_NUM_SEQS: a generation holds `n` permits of the current capacity until its
-//! response body ends. Waiters queue FIFO with a deadline; the queue is bounded; capacity can
-//! change at run time and admission can pause (ranks restarting) — waiters are then held, not
-//! failed, until their deadline.
+//! response body ends. Waiters queue FIFO with a deadline; the queue is bounded in entries and
+//! in the bytes of the bodies it holds (so the gateway's memory is bounded by its limits, not its
+//! clients); capacity can change at run time and admission can pause (ranks restarting) —
+//! waiters are then held, not failed, until their deadline.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -26,9 +27,18 @@ enum Slot {
     Granted,
 }
 
+/// How much may wait: entries, body bytes, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    pub depth: usize,
+    pub bytes: usize,
+    pub timeout: Duration,
+}
+
 #[derive(Debug)]
 struct Waiter {
     n: u32,
+    bytes: usize,
     slot: Slot,
     wake: Option<oneshot::Sender<()>>,
 }
@@ -41,6 +51,8 @@ struct State {
     order: VecDeque<u64>,
     waiters: HashMap<u64, Waiter>,
     next_id: u64,
+    /// Body bytes of the requests still waiting.
+    queued_bytes: usize,
 }
 
 impl State {
@@ -54,6 +66,7 @@ impl State {
             }
             self.order.pop_front();
             self.in_use += w.n;
+            self.queued_bytes -= w.bytes;
             w.slot = Slot::Granted;
             if let Some(tx) = w.wake.take() {
                 let _ = tx.send(());
@@ -66,8 +79,7 @@ impl State {
 #[derive(Debug)]
 pub struct Admission {
     state: Mutex<State>,
-    depth: usize,
-    timeout: Duration,
+    limits: QueueLimits,
 }
 
 /// `n` slots held; released on drop (the response body's end or a client disconnect).
@@ -98,7 +110,10 @@ impl Drop for Queued<'_> {
         let mut s = self.admission.state.lock().expect("admission lock");
         if let Some(w) = s.waiters.remove(&self.id) {
             match w.slot {
-                Slot::Waiting => s.order.retain(|id| *id != self.id),
+                Slot::Waiting => {
+                    s.order.retain(|id| *id != self.id);
+                    s.queued_bytes -= w.bytes;
+                }
                 Slot::Granted => {
                     s.in_use -= w.n;
                     s.dispatch();
@@ -109,7 +124,7 @@ impl Drop for Queued<'_> {
 }
 
 impl Admission {
-    pub fn new(capacity: u32, depth: usize, timeout: Duration) -> Arc<Self> {
+    pub fn new(capacity: u32, limits: QueueLimits) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 capacity,
@@ -118,15 +133,16 @@ impl Admission {
                 order: VecDeque::new(),
                 waiters: HashMap::new(),
                 next_id: 0,
+                queued_bytes: 0,
             }),
-            depth,
-            timeout,
+            limits,
         })
     }
 
-    /// Waits FIFO for `n` slots. Errors: `n` above capacity (400), queue full (429), deadline
-    /// passed (503). Dropping the future leaves the queue at once.
-    pub async fn acquire(self: &Arc<Self>, n: u32) -> Result<Permit, GatewayError> {
+    /// Waits FIFO for `n` slots with a body of `bytes` held meanwhile. Errors: `n` above
+    /// capacity (400), queue full in entries or bytes (429), deadline passed (503). Dropping the
+    /// future leaves the queue at once.
+    pub async fn acquire(self: &Arc<Self>, n: u32, bytes: usize) -> Result<Permit, GatewayError> {
         let started = Instant::now();
         let (id, rx) = {
             let mut s = self.state.lock().expect("admission lock");
@@ -146,9 +162,17 @@ impl Admission {
                     n,
                 });
             }
-            if s.order.len() >= self.depth {
-                return Err(GatewayError::QueueFull { depth: self.depth });
+            if s.order.len() >= self.limits.depth {
+                return Err(GatewayError::QueueFull {
+                    depth: self.limits.depth,
+                });
             }
+            if s.queued_bytes + bytes > self.limits.bytes {
+                return Err(GatewayError::QueueBytesFull {
+                    limit: self.limits.bytes,
+                });
+            }
+            s.queued_bytes += bytes;
             let id = s.next_id;
             s.next_id += 1;
             let (tx, rx) = oneshot::channel();
@@ -156,6 +180,7 @@ impl Admission {
                 id,
                 Waiter {
                     n,
+                    bytes,
                     slot: Slot::Waiting,
                     wake: Some(tx),
                 },
@@ -168,7 +193,7 @@ impl Admission {
             id,
             armed: true,
         };
-        let _ = tokio::time::timeout(self.timeout, rx).await;
+        let _ = tokio::time::timeout(self.limits.timeout, rx).await;
         let mut s = self.state.lock().expect("admission lock");
         let granted = s.waiters.get(&id).is_some_and(|w| w.slot == Slot::Granted);
         if granted {
@@ -227,6 +252,14 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    fn limits(depth: usize, timeout_s: u64) -> QueueLimits {
+        QueueLimits {
+            depth,
+            bytes: 1000,
+            timeout: Duration::from_secs(timeout_s),
+        }
+    }
+
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -238,15 +271,15 @@ mod tests {
     #[test]
     fn grants_up_to_capacity_then_queues_fifo() {
         rt().block_on(async {
-            let a = Admission::new(2, 10, Duration::from_secs(60));
-            let p1 = a.acquire(1).await.unwrap();
-            let _p2 = a.acquire(1).await.unwrap();
+            let a = Admission::new(2, limits(10, 60));
+            let p1 = a.acquire(1, 10).await.unwrap();
+            let _p2 = a.acquire(1, 10).await.unwrap();
             let order = Arc::new(Mutex::new(Vec::new()));
             let mut tasks = Vec::new();
             for i in 0..3 {
                 let (a, order) = (a.clone(), order.clone());
                 tasks.push(tokio::spawn(async move {
-                    let p = a.acquire(1).await.unwrap();
+                    let p = a.acquire(1, 10).await.unwrap();
                     order.lock().unwrap().push(i);
                     p
                 }));
@@ -266,29 +299,57 @@ mod tests {
     #[test]
     fn full_queue_and_deadline_and_oversized_n() {
         rt().block_on(async {
-            let a = Admission::new(1, 1, Duration::from_secs(5));
-            let _p = a.acquire(1).await.unwrap();
+            let a = Admission::new(1, limits(1, 5));
+            let _p = a.acquire(1, 10).await.unwrap();
             let waiter = tokio::spawn({
                 let a = a.clone();
-                async move { a.acquire(1).await }
+                async move { a.acquire(1, 10).await }
             });
             tokio::task::yield_now().await;
-            assert!(matches!(a.acquire(1).await, Err(GatewayError::QueueFull { depth: 1 })));
+            assert!(matches!(
+                a.acquire(1, 10).await,
+                Err(GatewayError::QueueFull { depth: 1 })
+            ));
             let e = waiter.await.unwrap().unwrap_err();
             assert!(matches!(e, GatewayError::QueueTimeout { .. }), "{e}");
             assert_eq!(a.snapshot().queued, 0, "a timed-out waiter leaves the queue");
-            assert_eq!(a.acquire(2).await.unwrap_err().param(), Some("n"));
+            assert_eq!(a.acquire(2, 10).await.unwrap_err().param(), Some("n"));
+        });
+    }
+
+    #[test]
+    fn the_queue_holds_at_most_its_byte_budget() {
+        rt().block_on(async {
+            let a = Admission::new(1, limits(10, 60));
+            let _running = a.acquire(1, 900).await.unwrap();
+            let first = tokio::spawn({
+                let a = a.clone();
+                async move { a.acquire(1, 600).await }
+            });
+            tokio::task::yield_now().await;
+            let e = a.acquire(1, 500).await.unwrap_err();
+            assert!(matches!(e, GatewayError::QueueBytesFull { limit: 1000 }), "{e}");
+            assert!(e.retry_after().is_some(), "429 with Retry-After");
+            first.abort();
+            let _ = first.await;
+            let second = tokio::spawn({
+                let a = a.clone();
+                async move { a.acquire(1, 900).await }
+            });
+            tokio::task::yield_now().await;
+            assert_eq!(a.snapshot().queued, 1, "a departed waiter's bytes are free again");
+            second.abort();
         });
     }
 
     #[test]
     fn a_waiter_that_goes_away_frees_its_place() {
         rt().block_on(async {
-            let a = Admission::new(1, 10, Duration::from_secs(60));
-            let p = a.acquire(1).await.unwrap();
+            let a = Admission::new(1, limits(10, 60));
+            let p = a.acquire(1, 10).await.unwrap();
             let gone = tokio::spawn({
                 let a = a.clone();
-                async move { a.acquire(1).await }
+                async move { a.acquire(1, 10).await }
             });
             tokio::task::yield_now().await;
             assert_eq!(a.snapshot().queued, 1);
@@ -297,21 +358,21 @@ mod tests {
             assert_eq!(a.snapshot().queued, 0);
             drop(p);
             assert_eq!(a.snapshot().in_use, 0, "nothing was granted to the departed waiter");
-            let _p = a.acquire(1).await.unwrap();
+            let _p = a.acquire(1, 10).await.unwrap();
         });
     }
 
     #[test]
     fn pause_holds_and_capacity_changes_apply() {
         rt().block_on(async {
-            let a = Admission::new(1, 10, Duration::from_secs(600));
+            let a = Admission::new(1, limits(10, 600));
             a.pause();
             let granted = Arc::new(AtomicUsize::new(0));
             let mut tasks = Vec::new();
             for _ in 0..4 {
                 let (a, g) = (a.clone(), granted.clone());
                 tasks.push(tokio::spawn(async move {
-                    let p = a.acquire(1).await.unwrap();
+                    let p = a.acquire(1, 10).await.unwrap();
                     g.fetch_add(1, Ordering::SeqCst);
                     p
                 }));

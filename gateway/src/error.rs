@@ -35,6 +35,8 @@ pub enum GatewayError {
     RateLimited { limit: u32, retry_after: Duration },
     #[error("the queue for a generation slot is full ({depth} waiting); retry later")]
     QueueFull { depth: usize },
+    #[error("the queue for a generation slot holds its byte budget (QUEUE_MAX_BYTES={limit}); retry later")]
+    QueueBytesFull { limit: usize },
     #[error("no generation slot became free within {}s; retry later", waited.as_secs())]
     QueueTimeout { waited: Duration },
     #[error("the model is restarting; retry later")]
@@ -68,7 +70,9 @@ impl GatewayError {
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Unauthorized | GatewayError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
-            GatewayError::RateLimited { .. } | GatewayError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::RateLimited { .. } | GatewayError::QueueFull { .. } | GatewayError::QueueBytesFull { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             GatewayError::QueueTimeout { .. } | GatewayError::Restarting | GatewayError::NotRunning(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -103,7 +107,7 @@ impl GatewayError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
-            GatewayError::QueueFull { .. } => Some(Duration::from_secs(2)),
+            GatewayError::QueueFull { .. } | GatewayError::QueueBytesFull { .. } => Some(Duration::from_secs(2)),
             GatewayError::QueueTimeout { .. } => Some(Duration::from_secs(5)),
             GatewayError::Restarting => Some(Duration::from_secs(10)),
             _ => None,
@@ -115,6 +119,7 @@ impl GatewayError {
         match self {
             GatewayError::RateLimited { .. } => Some("rate_limit"),
             GatewayError::QueueFull { .. } => Some("queue_full"),
+            GatewayError::QueueBytesFull { .. } => Some("queue_bytes"),
             GatewayError::QueueTimeout { .. } => Some("queue_timeout"),
             GatewayError::Restarting => Some("restarting"),
             GatewayError::NotRunning(_) => Some("not_running"),

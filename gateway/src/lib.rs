@@ -5,6 +5,7 @@
 
 mod admin;
 mod admission;
+mod body;
 pub mod cli;
 mod edge;
 mod error;
@@ -18,7 +19,7 @@ mod spec;
 mod state;
 mod upstream;
 
-pub use admission::AdmissionSnapshot;
+pub use admission::{AdmissionSnapshot, QueueLimits};
 pub use error::GatewayError;
 pub use observe::init_logging;
 pub use server::{local_addr, serve, Upstreams};

@@ -17,13 +17,14 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use metrics::{counter, histogram};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use sparkgate_config::{Config, Secret};
 use sparkgate_supervisor::{GroupState, SupervisorHandle};
 use tokio::net::TcpListener;
 
 use crate::admin;
 use crate::admission::Permit;
+use crate::body::{check_content_type, Prepared};
 use crate::edge::{self, Limiter, RequestId};
 use crate::error::GatewayError;
 use crate::normalize::{Api, Normalizer};
@@ -36,7 +37,7 @@ use crate::upstream::{is_hop_by_hop, Upstream};
 /// Everything the handlers share.
 #[derive(Debug)]
 pub(crate) struct App {
-    pub(crate) normalizer: Normalizer,
+    pub(crate) normalizer: Arc<Normalizer>,
     pub(crate) upstream: Upstream,
     pub(crate) control: GatewayControl,
     pub(crate) api_keys: Vec<Secret>,
@@ -63,12 +64,12 @@ impl App {
     pub(crate) fn new(config: &Config, control: GatewayControl, supervisor: Option<SupervisorHandle>) -> Shared {
         let g = &config.gateway;
         Arc::new(App {
-            normalizer: Normalizer::new(
+            normalizer: Arc::new(Normalizer::new(
                 config.profile,
                 &config.serving.served_model_name,
                 &g.model_aliases,
                 &g.effort_map,
-            ),
+            )),
             upstream: Upstream::new(&g.upstream, config.secrets.vllm_api_key.as_ref()),
             control,
             api_keys: config.secrets.api_keys.clone(),
@@ -167,22 +168,6 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
             Err(GatewayError::PayloadTooLarge { limit })
         }
         Err(e) => Err(GatewayError::InvalidJson(format!("could not read the body: {e}"))),
-    }
-}
-
-/// The body as a JSON object, after vLLM's content-type rule.
-fn json_object(headers: &HeaderMap, bytes: &[u8]) -> Result<Map<String, Value>, GatewayError> {
-    let ct = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if ct.split(';').next().map(str::trim) != Some("application/json") {
-        return Err(GatewayError::UnsupportedMediaType);
-    }
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(GatewayError::InvalidJson("the body must be a JSON object".into())),
-        Err(e) => Err(GatewayError::InvalidJson(e.to_string())),
     }
 }
 
@@ -289,8 +274,9 @@ async fn generate_inner(
     route: &'static Route,
     started: Instant,
 ) -> Result<Response, GatewayError> {
+    check_content_type(&headers)?;
     let bytes = read_body(body, app.max_body).await?;
-    let norm = app.normalizer.normalize(api, json_object(&headers, &bytes)?)?;
+    let Prepared { norm, forward } = crate::body::prepare(&app.normalizer, api, bytes).await?;
     if norm.extra_body_repaired {
         counter!(observe::EXTRA_BODY_REPAIRS).increment(1);
     }
@@ -302,15 +288,13 @@ async fn generate_inner(
         UpstreamState::Stopped => return Err(GatewayError::NotRunning("the ranks were stopped by an operator".into())),
         _ => {}
     }
-    let forward = serde_json::to_vec(&norm.body).expect("a JSON map serialises");
     let queued_at = Instant::now();
-    let mut permit = app.control.admission().acquire(norm.n).await?;
+    let mut permit = app.control.admission().acquire(norm.n, forward.len()).await?;
     let waited = queued_at.elapsed();
     histogram!(observe::QUEUE_WAIT_SECONDS).record(waited.as_secs_f64());
     let snap = app.control.snapshot();
     observe::admission(snap.queued, snap.in_use);
     let path = route.path;
-    let forward = Bytes::from(forward);
     // The gateway's own time before the upstream request: everything but the queue wait.
     histogram!(observe::OVERHEAD_SECONDS).record(started.elapsed().saturating_sub(waited).as_secs_f64());
     let limit = if norm.stream {
@@ -329,7 +313,7 @@ async fn generate_inner(
             Ok(Err(_)) if restarting(app) => {
                 drop(permit);
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                permit = app.control.admission().acquire(norm.n).await?;
+                permit = app.control.admission().acquire(norm.n, forward.len()).await?;
             }
             Ok(Err(e)) => return Err(unreachable(app, &e)),
             Ok(Ok(r)) => break r,
@@ -409,11 +393,9 @@ async fn utility(
     req: Request,
 ) -> Result<Response, GatewayError> {
     let (parts, body) = req.into_parts();
+    check_content_type(&parts.headers)?;
     let bytes = read_body(body, app.max_body).await?;
-    let norm = app
-        .normalizer
-        .normalize(Api::Utility, json_object(&parts.headers, &bytes)?)?;
-    let forward = Bytes::from(serde_json::to_vec(&norm.body).expect("a JSON map serialises"));
+    let Prepared { forward, .. } = crate::body::prepare(&app.normalizer, Api::Utility, bytes).await?;
     forward_as_is(&app, &id.0, parts.method, parts.uri.path(), &parts.headers, forward).await
 }
 

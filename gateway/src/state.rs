@@ -5,11 +5,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::admission::{Admission, AdmissionSnapshot};
+use crate::admission::{Admission, AdmissionSnapshot, QueueLimits};
 use crate::observe;
 
 /// The upstream's condition as the gateway reports it on `/ready`.
@@ -43,12 +42,12 @@ pub struct GatewayControl {
 }
 
 impl GatewayControl {
-    pub fn new(capacity: u32, queue_depth: usize, queue_timeout: Duration, mode: &str) -> Self {
+    pub fn new(capacity: u32, limits: QueueLimits, mode: &str) -> Self {
         Self {
             inner: Arc::new(Inner {
                 upstream: RwLock::new(UpstreamState::Starting),
                 mode: RwLock::new(mode.to_owned()),
-                admission: Admission::new(capacity, queue_depth, queue_timeout),
+                admission: Admission::new(capacity, limits),
                 delivered_tokens: AtomicU64::new(0),
             }),
         }

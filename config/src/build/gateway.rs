@@ -30,6 +30,7 @@ impl Builder<'_> {
             model_aliases,
             effort_map,
             queue_depth: self.int("QUEUE_DEPTH", 0..=1_000_000usize),
+            queue_max_bytes: self.int("QUEUE_MAX_BYTES", 0..=68_719_476_736usize),
             queue_timeout: Duration::from_secs(self.int("QUEUE_TIMEOUT", 0..=86_400u64)),
             first_token_timeout: self.seconds("FIRST_TOKEN_TIMEOUT"),
             stream_idle_timeout: self.seconds("STREAM_IDLE_TIMEOUT"),

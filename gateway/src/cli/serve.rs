@@ -31,7 +31,12 @@ pub(super) fn serve(config: &Config, demo: bool) -> anyhow::Result<ExitCode> {
             .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (is PORT {} in use?)", config.ports.public))?;
         let local = crate::local_addr(&listener)?;
         let mode = config.speculation.active_mode();
-        let control = GatewayControl::new(mode.max_num_seqs, config.gateway.queue_depth, config.gateway.queue_timeout, mode.method.as_str());
+        let limits = crate::QueueLimits {
+            depth: config.gateway.queue_depth,
+            bytes: config.gateway.queue_max_bytes,
+            timeout: config.gateway.queue_timeout,
+        };
+        let control = GatewayControl::new(mode.max_num_seqs, limits, mode.method.as_str());
         let supervisor = if gateway_only(config) {
             None
         } else {
