@@ -102,6 +102,12 @@ pub(crate) struct Prepared {
 
 fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &[u8]) -> Result<Prepared, GatewayError> {
     let Split { fields, raw } = split(bytes, api)?;
+    // `/invocations` is chat when the body has `messages` (which stays raw here).
+    let api = match api {
+        Api::Invocations if raw.contains_key("messages") => Api::Chat,
+        Api::Invocations => Api::Completions,
+        other => other,
+    };
     let mut norm = normalizer.normalize(api, fields)?;
     let forward = Bytes::from(join(&norm.body, &raw));
     // The forwarded bytes are what stays alive while the request waits in the queue.
@@ -164,5 +170,12 @@ mod tests {
         }
         let batch = prepare_now(&n, Api::Batch, br#"{"messages":[[{"role":"user","content":"a"}],[]]}"#).unwrap();
         assert_eq!(batch.norm.n, 2);
+        let chat_like = br#"{"messages":[],"chat_template_kwargs":{"chat_template":"x"}}"#;
+        let e = prepare_now(&n, Api::Invocations, chat_like).unwrap_err();
+        assert_eq!(
+            e.param(),
+            Some("chat_template_kwargs"),
+            "an /invocations chat body gets chat's rules"
+        );
     }
 }

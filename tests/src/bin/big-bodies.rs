@@ -1,0 +1,137 @@
+//! `cargo run --release -p sparkgate-tests --bin big-bodies`: the gateway's memory and
+//! responsiveness with large request bodies — 8 concurrent 32 MiB bodies (a list of small
+//! numbers, the worst case for a JSON value tree) queued behind two long streams, the
+//! gateway's RSS and high-water mark meanwhile, and `/health` latency while such a body is read
+//! and parsed. Prints one line per figure (BENCHMARKS.md has the reference run).
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sparkgate_tests::harness::{binary_next_to, request, Gateway, Sim, Streaming};
+
+const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn big_body(bytes: usize) -> Vec<u8> {
+    let mut b =
+        format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"hi"}}],"max_tokens":1,"x_numbers":["#)
+            .into_bytes();
+    while b.len() < bytes {
+        b.extend_from_slice(b"1,");
+    }
+    b.extend_from_slice(b"1]}");
+    b
+}
+
+fn main() {
+    let exe = std::env::current_exe().expect("exe").to_string_lossy().into_owned();
+    let sim_bin = binary_next_to(&exe, "vllm-sim");
+    let args = [
+        "/model",
+        "--served-model-name",
+        MODEL,
+        "--reasoning-parser",
+        "deepseek_v41",
+        "--max-num-seqs",
+        "2",
+    ];
+    let sim = Sim::start(&sim_bin, &args, &[("SIM_SPEED", "1")]);
+    let gw = Gateway::start(
+        &binary_next_to(&exe, "sparkgate"),
+        "deepseek-v4.1-flash",
+        sim.addr(),
+        &[],
+    );
+    let pid = gw.proc.pid();
+    let addr = gw.addr;
+    let hold = json!({"messages": [{"role": "user", "content": "hold"}], "max_tokens": 100000, "ignore_eos": true, "stream": true});
+    let mut holders: Vec<Streaming> = (0..2)
+        .map(|_| {
+            Streaming::open(
+                addr,
+                "POST",
+                "/v1/chat/completions",
+                &[("Content-Type", "application/json")],
+                hold.to_string().as_bytes(),
+            )
+        })
+        .collect();
+    for h in &mut holders {
+        h.next_chunk();
+    }
+    let body = big_body(32 << 20);
+    println!("body: {} MiB of small numbers", body.len() >> 20);
+    let baseline = status_kib(pid, "VmRSS:");
+    // /health while one body is read and parsed.
+    let one = body.clone();
+    let sender = std::thread::spawn(move || {
+        request(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("Content-Type", "application/json")],
+            &one,
+        )
+    });
+    let mut worst = Duration::ZERO;
+    while !sender.is_finished() {
+        let t = Instant::now();
+        let _ = request(addr, "GET", "/health", &[], b"");
+        worst = worst.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(5));
+        let queued = request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"]
+            .as_u64()
+            .unwrap_or(0);
+        if queued >= 1 {
+            break;
+        }
+    }
+    println!(
+        "/health worst latency while a 32 MiB body is parsed: {:.1} ms",
+        worst.as_secs_f64() * 1e3
+    );
+    let senders: Vec<_> = (0..7)
+        .map(|_| {
+            let b = body.clone();
+            std::thread::spawn(move || {
+                request(
+                    addr,
+                    "POST",
+                    "/v1/chat/completions",
+                    &[("Content-Type", "application/json")],
+                    &b,
+                )
+                .status
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let queued = request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"]
+            .as_u64()
+            .unwrap_or(0);
+        if queued >= 8 || Instant::now() > deadline {
+            println!("queued: {queued}");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "gateway RSS with 8 bodies queued: {} MiB (high-water {} MiB, idle {} MiB)",
+        status_kib(pid, "VmRSS:") >> 10,
+        status_kib(pid, "VmHWM:") >> 10,
+        baseline >> 10
+    );
+    drop(holders);
+    let statuses: Vec<u16> = senders.into_iter().map(|s| s.join().expect("sender")).collect();
+    println!("after the holders left, the queued bodies were answered: {statuses:?}");
+    let _ = sender.join();
+}
