@@ -382,6 +382,8 @@ pub struct Gateway {
     pub metrics_public: bool,
     pub max_body_bytes: usize,
     pub header_read_timeout: Duration,
+    /// Open client connections served at once.
+    pub max_connections: usize,
     pub drain_timeout: Duration,
     pub log_json: bool,
     /// Tokio worker threads; 0 = one per core.

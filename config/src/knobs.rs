@@ -367,6 +367,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("METRICS_PUBLIC", Gateway, V("0"), V("0"), "1 = `/metrics` answers without an API key when API_KEYS is set (for a Prometheus without credentials)."),
     k("MAX_BODY_BYTES", Gateway, V("33554432"), V("33554432"), "Largest request body accepted (413 beyond)."),
     k("HEADER_READ_TIMEOUT", Gateway, V("30"), V("30"), "Seconds a client may take to send request headers."),
+    k("MAX_CONNECTIONS", Gateway, V("10000"), V("10000"), "Open client connections the gateway serves; one more is answered 503 and closed (keep it under the file-descriptor limit)."),
     k("DRAIN_TIMEOUT", Gateway, V("60"), V("60"), "Seconds in-flight requests may finish on shutdown or before a restart."),
     k("WORKER_THREADS", Gateway, V("1"), V("1"),
       "Threads serving HTTP and supervising (tokio workers); 0 = one per CPU core. One thread proxies ~18k small requests/s with the least added latency and CPU (BENCHMARKS.md); raise it only for more."),

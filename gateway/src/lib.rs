@@ -10,6 +10,7 @@ pub mod cli;
 mod edge;
 mod error;
 mod exposition;
+mod listen;
 mod normalize;
 mod observe;
 mod relay;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -136,7 +136,7 @@ pub(crate) fn router(app: Shared) -> Router {
 
 /// Rewrites the request's path to its canonical form (`routes::canonical`) before routing, so
 /// the route table sees — and the upstream receives — one spelling of every path.
-fn canonicalize(req: &mut hyper::Request<Incoming>) {
+pub(crate) fn canonicalize(req: &mut hyper::Request<Incoming>) {
     let uri = req.uri();
     let Some(path) = crate::routes::canonical(uri.path()) else {
         // Undecodable: routed as a path no route has (404 envelope).
@@ -540,61 +540,12 @@ pub async fn serve(
             }
         });
     }
-    let router = router(app);
-    let header_timeout = config.gateway.header_read_timeout;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut connections = tokio::task::JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else { continue };
-                let router = router.clone();
-                let mut stop = stop_rx.clone();
-                connections.spawn(async move {
-                    let _ = stream.set_nodelay(true);
-                    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-                        req.extensions_mut().insert(ConnectInfo(peer));
-                        canonicalize(&mut req);
-                        let router = router.clone();
-                        async move {
-                            use hyper::service::Service as _;
-                            hyper_util::service::TowerToHyperService::new(router).call(req).await
-                        }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .timer(hyper_util::rt::TokioTimer::new())
-                        .header_read_timeout(header_timeout)
-                        .keep_alive(true)
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                    tokio::pin!(conn);
-                    tokio::select! {
-                        _ = conn.as_mut() => {}
-                        _ = async { let _ = stop.wait_for(|s| *s).await; } => {
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.await;
-                        }
-                    }
-                });
-            }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    let drain = config.gateway.drain_timeout;
-    tracing::info!(connections = connections.len(), drain_s = drain.as_secs(), "draining");
-    if tokio::time::timeout(drain, async { while connections.join_next().await.is_some() {} })
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            remaining = connections.len(),
-            "drain timeout; closing the remaining connections"
-        );
-        connections.abort_all();
-    }
+    let cfg = crate::listen::ListenConfig {
+        header_read_timeout: config.gateway.header_read_timeout,
+        drain_timeout: config.gateway.drain_timeout,
+        max_connections: config.gateway.max_connections,
+    };
+    crate::listen::run(router(app), listener, cfg, shutdown).await;
     Ok(())
 }
 

@@ -146,3 +146,57 @@ fn unknown_routes_are_the_gateways_404_envelope() {
         assert_eq!(request(gw.addr, "GET", path, &[], b"").status, status, "{path}");
     }
 }
+
+#[test]
+fn http2_with_prior_knowledge_is_served_beside_http1() {
+    let (_sim, gw) = ds_pair(&[], &[]);
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "What is 17*19? Reply with the integer only."}],
+                      "max_tokens": 8, "chat_template_kwargs": {"enable_thinking": false}});
+    let out = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "-w",
+            "\n%{http_version} %{http_code}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+        ])
+        .arg(body.to_string())
+        .arg(format!("http://{}/v1/chat/completions", gw.addr))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.ends_with("\n2 200"), "HTTP/2 answered 200: {text}");
+    assert!(text.contains("\"323\""), "{text}");
+}
+
+#[test]
+fn connections_over_max_connections_get_a_503_envelope() {
+    let (_sim, gw) = ds_pair(&[], &[("MAX_CONNECTIONS", "2")]);
+    // Two idle keep-alive connections hold the cap.
+    let held: Vec<std::net::TcpStream> = (0..2).map(|_| std::net::TcpStream::connect(gw.addr).unwrap()).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let r = request(gw.addr, "GET", "/v1/models", &[], b"");
+        if r.status == 503 || std::time::Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert!(refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("MAX_CONNECTIONS"));
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while request(gw.addr, "GET", "/v1/models", &[], b"").status != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "served again once the connections closed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

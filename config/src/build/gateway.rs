@@ -40,6 +40,7 @@ impl Builder<'_> {
             metrics_public: self.flag("METRICS_PUBLIC"),
             max_body_bytes: self.int("MAX_BODY_BYTES", 1024..=1_073_741_824usize),
             header_read_timeout: self.seconds("HEADER_READ_TIMEOUT"),
+            max_connections: self.int("MAX_CONNECTIONS", 1..=1_000_000usize),
             drain_timeout: Duration::from_secs(self.int("DRAIN_TIMEOUT", 0..=86_400u64)),
             log_json: log == "json",
             worker_threads: self.int("WORKER_THREADS", 0..=1024usize),

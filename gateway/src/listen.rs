@@ -1,0 +1,170 @@
+//! The connection loop: accepts with a back-off on errors (a process out of file descriptors
+//! logs once per burst and waits instead of spinning), caps open connections (MAX_CONNECTIONS;
+//! one over it is answered 503 in vLLM's envelope and closed), serves HTTP/1.1 and HTTP/2 with
+//! prior knowledge (h2c) on the same port, canonicalises every request path before routing, and
+//! on shutdown drains the open connections for at most DRAIN_TIMEOUT.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper::body::Incoming;
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the loop needs from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ListenConfig {
+    pub(crate) header_read_timeout: Duration,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) max_connections: usize,
+}
+
+/// The wait after a failed accept: doubles per consecutive failure, at most a second.
+#[derive(Debug, Default)]
+struct Backoff {
+    failures: u32,
+    logged_at: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Backoff {
+    fn failed(&mut self, err: &std::io::Error) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let quiet = self.logged_at.is_some_and(|t| t.elapsed() < Duration::from_secs(10));
+        if quiet {
+            self.suppressed += 1;
+        } else {
+            tracing::warn!(error = %err, suppressed = self.suppressed, "accept failed; backing off (out of file descriptors?)");
+            self.logged_at = Some(Instant::now());
+            self.suppressed = 0;
+        }
+        Duration::from_millis(10u64 << self.failures.min(7)).min(Duration::from_secs(1))
+    }
+
+    fn succeeded(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// The answer for a connection over the cap: vLLM's envelope, then close.
+async fn refuse(mut stream: TcpStream, max: usize) {
+    let body = serde_json::json!({"error": {"message": format!("the gateway has {max} connections open (MAX_CONNECTIONS); retry later"),
+        "type": "Service Unavailable", "param": null, "code": 503}})
+    .to_string();
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let write = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), write).await;
+}
+
+/// Serves one connection (HTTP/1.1 or h2c) until it closes or `stop` turns true.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    cfg: ListenConfig,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut().insert(ConnectInfo(peer));
+        crate::server::canonicalize(&mut req);
+        let router = router.clone();
+        async move {
+            use hyper::service::Service as _;
+            hyper_util::service::TowerToHyperService::new(router).call(req).await
+        }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(cfg.header_read_timeout)
+        .keep_alive(true);
+    builder.http2().timer(hyper_util::rt::TokioTimer::new());
+    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = async { let _ = stop.wait_for(|s| *s).await; } => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// Accepts until `shutdown` resolves, then drains.
+pub(crate) async fn run(
+    router: Router,
+    listener: TcpListener,
+    cfg: ListenConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut backoff = Backoff::default();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    backoff.succeeded();
+                    if connections.len() >= cfg.max_connections {
+                        tokio::spawn(refuse(stream, cfg.max_connections));
+                        continue;
+                    }
+                    connections.spawn(connection(stream, peer, router.clone(), cfg, stop_rx.clone()));
+                }
+                Err(e) => tokio::time::sleep(backoff.failed(&e)).await,
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    tracing::info!(
+        connections = connections.len(),
+        drain_s = cfg.drain_timeout.as_secs(),
+        "draining"
+    );
+    if tokio::time::timeout(cfg.drain_timeout, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!(
+            remaining = connections.len(),
+            "drain timeout; closing the remaining connections"
+        );
+        connections.abort_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_failures_back_off_to_a_second_and_log_once_per_burst() {
+        let mut b = Backoff::default();
+        let e = std::io::Error::from_raw_os_error(24);
+        let waits: Vec<Duration> = (0..10).map(|_| b.failed(&e)).collect();
+        assert_eq!(waits[0], Duration::from_millis(20));
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+        assert_eq!(*waits.last().unwrap(), Duration::from_secs(1));
+        assert_eq!(b.suppressed, 9, "one log line for the burst");
+        b.succeeded();
+        assert_eq!(b.failed(&e), Duration::from_millis(20), "a success resets the wait");
+    }
+}
