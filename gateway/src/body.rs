@@ -5,6 +5,7 @@
 //! the ~30× a `serde_json::Value` tree takes, and bodies over OFF_THREAD bytes are handled on a
 //! blocking thread so `/health` and running streams are not held up by a parse.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use axum::http::{header, HeaderMap};
@@ -45,14 +46,15 @@ pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), GatewayError
     }
 }
 
-/// The body split into normalised fields and raw ones.
-struct Split {
+/// The body split into normalised fields and raw ones (borrowed from the request's bytes: the
+/// raw text is never copied before it is written out).
+struct Split<'a> {
     fields: Map<String, Value>,
-    raw: BTreeMap<String, Box<RawValue>>,
+    raw: BTreeMap<Cow<'a, str>, &'a RawValue>,
 }
 
-fn split(bytes: &[u8], api: Api) -> Result<Split, GatewayError> {
-    let mut raw: BTreeMap<String, Box<RawValue>> = match serde_json::from_slice(bytes) {
+fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
+    let mut raw: BTreeMap<Cow<'_, str>, &RawValue> = match serde_json::from_slice(bytes) {
         Ok(m) => m,
         Err(e) if e.is_data() => return Err(GatewayError::InvalidJson("the body must be a JSON object".into())),
         Err(e) => return Err(GatewayError::InvalidJson(e.to_string())),
@@ -71,7 +73,7 @@ fn split(bytes: &[u8], api: Api) -> Result<Split, GatewayError> {
 
 /// The normalised fields and the raw ones as one JSON object (a normalised field wins over a
 /// raw one of the same name: `extra_body` may set any key).
-fn join(fields: &Map<String, Value>, raw: &BTreeMap<String, Box<RawValue>>) -> Vec<u8> {
+fn join(fields: &Map<String, Value>, raw: &BTreeMap<Cow<'_, str>, &RawValue>) -> Vec<u8> {
     let mut out = Vec::with_capacity(raw.values().map(|v| v.get().len() + 16).sum::<usize>() + 256);
     out.push(b'{');
     let mut first = true;
@@ -86,7 +88,7 @@ fn join(fields: &Map<String, Value>, raw: &BTreeMap<String, Box<RawValue>>) -> V
     for (k, v) in fields {
         put(&mut out, k, &serde_json::to_vec(v).expect("a JSON value serialises"));
     }
-    for (k, v) in raw.iter().filter(|(k, _)| !fields.contains_key(*k)) {
+    for (k, v) in raw.iter().filter(|(k, _)| !fields.contains_key(k.as_ref())) {
         put(&mut out, k, v.get().as_bytes());
     }
     out.push(b'}');

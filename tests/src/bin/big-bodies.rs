@@ -1,5 +1,5 @@
 //! `cargo run --release -p sparkgate-tests --bin big-bodies`: the gateway's memory and
-//! responsiveness with large request bodies — 8 concurrent 32 MiB bodies (a list of small
+//! responsiveness with large request bodies — 8 concurrent 32 MB bodies (a list of small
 //! numbers, the worst case for a JSON value tree) queued behind two long streams, the
 //! gateway's RSS and high-water mark meanwhile, and `/health` latency while such a body is read
 //! and parsed. Prints one line per figure (BENCHMARKS.md has the reference run).
@@ -67,8 +67,8 @@ fn main() {
     for h in &mut holders {
         h.next_chunk();
     }
-    let body = big_body(32 << 20);
-    println!("body: {} MiB of small numbers", body.len() >> 20);
+    let body = big_body(32_000_000);
+    println!("body: {} MB of small numbers", body.len() / 1_000_000);
     let baseline = status_kib(pid, "VmRSS:");
     // /health while one body is read and parsed.
     let one = body.clone();
@@ -95,7 +95,7 @@ fn main() {
         }
     }
     println!(
-        "/health worst latency while a 32 MiB body is parsed: {:.1} ms",
+        "/health worst latency while a 32 MB body is read and parsed: {:.1} ms",
         worst.as_secs_f64() * 1e3
     );
     let senders: Vec<_> = (0..7)

@@ -78,3 +78,22 @@ pub(crate) async fn invocations(state: State<Shared>, headers: HeaderMap, body: 
         completions::handle(state, headers, body).await
     }
 }
+
+/// vLLM's decision, system-one and scoring routes: their required fields are checked as vLLM's
+/// models do; a complete body is refused, since the simulator does not model those tasks.
+pub(crate) async fn unsimulated(
+    headers: HeaderMap,
+    body: Bytes,
+    required: &'static [&'static str],
+) -> Result<Response, ApiError> {
+    let req = request::json_object(&headers, &body)?;
+    let missing: Vec<PyErr> = required
+        .iter()
+        .filter(|f| !req.contains_key(**f))
+        .map(|f| pydantic::missing(f, &req))
+        .collect();
+    if !missing.is_empty() {
+        return Err(pydantic::to_error(&missing));
+    }
+    Err(super::bad_request("vllm-sim does not simulate this task", None, None))
+}

@@ -148,6 +148,19 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/v1/responses", post(responses::handle))
         .route("/tokenize", post(tokenize))
         .route("/v1/responses/{id}", get(responses::get_stored))
+        .route("/v1/responses/{id}/cancel", post(responses::get_stored))
+        .route(
+            "/v1/decisions",
+            post(|h, b| dispatch::unsimulated(h, b, &["input", "questions"])),
+        )
+        .route(
+            "/v1/systemone",
+            post(|h, b| dispatch::unsimulated(h, b, &["state", "questions"])),
+        )
+        .route(
+            "/generative_scoring",
+            post(|h, b| dispatch::unsimulated(h, b, &["query", "items", "label_token_ids"])),
+        )
         .route("/detokenize", post(detokenize))
         .fallback(|| async { json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"})) })
         .method_not_allowed_fallback(|| async {
