@@ -289,6 +289,16 @@ class Anthropic(unittest.TestCase):
         self.assertIn("content_block_delta", events)
         self.assertEqual(final.content[0].type, "thinking")
 
+    def test_thinking_and_effort(self):
+        prompt = [{"role": "user", "content": "Explain hash maps."}]
+        thinking = self.client().messages.create(
+            model=MODEL, max_tokens=2048, messages=prompt, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
+        self.assertEqual(thinking.content[0].type, "thinking")
+        # DeepSeek's encoder cannot render `medium`: the gateway maps it (REASONING_EFFORT_MAP).
+        medium = self.client().messages.create(model=MODEL, max_tokens=600, messages=prompt, extra_body={"output_config": {"effort": "medium"}})
+        self.assertTrue(medium.content[0].thinking.startswith("Reasoning Effort: 75"), medium.content[0])
+
     def test_tool_use(self):
         tools = [{"name": "get_weather", "description": "Current weather for a city",
                   "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]

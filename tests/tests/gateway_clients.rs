@@ -25,6 +25,7 @@ const TESTS: &[&str] = &[
     "test_structured_output_by_tool_and_native",
     "test_tool_turn",
     "test_messages_plain_and_stream",
+    "test_thinking_and_effort",
     "test_tool_use",
 ];
 
