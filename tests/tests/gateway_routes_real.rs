@@ -1,0 +1,60 @@
+//! The route table in front of the real vLLM 0.33.0 frontend: six concurrent streams on
+//! `/v1/messages`, `/v1/chat%2Fcompletions` and `/v1/%63hat/completions` never put more than
+//! MAX_NUM_SEQS requests into vLLM (its own running + waiting gauges), and the checks hold on
+//! every spelling.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sparkgate_config::ProfileId;
+use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway, Streaming};
+use sparkgate_tests::realvllm::{plan_argv, RealVllm};
+
+const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
+const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
+
+/// vLLM's running + waiting requests, from its own `/metrics`.
+fn in_vllm(real: &RealVllm) -> u64 {
+    let text = request(real.addr, "GET", "/metrics", &[], b"").text();
+    text.lines()
+        .filter(|l| l.starts_with("vllm:num_requests_running{") || l.starts_with("vllm:num_requests_waiting{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[test]
+fn every_spelling_and_messages_stay_under_max_num_seqs_in_the_real_frontend() {
+    // 20 ms engine steps: each stream lasts seconds, long enough to see the queue.
+    let real = RealVllm::start_with(ProfileId::DeepSeekV41Flash, &plan_argv(ProfileId::DeepSeekV41Flash, None), &[("FAKE_STEP_S", "0.02")]);
+    let gw = Gateway::start(&binary_next_to(SIM, "sparkgate"), "deepseek-v4.1-flash", real.addr, &[]);
+    let prompt = json!([{"role": "user", "content": "Explain tensor parallel inference."}]);
+    let chat = json!({"model": MODEL, "messages": prompt, "max_tokens": 60, "stream": true});
+    let messages = json!({"model": MODEL, "messages": prompt, "max_tokens": 60, "stream": true});
+    for (path, body) in [("/v1/messages", &messages), ("/v1/chat%2Fcompletions", &chat), ("/v1/%63hat/completions", &chat)] {
+        let addr = gw.addr;
+        let workers: Vec<_> = (0..6)
+            .map(|_| {
+                let body: Value = body.clone();
+                std::thread::spawn(move || {
+                    Streaming::open(addr, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes()).read_all()
+                })
+            })
+            .collect();
+        let mut most = 0;
+        while !workers.iter().all(|w| w.is_finished()) {
+            most = most.max(in_vllm(&real));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for w in workers {
+            let text = String::from_utf8(w.join().unwrap()).unwrap();
+            assert!(text.contains("data: [DONE]") || text.contains("event: message_stop"), "{path}: {text}");
+        }
+        assert!((1..=2).contains(&most), "{path}: {most} requests inside vLLM at once (MAX_NUM_SEQS 2)");
+    }
+    for path in ["/v1/chat%2Fcompletions", "/v1//chat/./completions/"] {
+        let r = post_json(gw.addr, path, &json!({"model": MODEL, "messages": prompt, "n": 50}));
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        let r = post_json(gw.addr, path, &json!({"model": MODEL, "messages": prompt, "chat_template_kwargs": {"chat_template": "{{1}}"}}));
+        assert_eq!(r.json()["error"]["param"], "chat_template_kwargs", "{path}: {}", r.text());
+    }
+}
