@@ -1,11 +1,14 @@
 //! The connection loop: accepts with a back-off on errors (a process out of file descriptors
 //! logs once per burst and waits instead of spinning), caps open connections (MAX_CONNECTIONS;
 //! one over it is answered 503 in vLLM's envelope and closed), serves HTTP/1.1 and HTTP/2 with
-//! prior knowledge (h2c) on the same port, canonicalises every request path before routing, and
-//! on shutdown drains the open connections for at most DRAIN_TIMEOUT.
+//! prior knowledge (h2c) on the same port, gives hyper's own answers to unparseable requests
+//! (400, 431) the envelope too, canonicalises every request path before routing, and on
+//! shutdown drains the open connections for at most DRAIN_TIMEOUT.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::extract::ConnectInfo;
@@ -46,6 +49,81 @@ impl Backoff {
 
     fn succeeded(&mut self) {
         self.failures = 0;
+    }
+}
+
+/// The envelope for a response hyper writes itself (a request it could not parse: 400, 431):
+/// hyper sends those with an empty body; clients get vLLM's error envelope instead.
+fn envelope_for(head: &[u8]) -> Option<Vec<u8>> {
+    let end = memchr::memmem::find(head, b"\r\n\r\n")?;
+    let headers = &head[..end];
+    let bare = head.starts_with(b"HTTP/1.1 4")
+        && memchr::memmem::find(headers, b"\r\ncontent-length: 0").is_some()
+        && memchr::memmem::find(headers, b"content-type").is_none()
+        && end + 4 == head.len();
+    if !bare {
+        return None;
+    }
+    let line = std::str::from_utf8(&headers[..memchr::memmem::find(headers, b"\r\n")?]).ok()?;
+    let mut parts = line.splitn(3, ' ');
+    let (_, code, reason) = (parts.next()?, parts.next()?, parts.next().unwrap_or(""));
+    let message = match code {
+        "431" => "the request's headers are too large".to_owned(),
+        _ => format!("the request could not be parsed as HTTP ({reason})"),
+    };
+    let body = serde_json::json!({"error": {"message": message, "type": reason, "param": null, "code": code.parse::<u16>().ok()?}})
+        .to_string();
+    Some(
+        format!(
+            "{line}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
+    )
+}
+
+/// The client's stream, with hyper's bare error responses given an envelope (`envelope_for`).
+struct Enveloping {
+    inner: TcpStream,
+    /// A replacement being written, and how much of it is out.
+    pending: Option<(Vec<u8>, usize, usize)>,
+}
+
+impl tokio::io::AsyncRead for Enveloping {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Enveloping {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        if self.pending.is_none() {
+            match envelope_for(buf) {
+                Some(replacement) => self.pending = Some((replacement, 0, buf.len())),
+                None => return Pin::new(&mut self.inner).poll_write(cx, buf),
+            }
+        }
+        let this = &mut *self;
+        let (replacement, done, reported) = this.pending.as_mut().expect("set above");
+        while *done < replacement.len() {
+            match Pin::new(&mut this.inner).poll_write(cx, &replacement[*done..]) {
+                Poll::Ready(Ok(n)) => *done += n,
+                other => return other,
+            }
+        }
+        let reported = *reported;
+        this.pending = None;
+        Poll::Ready(Ok(reported))
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -91,7 +169,11 @@ async fn connection(
         .header_read_timeout(cfg.header_read_timeout)
         .keep_alive(true);
     builder.http2().timer(hyper_util::rt::TokioTimer::new());
-    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    let io = Enveloping {
+        inner: stream,
+        pending: None,
+    };
+    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => {}
@@ -154,6 +236,19 @@ pub(crate) async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hypers_bare_errors_get_the_envelope_and_ours_pass() {
+        let bare = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
+        let out = String::from_utf8(envelope_for(bare).unwrap()).unwrap();
+        assert!(out.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"));
+        let body: serde_json::Value = serde_json::from_str(out.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], 431);
+        let ours = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+        assert!(envelope_for(ours).is_none());
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        assert!(envelope_for(ok).is_none(), "only error statuses");
+    }
 
     #[test]
     fn accept_failures_back_off_to_a_second_and_log_once_per_burst() {

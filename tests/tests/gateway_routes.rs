@@ -200,3 +200,22 @@ fn connections_over_max_connections_get_a_503_envelope() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn requests_hyper_cannot_parse_get_the_envelope_too() {
+    use std::io::{Read as _, Write as _};
+    let (_sim, gw) = ds_pair(&[], &[]);
+    let big_header = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(600_000)
+    );
+    for (raw, status) in [(b"GARBAGE\r\n\r\n".to_vec(), "400"), (big_header.into_bytes(), "431")] {
+        let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+        let _ = s.write_all(&raw);
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(out.starts_with(&format!("HTTP/1.1 {status} ")), "{out}");
+        let body: Value = serde_json::from_str(out.split("\r\n\r\n").nth(1).unwrap_or("")).unwrap_or(Value::Null);
+        assert_eq!(body["error"]["code"], status.parse::<u16>().unwrap(), "{out}");
+    }
+}

@@ -25,18 +25,33 @@ fn in_vllm(real: &RealVllm) -> u64 {
 #[test]
 fn every_spelling_and_messages_stay_under_max_num_seqs_in_the_real_frontend() {
     // 20 ms engine steps: each stream lasts seconds, long enough to see the queue.
-    let real = RealVllm::start_with(ProfileId::DeepSeekV41Flash, &plan_argv(ProfileId::DeepSeekV41Flash, None), &[("FAKE_STEP_S", "0.02")]);
+    let real = RealVllm::start_with(
+        ProfileId::DeepSeekV41Flash,
+        &plan_argv(ProfileId::DeepSeekV41Flash, None),
+        &[("FAKE_STEP_S", "0.02")],
+    );
     let gw = Gateway::start(&binary_next_to(SIM, "sparkgate"), "deepseek-v4.1-flash", real.addr, &[]);
     let prompt = json!([{"role": "user", "content": "Explain tensor parallel inference."}]);
     let chat = json!({"model": MODEL, "messages": prompt, "max_tokens": 60, "stream": true});
     let messages = json!({"model": MODEL, "messages": prompt, "max_tokens": 60, "stream": true});
-    for (path, body) in [("/v1/messages", &messages), ("/v1/chat%2Fcompletions", &chat), ("/v1/%63hat/completions", &chat)] {
+    for (path, body) in [
+        ("/v1/messages", &messages),
+        ("/v1/chat%2Fcompletions", &chat),
+        ("/v1/%63hat/completions", &chat),
+    ] {
         let addr = gw.addr;
         let workers: Vec<_> = (0..6)
             .map(|_| {
                 let body: Value = body.clone();
                 std::thread::spawn(move || {
-                    Streaming::open(addr, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes()).read_all()
+                    Streaming::open(
+                        addr,
+                        "POST",
+                        path,
+                        &[("Content-Type", "application/json")],
+                        body.to_string().as_bytes(),
+                    )
+                    .read_all()
                 })
             })
             .collect();
@@ -47,14 +62,29 @@ fn every_spelling_and_messages_stay_under_max_num_seqs_in_the_real_frontend() {
         }
         for w in workers {
             let text = String::from_utf8(w.join().unwrap()).unwrap();
-            assert!(text.contains("data: [DONE]") || text.contains("event: message_stop"), "{path}: {text}");
+            assert!(
+                text.contains("data: [DONE]") || text.contains("event: message_stop"),
+                "{path}: {text}"
+            );
         }
-        assert!((1..=2).contains(&most), "{path}: {most} requests inside vLLM at once (MAX_NUM_SEQS 2)");
+        assert!(
+            (1..=2).contains(&most),
+            "{path}: {most} requests inside vLLM at once (MAX_NUM_SEQS 2)"
+        );
     }
     for path in ["/v1/chat%2Fcompletions", "/v1//chat/./completions/"] {
         let r = post_json(gw.addr, path, &json!({"model": MODEL, "messages": prompt, "n": 50}));
         assert_eq!(r.status, 400, "{path}: {}", r.text());
-        let r = post_json(gw.addr, path, &json!({"model": MODEL, "messages": prompt, "chat_template_kwargs": {"chat_template": "{{1}}"}}));
-        assert_eq!(r.json()["error"]["param"], "chat_template_kwargs", "{path}: {}", r.text());
+        let r = post_json(
+            gw.addr,
+            path,
+            &json!({"model": MODEL, "messages": prompt, "chat_template_kwargs": {"chat_template": "{{1}}"}}),
+        );
+        assert_eq!(
+            r.json()["error"]["param"],
+            "chat_template_kwargs",
+            "{path}: {}",
+            r.text()
+        );
     }
 }
