@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use sparkgate_supervisor::{GroupState, SupervisorHandle};
 
+use crate::app::{status_json, Shared};
 use crate::error::GatewayError;
-use crate::server::{status_json, Shared};
 use crate::state::{GatewayControl, UpstreamState};
 
 /// Mirrors the supervisor's state into the gateway: admission pauses while the ranks start or

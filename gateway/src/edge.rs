@@ -27,8 +27,8 @@ use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 use sparkgate_config::Secret;
 
+use crate::app::{App, Shared};
 use crate::error::GatewayError;
-use crate::server::{App, Shared};
 
 /// The request's id, as accepted or generated.
 #[derive(Debug, Clone)]

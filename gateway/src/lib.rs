@@ -5,6 +5,7 @@
 
 mod admin;
 mod admission;
+mod app;
 mod body;
 pub mod cli;
 mod edge;

@@ -155,7 +155,7 @@ async fn connection(
     let _ = stream.set_nodelay(true);
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(ConnectInfo(peer));
-        crate::server::canonicalize(&mut req);
+        crate::routes::canonicalize(&mut req);
         let router = router.clone();
         async move {
             use hyper::service::Service as _;

@@ -185,10 +185,28 @@ impl Normalizer {
         Ok(())
     }
 
+    /// The names the template renders: its own, and the one it falls back to (GLM's `max`).
+    fn names(&self) -> impl Iterator<Item = &'static str> {
+        let facts = self.profile.reasoning();
+        let fallback = facts
+            .unknown_renders_as
+            .filter(|u| !facts.named.iter().any(|(n, _)| n == u));
+        facts.named.iter().map(|(n, _)| *n).chain(fallback)
+    }
+
+    /// The integer efforts the template takes, if any (from the profile's reasoning facts).
+    fn integer(&self, v: u64) -> Option<Effort> {
+        let (lo, hi) = self.profile.reasoning().integer_range?;
+        (u64::from(lo)..=u64::from(hi))
+            .contains(&v)
+            .then_some(Effort::Int(v as u8))
+    }
+
     fn accepted(&self) -> String {
-        let mut s = match self.profile {
-            ProfileId::DeepSeekV41Flash => "low, high, max, none or an integer 1-100".to_owned(),
-            ProfileId::Glm53Flash => "low, high, max or none".to_owned(),
+        let names = self.names().collect::<Vec<_>>().join(", ");
+        let mut s = match self.profile.reasoning().integer_range {
+            Some((lo, hi)) => format!("{names}, none or an integer {lo}-{hi}"),
+            None => format!("{names} or none"),
         };
         if !self.effort_map.is_empty() {
             let mut pairs: Vec<String> = self.effort_map.iter().map(|(f, t)| format!("{f}={t}")).collect();
@@ -203,16 +221,13 @@ impl Normalizer {
     }
 
     fn named(&self, s: &str) -> Option<Effort> {
-        match s {
-            "none" => Some(Effort::Off),
-            "low" => Some(Effort::Named("low")),
-            "high" => Some(Effort::Named("high")),
-            "max" => Some(Effort::Named("max")),
-            _ if self.profile == ProfileId::DeepSeekV41Flash => {
-                s.parse::<u8>().ok().filter(|v| (1..=100).contains(v)).map(Effort::Int)
-            }
-            _ => None,
+        if s == "none" {
+            return Some(Effort::Off);
         }
+        if let Some(n) = self.names().find(|n| *n == s) {
+            return Some(Effort::Named(n));
+        }
+        s.parse::<u64>().ok().and_then(|v| self.integer(v))
     }
 
     /// One effort value as the client sent it → what the template takes.
@@ -238,9 +253,9 @@ impl Normalizer {
                     None => Err(refuse(format!("`{s}`"))),
                 }
             }
-            Value::Number(n) if self.profile == ProfileId::DeepSeekV41Flash => {
-                match n.as_u64().filter(|v| (1..=100).contains(v)) {
-                    Some(v) => Ok(Effort::Int(v as u8)),
+            Value::Number(n) if self.profile.reasoning().integer_range.is_some() => {
+                match n.as_u64().and_then(|v| self.integer(v)) {
+                    Some(e) => Ok(e),
                     None => Err(refuse(format!("`{n}`"))),
                 }
             }

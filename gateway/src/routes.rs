@@ -5,6 +5,8 @@
 //! `//v1/./chat/completions/`) reaches the engine around admission. A path the table does not
 //! know is answered 404 by the gateway without reaching vLLM.
 
+use hyper::body::Incoming;
+
 use crate::normalize::Api;
 
 /// Which API a route speaks.
@@ -121,6 +123,31 @@ impl Route {
     /// not the liveness answers (`/ping`, `/version`, `/load`) that monitors poll.
     pub(crate) fn needs_key(&self) -> bool {
         !matches!(self.path, "/ping" | "/version" | "/load")
+    }
+}
+
+/// Rewrites the request's path to its canonical form (`routes::canonical`) before routing, so
+/// the route table sees — and the upstream receives — one spelling of every path.
+pub(crate) fn canonicalize(req: &mut hyper::Request<Incoming>) {
+    let uri = req.uri();
+    let Some(path) = canonical(uri.path()) else {
+        // Undecodable: routed as a path no route has (404 envelope).
+        *req.uri_mut() = axum::http::Uri::from_static("/%invalid-path");
+        return;
+    };
+    if path == uri.path() {
+        return;
+    }
+    let rebuilt = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    };
+    if let Ok(p) = rebuilt.parse::<axum::http::uri::PathAndQuery>() {
+        let mut parts = uri.clone().into_parts();
+        parts.path_and_query = Some(p);
+        if let Ok(u) = axum::http::Uri::from_parts(parts) {
+            *req.uri_mut() = u;
+        }
     }
 }
 

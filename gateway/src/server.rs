@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -17,78 +16,22 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use metrics::{counter, histogram};
-use serde_json::{json, Value};
-use sparkgate_config::{Config, Secret};
+use sparkgate_config::Config;
 use sparkgate_supervisor::{GroupState, SupervisorHandle};
 use tokio::net::TcpListener;
 
 use crate::admin;
 use crate::admission::Permit;
+use crate::app::{status_json, App, Shared};
 use crate::body::{check_content_type, Prepared};
-use crate::edge::{self, Limiter, RequestId};
+use crate::edge::{self, RequestId};
 use crate::error::GatewayError;
-use crate::normalize::{Api, Normalizer};
+use crate::normalize::Api;
 use crate::observe;
 use crate::relay::{relay, Framing, RelayCtx};
 use crate::routes::{Family, Methods, Role, Route, ROUTES};
 use crate::state::{GatewayControl, UpstreamState};
-use crate::upstream::{is_hop_by_hop, Upstream};
-
-/// Everything the handlers share.
-#[derive(Debug)]
-pub(crate) struct App {
-    pub(crate) normalizer: Arc<Normalizer>,
-    pub(crate) upstream: Upstream,
-    pub(crate) control: GatewayControl,
-    pub(crate) api_keys: Vec<Secret>,
-    pub(crate) admin_token: Option<Secret>,
-    /// `/metrics` answers without an API key (METRICS_PUBLIC).
-    pub(crate) metrics_public: bool,
-    pub(crate) limiter: Option<Arc<Limiter>>,
-    pub(crate) supervisor: Option<SupervisorHandle>,
-    pub(crate) drain_timeout: Duration,
-    first_token_timeout: Duration,
-    idle_timeout: Duration,
-    request_timeout: Duration,
-    max_body: usize,
-    profile: String,
-    /// The profile's speculation modes (what `/admin/spec` may switch to).
-    pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
-    pub(crate) spec_policy: Arc<crate::spec::SpecPolicy>,
-    upstream_metrics: crate::exposition::UpstreamMetrics,
-}
-
-pub(crate) type Shared = Arc<App>;
-
-impl App {
-    pub(crate) fn new(config: &Config, control: GatewayControl, supervisor: Option<SupervisorHandle>) -> Shared {
-        let g = &config.gateway;
-        Arc::new(App {
-            normalizer: Arc::new(Normalizer::new(
-                config.profile,
-                &config.serving.served_model_name,
-                &g.model_aliases,
-                &g.effort_map,
-            )),
-            upstream: Upstream::new(&g.upstream, config.secrets.vllm_api_key.as_ref()),
-            control,
-            api_keys: config.secrets.api_keys.clone(),
-            admin_token: config.secrets.admin_token.clone(),
-            metrics_public: g.metrics_public,
-            limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
-            supervisor,
-            drain_timeout: g.drain_timeout,
-            first_token_timeout: g.first_token_timeout,
-            idle_timeout: g.stream_idle_timeout,
-            request_timeout: g.request_timeout,
-            max_body: g.max_body_bytes,
-            profile: config.profile.to_string(),
-            spec_modes: config.speculation.modes.clone(),
-            spec_policy: crate::spec::SpecPolicy::new(&config.speculation),
-            upstream_metrics: Default::default(),
-        })
-    }
-}
+use crate::upstream::is_hop_by_hop;
 
 /// One upstream route's axum method router, from its table entry.
 fn route_service(r: &'static Route) -> axum::routing::MethodRouter<Shared> {
@@ -132,31 +75,6 @@ pub(crate) fn router(app: Shared) -> Router {
         .layer(middleware::from_fn(edge::access_log))
         .layer(middleware::from_fn(edge::request_id))
         .with_state(app)
-}
-
-/// Rewrites the request's path to its canonical form (`routes::canonical`) before routing, so
-/// the route table sees — and the upstream receives — one spelling of every path.
-pub(crate) fn canonicalize(req: &mut hyper::Request<Incoming>) {
-    let uri = req.uri();
-    let Some(path) = crate::routes::canonical(uri.path()) else {
-        // Undecodable: routed as a path no route has (404 envelope).
-        *req.uri_mut() = axum::http::Uri::from_static("/%invalid-path");
-        return;
-    };
-    if path == uri.path() {
-        return;
-    }
-    let rebuilt = match uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path,
-    };
-    if let Ok(p) = rebuilt.parse::<axum::http::uri::PathAndQuery>() {
-        let mut parts = uri.clone().into_parts();
-        parts.path_and_query = Some(p);
-        if let Ok(u) = axum::http::Uri::from_parts(parts) {
-            *req.uri_mut() = u;
-        }
-    }
 }
 
 /// Reads the whole body, refusing more than `limit` bytes with 413.
@@ -433,20 +351,6 @@ async fn forward_as_is(
     Ok(head
         .body(Body::new(upstream.into_body()))
         .expect("valid response parts"))
-}
-
-pub(crate) fn status_json(app: &App) -> Value {
-    let snap = app.control.snapshot();
-    let upstream = app.control.upstream();
-    json!({
-        "ready": app.control.is_ready(),
-        "upstream": upstream,
-        "upstream_url": app.upstream.base(),
-        "profile": app.profile,
-        "model": app.normalizer.served(),
-        "mode": app.control.mode(),
-        "admission": {"open": !snap.paused, "capacity": snap.capacity, "in_flight": snap.in_use, "queued": snap.queued},
-    })
 }
 
 /// 200 only when the upstream is ready and admission is open; 503 otherwise, with the state.

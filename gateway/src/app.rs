@@ -1,0 +1,85 @@
+//! The state every handler shares (`App`, behind `Shared`): the normaliser, the upstream
+//! client, admission and upstream state, keys, limits and the speculation policy — its own
+//! module, so the server, the edge layers and `/admin` depend on it and not on each other.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sparkgate_config::{Config, Secret};
+use sparkgate_supervisor::SupervisorHandle;
+
+use crate::edge::Limiter;
+use crate::normalize::Normalizer;
+use crate::state::GatewayControl;
+use crate::upstream::Upstream;
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub(crate) struct App {
+    pub(crate) normalizer: Arc<Normalizer>,
+    pub(crate) upstream: Upstream,
+    pub(crate) control: GatewayControl,
+    pub(crate) api_keys: Vec<Secret>,
+    pub(crate) admin_token: Option<Secret>,
+    /// `/metrics` answers without an API key (METRICS_PUBLIC).
+    pub(crate) metrics_public: bool,
+    pub(crate) limiter: Option<Arc<Limiter>>,
+    pub(crate) supervisor: Option<SupervisorHandle>,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) first_token_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) max_body: usize,
+    pub(crate) profile: String,
+    /// The profile's speculation modes (what `/admin/spec` may switch to).
+    pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
+    pub(crate) spec_policy: Arc<crate::spec::SpecPolicy>,
+    pub(crate) upstream_metrics: crate::exposition::UpstreamMetrics,
+}
+
+pub(crate) type Shared = Arc<App>;
+
+impl App {
+    pub(crate) fn new(config: &Config, control: GatewayControl, supervisor: Option<SupervisorHandle>) -> Shared {
+        let g = &config.gateway;
+        Arc::new(App {
+            normalizer: Arc::new(Normalizer::new(
+                config.profile,
+                &config.serving.served_model_name,
+                &g.model_aliases,
+                &g.effort_map,
+            )),
+            upstream: Upstream::new(&g.upstream, config.secrets.vllm_api_key.as_ref()),
+            control,
+            api_keys: config.secrets.api_keys.clone(),
+            admin_token: config.secrets.admin_token.clone(),
+            metrics_public: g.metrics_public,
+            limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
+            supervisor,
+            drain_timeout: g.drain_timeout,
+            first_token_timeout: g.first_token_timeout,
+            idle_timeout: g.stream_idle_timeout,
+            request_timeout: g.request_timeout,
+            max_body: g.max_body_bytes,
+            profile: config.profile.to_string(),
+            spec_modes: config.speculation.modes.clone(),
+            spec_policy: crate::spec::SpecPolicy::new(&config.speculation),
+            upstream_metrics: Default::default(),
+        })
+    }
+}
+
+pub(crate) fn status_json(app: &App) -> Value {
+    let snap = app.control.snapshot();
+    let upstream = app.control.upstream();
+    json!({
+        "ready": app.control.is_ready(),
+        "upstream": upstream,
+        "upstream_url": app.upstream.base(),
+        "profile": app.profile,
+        "model": app.normalizer.served(),
+        "mode": app.control.mode(),
+        "admission": {"open": !snap.paused, "capacity": snap.capacity, "in_flight": snap.in_use, "queued": snap.queued},
+    })
+}
