@@ -639,3 +639,57 @@ impl Gateway {
 }
 
 pub use crate::hosts::{kill_pid, processes_with, sim_image, Sshd, WorkerDaemon};
+
+/// vllm-sim's argv for a DeepSeek rank serving the profile's model with 2 slots.
+pub const DEEPSEEK_SIM_ARGS: [&str; 7] = [
+    "/model",
+    "--served-model-name",
+    "DeepSeek-v4.1-Flash-EXL3",
+    "--reasoning-parser",
+    "deepseek_v41",
+    "--max-num-seqs",
+    "2",
+];
+
+/// The same with `max_num_seqs` slots.
+pub fn deepseek_sim_args(max_num_seqs: &'static str) -> [&'static str; 7] {
+    let mut a = DEEPSEEK_SIM_ARGS;
+    a[6] = max_num_seqs;
+    a
+}
+
+/// Opens `n` streaming POSTs of `body` on `path` at once and calls `sample` every `every` until
+/// all have finished; the largest sample and every stream's text.
+pub fn concurrent_streams(
+    addr: SocketAddr,
+    path: &'static str,
+    body: &serde_json::Value,
+    n: usize,
+    every: Duration,
+    mut sample: impl FnMut() -> u64,
+) -> (u64, Vec<String>) {
+    let workers: Vec<_> = (0..n)
+        .map(|_| {
+            let body = body.to_string();
+            std::thread::spawn(move || {
+                let mut s = Streaming::open(
+                    addr,
+                    "POST",
+                    path,
+                    &[("Content-Type", "application/json")],
+                    body.as_bytes(),
+                );
+                String::from_utf8_lossy(&s.read_all()).into_owned()
+            })
+        })
+        .collect();
+    let mut most = 0;
+    while !workers.iter().all(|w| w.is_finished()) {
+        most = most.max(sample());
+        std::thread::sleep(every);
+    }
+    (
+        most,
+        workers.into_iter().map(|w| w.join().expect("stream thread")).collect(),
+    )
+}

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{binary_next_to, Gateway, Sim};
+use sparkgate_tests::harness::{binary_next_to, deepseek_sim_args, Gateway, Sim};
 use sparkgate_tests::realvllm::RealVllm;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
@@ -67,17 +67,10 @@ fn run_clients(backend: SocketAddr, tight_backend: SocketAddr, gw_env: &[(&str, 
 #[test]
 fn clients_in_front_of_vllm_sim() {
     let args = [
-        "/model",
-        "--served-model-name",
-        MODEL,
-        "--reasoning-parser",
-        "deepseek_v41",
-        "--max-num-seqs",
-        "8",
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "deepseek_v41",
-    ];
+        &deepseek_sim_args("8")[..],
+        &["--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v41"],
+    ]
+    .concat();
     let sim = Sim::start(SIM, &args, &[]);
     let slow = Sim::start(SIM, &args, &[("SIM_SPEED", "1")]);
     run_clients(sim.addr(), slow.addr(), &[("MAX_NUM_SEQS", "8")]);

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{post_json, request, Streaming};
+use sparkgate_tests::harness::{concurrent_streams, post_json, request};
 
 mod common;
 use common::ds_pair;
@@ -33,36 +33,16 @@ fn six_streams_on_every_engine_path_never_exceed_max_num_seqs_upstream() {
         ("//v1/chat/completions/", chat_body()),
         ("/invocations", chat_body()),
     ] {
-        let addr = gw.addr;
-        let workers: Vec<_> = (0..6)
-            .map(|_| {
-                let body = body.to_string();
-                std::thread::spawn(move || {
-                    Streaming::open(
-                        addr,
-                        "POST",
-                        path,
-                        &[("Content-Type", "application/json")],
-                        body.as_bytes(),
-                    )
-                    .read_all()
-                })
-            })
-            .collect();
-        let mut max_upstream = 0;
-        while !workers.iter().all(|w| w.is_finished()) {
+        let (max_upstream, bodies) = concurrent_streams(gw.addr, path, &body, 6, Duration::from_millis(2), || {
             let s = sim.state();
-            max_upstream = max_upstream.max(s["running"].as_u64().unwrap() + s["waiting"].as_u64().unwrap());
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let bodies: Vec<Vec<u8>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+            s["running"].as_u64().unwrap() + s["waiting"].as_u64().unwrap()
+        });
         assert!(
             max_upstream <= 2,
             "{path}: {max_upstream} upstream at once with MAX_NUM_SEQS 2"
         );
         assert!(max_upstream >= 1, "{path}: the streams ran");
-        for b in bodies {
-            let text = String::from_utf8_lossy(&b);
+        for text in bodies {
             let end = if path == "/v1/messages" {
                 "event: message_stop"
             } else {

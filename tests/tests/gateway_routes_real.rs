@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway, Streaming};
+use sparkgate_tests::harness::{binary_next_to, concurrent_streams, post_json, request, Gateway};
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
@@ -39,29 +39,8 @@ fn every_spelling_and_messages_stay_under_max_num_seqs_in_the_real_frontend() {
         ("/v1/chat%2Fcompletions", &chat),
         ("/v1/%63hat/completions", &chat),
     ] {
-        let addr = gw.addr;
-        let workers: Vec<_> = (0..6)
-            .map(|_| {
-                let body: Value = body.clone();
-                std::thread::spawn(move || {
-                    Streaming::open(
-                        addr,
-                        "POST",
-                        path,
-                        &[("Content-Type", "application/json")],
-                        body.to_string().as_bytes(),
-                    )
-                    .read_all()
-                })
-            })
-            .collect();
-        let mut most = 0;
-        while !workers.iter().all(|w| w.is_finished()) {
-            most = most.max(in_vllm(&real));
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        for w in workers {
-            let text = String::from_utf8(w.join().unwrap()).unwrap();
+        let (most, bodies) = concurrent_streams(gw.addr, path, body, 6, Duration::from_millis(10), || in_vllm(&real));
+        for text in bodies {
             assert!(
                 text.contains("data: [DONE]") || text.contains("event: message_stop"),
                 "{path}: {text}"

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_tests::harness::{binary_next_to, request, Gateway, Sim, Streaming};
+use sparkgate_tests::harness::{binary_next_to, deepseek_sim_args, request, Gateway, Sim, Streaming};
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 
@@ -34,16 +34,7 @@ fn big_body(bytes: usize) -> Vec<u8> {
 fn main() {
     let exe = std::env::current_exe().expect("exe").to_string_lossy().into_owned();
     let sim_bin = binary_next_to(&exe, "vllm-sim");
-    let args = [
-        "/model",
-        "--served-model-name",
-        MODEL,
-        "--reasoning-parser",
-        "deepseek_v41",
-        "--max-num-seqs",
-        "2",
-    ];
-    let sim = Sim::start(&sim_bin, &args, &[("SIM_SPEED", "1")]);
+    let sim = Sim::start(&sim_bin, &deepseek_sim_args("2"), &[("SIM_SPEED", "1")]);
     let gw = Gateway::start(
         &binary_next_to(&exe, "sparkgate"),
         "deepseek-v4.1-flash",

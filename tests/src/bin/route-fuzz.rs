@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, try_request, Gateway, Sim};
+use sparkgate_tests::harness::{binary_next_to, deepseek_sim_args, try_request, Gateway, Sim};
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 
@@ -166,16 +166,7 @@ fn verdict(path: &str, status: u16, ct: &str, body: &[u8]) -> Option<String> {
 fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let exe = std::env::current_exe().expect("exe").to_string_lossy().into_owned();
-    let args = [
-        "/model",
-        "--served-model-name",
-        MODEL,
-        "--reasoning-parser",
-        "deepseek_v41",
-        "--max-num-seqs",
-        "8",
-    ];
-    let sim = Sim::start(&binary_next_to(&exe, "vllm-sim"), &args, &[]);
+    let sim = Sim::start(&binary_next_to(&exe, "vllm-sim"), &deepseek_sim_args("8"), &[]);
     let gw = Gateway::start(
         &binary_next_to(&exe, "sparkgate"),
         "deepseek-v4.1-flash",

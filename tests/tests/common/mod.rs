@@ -12,15 +12,7 @@ pub fn sparkgate() -> String {
     binary_next_to(SIM, "sparkgate")
 }
 
-pub const DS: &[&str] = &[
-    "/model",
-    "--served-model-name",
-    "DeepSeek-v4.1-Flash-EXL3",
-    "--reasoning-parser",
-    "deepseek_v41",
-    "--max-num-seqs",
-    "2",
-];
+pub const DS: &[&str] = &sparkgate_tests::harness::DEEPSEEK_SIM_ARGS;
 pub const GLM: &[&str] = &[
     "/glm",
     "--served-model-name",
