@@ -208,5 +208,8 @@ fn main() {
     for f in failures.iter().take(20) {
         println!("  {f}");
     }
+    // `exit` skips destructors: stop the gateway and the simulator first.
+    drop(gw);
+    drop(sim);
     std::process::exit(i32::from(!failures.is_empty()));
 }
