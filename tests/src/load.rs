@@ -1,6 +1,6 @@
-//! Closed-loop request load for end-to-end tests (clients that send one request after another
-//! until told to stop, keeping every answer), and the speculation round trip both runtimes' tests
-//! assert with it.
+//! Request load for end-to-end tests: closed-loop clients (one request after another until told
+//! to stop, keeping every answer), the speculation round trip both runtimes' tests assert with
+//! it, concurrent streams sampled while they run, and the DeepSeek rank argv those tests start.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{post_json, request, Gateway};
+use crate::harness::{post_json, request, Gateway, Streaming};
 
 /// Running clients; each stops when its flag is set.
 #[derive(Debug)]
@@ -151,4 +151,58 @@ pub fn assert_auto_round_trip(gw: &Gateway, body: &Value) {
         3,
         "two switches, nothing else restarted"
     );
+}
+
+/// vllm-sim's argv for a DeepSeek rank serving the profile's model with 2 slots.
+pub const DEEPSEEK_SIM_ARGS: [&str; 7] = [
+    "/model",
+    "--served-model-name",
+    "DeepSeek-v4.1-Flash-EXL3",
+    "--reasoning-parser",
+    "deepseek_v41",
+    "--max-num-seqs",
+    "2",
+];
+
+/// The same with `max_num_seqs` slots.
+pub fn deepseek_sim_args(max_num_seqs: &'static str) -> [&'static str; 7] {
+    let mut a = DEEPSEEK_SIM_ARGS;
+    a[6] = max_num_seqs;
+    a
+}
+
+/// Opens `n` streaming POSTs of `body` on `path` at once and calls `sample` every `every` until
+/// all have finished; the largest sample and every stream's text.
+pub fn concurrent_streams(
+    addr: SocketAddr,
+    path: &'static str,
+    body: &serde_json::Value,
+    n: usize,
+    every: Duration,
+    mut sample: impl FnMut() -> u64,
+) -> (u64, Vec<String>) {
+    let workers: Vec<_> = (0..n)
+        .map(|_| {
+            let body = body.to_string();
+            std::thread::spawn(move || {
+                let mut s = Streaming::open(
+                    addr,
+                    "POST",
+                    path,
+                    &[("Content-Type", "application/json")],
+                    body.as_bytes(),
+                );
+                String::from_utf8_lossy(&s.read_all()).into_owned()
+            })
+        })
+        .collect();
+    let mut most = 0;
+    while !workers.iter().all(|w| w.is_finished()) {
+        most = most.max(sample());
+        std::thread::sleep(every);
+    }
+    (
+        most,
+        workers.into_iter().map(|w| w.join().expect("stream thread")).collect(),
+    )
 }

@@ -5,7 +5,8 @@
 use std::net::SocketAddr;
 
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{binary_next_to, deepseek_sim_args, Gateway, Sim};
+use sparkgate_tests::harness::{binary_next_to, Gateway, Sim};
+use sparkgate_tests::load::deepseek_sim_args;
 use sparkgate_tests::realvllm::RealVllm;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{concurrent_streams, post_json, request};
+use sparkgate_tests::harness::{post_json, request};
+use sparkgate_tests::load::concurrent_streams;
 
 mod common;
 use common::ds_pair;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{binary_next_to, concurrent_streams, post_json, request, Gateway};
+use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway};
+use sparkgate_tests::load::concurrent_streams;
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

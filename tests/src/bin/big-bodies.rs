@@ -7,7 +7,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_tests::harness::{binary_next_to, deepseek_sim_args, request, Gateway, Sim, Streaming};
+use sparkgate_tests::harness::{binary_next_to, request, Gateway, Sim, Streaming};
+use sparkgate_tests::load::deepseek_sim_args;
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 

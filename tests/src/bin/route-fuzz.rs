@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, deepseek_sim_args, try_request, Gateway, Sim};
+use sparkgate_tests::harness::{binary_next_to, try_request, Gateway, Sim};
+use sparkgate_tests::load::deepseek_sim_args;
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 

@@ -12,7 +12,7 @@ pub fn sparkgate() -> String {
     binary_next_to(SIM, "sparkgate")
 }
 
-pub const DS: &[&str] = &sparkgate_tests::harness::DEEPSEEK_SIM_ARGS;
+pub const DS: &[&str] = &sparkgate_tests::load::DEEPSEEK_SIM_ARGS;
 pub const GLM: &[&str] = &[
     "/glm",
     "--served-model-name",
