@@ -105,3 +105,48 @@ pub fn init_logging(json: bool) {
         builder.try_init()
     };
 }
+
+/// Generated tokens in a usage object, under either API's name (`completion_tokens` for chat and
+/// completions, `output_tokens` for Responses and Anthropic): the one reader of upstream usage,
+/// for streamed and complete answers alike.
+pub(crate) fn output_tokens(usage: &serde_json::Value) -> Option<u64> {
+    usage
+        .get("completion_tokens")
+        .or_else(|| usage.get("output_tokens"))
+        .and_then(serde_json::Value::as_u64)
+}
+
+/// `output_tokens` of a complete JSON answer's `usage`.
+pub(crate) fn body_output_tokens(body: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct WithUsage {
+        usage: Option<serde_json::Value>,
+    }
+    serde_json::from_slice::<WithUsage>(body)
+        .ok()?
+        .usage
+        .as_ref()
+        .and_then(output_tokens)
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use super::*;
+
+    #[test]
+    fn both_apis_usage_names_are_read() {
+        assert_eq!(
+            output_tokens(&serde_json::json!({"completion_tokens": 7, "prompt_tokens": 3})),
+            Some(7)
+        );
+        assert_eq!(
+            output_tokens(&serde_json::json!({"output_tokens": 9, "input_tokens": 3})),
+            Some(9)
+        );
+        assert_eq!(
+            body_output_tokens(br#"{"id":"x","usage":{"output_tokens":4}}"#),
+            Some(4)
+        );
+        assert_eq!(body_output_tokens(br#"{"id":"x"}"#), None);
+    }
+}

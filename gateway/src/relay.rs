@@ -196,7 +196,7 @@ impl Relay {
         }
         if contains(payload, b"\"choices\":[]") && contains(payload, b"\"usage\":") {
             let v: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
-            self.tokens = v["usage"]["completion_tokens"].as_u64().or(self.tokens);
+            self.tokens = observe::output_tokens(&v["usage"]).or(self.tokens);
             if self.ctx.usage_injected {
                 let fingerprint = v.get("system_fingerprint").cloned().unwrap_or(Value::Null);
                 for mut h in std::mem::take(&mut self.held) {
@@ -227,9 +227,9 @@ impl Relay {
                 .unwrap_or(Value::Null)
         };
         if contains(event, b"event: response.completed") || contains(event, b"event: response.incomplete") {
-            self.tokens = data()["response"]["usage"]["output_tokens"].as_u64().or(self.tokens);
+            self.tokens = observe::output_tokens(&data()["response"]["usage"]).or(self.tokens);
         } else if contains(event, b"event: message_delta") {
-            self.tokens = data()["usage"]["output_tokens"].as_u64().or(self.tokens);
+            self.tokens = observe::output_tokens(&data()["usage"]).or(self.tokens);
         } else if contains(event, b"event: message_stop") {
             self.saw_done = true;
         } else if event.starts_with(b"event: error") {

@@ -282,19 +282,8 @@ async fn generate_inner(
         Ok(Ok(c)) => c.to_bytes(),
     };
     if status.is_success() {
-        #[derive(serde::Deserialize)]
-        struct UsageOnly {
-            usage: Option<Usage>,
-        }
-        #[derive(serde::Deserialize)]
-        struct Usage {
-            completion_tokens: Option<u64>,
-            output_tokens: Option<u64>,
-        }
-        if let Ok(UsageOnly { usage: Some(u) }) = serde_json::from_slice::<UsageOnly>(&bytes) {
-            if let Some(t) = u.completion_tokens.or(u.output_tokens) {
-                app.control.count_tokens(&app.control.mode(), t);
-            }
+        if let Some(t) = observe::body_output_tokens(&bytes) {
+            app.control.count_tokens(&app.control.mode(), t);
         }
     }
     let body = HoldPermit {
