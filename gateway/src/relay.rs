@@ -15,7 +15,6 @@ use hyper::body::Incoming;
 use metrics::{counter, histogram};
 use serde_json::{json, Value};
 
-use crate::admission::Permit;
 use crate::observe;
 use crate::state::GatewayControl;
 
@@ -39,8 +38,6 @@ pub(crate) struct RelayCtx {
     pub(crate) framing: Framing,
     pub(crate) first_token_timeout: Duration,
     pub(crate) idle_timeout: Duration,
-    /// Held for its drop: the slot is free when the stream ends or the client leaves.
-    pub(crate) _permit: Permit,
     pub(crate) mode: String,
     pub(crate) control: GatewayControl,
     pub(crate) request_id: String,

@@ -136,10 +136,17 @@ fn response_head(upstream: &hyper::Response<Incoming>) -> axum::http::response::
     b
 }
 
-/// A response body that keeps the admission permit until it is fully sent or dropped.
+/// A response body that keeps the admission permit until it is fully sent or dropped — the
+/// one holder of a generation's permit, streamed (around the relay) or not.
 struct HoldPermit<B> {
     inner: B,
     _permit: Permit,
+}
+
+impl<B> HoldPermit<B> {
+    fn new(inner: B, permit: Permit) -> Self {
+        Self { inner, _permit: permit }
+    }
 }
 
 impl<B> http_body::Body for HoldPermit<B>
@@ -254,14 +261,15 @@ async fn generate_inner(
             },
             first_token_timeout: app.first_token_timeout,
             idle_timeout: app.idle_timeout,
-            _permit: permit,
             mode: app.control.mode(),
             control: app.control.clone(),
             request_id: request_id.to_owned(),
             route: route.label,
         };
-        let events = relay(upstream.into_body(), ctx);
-        return Ok(head.body(Body::from_stream(events)).expect("valid response parts"));
+        let events = Body::from_stream(relay(upstream.into_body(), ctx));
+        return Ok(head
+            .body(Body::new(HoldPermit::new(events, permit)))
+            .expect("valid response parts"));
     }
     // Non-streaming (or an upstream error before streaming): the body is complete upstream
     // work; read it within the request timeout, count its tokens, pass the bytes through.
@@ -286,10 +294,7 @@ async fn generate_inner(
             app.control.count_tokens(&app.control.mode(), t);
         }
     }
-    let body = HoldPermit {
-        inner: http_body_util::Full::new(bytes),
-        _permit: permit,
-    };
+    let body = HoldPermit::new(http_body_util::Full::new(bytes), permit);
     Ok(head.body(Body::new(body)).expect("valid response parts"))
 }
 
