@@ -104,12 +104,8 @@ pub(crate) struct Prepared {
 
 fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &[u8]) -> Result<Prepared, GatewayError> {
     let Split { fields, raw } = split(bytes, api)?;
-    // `/invocations` is chat when the body has `messages` (which stays raw here).
-    let api = match api {
-        Api::Invocations if raw.contains_key("messages") => Api::Chat,
-        Api::Invocations => Api::Completions,
-        other => other,
-    };
+    // `messages` stays raw here, so the dispatch reads the raw fields.
+    let api = api.for_body(raw.contains_key("messages"));
     let mut norm = normalizer.normalize(api, fields)?;
     let forward = Bytes::from(join(&norm.body, &raw));
     // The forwarded bytes are what stays alive while the request waits in the queue.

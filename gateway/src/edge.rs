@@ -29,6 +29,7 @@ use sparkgate_config::Secret;
 
 use crate::app::{App, Shared};
 use crate::error::GatewayError;
+use crate::routes::{Family, Matched, Route};
 
 /// The request's id, as accepted or generated.
 #[derive(Debug, Clone)]
@@ -105,10 +106,19 @@ fn presented_key(req: &Request) -> Option<&str> {
     bearer().or_else(|| req.headers().get("x-api-key")?.to_str().ok().map(str::trim))
 }
 
+/// The upstream route `canonicalize` matched (looked up again only for a request that did not
+/// pass through the connection loop).
+fn matched(req: &Request) -> Option<&'static Route> {
+    match req.extensions().get::<Matched>() {
+        Some(m) => m.0,
+        None => crate::routes::lookup(req.uri().path()),
+    }
+}
+
 /// What the API keys guard: every upstream route that reaches the model or its tokenizer, and
 /// `/metrics` unless METRICS_PUBLIC is set.
-fn guarded(app: &App, path: &str) -> bool {
-    match crate::routes::lookup(path) {
+fn guarded(app: &App, route: Option<&Route>, path: &str) -> bool {
+    match route {
         Some(r) => r.needs_key(),
         None => path == "/metrics" && !app.metrics_public,
     }
@@ -123,11 +133,12 @@ fn matches_any(token: Option<&str>, keys: &[Secret]) -> bool {
 }
 
 pub(crate) async fn authenticate(State(app): State<Shared>, mut req: Request, next: Next) -> Response {
+    let route = matched(&req);
     let path = req.uri().path().to_owned();
     let path = path.as_str();
-    if !app.api_keys.is_empty() && guarded(&app, path) {
+    if !app.api_keys.is_empty() && guarded(&app, route, path) {
         if !matches_any(presented_key(&req), &app.api_keys) {
-            let family = crate::routes::lookup(path).map_or(crate::routes::Family::OpenAi, |r| r.family);
+            let family = route.map_or(Family::OpenAi, |r| r.family);
             return GatewayError::Unauthorized.render(family);
         }
         // The rate limiter keys on this key: it is validated now.
@@ -187,7 +198,7 @@ impl Limiter {
 struct ValidatedKey(String);
 
 pub(crate) async fn rate_limit(State(app): State<Shared>, req: Request, next: Next) -> Response {
-    let limited = crate::routes::lookup(req.uri().path()).is_some();
+    let limited = matched(&req).is_some();
     let Some(limiter) = app.limiter.as_ref().filter(|_| limited) else {
         return next.run(req).await;
     };

@@ -35,12 +35,13 @@ pub(crate) enum Api {
 }
 
 impl Api {
-    /// The API an `/invocations` body is handled as (vLLM dispatches by the body's shape).
-    pub(crate) fn of_invocation(body: &Map<String, Value>) -> Api {
-        if body.contains_key("messages") {
-            Api::Chat
-        } else {
-            Api::Completions
+    /// The API a body is handled as: `/invocations` is chat when the body has `messages`, else
+    /// completions (vLLM dispatches by the body's shape); every other API is itself.
+    pub(crate) fn for_body(self, has_messages: bool) -> Api {
+        match self {
+            Api::Invocations if has_messages => Api::Chat,
+            Api::Invocations => Api::Completions,
+            other => other,
         }
     }
 }
@@ -102,11 +103,7 @@ impl Normalizer {
     }
 
     pub(crate) fn normalize(&self, api: Api, mut body: Map<String, Value>) -> Result<Normalized, GatewayError> {
-        let api = if api == Api::Invocations {
-            Api::of_invocation(&body)
-        } else {
-            api
-        };
+        let api = api.for_body(body.contains_key("messages"));
         let extra_body_repaired = flatten_extra_body(&mut body)?;
         self.resolve_model(&mut body)?;
         let effort_mapping = match api {

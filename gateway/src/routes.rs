@@ -129,6 +129,18 @@ impl Route {
 /// Rewrites the request's path to its canonical form (`routes::canonical`) before routing, so
 /// the route table sees — and the upstream receives — one spelling of every path.
 pub(crate) fn canonicalize(req: &mut hyper::Request<Incoming>) {
+    rewrite(req);
+    // The edge layers read the route from here: one lookup per request.
+    let route = Matched(lookup(req.uri().path()));
+    req.extensions_mut().insert(route);
+}
+
+/// The upstream route of a request, found once by `canonicalize` (`None`: not an upstream
+/// route — the gateway's own, or unknown).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Matched(pub(crate) Option<&'static Route>);
+
+fn rewrite(req: &mut hyper::Request<Incoming>) {
     let uri = req.uri();
     let Some(path) = canonical(uri.path()) else {
         // Undecodable: routed as a path no route has (404 envelope).
