@@ -51,6 +51,21 @@ pub enum GatewayError {
     NotFound(String),
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// A request hyper could not parse (it answers these itself, with an empty body).
+    #[error("{}", unparseable_message(*status))]
+    UnparseableHttp { status: StatusCode },
+    #[error("the request head did not arrive within {}s (HEADER_READ_TIMEOUT)", after.as_secs())]
+    HeaderTimeout { after: Duration },
+    #[error("the gateway has {max} connections open (MAX_CONNECTIONS); retry later")]
+    TooManyConnections { max: usize },
+}
+
+fn unparseable_message(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "the request's headers are too large",
+        StatusCode::URI_TOO_LONG => "the request's URI is too long",
+        _ => "the request could not be parsed as HTTP",
+    }
 }
 
 impl GatewayError {
@@ -79,6 +94,9 @@ impl GatewayError {
             GatewayError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::UnparseableHttp { status } => *status,
+            GatewayError::HeaderTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            GatewayError::TooManyConnections { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -108,6 +126,7 @@ impl GatewayError {
         match self {
             GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
             GatewayError::QueueFull { .. } | GatewayError::QueueBytesFull { .. } => Some(Duration::from_secs(2)),
+            GatewayError::TooManyConnections { .. } => Some(Duration::from_secs(1)),
             GatewayError::QueueTimeout { .. } => Some(Duration::from_secs(5)),
             GatewayError::Restarting => Some(Duration::from_secs(10)),
             _ => None,
@@ -158,24 +177,53 @@ impl GatewayError {
     }
 
     fn respond(self, body: serde_json::Value) -> Response {
-        let status = self.status();
-        let mut resp = (status, [("content-type", "application/json")], body.to_string()).into_response();
-        if let Some(after) = self.retry_after() {
-            let secs = after.as_secs_f64().ceil().clamp(1.0, 120.0) as u64;
-            let h = resp.headers_mut();
-            h.insert("retry-after", HeaderValue::from(secs));
-            h.insert(
-                "retry-after-ms",
-                HeaderValue::from(after.as_millis().clamp(1, 120_000) as u64),
-            );
+        let mut resp = (self.status(), [("content-type", "application/json")], body.to_string()).into_response();
+        let h = resp.headers_mut();
+        for (name, value) in self.retry_headers() {
+            h.insert(name, HeaderValue::from(value));
         }
         resp
+    }
+
+    /// `Retry-After` (whole seconds, at least 1) and `retry-after-ms`, for the errors that have one.
+    fn retry_headers(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        self.retry_after().into_iter().flat_map(|after| {
+            let secs = after.as_secs_f64().ceil().clamp(1.0, 120.0) as u64;
+            [
+                ("retry-after", secs),
+                ("retry-after-ms", after.as_millis().clamp(1, 120_000) as u64),
+            ]
+        })
+    }
+
+    fn openai_body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.to_string(), "type": self.kind(), "param": self.param(), "code": self.status().as_u16()}})
+    }
+
+    /// The whole HTTP/1.1 answer, for the connection loop's errors that come before (or instead
+    /// of) a request hyper could hand to the router: the same envelope, then the connection closes.
+    pub(crate) fn to_http1(&self) -> Vec<u8> {
+        use std::fmt::Write as _;
+        let status = self.status();
+        let body = self.openai_body().to_string();
+        let mut head = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            body.len()
+        );
+        for (name, value) in self.retry_headers() {
+            let _ = write!(head, "{name}: {value}\r\n");
+        }
+        head.push_str("\r\n");
+        head.push_str(&body);
+        head.into_bytes()
     }
 }
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"message": self.to_string(), "type": self.kind(), "param": self.param(), "code": self.status().as_u16()}});
+        let body = self.openai_body();
         self.respond(body)
     }
 }
@@ -294,6 +342,31 @@ mod tests {
             ),
             (GatewayError::NotFound("/x".into()), 404, "Not Found", None, None),
             (GatewayError::MethodNotAllowed, 405, "Method Not Allowed", None, None),
+            (
+                GatewayError::UnparseableHttp {
+                    status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                },
+                431,
+                "Request Header Fields Too Large",
+                None,
+                None,
+            ),
+            (
+                GatewayError::HeaderTimeout {
+                    after: Duration::from_secs(30),
+                },
+                408,
+                "Request Timeout",
+                None,
+                None,
+            ),
+            (
+                GatewayError::TooManyConnections { max: 9 },
+                503,
+                "Service Unavailable",
+                None,
+                Some("1"),
+            ),
         ];
         for (err, status, kind, param, retry) in cases {
             let message = err.to_string();
@@ -305,6 +378,21 @@ mod tests {
             assert_eq!(b["error"]["message"], message);
             assert_eq!(r.as_deref(), retry);
         }
+    }
+
+    #[test]
+    fn the_raw_answer_carries_the_same_envelope_and_headers() {
+        let err = GatewayError::TooManyConnections { max: 9 };
+        let raw = String::from_utf8(err.to_http1()).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{head}");
+        assert!(
+            head.contains("\r\nconnection: close") && head.contains("\r\nretry-after: 1"),
+            "{head}"
+        );
+        assert!(head.contains(&format!("content-length: {}", body.len())), "{head}");
+        let (_, _, expected) = self::body(GatewayError::TooManyConnections { max: 9 });
+        assert_eq!(serde_json::from_str::<serde_json::Value>(body).unwrap(), expected);
     }
 
     #[test]

@@ -2,20 +2,24 @@
 //! logs once per burst and waits instead of spinning), caps open connections (MAX_CONNECTIONS;
 //! one over it is answered 503 in vLLM's envelope and closed), serves HTTP/1.1 and HTTP/2 with
 //! prior knowledge (h2c) on the same port, gives hyper's own answers to unparseable requests
-//! (400, 431) the envelope too, canonicalises every request path before routing, and on
+//! (400, 414, 431) the envelope too, answers a request head that stalls past
+//! HEADER_READ_TIMEOUT with 408 (hyper would close silently), canonicalises every request path before routing, and on
 //! shutdown drains the open connections for at most DRAIN_TIMEOUT.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper::body::Incoming;
-use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::error::GatewayError;
 
 /// What the loop needs from the configuration.
 #[derive(Debug, Clone, Copy)]
@@ -52,8 +56,8 @@ impl Backoff {
     }
 }
 
-/// The envelope for a response hyper writes itself (a request it could not parse: 400, 431):
-/// hyper sends those with an empty body; clients get vLLM's error envelope instead.
+/// The envelope for a response hyper writes itself (a request it could not parse: 400, 414,
+/// 431): hyper sends those with an empty body; clients get vLLM's error envelope instead.
 fn envelope_for(head: &[u8]) -> Option<Vec<u8>> {
     let end = memchr::memmem::find(head, b"\r\n\r\n")?;
     let headers = &head[..end];
@@ -64,82 +68,112 @@ fn envelope_for(head: &[u8]) -> Option<Vec<u8>> {
     if !bare {
         return None;
     }
-    let line = std::str::from_utf8(&headers[..memchr::memmem::find(headers, b"\r\n")?]).ok()?;
-    let mut parts = line.splitn(3, ' ');
-    let (_, code, reason) = (parts.next()?, parts.next()?, parts.next().unwrap_or(""));
-    let message = match code {
-        "431" => "the request's headers are too large".to_owned(),
-        _ => format!("the request could not be parsed as HTTP ({reason})"),
-    };
-    let body = serde_json::json!({"error": {"message": message, "type": reason, "param": null, "code": code.parse::<u16>().ok()?}})
-        .to_string();
-    Some(
-        format!(
-            "{line}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .into_bytes(),
-    )
+    let code = std::str::from_utf8(head.get(9..12)?).ok()?.parse::<u16>().ok()?;
+    let status = axum::http::StatusCode::from_u16(code).ok()?;
+    Some(GatewayError::UnparseableHttp { status }.to_http1())
 }
 
-/// The client's stream, with hyper's bare error responses given an envelope (`envelope_for`).
-struct Enveloping {
-    inner: TcpStream,
-    /// A replacement being written, and how much of it is out.
+/// The client's socket, shared between hyper (through `ClientIo`) and the connection task, which
+/// answers 408 itself after hyper gives up on a request head: hyper closes without a word.
+struct Client {
+    socket: TcpStream,
+    /// Bytes arrived since the last answer was written: a request is in progress, so a header
+    /// timeout is answered; an idle kept-alive connection is closed quietly.
+    mid_request: AtomicBool,
+}
+
+/// The client's stream as hyper sees it, with hyper's bare error responses given an envelope
+/// (`envelope_for`). Reads and writes use `TcpStream`'s `&self` readiness calls, as tokio's own
+/// split halves do.
+struct ClientIo {
+    client: Arc<Client>,
+    /// A replacement being written, how much of it is out, and the length hyper asked for.
     pending: Option<(Vec<u8>, usize, usize)>,
 }
 
-impl tokio::io::AsyncRead for Enveloping {
+impl ClientIo {
+    fn write_now(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        loop {
+            std::task::ready!(self.client.socket.poll_write_ready(cx))?;
+            match self.client.socket.try_write(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for ClientIo {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        loop {
+            std::task::ready!(self.client.socket.poll_read_ready(cx))?;
+            match self.client.socket.try_read(buf.initialize_unfilled()) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(n) => {
+                    buf.advance(n);
+                    self.client.mid_request.store(n > 0, Ordering::Relaxed);
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        }
     }
 }
 
-impl tokio::io::AsyncWrite for Enveloping {
+impl tokio::io::AsyncWrite for ClientIo {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.client.mid_request.store(false, Ordering::Relaxed);
         if self.pending.is_none() {
             match envelope_for(buf) {
                 Some(replacement) => self.pending = Some((replacement, 0, buf.len())),
-                None => return Pin::new(&mut self.inner).poll_write(cx, buf),
+                None => return self.write_now(cx, buf),
             }
         }
-        let this = &mut *self;
-        let (replacement, done, reported) = this.pending.as_mut().expect("set above");
-        while *done < replacement.len() {
-            match Pin::new(&mut this.inner).poll_write(cx, &replacement[*done..]) {
-                Poll::Ready(Ok(n)) => *done += n,
-                other => return other,
+        let (replacement, mut done, reported) = self.pending.take().expect("set above");
+        while done < replacement.len() {
+            match self.write_now(cx, &replacement[done..]) {
+                Poll::Ready(Ok(n)) => done += n,
+                other => {
+                    self.pending = Some((replacement, done, reported));
+                    return other;
+                }
             }
         }
-        let reported = *reported;
-        this.pending = None;
         Poll::Ready(Ok(reported))
     }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(close_write(&self.client.socket))
     }
 }
 
-/// The answer for a connection over the cap: vLLM's envelope, then close.
-async fn refuse(mut stream: TcpStream, max: usize) {
-    let body = serde_json::json!({"error": {"message": format!("the gateway has {max} connections open (MAX_CONNECTIONS); retry later"),
-        "type": "Service Unavailable", "param": null, "code": 503}})
-    .to_string();
-    let head = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
+fn close_write(socket: &TcpStream) -> std::io::Result<()> {
+    match socket2::SockRef::from(socket).shutdown(std::net::Shutdown::Write) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotConnected => Ok(()),
+        other => other,
+    }
+}
+
+/// Writes one of the connection loop's own answers (`GatewayError::to_http1`) and closes.
+async fn answer(socket: &TcpStream, err: GatewayError) {
+    let bytes = err.to_http1();
     let write = async {
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body.as_bytes()).await?;
-        stream.shutdown().await
+        let mut done = 0;
+        while done < bytes.len() {
+            socket.writable().await?;
+            match socket.try_write(&bytes[done..]) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        close_write(socket)
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), write).await;
 }
@@ -169,18 +203,30 @@ async fn connection(
         .header_read_timeout(cfg.header_read_timeout)
         .keep_alive(true);
     builder.http2().timer(hyper_util::rt::TokioTimer::new());
-    let io = Enveloping {
-        inner: stream,
+    let client = Arc::new(Client {
+        socket: stream,
+        mid_request: AtomicBool::new(false),
+    });
+    let io = ClientIo {
+        client: client.clone(),
         pending: None,
     };
     let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
     tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => {}
+    let ended = tokio::select! {
+        ended = conn.as_mut() => ended,
         _ = async { let _ = stop.wait_for(|s| *s).await; } => {
             conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            conn.await
         }
+    };
+    let header_timeout = ended
+        .err()
+        .and_then(|e| e.downcast::<hyper::Error>().ok())
+        .is_some_and(|e| e.is_timeout());
+    if header_timeout && client.mid_request.load(Ordering::Relaxed) {
+        let after = cfg.header_read_timeout;
+        answer(&client.socket, GatewayError::HeaderTimeout { after }).await;
     }
 }
 
@@ -202,7 +248,8 @@ pub(crate) async fn run(
                 Ok((stream, peer)) => {
                     backoff.succeeded();
                     if connections.len() >= cfg.max_connections {
-                        tokio::spawn(refuse(stream, cfg.max_connections));
+                        let max = cfg.max_connections;
+                        tokio::spawn(async move { answer(&stream, GatewayError::TooManyConnections { max }).await });
                         continue;
                     }
                     connections.spawn(connection(stream, peer, router.clone(), cfg, stop_rx.clone()));
@@ -242,6 +289,7 @@ mod tests {
         let bare = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
         let out = String::from_utf8(envelope_for(bare).unwrap()).unwrap();
         assert!(out.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"));
+        assert!(out.contains("headers are too large"), "{out}");
         let body: serde_json::Value = serde_json::from_str(out.split("\r\n\r\n").nth(1).unwrap()).unwrap();
         assert_eq!(body["error"]["code"], 431);
         let ours = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";

@@ -190,7 +190,12 @@ fn requests_hyper_cannot_parse_get_the_envelope_too() {
         "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
         "a".repeat(600_000)
     );
-    for (raw, status) in [(b"GARBAGE\r\n\r\n".to_vec(), "400"), (big_header.into_bytes(), "431")] {
+    let long_uri = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    for (raw, status) in [
+        (b"GARBAGE\r\n\r\n".to_vec(), "400"),
+        (big_header.into_bytes(), "431"),
+        (long_uri.into_bytes(), "414"),
+    ] {
         let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
         let _ = s.write_all(&raw);
         let mut out = String::new();
@@ -199,4 +204,38 @@ fn requests_hyper_cannot_parse_get_the_envelope_too() {
         let body: Value = serde_json::from_str(out.split("\r\n\r\n").nth(1).unwrap_or("")).unwrap_or(Value::Null);
         assert_eq!(body["error"]["code"], status.parse::<u16>().unwrap(), "{out}");
     }
+}
+
+#[test]
+fn a_request_head_that_stalls_gets_408_and_an_idle_connection_is_closed_quietly() {
+    use std::io::{Read as _, Write as _};
+    let (_sim, gw) = ds_pair(&[], &[("HEADER_READ_TIMEOUT", "1")]);
+    // Half a request head, then nothing: hyper gives up on it after HEADER_READ_TIMEOUT.
+    let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 408 "), "{out:?}");
+    assert!(out.contains("connection: close"), "{out}");
+    let body: Value = serde_json::from_str(out.split("\r\n\r\n").nth(1).unwrap_or("")).unwrap_or(Value::Null);
+    assert_eq!(body["error"]["code"], 408, "{out}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("HEADER_READ_TIMEOUT"),
+        "{out}"
+    );
+
+    // A kept-alive connection with no request in progress is closed without an unasked answer.
+    let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200 "), "{out}");
+    assert_eq!(out.matches("HTTP/1.1 ").count(), 1, "{out}");
 }
