@@ -157,6 +157,26 @@ impl Node {
     }
 }
 
+/// Sends each line of `reader` (decoded lossily: bytes that are not UTF-8 must not end the
+/// capture) until it ends.
+async fn forward_lines(
+    mut reader: impl tokio::io::AsyncBufRead + Unpin,
+    lines: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let text = line.strip_suffix(b"\n").unwrap_or(&line);
+                let _ = lines.send(String::from_utf8_lossy(text).into_owned());
+            }
+        }
+    }
+}
+
 /// How long a remote command may take to report its pid.
 const REMOTE_START_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 
@@ -226,17 +246,8 @@ impl Node {
             .map_err(|_| ssh_err(format!("unexpected first line from the worker: {first:?}")))?;
         let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
         let tx2 = tx.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(l)) = out.next_line().await {
-                let _ = tx.send(l);
-            }
-        });
-        tokio::spawn(async move {
-            let mut err = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(l)) = err.next_line().await {
-                let _ = tx2.send(l);
-            }
-        });
+        tokio::spawn(forward_lines(out.into_inner(), tx));
+        tokio::spawn(forward_lines(tokio::io::BufReader::new(stderr), tx2));
         let (exit_tx, exit) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let status = match child.wait().await {

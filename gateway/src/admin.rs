@@ -10,7 +10,7 @@ use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use sparkgate_supervisor::{GroupState, SupervisorHandle};
+use sparkgate_supervisor::{Answer, GroupState, SupervisorHandle};
 
 use crate::app::{status_json, Shared};
 use crate::error::GatewayError;
@@ -54,7 +54,7 @@ pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
                     control.admission().pause();
                     control.set_upstream(UpstreamState::Failed(reason.clone()));
                 }
-                GroupState::Stopped => {
+                GroupState::Stopped | GroupState::Stopping | GroupState::ShuttingDown => {
                     control.admission().pause();
                     control.set_upstream(UpstreamState::Stopped);
                 }
@@ -91,11 +91,14 @@ pub(crate) async fn status(State(app): State<Shared>) -> Response {
 
 /// Drains (admission paused, in-flight requests finish within DRAIN_TIMEOUT, or at once when
 /// `force`), then hands the supervisor to `then` — in the background; the caller answers 202.
-fn drain_then(
+fn drain_then<F>(
     app: &Shared,
     force: bool,
-    then: impl FnOnce(&SupervisorHandle) + Send + 'static,
-) -> Result<Duration, GatewayError> {
+    then: impl FnOnce(SupervisorHandle) -> F + Send + 'static,
+) -> Result<Duration, GatewayError>
+where
+    F: std::future::Future<Output = Answer> + Send,
+{
     let sup = supervisor(app)?.clone();
     let drain = if force { Duration::ZERO } else { app.drain_timeout };
     let control = app.control.clone();
@@ -112,7 +115,8 @@ fn drain_then(
                 "drain timeout: restarting with requests still running (they end with an error)"
             );
         }
-        then(&sup);
+        let answer = then(sup).await;
+        tracing::info!(?answer, "supervisor answered");
     });
     Ok(drain)
 }
@@ -127,12 +131,13 @@ pub(crate) async fn restart(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, GatewayError> {
     let force = forced(&q);
-    let drain = drain_then(&app, force, move |sup| {
+    let drain = drain_then(&app, force, move |sup| async move {
         sup.restart(if force {
             "operator restart (forced)"
         } else {
             "operator restart"
         })
+        .await
     })?;
     Ok(accepted(
         json!({"restarting": true, "drain_timeout_s": drain.as_secs_f64()}),
@@ -142,7 +147,11 @@ pub(crate) async fn restart(
 /// The auto policy's switch: drain, then restart into `mode`.
 pub(crate) fn auto_switch(app: &Shared, mode: sparkgate_config::SpecMethod) {
     let reason = format!("speculation policy auto: switching to {mode}");
-    if let Err(e) = drain_then(app, false, move |sup| sup.switch_mode(mode, reason)) {
+    if let Err(e) = drain_then(
+        app,
+        false,
+        move |sup| async move { sup.switch_mode(mode, reason).await },
+    ) {
         tracing::error!(error = %e, "the speculation policy cannot switch");
     }
 }
@@ -233,8 +242,9 @@ pub(crate) async fn set_spec(
         return Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response());
     }
     let (method, seqs) = (mode.method, mode.max_num_seqs);
-    let drain = drain_then(&app, forced(&q), move |sup| {
+    let drain = drain_then(&app, forced(&q), move |sup| async move {
         sup.switch_mode(method, format!("operator switch to speculation mode {method}"))
+            .await
     })?;
     Ok(accepted(json!({
         "mode": wanted,
@@ -245,13 +255,37 @@ pub(crate) async fn set_spec(
 }
 
 pub(crate) async fn stop(State(app): State<Shared>) -> Result<Response, GatewayError> {
-    supervisor(&app)?.stop();
-    Ok(accepted(json!({"stopping": true})))
+    let sup = supervisor(&app)?;
+    answered(sup.stop().await, "stopping", sup)
 }
 
+/// `POST /admin/start`: starts a stopped or failed group (202); a running one is left alone
+/// (200, `already_running`).
 pub(crate) async fn start(State(app): State<Shared>) -> Result<Response, GatewayError> {
-    supervisor(&app)?.start();
-    Ok(accepted(json!({"starting": true})))
+    let sup = supervisor(&app)?;
+    answered(sup.start().await, "starting", sup)
+}
+
+/// The supervisor's answer as the admin API says it: 202 when something will happen, 200 when
+/// nothing needs to, 503 when it cannot take commands now.
+fn answered(answer: Answer, doing: &str, sup: &SupervisorHandle) -> Result<Response, GatewayError> {
+    let state = serde_json::to_value(sup.status().state).unwrap_or_default();
+    let body = |key: &str| json!({key: true, "state": state["state"]});
+    match answer {
+        Answer::Accepted | Answer::Queued => Ok(accepted(body(doing))),
+        Answer::AlreadyRunning | Answer::AlreadyStopped => {
+            let key = if answer == Answer::AlreadyRunning {
+                "already_running"
+            } else {
+                "already_stopped"
+            };
+            Ok(([(header::CONTENT_TYPE, "application/json")], body(key).to_string()).into_response())
+        }
+        Answer::ShuttingDown => Err(GatewayError::NotRunning("the gateway is shutting down".into())),
+        Answer::Busy => Err(GatewayError::NotRunning(
+            "the supervisor has too many commands waiting; retry".into(),
+        )),
+    }
 }
 
 /// `GET /admin/logs?rank=N&tail=K&follow=1`: the rank's log in the current epoch.
@@ -271,7 +305,9 @@ pub(crate) async fn logs(
         ));
     };
     let path = r.log.clone();
-    let text = tokio::fs::read_to_string(&path).await.unwrap_or_default();
+    // Lossy: a rank's output may hold bytes that are not UTF-8; they must not hide the log.
+    let raw = tokio::fs::read(&path).await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&raw);
     let lines: Vec<&str> = text.lines().collect();
     let mut head = lines[lines.len().saturating_sub(tail)..].join("\n");
     if !head.is_empty() {
@@ -280,7 +316,7 @@ pub(crate) async fn logs(
     if !follow {
         return Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], head).into_response());
     }
-    let start = text.len() as u64;
+    let start = raw.len() as u64;
     let stream = futures_util::stream::unfold((Some(head), path, start), |(first, path, mut offset)| async move {
         if let Some(h) = first {
             return Some((Ok::<_, std::io::Error>(bytes::Bytes::from(h)), (None, path, offset)));
@@ -289,7 +325,7 @@ pub(crate) async fn logs(
             tokio::time::sleep(Duration::from_millis(200)).await;
             let data = tokio::fs::read(&path).await.ok()?;
             if (data.len() as u64) > offset {
-                let chunk = bytes::Bytes::copy_from_slice(&data[offset as usize..]);
+                let chunk = bytes::Bytes::from(String::from_utf8_lossy(&data[offset as usize..]).into_owned());
                 offset = data.len() as u64;
                 return Some((Ok(chunk), (None, path, offset)));
             }

@@ -123,6 +123,13 @@ impl Drop for Queued<'_> {
     }
 }
 
+/// Where a waiter joins the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Back,
+    Front,
+}
+
 impl Admission {
     pub fn new(capacity: u32, limits: QueueLimits) -> Arc<Self> {
         Arc::new(Self {
@@ -143,6 +150,17 @@ impl Admission {
     /// capacity (400), queue full in entries or bytes (429), deadline passed (503). Dropping the
     /// future leaves the queue at once.
     pub async fn acquire(self: &Arc<Self>, n: u32, bytes: usize) -> Result<Permit, GatewayError> {
+        self.enter(n, bytes, Place::Back).await
+    }
+
+    /// A request that was admitted but never reached a rank (its group went down) waits again
+    /// at the head of the queue: it was in line before everyone now queued, and it is never
+    /// refused for a full queue.
+    pub async fn requeue(self: &Arc<Self>, n: u32, bytes: usize) -> Result<Permit, GatewayError> {
+        self.enter(n, bytes, Place::Front).await
+    }
+
+    async fn enter(self: &Arc<Self>, n: u32, bytes: usize, place: Place) -> Result<Permit, GatewayError> {
         let started = Instant::now();
         let (id, rx) = {
             let mut s = self.state.lock().expect("admission lock");
@@ -162,12 +180,12 @@ impl Admission {
                     n,
                 });
             }
-            if s.order.len() >= self.limits.depth {
+            if place == Place::Back && s.order.len() >= self.limits.depth {
                 return Err(GatewayError::QueueFull {
                     depth: self.limits.depth,
                 });
             }
-            if s.queued_bytes + bytes > self.limits.bytes {
+            if place == Place::Back && s.queued_bytes + bytes > self.limits.bytes {
                 return Err(GatewayError::QueueBytesFull {
                     limit: self.limits.bytes,
                 });
@@ -185,7 +203,10 @@ impl Admission {
                     wake: Some(tx),
                 },
             );
-            s.order.push_back(id);
+            match place {
+                Place::Back => s.order.push_back(id),
+                Place::Front => s.order.push_front(id),
+            }
             (id, rx)
         };
         let mut queued = Queued {
@@ -386,6 +407,37 @@ mod tests {
                 let _ = t.await.unwrap();
             }
             assert_eq!(granted.load(Ordering::SeqCst), 4, "all admitted with the new capacity");
+        });
+    }
+
+    #[test]
+    fn a_requeued_request_goes_first_even_into_a_full_queue() {
+        rt().block_on(async {
+            let a = Admission::new(1, limits(1, 60));
+            let running = a.acquire(1, 10).await.unwrap();
+            let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let waiter = |name: &'static str, requeued: bool| {
+                let (a, order) = (a.clone(), order.clone());
+                tokio::spawn(async move {
+                    let p = if requeued {
+                        a.requeue(1, 10).await
+                    } else {
+                        a.acquire(1, 10).await
+                    };
+                    order.lock().unwrap().push(name);
+                    drop(p);
+                })
+            };
+            let queued = waiter("queued", false);
+            tokio::task::yield_now().await;
+            assert!(a.acquire(1, 10).await.is_err(), "the queue (depth 1) is full");
+            let back = waiter("requeued", true);
+            tokio::task::yield_now().await;
+            assert_eq!(a.snapshot().queued, 2, "a requeue is never refused for a full queue");
+            drop(running);
+            queued.await.unwrap();
+            back.await.unwrap();
+            assert_eq!(*order.lock().unwrap(), vec!["requeued", "queued"]);
         });
     }
 }

@@ -73,69 +73,68 @@ fn envelope_for(head: &[u8]) -> Option<Vec<u8>> {
     Some(GatewayError::UnparseableHttp { status }.to_http1())
 }
 
-/// The client's socket, shared between hyper (through `ClientIo`) and the connection task, which
-/// answers 408 itself after hyper gives up on a request head: hyper closes without a word.
-struct Client {
-    socket: TcpStream,
+/// What the connection task gets back from hyper's side of a connection: whether a request was
+/// in progress, and the socket itself when hyper dropped it mid-request — hyper closes a
+/// connection whose request head stalls without a word; the task answers 408 on it instead.
+#[derive(Debug, Default)]
+struct Handoff {
     /// Bytes arrived since the last answer was written: a request is in progress, so a header
     /// timeout is answered; an idle kept-alive connection is closed quietly.
     mid_request: AtomicBool,
+    socket: std::sync::Mutex<Option<TcpStream>>,
 }
 
 /// The client's stream as hyper sees it, with hyper's bare error responses given an envelope
-/// (`envelope_for`). Reads and writes use `TcpStream`'s `&self` readiness calls, as tokio's own
-/// split halves do.
+/// (`envelope_for`); dropped mid-request, it hands its socket back (`Handoff`).
 struct ClientIo {
-    client: Arc<Client>,
+    inner: Option<TcpStream>,
+    handoff: Arc<Handoff>,
     /// A replacement being written, how much of it is out, and the length hyper asked for.
     pending: Option<(Vec<u8>, usize, usize)>,
 }
 
 impl ClientIo {
-    fn write_now(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        loop {
-            std::task::ready!(self.client.socket.poll_write_ready(cx))?;
-            match self.client.socket.try_write(buf) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                other => return Poll::Ready(other),
-            }
+    fn socket(&mut self) -> Pin<&mut TcpStream> {
+        Pin::new(self.inner.as_mut().expect("the socket is handed back only on drop"))
+    }
+}
+
+impl Drop for ClientIo {
+    fn drop(&mut self) {
+        if self.handoff.mid_request.load(Ordering::Relaxed) {
+            *self.handoff.socket.lock().expect("handoff lock") = self.inner.take();
         }
     }
 }
 
 impl tokio::io::AsyncRead for ClientIo {
     fn poll_read(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        loop {
-            std::task::ready!(self.client.socket.poll_read_ready(cx))?;
-            match self.client.socket.try_read(buf.initialize_unfilled()) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-                Ok(n) => {
-                    buf.advance(n);
-                    self.client.mid_request.store(n > 0, Ordering::Relaxed);
-                    return Poll::Ready(Ok(()));
-                }
-            }
+        let before = buf.filled().len();
+        let polled = self.socket().poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            let got = buf.filled().len() > before;
+            self.handoff.mid_request.store(got, Ordering::Relaxed);
         }
+        polled
     }
 }
 
 impl tokio::io::AsyncWrite for ClientIo {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        self.client.mid_request.store(false, Ordering::Relaxed);
+        self.handoff.mid_request.store(false, Ordering::Relaxed);
         if self.pending.is_none() {
             match envelope_for(buf) {
                 Some(replacement) => self.pending = Some((replacement, 0, buf.len())),
-                None => return self.write_now(cx, buf),
+                None => return self.socket().poll_write(cx, buf),
             }
         }
         let (replacement, mut done, reported) = self.pending.take().expect("set above");
         while done < replacement.len() {
-            match self.write_now(cx, &replacement[done..]) {
+            match self.socket().poll_write(cx, &replacement[done..]) {
                 Poll::Ready(Ok(n)) => done += n,
                 other => {
                     self.pending = Some((replacement, done, reported));
@@ -145,11 +144,29 @@ impl tokio::io::AsyncWrite for ClientIo {
         }
         Poll::Ready(Ok(reported))
     }
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        // hyper's own bare answers are a lone head: they go through `poll_write`'s check.
+        let mut filled = bufs.iter().filter(|b| !b.is_empty());
+        if let (Some(only), None) = (filled.next(), filled.next()) {
+            return self.poll_write(cx, only);
+        }
+        self.handoff.mid_request.store(false, Ordering::Relaxed);
+        self.socket().poll_write_vectored(cx, bufs)
     }
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(close_write(&self.client.socket))
+    fn is_write_vectored(&self) -> bool {
+        self.inner
+            .as_ref()
+            .is_some_and(tokio::io::AsyncWrite::is_write_vectored)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.socket().poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.socket().poll_shutdown(cx)
     }
 }
 
@@ -203,30 +220,31 @@ async fn connection(
         .header_read_timeout(cfg.header_read_timeout)
         .keep_alive(true);
     builder.http2().timer(hyper_util::rt::TokioTimer::new());
-    let client = Arc::new(Client {
-        socket: stream,
-        mid_request: AtomicBool::new(false),
-    });
+    let handoff = Arc::new(Handoff::default());
     let io = ClientIo {
-        client: client.clone(),
+        inner: Some(stream),
+        handoff: handoff.clone(),
         pending: None,
     };
-    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
-    tokio::pin!(conn);
+    let mut conn = Box::pin(builder.serve_connection(hyper_util::rt::TokioIo::new(io), service));
     let ended = tokio::select! {
         ended = conn.as_mut() => ended,
         _ = async { let _ = stop.wait_for(|s| *s).await; } => {
             conn.as_mut().graceful_shutdown();
-            conn.await
+            conn.as_mut().await
         }
     };
+    // Dropping the connection drops hyper's side of the socket, which hands it back if a
+    // request was in progress.
+    drop(conn);
     let header_timeout = ended
         .err()
         .and_then(|e| e.downcast::<hyper::Error>().ok())
         .is_some_and(|e| e.is_timeout());
-    if header_timeout && client.mid_request.load(Ordering::Relaxed) {
+    let socket = handoff.socket.lock().expect("handoff lock").take();
+    if let (true, Some(socket)) = (header_timeout, socket) {
         let after = cfg.header_read_timeout;
-        answer(&client.socket, GatewayError::HeaderTimeout { after }).await;
+        answer(&socket, GatewayError::HeaderTimeout { after }).await;
     }
 }
 

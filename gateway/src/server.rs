@@ -101,6 +101,22 @@ fn restarting(app: &App) -> bool {
     }
 }
 
+/// The request did not reach the rank: the connection was refused (a dead or restarting
+/// rank's port), so vLLM never saw it and sending it again is safe.
+fn never_reached(err: &hyper_util::client::legacy::Error) -> bool {
+    err.is_connect()
+}
+
+/// Waits (at most a second) until the group a request was sent to is no longer the ready group
+/// of that epoch — the supervisor noticed its loss — so a retry is not sent into the same dead
+/// rank; after a second with no change the refusal counts as passing.
+async fn group_verdict(app: &App, epoch: Option<u64>) {
+    let Some(sup) = &app.supervisor else { return };
+    let mut status = sup.subscribe();
+    let changed = status.wait_for(|s| !(s.is_ready() && Some(s.epoch) == epoch));
+    let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+}
+
 /// Maps a failure to reach the upstream: held-for-restart states answer 503, otherwise 502.
 fn unreachable(app: &App, err: &hyper_util::client::legacy::Error) -> GatewayError {
     counter!(observe::UPSTREAM_ERRORS, "kind" => if err.is_connect() { "connect" } else { "request" }).increment(1);
@@ -227,18 +243,25 @@ async fn generate_inner(
     } else {
         app.request_timeout
     };
+    // When an attempt first failed to reach a rank: requeued attempts end after REQUEST_TIMEOUT.
+    let mut refused_at: Option<Instant> = None;
     let upstream = loop {
+        let dispatched_to = app.supervisor.as_ref().map(|s| s.status().epoch);
         let send = app
             .upstream
             .send(Method::POST, path, &headers, request_id, forward.clone());
         match tokio::time::timeout(limit, send).await {
             Err(_) => return Err(GatewayError::UpstreamTimeout { after: limit }),
-            // The group is being restarted: nothing of this request was answered, so it queues
-            // again and is served by the new group (held while admission is paused).
-            Ok(Err(_)) if restarting(app) => {
+            // Nothing of this request reached a rank (refused connect, or the group is being
+            // restarted): it waits for the supervisor's verdict on that group, then goes back
+            // to the head of the queue and is served by the group that comes up.
+            Ok(Err(e))
+                if (never_reached(&e) && dispatched_to.is_some() || restarting(app))
+                    && refused_at.get_or_insert_with(Instant::now).elapsed() < app.request_timeout =>
+            {
                 drop(permit);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                permit = app.control.admission().acquire(norm.n, forward.len()).await?;
+                group_verdict(app, dispatched_to).await;
+                permit = app.control.admission().requeue(norm.n, forward.len()).await?;
             }
             Ok(Err(e)) => return Err(unreachable(app, &e)),
             Ok(Ok(r)) => break r,

@@ -111,8 +111,8 @@ pub(crate) fn run(
         let started = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let (mut last_tokens, mut last_at) = (demand().1, 0.0);
-        // When the switch the policy asked for began.
-        let mut switch_began: Option<f64> = None;
+        // When the switch the policy asked for began, and the epoch it asked from.
+        let mut switch_began: Option<(f64, u64)> = None;
         loop {
             tick.tick().await;
             let now = started.elapsed().as_secs_f64();
@@ -131,7 +131,7 @@ pub(crate) fn run(
                 if let Some(i) = spec.methods.iter().position(|m| m.as_str() == status.mode) {
                     if i != policy.current() {
                         policy.set_current(i, now);
-                        if let Some(began) = switch_began.take() {
+                        if let Some((began, _)) = switch_began.take() {
                             policy.restart_measured(now - began);
                         }
                         spec.switching.store(false, Ordering::SeqCst);
@@ -140,7 +140,16 @@ pub(crate) fn run(
                     }
                 }
                 if spec.switching.load(Ordering::SeqCst) {
-                    continue;
+                    // A newer epoch runs and the mode did not change: that switch will not
+                    // happen (an operator's pin or restart came first); the policy decides again.
+                    match switch_began {
+                        Some((_, from)) if status.epoch > from => {
+                            tracing::info!(epoch = status.epoch, mode = %status.mode, "the policy's switch was superseded");
+                            switch_began = None;
+                            spec.switching.store(false, Ordering::SeqCst);
+                        }
+                        _ => continue,
+                    }
                 }
                 let current = policy.current();
                 policy.learn(current, width, delivered as f64, seconds);
@@ -155,7 +164,7 @@ pub(crate) fn run(
                 spec.record(d);
                 if let (true, Some(mode)) = (taken, target) {
                     spec.switching.store(true, Ordering::SeqCst);
-                    switch_began = Some(now);
+                    switch_began = Some((now, status.epoch));
                     switch(mode);
                 }
             }

@@ -18,8 +18,13 @@ impl Backoff {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-            | 1;
+            .unwrap_or(1);
+        Self::seeded(initial, max, reset_after, budget, seed)
+    }
+
+    /// With a fixed jitter seed (tests replay the same delays).
+    pub(crate) fn seeded(initial: Duration, max: Duration, reset_after: Duration, budget: u32, seed: u64) -> Self {
+        let seed = seed | 1;
         Self {
             initial,
             max,
@@ -53,6 +58,11 @@ impl Backoff {
         if d >= self.reset_after {
             self.failures = 0;
         }
+    }
+
+    /// An operator's start: the failures so far no longer count.
+    pub(crate) fn reset(&mut self) {
+        self.failures = 0;
     }
 
     pub(crate) fn failures(&self) -> u32 {

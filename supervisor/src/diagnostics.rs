@@ -3,42 +3,28 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::rank::Rank;
+use crate::start::Ranks;
 
 /// Writes the diagnostics for `reason` under `epoch_dir/diagnostics` and returns that directory.
-pub(crate) async fn collect(epoch_dir: &Path, ranks: &[Rank], reason: &str) -> PathBuf {
+pub(crate) async fn collect(epoch_dir: &Path, ranks: &Ranks, reason: &str) -> PathBuf {
     let dir = epoch_dir.join("diagnostics");
     let _ = std::fs::create_dir_all(&dir);
     let mut summary = format!("reason: {reason}\n");
-    for r in ranks {
-        let rank = r.rank();
-        let tail = r.tail(200).join("\n");
-        let _ = std::fs::write(dir.join(format!("rank{rank}-tail.log")), format!("{tail}\n"));
-        let Some(pid) = r.pid() else {
-            if let crate::rank::Rank::Container(c) = r {
-                let dump = c.py_spy().await;
-                let _ = std::fs::write(dir.join(format!("rank{rank}-py-spy.txt")), &dump);
-                let first = dump.lines().next().unwrap_or("");
-                summary.push_str(&format!(
-                    "rank {rank} (container {}): py-spy via docker exec: {first}\n",
-                    c.id
-                ));
-            }
-            continue;
-        };
-        let dump = tokio::process::Command::new("py-spy")
-            .args(["dump", "--pid", &pid.to_string()])
-            .output()
-            .await;
-        match dump {
-            Ok(out) => {
-                let _ = std::fs::write(
-                    dir.join(format!("rank{rank}-py-spy.txt")),
-                    [out.stdout, out.stderr].concat(),
-                );
-                summary.push_str(&format!("rank {rank} (pid {pid}): py-spy dump written\n"));
-            }
-            Err(e) => summary.push_str(&format!("rank {rank} (pid {pid}): no py-spy dump ({e})\n")),
+    // What each rank shows now, taken under the lock; the dumps are taken after it.
+    let seen: Vec<_> = ranks
+        .lock()
+        .expect("ranks lock")
+        .iter()
+        .map(|r| (r.rank(), r.tail(200), r.stack_dumper()))
+        .collect();
+    for (rank, tail, dumper) in seen {
+        let _ = std::fs::write(
+            dir.join(format!("rank{rank}-tail.log")),
+            format!("{}\n", tail.join("\n")),
+        );
+        if let Some((dump, note)) = dumper.dump().await {
+            let _ = std::fs::write(dir.join(format!("rank{rank}-py-spy.txt")), &dump);
+            summary.push_str(&format!("rank {rank} ({note})\n"));
         }
     }
     match std::fs::read_to_string("/proc/meminfo") {

@@ -1,28 +1,33 @@
 //! The rank group's lifecycle: start order (workers first), readiness, stall diagnostics,
 //! watching, group restarts with epochs, backoff and a give-up budget. One task (`actor`) owns
-//! the group; everyone else holds a cloneable `SupervisorHandle` that sends commands and reads
-//! the published `Status`. Ranks run as processes (`RUNTIME=process`) or as containers on the
+//! the group and runs one state machine (`machine`); everyone else holds a cloneable
+//! `SupervisorHandle` that sends commands (each answered, over a bounded queue) and reads the
+//! published `Status`. Ranks run as processes (`RUNTIME=process`) or as containers on the
 //! head's Docker daemon (`RUNTIME=docker`, through `sparkgate-docker`).
 
 mod actor;
+mod adopt;
 mod backoff;
-mod container;
 mod diagnostics;
 mod error;
+mod exits;
 mod logsink;
+mod machine;
+mod nodes;
 mod preflight;
 mod probe;
-mod process;
 mod rank;
-mod remote;
 mod sampler;
 pub mod spec_policy;
+mod start;
 mod status;
+mod watchdog;
 
 use sparkgate_config::{Config, Runtime};
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use error::SupervisorError;
+pub use machine::Answer;
 pub use status::{GroupState, LastRestart, NodeMemory, RankStatus, Status};
 
 use sparkgate_prepare::verify::ssh_target;
@@ -43,10 +48,13 @@ async fn check_worker_memory(config: &Config, worker: &sparkgate_docker::Node) -
     }
 }
 
+/// Commands that may wait for the actor; one more is answered `Busy`.
+const COMMAND_QUEUE: usize = 32;
+
 /// The handle to a running supervisor.
 #[derive(Debug, Clone)]
 pub struct SupervisorHandle {
-    cmd: mpsc::UnboundedSender<actor::Command>,
+    requests: mpsc::Sender<actor::Request>,
     status: watch::Receiver<Status>,
 }
 
@@ -105,23 +113,63 @@ impl SupervisorHandle {
                 }
             }
         };
-        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let s = &config.supervision;
+        let mode = config.speculation.active;
+        let starter = start::Starter {
+            backend: std::sync::Arc::new(backend),
+            modes: config
+                .speculation
+                .modes
+                .iter()
+                .map(|m| start::ModePlan {
+                    mode: m.method,
+                    plan: config.plan_for(m.method).with_packed_engram(&packed),
+                    max_num_seqs: m.max_num_seqs,
+                    draft_tokens: m.num_speculative_tokens,
+                })
+                .collect(),
+            probe: probe::Probe::new(
+                format!("http://127.0.0.1:{}", config.ports.vllm),
+                config.serving.served_model_name.clone(),
+                config.secrets.vllm_api_key.as_ref().map(|k| k.expose().to_owned()),
+            ),
+            log_dir: s.log_dir.clone(),
+            ready_timeout: s.ready_timeout,
+            hang: s.hang,
+            generate_probe: s.ready_generate_probe,
+            warmup: s.boot_shape_warmup,
+            drop_page_cache: config.preparation.drop_page_cache,
+        };
+        let docker = matches!(*starter.backend, rank::Backend::Docker { .. });
+        let backoff = backoff::Backoff::new(s.backoff_initial, s.backoff_max, s.healthy_reset, s.restart_budget);
+        // Containers outlive the gateway unless asked otherwise: the next gateway adopts them.
+        let machine = machine::Machine::new(mode, backoff, docker && !s.stop_ranks_on_exit);
+        let setup = actor::Setup {
+            config: std::sync::Arc::new(config.clone()),
+            self_check: s.self_check.clone(),
+            meminfo: s.meminfo_path.clone(),
+            limits: watchdog::Limits {
+                mem_guard_gib: s.mem_guard.then_some(s.mem_guard_gib),
+                progress_timeout: s.progress_timeout,
+            },
+        };
         let (status_tx, status_rx) = watch::channel(Status {
             state: GroupState::Stopped,
             epoch: 0,
-            mode: config.speculation.active.to_string(),
+            mode: mode.to_string(),
             max_num_seqs: config.speculation.active_mode().max_num_seqs,
-            runtime: backend.name(),
+            runtime: starter.backend.name(),
             ranks: Vec::new(),
             restarts: 0,
             last_restart: None,
             memory: Vec::new(),
             preparing: None,
         });
-        let actor = actor::Actor::new(config, backend, &packed, cmd_rx, status_tx);
+        let actor = actor::Actor::new(machine, starter, setup, rx, status_tx);
         tokio::spawn(actor.run());
         Ok(SupervisorHandle {
-            cmd: cmd_tx,
+            requests: tx,
             status: status_rx,
         })
     }
@@ -135,36 +183,47 @@ impl SupervisorHandle {
         self.status.clone()
     }
 
-    /// Stops the group and starts it again with a new epoch.
-    pub fn restart(&self, reason: impl Into<String>) {
-        let _ = self.cmd.send(actor::Command::Restart {
+    /// Sends `command`; its answer, or `Busy` when COMMAND_QUEUE commands already wait.
+    async fn ask(&self, command: machine::Command) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        match self.requests.try_send(actor::Request { command, reply }) {
+            Ok(()) => answer.await.unwrap_or(Answer::ShuttingDown),
+            Err(mpsc::error::TrySendError::Full(_)) => Answer::Busy,
+            Err(mpsc::error::TrySendError::Closed(_)) => Answer::ShuttingDown,
+        }
+    }
+
+    /// Stops the group and starts it again with a new epoch (the caller drains first).
+    pub async fn restart(&self, reason: impl Into<String>) -> Answer {
+        self.ask(machine::Command::Restart {
             reason: reason.into(),
             mode: None,
-        });
+        })
+        .await
     }
 
-    /// Restarts the group into `mode` (the caller drains first). The mode must be one of the
-    /// profile's (`Config::speculation.modes`); others are ignored by the actor.
-    pub fn switch_mode(&self, mode: sparkgate_config::SpecMethod, reason: impl Into<String>) {
-        let _ = self.cmd.send(actor::Command::Restart {
+    /// Restarts the group into `mode` (the caller drains first); asked while the group starts
+    /// or stops, the mode is kept for the next start. The mode must be one of the profile's.
+    pub async fn switch_mode(&self, mode: sparkgate_config::SpecMethod, reason: impl Into<String>) -> Answer {
+        self.ask(machine::Command::Restart {
             reason: reason.into(),
             mode: Some(mode),
-        });
+        })
+        .await
     }
 
-    pub fn stop(&self) {
-        let _ = self.cmd.send(actor::Command::Stop);
+    pub async fn stop(&self) -> Answer {
+        self.ask(machine::Command::Stop).await
     }
 
-    pub fn start(&self) {
-        let _ = self.cmd.send(actor::Command::Start);
+    /// Starts a stopped or failed group; a running one is left alone (`AlreadyRunning`).
+    pub async fn start(&self) -> Answer {
+        self.ask(machine::Command::Start).await
     }
 
-    /// Stops every rank and ends the supervisor; returns when the ranks are gone.
+    /// Stops every rank (or leaves containers for adoption) and ends the supervisor; returns
+    /// when that is done.
     pub async fn shutdown(&self) {
-        let (tx, rx) = oneshot::channel();
-        if self.cmd.send(actor::Command::Shutdown(tx)).is_ok() {
-            let _ = rx.await;
-        }
+        let _ = self.ask(machine::Command::Shutdown).await;
     }
 }

@@ -1,6 +1,8 @@
-//! What the supervisor keeps of a rank's output besides the log file: the last lines (for error
-//! messages and diagnostics) and when the last line that shows progress arrived (for the stall
-//! watchdog; vLLM's `shm_broadcast` complaints while stuck are not progress).
+//! A rank's output, captured the same way for every runtime (`Capture`): the bytes go to the
+//! epoch's log file as they came, and lines (decoded lossily, so one invalid UTF-8 byte never
+//! ends the capture) feed the `LogSink` — the last lines (for error messages and diagnostics)
+//! and when the last line that shows progress arrived (for the stall watchdog; vLLM's
+//! `shm_broadcast` complaints while stuck are not progress).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +20,83 @@ pub(crate) fn create_parent(log: &std::path::Path) -> Result<(), crate::error::S
         }),
         None => Ok(()),
     }
+}
+
+/// Longest line kept whole in the tail; longer output is split (a line of a rank that never
+/// prints a newline must not grow without bound).
+const MAX_LINE: usize = 64 * 1024;
+
+/// Feeds a rank's output chunks to its log file and its sink.
+#[derive(Debug)]
+pub(crate) struct Capture {
+    file: tokio::fs::File,
+    sink: LogSink,
+    pending: Vec<u8>,
+}
+
+impl Capture {
+    /// Appends to `log` (created when missing: an adopted rank's epoch continues its file).
+    pub(crate) async fn open(log: &std::path::Path, sink: LogSink) -> Result<Self, crate::error::SupervisorError> {
+        create_parent(log)?;
+        let file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .await
+            .map_err(|source| crate::error::SupervisorError::LogDir {
+                path: log.to_path_buf(),
+                source,
+            })?;
+        Ok(Self {
+            file,
+            sink,
+            pending: Vec::new(),
+        })
+    }
+
+    pub(crate) async fn chunk(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt as _;
+        let _ = self.file.write_all(bytes).await;
+        let _ = self.file.flush().await;
+        self.pending.extend_from_slice(bytes);
+        let mut start = 0;
+        while let Some(pos) = memchr_newline(&self.pending[start..]) {
+            let line = &self.pending[start..start + pos];
+            self.sink
+                .line(String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(line)).into_owned());
+            start += pos + 1;
+        }
+        self.pending.drain(..start);
+        if self.pending.len() > MAX_LINE {
+            let line = std::mem::take(&mut self.pending);
+            self.sink.line(String::from_utf8_lossy(&line).into_owned());
+        }
+    }
+
+    /// Reads `reader` to its end (the rank's stdout or stderr).
+    pub(crate) async fn follow(mut self, mut reader: impl tokio::io::AsyncRead + Unpin) {
+        use tokio::io::AsyncReadExt as _;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => self.chunk(&buf[..n]).await,
+            }
+        }
+        self.finish();
+    }
+
+    /// A last line without its newline still counts.
+    pub(crate) fn finish(mut self) {
+        if !self.pending.is_empty() {
+            let line = std::mem::take(&mut self.pending);
+            self.sink.line(String::from_utf8_lossy(&line).into_owned());
+        }
+    }
+}
+
+fn memchr_newline(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|b| *b == b'\n')
 }
 
 #[derive(Debug, Clone)]
@@ -67,6 +146,29 @@ impl LogSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn invalid_utf8_and_split_chunks_never_end_the_capture() {
+        let dir = std::env::temp_dir().join(format!("sparkgate-capture-{}", std::process::id()));
+        let log = dir.join("rank0.log");
+        let sink = LogSink::new();
+        let mut c = Capture::open(&log, sink.clone()).await.unwrap();
+        c.chunk(b"first \xff line\nsec").await;
+        c.chunk(b"ond line\r\nthird").await;
+        c.chunk(b" line\n").await;
+        c.chunk(b"unterminated").await;
+        c.finish();
+        assert_eq!(
+            sink.tail(10),
+            vec!["first \u{fffd} line", "second line", "third line", "unterminated"]
+        );
+        let raw = std::fs::read(&log).unwrap();
+        assert_eq!(
+            raw, b"first \xff line\nsecond line\r\nthird line\nunterminated",
+            "the file keeps the bytes"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn stuck_complaints_are_not_progress_and_the_tail_is_bounded() {

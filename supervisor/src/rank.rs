@@ -1,82 +1,346 @@
-//! A rank of either runtime, and the backend that starts ranks: child processes
-//! (`RUNTIME=process`) or containers on a Docker node (`RUNTIME=docker`).
+//! One rank, whatever runs it — a local child process (`RUNTIME=process`), a process on the
+//! worker over SSH, or a container on a Docker node (`RUNTIME=docker`) — with its log captured
+//! the same way (`logsink::Capture`) and its exit reported the same way (`exits::watch_exit`);
+//! and the `Backend` that starts ranks.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
-use sparkgate_config::RankPlan;
+use futures_util::StreamExt as _;
+use sparkgate_config::{labels, NodeRole, RankEnvValue, RankPlan};
 use sparkgate_docker::{Node, SshTarget};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
-use crate::actor::Event;
-use crate::container::RankContainer;
 use crate::error::SupervisorError;
-use crate::process::RankProc;
-use crate::remote::RankRemote;
+use crate::exits::{watch_exit, Exited, RankExit};
+use crate::logsink::{Capture, LogSink};
 use crate::status::RankStatus;
 
+/// Variables a local rank takes from the gateway's environment besides the plan's: what a
+/// program needs to run at all. Nothing else (tokens, keys) reaches a rank.
+const INHERITED: [&str; 7] = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR"];
+
+/// What runs the rank.
 #[derive(Debug)]
-pub(crate) enum Rank {
-    Process(RankProc),
-    /// A process on the worker, over SSH (RUNTIME=process).
-    Remote(RankRemote),
-    Container(RankContainer),
+enum Runtime {
+    /// A local child, leading its own process group (`pid` = group id).
+    Process {
+        pid: u32,
+        kill: Option<oneshot::Sender<()>>,
+    },
+    Remote {
+        ssh: Node,
+        pid: u32,
+    },
+    Container {
+        docker: Node,
+        id: String,
+    },
+}
+
+/// A running rank.
+#[derive(Debug)]
+pub(crate) struct Rank {
+    rank: u32,
+    node: NodeRole,
+    log: PathBuf,
+    sink: LogSink,
+    exited: Exited,
+    runtime: Runtime,
+}
+
+/// Where a new rank reports: its epoch, log file and the exit channel.
+#[derive(Debug, Clone)]
+pub(crate) struct Reporting<'a> {
+    pub(crate) epoch: u64,
+    pub(crate) log: &'a Path,
+    pub(crate) exits: mpsc::UnboundedSender<RankExit>,
+}
+
+fn plan_env(plan: &RankPlan) -> Vec<(String, String)> {
+    plan.container
+        .env
+        .iter()
+        .map(|(k, v)| match v {
+            RankEnvValue::Plain(p) => (k.clone(), p.clone()),
+            RankEnvValue::Secret(s) => (k.clone(), s.expose().to_owned()),
+        })
+        .collect()
 }
 
 impl Rank {
+    /// A local child process in its own process group (a terminal's Ctrl-C, sent to the
+    /// foreground group, never reaches it), killed with the gateway (`setpriv --pdeathsig`,
+    /// when the host has it), with exactly the plan's environment plus `INHERITED`.
+    pub(crate) async fn spawn_process(bin: &str, plan: &RankPlan, to: Reporting<'_>) -> Result<Rank, SupervisorError> {
+        let sink = LogSink::new();
+        let out = Capture::open(to.log, sink.clone()).await?;
+        let err = Capture::open(to.log, sink.clone()).await?;
+        let mut cmd = match which_setpriv() {
+            Some(setpriv) => {
+                let mut c = tokio::process::Command::new(setpriv);
+                c.args(["--pdeathsig", "KILL", "--", bin]);
+                c
+            }
+            None => tokio::process::Command::new(bin),
+        };
+        cmd.args(plan.vllm_argv())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0)
+            .env_clear()
+            .envs(INHERITED.iter().filter_map(|k| Some((*k, std::env::var_os(k)?))))
+            .envs(plan_env(plan));
+        let mut child = cmd.spawn().map_err(|source| SupervisorError::Spawn {
+            bin: bin.to_owned(),
+            rank: plan.rank,
+            source,
+        })?;
+        let pid = child.id().unwrap_or(0);
+        let readers = [
+            child.stdout.take().map(|s| tokio::spawn(out.follow(s))),
+            child.stderr.take().map(|s| tokio::spawn(err.follow(s))),
+        ];
+        let (kill_tx, kill_rx) = oneshot::channel::<()>();
+        let exited = watch_exit(to.epoch, plan.rank, to.exits, async move {
+            let status = tokio::select! {
+                s = child.wait() => s,
+                _ = kill_rx => {
+                    let _ = child.start_kill();
+                    child.wait().await
+                }
+            };
+            // The whole tree goes with it: whatever the rank started is in its group.
+            kill_group(pid);
+            for r in readers.into_iter().flatten() {
+                let _ = r.await;
+            }
+            match status {
+                Ok(s) => s.to_string(),
+                Err(e) => format!("wait failed: {e}"),
+            }
+        });
+        Ok(Rank {
+            rank: plan.rank,
+            node: plan.node,
+            log: to.log.to_path_buf(),
+            sink,
+            exited,
+            runtime: Runtime::Process {
+                pid,
+                kill: Some(kill_tx),
+            },
+        })
+    }
+
+    /// A process on the worker over SSH (sshd gives it its own session).
+    pub(crate) async fn spawn_remote(
+        ssh: &Node,
+        bin: &str,
+        plan: &RankPlan,
+        to: Reporting<'_>,
+    ) -> Result<Rank, SupervisorError> {
+        let sink = LogSink::new();
+        let mut capture = Capture::open(to.log, sink.clone()).await?;
+        let mut process = ssh.spawn_remote(bin, plan.vllm_argv(), &plan_env(plan)).await?;
+        tokio::spawn(async move {
+            while let Some(line) = process.lines.recv().await {
+                capture.chunk(line.as_bytes()).await;
+                capture.chunk(b"\n").await;
+            }
+        });
+        let exit = process.exit;
+        let exited = watch_exit(to.epoch, plan.rank, to.exits, async move {
+            exit.await.unwrap_or_else(|_| "the SSH session ended".into())
+        });
+        Ok(Rank {
+            rank: plan.rank,
+            node: plan.node,
+            log: to.log.to_path_buf(),
+            sink,
+            exited,
+            runtime: Runtime::Remote {
+                ssh: ssh.clone(),
+                pid: process.pid,
+            },
+        })
+    }
+
+    /// Runs the rank's container, or attaches to `adopt` (a running container of this epoch).
+    pub(crate) async fn start_container(
+        docker: &Node,
+        plan: &RankPlan,
+        to: Reporting<'_>,
+        adopt: Option<String>,
+    ) -> Result<Rank, SupervisorError> {
+        let sink = LogSink::new();
+        let mut capture = Capture::open(to.log, sink.clone()).await?;
+        let adopted = adopt.is_some();
+        let id = match adopt {
+            Some(id) => id,
+            None => {
+                docker
+                    .run(&plan.container, &[(labels::EPOCH.to_owned(), to.epoch.to_string())])
+                    .await?
+            }
+        };
+        // Adopted: follow from now (the earlier output is in the previous gateway's log file).
+        let mut output = Box::pin(docker.logs(&id, adopted.then_some(0)));
+        tokio::spawn(async move {
+            while let Some(chunk) = output.next().await {
+                capture.chunk(&chunk).await;
+            }
+            capture.finish();
+        });
+        let (waiter, wait_id) = (docker.clone(), id.clone());
+        let exited = watch_exit(to.epoch, plan.rank, to.exits, async move {
+            waiter.wait_exit(&wait_id).await
+        });
+        Ok(Rank {
+            rank: plan.rank,
+            node: plan.node,
+            log: to.log.to_path_buf(),
+            sink,
+            exited,
+            runtime: Runtime::Container {
+                docker: docker.clone(),
+                id,
+            },
+        })
+    }
+
     pub(crate) fn rank(&self) -> u32 {
-        match self {
-            Rank::Process(p) => p.rank,
-            Rank::Remote(r) => r.rank,
-            Rank::Container(c) => c.rank,
-        }
+        self.rank
     }
 
-    pub(crate) fn pid(&self) -> Option<u32> {
-        match self {
-            Rank::Process(p) => Some(p.pid),
-            Rank::Remote(_) | Rank::Container(_) => None,
-        }
-    }
-
-    /// Seconds since the last log line that shows progress.
-    pub(crate) fn quiet_for(&self) -> f64 {
-        match self {
-            Rank::Process(p) => p.quiet_for(),
-            Rank::Remote(r) => r.quiet_for(),
-            Rank::Container(c) => c.quiet_for(),
-        }
+    /// The rank's output as the watchdogs read it.
+    pub(crate) fn sink(&self) -> LogSink {
+        self.sink.clone()
     }
 
     pub(crate) fn tail(&self, n: usize) -> Vec<String> {
-        match self {
-            Rank::Process(p) => p.tail(n),
-            Rank::Remote(r) => r.tail(n),
-            Rank::Container(c) => c.tail(n),
-        }
+        self.sink.tail(n)
+    }
+
+    pub(crate) fn running(&self) -> bool {
+        !self.exited.get()
     }
 
     pub(crate) fn status(&self) -> RankStatus {
-        match self {
-            Rank::Process(p) => p.status(),
-            Rank::Remote(r) => r.status(),
-            Rank::Container(c) => c.status(),
+        let (pid, container) = match &self.runtime {
+            Runtime::Process { pid, .. } | Runtime::Remote { pid, .. } => (Some(*pid), None),
+            Runtime::Container { id, .. } => (None, Some(id.clone())),
+        };
+        RankStatus {
+            rank: self.rank,
+            node: self.node,
+            pid,
+            container,
+            running: self.running(),
+            uptime_s: self.sink.uptime_s(),
+            log: self.log.clone(),
         }
     }
 
-    /// Kills the rank and waits until it is gone.
-    pub(crate) async fn stop(&mut self) {
-        match self {
-            Rank::Process(p) => {
-                p.kill();
-                if tokio::time::timeout(Duration::from_secs(30), p.reaped()).await.is_err() {
-                    tracing::error!(rank = p.rank, pid = p.pid, "rank did not exit after SIGKILL");
-                }
-            }
-            Rank::Remote(r) => r.stop().await,
-            Rank::Container(c) => c.stop().await,
+    /// How to take a Python stack dump of the rank's main process (for stall diagnostics).
+    pub(crate) fn stack_dumper(&self) -> StackDumper {
+        match &self.runtime {
+            Runtime::Container { docker, id } => StackDumper::Container(docker.clone(), id.clone()),
+            Runtime::Process { pid, .. } => StackDumper::Local(*pid),
+            Runtime::Remote { .. } => StackDumper::None,
         }
     }
+
+    /// Kills the rank with everything it started, and waits (bounded) until it is gone.
+    pub(crate) async fn stop(&mut self) {
+        match &mut self.runtime {
+            Runtime::Process { pid, kill } => {
+                kill_group(*pid);
+                if let Some(k) = kill.take() {
+                    let _ = k.send(());
+                }
+            }
+            Runtime::Remote { ssh, pid } => {
+                if let Err(e) = ssh.kill_remote(*pid).await {
+                    tracing::error!(rank = self.rank, pid = *pid, error = %e, "cannot kill the remote rank");
+                }
+            }
+            Runtime::Container { docker, id } => {
+                if let Err(e) = docker.kill_and_remove(id).await {
+                    tracing::error!(rank = self.rank, container = %id, error = %e, "cannot remove rank container");
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while self.running() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if self.running() {
+            tracing::error!(rank = self.rank, "rank did not exit within 30 s of SIGKILL");
+        }
+    }
+}
+
+/// `py-spy dump` of a rank's main process, taken without holding the rank.
+#[derive(Debug, Clone)]
+pub(crate) enum StackDumper {
+    Local(u32),
+    Container(Node, String),
+    None,
+}
+
+impl StackDumper {
+    /// The dump and a one-line note of how it was taken.
+    pub(crate) async fn dump(&self) -> Option<(String, String)> {
+        match self {
+            StackDumper::Container(docker, id) => {
+                let dump = docker.exec(id, &["py-spy", "dump", "--pid", "1"]).await;
+                let note = format!(
+                    "container {id}: py-spy via docker exec: {}",
+                    dump.lines().next().unwrap_or("")
+                );
+                Some((dump, note))
+            }
+            StackDumper::Local(pid) => {
+                let out = tokio::process::Command::new("py-spy")
+                    .args(["dump", "--pid", &pid.to_string()])
+                    .output()
+                    .await;
+                Some(match out {
+                    Ok(o) => (
+                        String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).into_owned(),
+                        format!("pid {pid}: py-spy dump written"),
+                    ),
+                    Err(e) => (String::new(), format!("pid {pid}: no py-spy dump ({e})")),
+                })
+            }
+            StackDumper::None => None,
+        }
+    }
+}
+
+/// SIGKILL to the process group `pgid` leads (a rank spawned with `process_group(0)`).
+fn kill_group(pgid: u32) {
+    let Some(pid) = i32::try_from(pgid).ok().and_then(rustix::process::Pid::from_raw) else {
+        return;
+    };
+    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+}
+
+fn which_setpriv() -> Option<&'static str> {
+    static FOUND: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    *FOUND.get_or_init(|| {
+        let found = ["/usr/bin/setpriv", "/bin/setpriv"]
+            .into_iter()
+            .find(|p| Path::new(p).exists());
+        if found.is_none() {
+            tracing::warn!("setpriv (util-linux) not found: ranks will not die with a killed gateway (the next start removes them)");
+        }
+        found
+    })
 }
 
 /// The worker's Docker daemon over SSH, reconnected when the session has died.
@@ -133,31 +397,22 @@ impl Backend {
         }
     }
 
-    pub(crate) async fn start(
-        &self,
-        plan: &RankPlan,
-        epoch: u64,
-        log: &Path,
-        events: mpsc::UnboundedSender<Event>,
-    ) -> Result<Rank, SupervisorError> {
+    pub(crate) async fn start(&self, plan: &RankPlan, to: Reporting<'_>) -> Result<Rank, SupervisorError> {
         match self {
             Backend::Process { bin, worker: Some(w) } if plan.rank > 0 => {
-                let node = w.node().await?;
-                Ok(Rank::Remote(
-                    RankRemote::spawn(&node, bin, plan, epoch, log, events).await?,
-                ))
+                Rank::spawn_remote(&w.node().await?, bin, plan, to).await
             }
-            Backend::Process { bin, .. } => Ok(Rank::Process(RankProc::spawn(bin, plan, epoch, log, events).await?)),
-            Backend::Docker { .. } => {
-                let node = self.node_for(plan.rank).await?;
-                Ok(Rank::Container(
-                    RankContainer::start(&node, plan, epoch, log, events, None).await?,
-                ))
+            Backend::Process { bin, .. } => Rank::spawn_process(bin, plan, to).await,
+            Backend::Docker { head, worker } => {
+                let node = match worker {
+                    Some(w) if plan.rank > 0 => w.node().await?,
+                    _ => head.clone(),
+                };
+                Rank::start_container(&node, plan, to, None).await
             }
         }
     }
 
-    /// The Docker node that runs `rank`.
     /// The SSH link to a remote worker, whichever runtime runs ranks there.
     pub(crate) fn worker(&self) -> Option<&WorkerLink> {
         match self {
@@ -165,11 +420,12 @@ impl Backend {
         }
     }
 
-    pub(crate) async fn node_for(&self, rank: u32) -> Result<Node, SupervisorError> {
+    /// The Docker node that runs `rank` (docker runtime only).
+    pub(crate) async fn node_for(&self, rank: u32) -> Option<Result<Node, SupervisorError>> {
         match self {
-            Backend::Docker { worker: Some(w), .. } if rank > 0 => w.node().await,
-            Backend::Docker { head, .. } => Ok(head.clone()),
-            Backend::Process { .. } => unreachable!("process ranks have no node"),
+            Backend::Docker { worker: Some(w), .. } if rank > 0 => Some(w.node().await),
+            Backend::Docker { head, .. } => Some(Ok(head.clone())),
+            Backend::Process { .. } => None,
         }
     }
 }

@@ -9,17 +9,9 @@ use sparkgate_docker::Node;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::probe::{Probe, Progress};
+use crate::probe::Probe;
 use crate::status::NodeMemory;
-
-/// One round of checks, taken about every second.
-#[derive(Debug)]
-pub(crate) struct Sample {
-    pub(crate) memory: Vec<NodeMemory>,
-    pub(crate) healthy: bool,
-    /// Every fifth round (and only when `/metrics` answered).
-    pub(crate) progress: Option<Progress>,
-}
+use crate::watchdog::Sample;
 
 /// The sampling task; stops when dropped.
 #[derive(Debug)]

@@ -5,16 +5,30 @@ use std::path::PathBuf;
 use serde::Serialize;
 use sparkgate_config::NodeRole;
 
+/// The group's state as published: the supervisor's phase (`machine::Phase`) seen from outside.
 /// `Stopped → Starting(epoch) → Ready(epoch) → Restarting → …`, or `Failed` when the restart
 /// budget is spent.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum GroupState {
     Stopped,
-    Starting { epoch: u64 },
-    Ready { epoch: u64 },
-    Restarting { reason: String, retry_in_s: f64 },
-    Failed { reason: String },
+    Starting {
+        epoch: u64,
+    },
+    Ready {
+        epoch: u64,
+    },
+    Restarting {
+        reason: String,
+        retry_in_s: f64,
+    },
+    /// An operator's stop is under way.
+    Stopping,
+    Failed {
+        reason: String,
+    },
+    /// The gateway is exiting.
+    ShuttingDown,
 }
 
 /// One rank as last seen.
@@ -35,8 +49,23 @@ pub struct RankStatus {
 pub struct LastRestart {
     pub reason: String,
     pub at_unix: u64,
-    /// Seconds from the failure being noticed to the group being stopped.
+    /// Seconds from the last sign of life (a health answer, an engine step) to the failure
+    /// being noticed; absent for an operator's restart.
     pub detected_in_s: Option<f64>,
+}
+
+impl LastRestart {
+    pub(crate) fn now(reason: &str, detected_in_s: Option<f64>) -> Self {
+        let at_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Self {
+            reason: reason.to_owned(),
+            at_unix,
+            detected_in_s,
+        }
+    }
 }
 
 /// The supervisor's published status.

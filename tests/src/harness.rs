@@ -31,7 +31,17 @@ impl std::fmt::Debug for Proc {
 impl Proc {
     /// Spawns `program args…` with extra environment; stdout and stderr are both collected.
     pub fn spawn(program: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
+        Self::spawn_as(program, args, env, false)
+    }
+
+    /// `spawn`, the child leading a process group of its own when `own_group` (as a shell's
+    /// foreground job does: a terminal's Ctrl-C goes to that whole group).
+    pub fn spawn_as(program: &str, args: &[String], env: &[(&str, &str)], own_group: bool) -> Proc {
+        use std::os::unix::process::CommandExt as _;
         let mut cmd = Command::new(program);
+        if own_group {
+            cmd.process_group(0);
+        }
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -553,88 +563,6 @@ impl Gateway {
 
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
-    }
-}
-
-impl Gateway {
-    /// `sparkgate serve` supervising its own ranks (RUNTIME=process, VLLM_BIN=vllm-sim), on
-    /// loopback with fresh ports; waits until `/ready` answers 200.
-    pub fn supervise(
-        sparkgate: &str,
-        sim: &str,
-        profile: &str,
-        log_dir: &std::path::Path,
-        env: &[(&str, &str)],
-    ) -> Gateway {
-        let gw = Self::supervise_unready(sparkgate, sim, profile, log_dir, env);
-        gw.wait_ready();
-        gw
-    }
-
-    pub fn supervise_unready(
-        sparkgate: &str,
-        sim: &str,
-        profile: &str,
-        log_dir: &std::path::Path,
-        env: &[(&str, &str)],
-    ) -> Gateway {
-        let proc = Self::supervise_process(sparkgate, sim, profile, log_dir, env);
-        let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
-        Gateway { proc, addr }
-    }
-
-    /// The `sparkgate serve` process of `supervise`, without waiting for anything.
-    pub fn supervise_process(
-        sparkgate: &str,
-        sim: &str,
-        profile: &str,
-        log_dir: &std::path::Path,
-        env: &[(&str, &str)],
-    ) -> Proc {
-        let (vllm_port, master_port) = (free_port().to_string(), free_port().to_string());
-        let log = log_dir.display().to_string();
-        let mut full: Vec<(&str, &str)> = vec![
-            ("RUNTIME", "process"),
-            ("VLLM_BIN", sim),
-            ("PORT", "0"),
-            ("BIND_ADDR", "127.0.0.1"),
-            ("HEAD_IP", "127.0.0.1"),
-            ("WORKER_IP", "127.0.0.1"),
-            ("VLLM_PORT", &vllm_port),
-            ("MASTER_PORT", &master_port),
-            ("LOG_DIR", &log),
-            ("SIM_LOAD_SECONDS", "0"),
-            ("SIM_SPEED", "instant"),
-            ("RESTART_BACKOFF_INITIAL", "0.2"),
-            ("READY_TIMEOUT", "60"),
-            ("WEIGHTS_GIB_PER_RANK", ""),
-            ("SPARKGATE_LOG", "info"),
-        ];
-        full.extend_from_slice(env);
-        let args: Vec<String> = ["--profile", profile, "serve"].map(String::from).to_vec();
-        Proc::spawn(sparkgate, &args, &full)
-    }
-
-    /// `GET /admin/status` (loopback, no token) as JSON.
-    pub fn status(&self) -> serde_json::Value {
-        request(self.addr, "GET", "/admin/status", &[], b"").json()
-    }
-
-    /// Polls `/admin/status` until `pred` holds.
-    pub fn wait_status(&self, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-        let deadline = Instant::now() + STARTUP;
-        loop {
-            let s = self.status();
-            if pred(&s) {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "status never reached {what}: {s}\nlog:\n{}",
-                self.proc.log().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
     }
 }
 

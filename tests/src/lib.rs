@@ -10,3 +10,4 @@ pub mod realvllm;
 pub mod registry;
 pub mod sim;
 pub mod spec_eval;
+pub mod supervised;

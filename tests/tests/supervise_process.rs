@@ -543,9 +543,10 @@ fn a_remote_worker_runs_its_rank_over_ssh() {
     let new = gw.wait_status("ready epoch 2", |s| {
         s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 2
     });
-    assert_eq!(
-        new["supervisor"]["last_restart"]["reason"],
-        "rank 1 exited (killed by a signal)"
+    let reason = new["supervisor"]["last_restart"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("rank 1 exited (killed by a signal); last lines: "),
+        "{reason}"
     );
     let worker_pid = pid_of(&new, 1);
     assert!(alive(worker_pid));

@@ -55,3 +55,74 @@ fn no_file_is_over_the_size_limit_without_a_reason() {
         .collect();
     assert!(long.is_empty(), "files over {MAX_LINES} lines: {long:#?}");
 }
+
+/// The top-level module a source file belongs to (`src/a/b.rs` → `a`; `x_tests.rs` → `x`).
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).ok()?;
+    let first = rel.components().next()?.as_os_str().to_str()?;
+    let name = first.strip_suffix(".rs").unwrap_or(first);
+    Some(name.strip_suffix("_tests").unwrap_or(name).to_owned())
+}
+
+/// `crate::m` references between a crate's top-level modules: (from, to) pairs.
+fn module_edges(src: &Path) -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut edges = Vec::new();
+    for file in files {
+        let Some(from) = module_of(src, &file) else { continue };
+        if ["lib", "main", "bin"].contains(&from.as_str()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("read");
+        for part in text.split("crate::").skip(1) {
+            let to: String = part.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            if !to.is_empty() && to != from && !edges.contains(&(from.clone(), to.clone())) {
+                edges.push((from.clone(), to));
+            }
+        }
+    }
+    edges
+}
+
+/// A cycle in `edges`, if there is one.
+fn find_cycle(edges: &[(String, String)]) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        edges: &[(String, String)],
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_owned());
+            return Some(cycle);
+        }
+        if done.iter().any(|d| d == node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for (_, to) in edges.iter().filter(|(f, _)| f == node) {
+            if let Some(c) = visit(to, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.push(node.to_owned());
+        None
+    }
+    let mut done = Vec::new();
+    edges
+        .iter()
+        .find_map(|(from, _)| visit(from, edges, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_supervisors_modules_import_each_other_in_one_direction() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../supervisor/src");
+    let edges = module_edges(&src);
+    assert!(edges.len() > 10, "read the supervisor's imports: {edges:?}");
+    assert_eq!(find_cycle(&edges), None, "a module cycle in supervisor/");
+    let cyclic = [("a", "b"), ("b", "c"), ("c", "a")].map(|(f, t)| (f.to_owned(), t.to_owned()));
+    assert!(find_cycle(&cyclic).is_some(), "the check finds a cycle");
+}

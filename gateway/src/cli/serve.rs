@@ -1,6 +1,7 @@
 //! `sparkgate serve` and `sparkgate demo`: the gateway, with the supervisor (RUNTIME) or in
 //! gateway-only mode, until SIGTERM or Ctrl-C.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -102,13 +103,25 @@ pub(super) fn demo_defaults(options: &mut LoadOptions) -> anyhow::Result<()> {
     for (k, v) in defaults {
         options.process_env.entry(k.to_owned()).or_insert(v);
     }
-    // The simulated ranks read these from the environment they inherit.
-    for (k, v) in [("SIM_SPEED", "1"), ("SIM_LOAD_SECONDS", "2")] {
-        if std::env::var_os(k).is_none() {
-            // Still single-threaded: the runtime is created later.
-            std::env::set_var(k, v);
-        }
-    }
+    // Ranks get only the plan's environment: the simulated ranks' settings (SIM_* from the
+    // environment, else paced like the reference tables after a 2 s load) go through RANK_ENV.
+    let env = &mut options.process_env;
+    let mut sim: BTreeMap<String, String> = [("SIM_SPEED", "1"), ("SIM_LOAD_SECONDS", "2")]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+    sim.extend(
+        env.iter()
+            .filter(|(k, _)| k.starts_with("SIM_"))
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    let mut pairs: Vec<String> = env
+        .get("RANK_ENV")
+        .into_iter()
+        .filter(|v| !v.is_empty())
+        .cloned()
+        .collect();
+    pairs.extend(sim.iter().map(|(k, v)| format!("{k}={v}")));
+    env.insert("RANK_ENV".to_owned(), pairs.join(","));
     Ok(())
 }
 

@@ -10,6 +10,8 @@
 //! | `SIM_FAULT_HANG_AT_START=1` | print the first load lines, then hang before ready |
 //! | `SIM_FAULT_STREAM_ERROR_AFTER_TOKENS=N` | every request fails after N tokens (SSE error event + `[DONE]`, or 500) |
 //! | `SIM_FAULT_REFUSE_CONNECTIONS=1` | never accept HTTP connections (the port is bound but refuses) |
+//! | `SIM_LOG_INVALID_UTF8=1` | print a line with bytes that are not UTF-8 early in the start (native libraries do) |
+//! | `SIM_SPAWN_HELPER=1` | start a helper process (`sleep`), as vLLM starts its engine and worker processes, and log its pid |
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
@@ -117,6 +119,32 @@ impl Faults {
         }
         if self.hang_after_requests.load(SeqCst) == n {
             self.hang();
+        }
+    }
+}
+
+/// What a real rank does at start that the supervisor must survive: invalid UTF-8 on stdout
+/// (`SIM_LOG_INVALID_UTF8=1`) and processes of its own (`SIM_SPAWN_HELPER=1`), which a stop
+/// must take down with it.
+pub(crate) fn startup_quirks() {
+    use std::io::Write as _;
+    if env_u64("SIM_LOG_INVALID_UTF8") == Some(1) {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(b"(APIServer) WARNING native: \xff\xfe\xc3 binary noise\n");
+        let _ = out.flush();
+    }
+    if env_u64("SIM_SPAWN_HELPER") == Some(1) {
+        match std::process::Command::new("sleep").arg("86400").spawn() {
+            Ok(child) => log::info(
+                "APIServer",
+                "multiproc_executor.py:120",
+                &format!("spawned helper pid {}", child.id()),
+            ),
+            Err(e) => log::info(
+                "APIServer",
+                "multiproc_executor.py:120",
+                &format!("helper not spawned: {e}"),
+            ),
         }
     }
 }

@@ -167,6 +167,7 @@ async fn run(args: ServeArgs) -> i32 {
         });
     }
     log::info("APIServer", "api_server.py:1893", "vLLM API server version 0.33.0");
+    faults::startup_quirks();
     let given: serde_json::Map<String, serde_json::Value> = args
         .given
         .iter()

@@ -169,7 +169,8 @@ async fn serve_connection(stream: TcpStream, router: Router, keys: Arc<Vec<Strin
 }
 
 /// Accepts connections until the process ends. While the refuse-connections fault is armed
-/// the listener is closed, so connects are refused as by a dead port.
+/// the listener is closed and the open connections are dropped, as by a dead process: connects
+/// are refused and kept-alive connections reset.
 pub(crate) async fn serve(listener: TcpListener, app: Shared, faults: Arc<Faults>) {
     let addr = listener.local_addr().expect("bound listener");
     let keys = Arc::new(app.args.api_keys.clone());
@@ -179,9 +180,12 @@ pub(crate) async fn serve(listener: TcpListener, app: Shared, faults: Arc<Faults
         .map_or(Duration::from_secs(5), Duration::from_secs_f64);
     let router = super::router(app);
     let mut listener = Some(listener);
+    let mut open = tokio::task::JoinSet::new();
     loop {
+        while open.try_join_next().is_some() {}
         if faults.refuse_connections.load(SeqCst) {
             listener = None;
+            open.abort_all();
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         }
@@ -198,7 +202,7 @@ pub(crate) async fn serve(listener: TcpListener, app: Shared, faults: Arc<Faults
         tokio::select! {
             accepted = l.accept() => {
                 if let Ok((stream, _)) = accepted {
-                    tokio::spawn(serve_connection(stream, router.clone(), keys.clone(), idle));
+                    open.spawn(serve_connection(stream, router.clone(), keys.clone(), idle));
                 }
             }
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}

@@ -1,0 +1,109 @@
+//! Docker: what an earlier gateway left running. Containers of this group are adopted when
+//! every rank is there, running, of one epoch and of a mode's configuration (config hash), and
+//! rank 0 is ready — the model stays loaded. Anything else is removed, saying why.
+
+use sparkgate_config::{labels, RankPlan, SpecMethod};
+use sparkgate_docker::Node;
+
+use crate::start::Starter;
+
+/// What was found.
+#[derive(Debug)]
+pub(crate) enum Found {
+    Nothing,
+    /// Leftovers were removed; the next epoch follows `epoch`.
+    Stale {
+        epoch: u64,
+    },
+    /// A complete ready group: each rank's plan, node and container id.
+    Running {
+        epoch: u64,
+        mode: SpecMethod,
+        containers: Vec<(RankPlan, Node, String)>,
+    },
+}
+
+pub(crate) async fn find(starter: &Starter, group: &str) -> Found {
+    let mut found = Vec::new();
+    let ranks: Vec<u32> = starter.modes[0].plan.ranks.iter().map(|r| r.rank).collect();
+    for rank in ranks {
+        let node = match starter.backend.node_for(rank).await {
+            Some(Ok(n)) => n,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "cannot reach a node to look for running ranks");
+                return Found::Nothing;
+            }
+            None => return Found::Nothing,
+        };
+        match node
+            .list(&[(labels::GROUP, group), (labels::RANK, &rank.to_string())])
+            .await
+        {
+            Ok(list) => found.extend(list.into_iter().map(|c| (rank, node.clone(), c))),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list existing rank containers");
+                return Found::Nothing;
+            }
+        }
+    }
+    if found.is_empty() {
+        return Found::Nothing;
+    }
+    let epoch = found
+        .iter()
+        .filter_map(|(_, _, c)| c.labels.get(labels::EPOCH)?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    let epoch_label = epoch.to_string();
+    // A group an operator (or the policy) switched to another mode runs that mode's plan.
+    let running_hash = found
+        .iter()
+        .find(|(r, _, c)| *r == 0 && c.labels.get(labels::EPOCH) == Some(&epoch_label))
+        .and_then(|(_, _, c)| c.labels.get(labels::CONFIG_HASH).cloned());
+    let mode = starter
+        .modes
+        .iter()
+        .find(|m| Some(&m.plan.config_hash) == running_hash.as_ref())
+        .unwrap_or(&starter.modes[0]);
+    let of_plan = |rank: u32| {
+        found.iter().find(|(r, _, c)| {
+            *r == rank
+                && c.labels.get(labels::EPOCH) == Some(&epoch_label)
+                && c.labels.get(labels::CONFIG_HASH) == Some(&mode.plan.config_hash)
+                && c.running
+        })
+    };
+    let complete = mode.plan.ranks.iter().all(|r| of_plan(r.rank).is_some());
+    let why_not = if !complete {
+        Some(format!(
+            "found {} container(s) of group {group} that are not a running epoch of this configuration (config hash {})",
+            found.len(),
+            mode.plan.config_hash
+        ))
+    } else if !starter.probe.ready().await {
+        Some("rank 0 of the running group is not ready".to_owned())
+    } else {
+        None
+    };
+    if let Some(reason) = why_not {
+        tracing::warn!(%reason, "not adopting: removing the old containers and starting fresh");
+        for (_, node, c) in &found {
+            let _ = node.kill_and_remove(&c.id).await;
+        }
+        return Found::Stale { epoch };
+    }
+    let containers = mode
+        .plan
+        .ranks
+        .iter()
+        .map(|plan| {
+            let (_, node, c) = of_plan(plan.rank).expect("checked complete");
+            (plan.clone(), node.clone(), c.id.clone())
+        })
+        .collect();
+    Found::Running {
+        epoch,
+        mode: mode.mode,
+        containers,
+    }
+}

@@ -1,0 +1,199 @@
+//! The running group's checks as one pure, unit-tested judge: memguard (MemAvailable under
+//! MEM_GUARD_GIB in two samples in a row), liveness (three failed `/health` checks in a row)
+//! and progress (requests running and no token for PROGRESS_TIMEOUT). It reads samples in the
+//! caller's time and says when the group must be restarted, and since when it was unwell.
+
+use std::time::{Duration, Instant};
+
+use crate::machine::Failure;
+use crate::probe::Progress;
+use crate::status::NodeMemory;
+
+/// One round of checks (`sampler.rs` takes one about every second).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Sample {
+    pub(crate) memory: Vec<NodeMemory>,
+    pub(crate) healthy: bool,
+    /// vLLM's counters, when this round read `/metrics`.
+    pub(crate) progress: Option<Progress>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// MEM_GUARD_GIB when MEM_GUARD=1.
+    pub(crate) mem_guard_gib: Option<f64>,
+    pub(crate) progress_timeout: Duration,
+}
+
+#[derive(Debug)]
+pub(crate) struct Watchdog {
+    limits: Limits,
+    low_memory: u32,
+    unhealthy: u32,
+    /// The last healthy answer (or the start of watching).
+    healthy_at: Instant,
+    last_generated: Option<f64>,
+    progress_at: Instant,
+}
+
+impl Watchdog {
+    pub(crate) fn new(limits: Limits, now: Instant) -> Self {
+        Self {
+            limits,
+            low_memory: 0,
+            unhealthy: 0,
+            healthy_at: now,
+            last_generated: None,
+            progress_at: now,
+        }
+    }
+
+    /// The verdict on one sample: `Some` when the group must be restarted.
+    pub(crate) fn observe(&mut self, sample: &Sample, now: Instant) -> Option<Failure> {
+        self.memory(sample)
+            .or_else(|| self.health(sample, now))
+            .or_else(|| self.progress(sample, now))
+    }
+
+    fn memory(&mut self, sample: &Sample) -> Option<Failure> {
+        let threshold = self.limits.mem_guard_gib?;
+        let Some(low) = sample
+            .memory
+            .iter()
+            .find(|m| m.mem_available_gib.is_some_and(|a| a < threshold))
+        else {
+            self.low_memory = 0;
+            return None;
+        };
+        self.low_memory += 1;
+        if self.low_memory < 2 {
+            return None;
+        }
+        self.low_memory = 0;
+        Some(Failure {
+            reason: format!(
+                "memguard: MemAvailable {:.2} GiB < MEM_GUARD_GIB {threshold} on {} in two consecutive samples",
+                low.mem_available_gib.unwrap_or(0.0),
+                low.node
+            ),
+            detected_in: Some(Duration::ZERO),
+        })
+    }
+
+    fn health(&mut self, sample: &Sample, now: Instant) -> Option<Failure> {
+        if sample.healthy {
+            self.unhealthy = 0;
+            self.healthy_at = now;
+            return None;
+        }
+        self.unhealthy += 1;
+        (self.unhealthy >= 3).then(|| Failure {
+            reason: "rank 0 failed 3 health checks in a row".into(),
+            detected_in: Some(now.saturating_duration_since(self.healthy_at)),
+        })
+    }
+
+    fn progress(&mut self, sample: &Sample, now: Instant) -> Option<Failure> {
+        let p = sample.progress?;
+        if p.running == 0.0 || self.last_generated != Some(p.generated) {
+            self.last_generated = Some(p.generated);
+            self.progress_at = now;
+            return None;
+        }
+        let quiet = now.saturating_duration_since(self.progress_at);
+        (quiet >= self.limits.progress_timeout).then(|| Failure {
+            reason: format!(
+                "no token generated for {:.0}s while {} requests ran (PROGRESS_TIMEOUT)",
+                quiet.as_secs_f64(),
+                p.running
+            ),
+            detected_in: Some(quiet),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            mem_guard_gib: Some(4.0),
+            progress_timeout: Duration::from_secs(30),
+        }
+    }
+
+    fn sample(avail: f64, healthy: bool, progress: Option<(f64, f64)>) -> Sample {
+        Sample {
+            memory: vec![NodeMemory {
+                node: "worker",
+                mem_available_gib: Some(avail),
+            }],
+            healthy,
+            progress: progress.map(|(running, generated)| Progress { running, generated }),
+        }
+    }
+
+    #[test]
+    fn memguard_needs_two_low_samples_in_a_row() {
+        let t0 = Instant::now();
+        let mut w = Watchdog::new(limits(), t0);
+        assert_eq!(w.observe(&sample(3.0, true, None), t0), None);
+        assert_eq!(w.observe(&sample(9.0, true, None), t0), None, "a good sample resets");
+        assert_eq!(w.observe(&sample(3.0, true, None), t0), None);
+        let f = w.observe(&sample(3.5, true, None), t0).unwrap();
+        assert!(
+            f.reason.contains("3.50 GiB < MEM_GUARD_GIB 4 on worker"),
+            "{}",
+            f.reason
+        );
+        let mut off = Watchdog::new(
+            Limits {
+                mem_guard_gib: None,
+                ..limits()
+            },
+            t0,
+        );
+        assert_eq!(off.observe(&sample(0.1, true, None), t0), None);
+        assert_eq!(
+            off.observe(&sample(0.1, true, None), t0),
+            None,
+            "MEM_GUARD=0 never fires"
+        );
+    }
+
+    #[test]
+    fn three_failed_health_checks_and_since_when() {
+        let t0 = Instant::now();
+        let s = |n| t0 + Duration::from_secs(n);
+        let mut w = Watchdog::new(limits(), t0);
+        assert_eq!(w.observe(&sample(9.0, true, None), s(1)), None);
+        assert_eq!(w.observe(&sample(9.0, false, None), s(2)), None);
+        assert_eq!(w.observe(&sample(9.0, false, None), s(3)), None);
+        let f = w.observe(&sample(9.0, false, None), s(4)).unwrap();
+        assert_eq!(
+            f.detected_in,
+            Some(Duration::from_secs(3)),
+            "from the last healthy answer"
+        );
+    }
+
+    #[test]
+    fn no_token_while_requests_run_is_a_stall_but_idle_is_not() {
+        let t0 = Instant::now();
+        let s = |n| t0 + Duration::from_secs(n);
+        let mut w = Watchdog::new(limits(), t0);
+        assert_eq!(w.observe(&sample(9.0, true, Some((0.0, 5.0))), s(0)), None);
+        assert_eq!(w.observe(&sample(9.0, true, Some((0.0, 5.0))), s(100)), None, "idle");
+        assert_eq!(w.observe(&sample(9.0, true, Some((2.0, 5.0))), s(101)), None);
+        assert_eq!(
+            w.observe(&sample(9.0, true, Some((2.0, 9.0))), s(120)),
+            None,
+            "progress"
+        );
+        assert_eq!(w.observe(&sample(9.0, true, Some((2.0, 9.0))), s(149)), None);
+        let f = w.observe(&sample(9.0, true, Some((2.0, 9.0))), s(150)).unwrap();
+        assert!(f.reason.contains("PROGRESS_TIMEOUT"), "{}", f.reason);
+        assert_eq!(f.detected_in, Some(Duration::from_secs(30)));
+    }
+}
