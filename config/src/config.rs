@@ -342,6 +342,8 @@ pub struct Supervision {
     pub healthy_reset: Duration,
     pub restart_budget: u32,
     pub progress_timeout: Duration,
+    /// STALL_TIMEOUT: work pending and no engine step this long is a hang.
+    pub stall_timeout: Duration,
     pub stop_ranks_on_exit: bool,
     pub ready_timeout: Duration,
     /// After `/health` and `/v1/models`, readiness also needs a one-token generation to succeed.

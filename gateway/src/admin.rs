@@ -26,7 +26,12 @@ pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
         let mut applied = None;
         loop {
             let status = rx.borrow_and_update().clone();
-            let key = (status.state.clone(), status.mode.clone(), status.max_num_seqs);
+            let key = (
+                status.state.clone(),
+                status.mode.clone(),
+                status.max_num_seqs,
+                status.stalled_s.is_some(),
+            );
             if applied.as_ref() == Some(&key) {
                 if rx.changed().await.is_err() {
                     return;
@@ -35,6 +40,15 @@ pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
             }
             applied = Some(key);
             match &status.state {
+                // Work pending and no engine step: hold admission rather than send more into
+                // an engine that may be hung; a step lifts it, STALL_TIMEOUT restarts the group.
+                GroupState::Ready { .. } if status.stalled_s.is_some() => {
+                    control.admission().pause();
+                    control.set_upstream(UpstreamState::Stalled(format!(
+                        "no engine step for {}s with requests pending",
+                        status.stalled_s.unwrap_or_default()
+                    )));
+                }
                 GroupState::Ready { .. } => {
                     // A mode switch changes the concurrency limit with the group.
                     control.admission().set_capacity(status.max_num_seqs);

@@ -48,6 +48,8 @@ struct State {
     capacity: u32,
     in_use: u32,
     paused: bool,
+    /// The gateway is shutting down: nobody is admitted again.
+    closed: bool,
     order: VecDeque<u64>,
     waiters: HashMap<u64, Waiter>,
     next_id: u64,
@@ -58,7 +60,7 @@ struct State {
 impl State {
     /// Grants waiters from the front while they fit (strict FIFO: a large head blocks).
     fn dispatch(&mut self) {
-        while !self.paused {
+        while !self.paused && !self.closed {
             let Some(&id) = self.order.front() else { break };
             let w = self.waiters.get_mut(&id).expect("queued ids have waiters");
             if self.in_use + w.n > self.capacity {
@@ -137,6 +139,7 @@ impl Admission {
                 capacity,
                 in_use: 0,
                 paused: false,
+                closed: false,
                 order: VecDeque::new(),
                 waiters: HashMap::new(),
                 next_id: 0,
@@ -172,6 +175,9 @@ impl Admission {
                     ),
                     "n",
                 ));
+            }
+            if s.closed {
+                return Err(GatewayError::ShuttingDown);
             }
             if !s.paused && s.order.is_empty() && s.in_use + n <= s.capacity {
                 s.in_use += n;
@@ -225,9 +231,14 @@ impl Admission {
                 n,
             });
         }
+        let closed = s.closed;
         drop(s);
-        // Still waiting: the deadline passed. The guard removes it from the queue.
+        // Still waiting: the deadline passed, or the gateway is shutting down. The guard
+        // removes it from the queue.
         drop(queued);
+        if closed {
+            return Err(GatewayError::ShuttingDown);
+        }
         Err(GatewayError::QueueTimeout {
             waited: started.elapsed(),
         })
@@ -244,6 +255,18 @@ impl Admission {
         let mut s = self.state.lock().expect("admission lock");
         s.capacity = capacity;
         s.dispatch();
+    }
+
+    /// The gateway is shutting down: every queued request is answered at once (their waits end
+    /// with `ShuttingDown`), and so is every later one.
+    pub fn close(&self) {
+        let mut s = self.state.lock().expect("admission lock");
+        s.closed = true;
+        for w in s.waiters.values_mut() {
+            if w.slot == Slot::Waiting {
+                w.wake = None;
+            }
+        }
     }
 
     /// Holds every new and queued request (ranks restarting) until `resume`.
@@ -438,6 +461,36 @@ mod tests {
             queued.await.unwrap();
             back.await.unwrap();
             assert_eq!(*order.lock().unwrap(), vec!["requeued", "queued"]);
+        });
+    }
+
+    #[test]
+    fn closing_answers_the_queue_at_once_and_refuses_newcomers() {
+        rt().block_on(async {
+            let a = Admission::new(1, limits(10, 600));
+            let running = a.acquire(1, 10).await.unwrap();
+            let queued = tokio::spawn({
+                let a = a.clone();
+                async move { a.acquire(1, 10).await }
+            });
+            tokio::task::yield_now().await;
+            let before = tokio::time::Instant::now();
+            a.close();
+            let e = queued.await.unwrap().unwrap_err();
+            assert!(matches!(e, GatewayError::ShuttingDown), "{e}");
+            assert!(
+                before.elapsed() < Duration::from_secs(1),
+                "at once, not after the queue timeout"
+            );
+            assert!(e.retry_after().is_some(), "503 with Retry-After");
+            assert!(matches!(a.acquire(1, 10).await, Err(GatewayError::ShuttingDown)));
+            assert_eq!(a.snapshot().queued, 0);
+            drop(running);
+            assert_eq!(
+                a.snapshot().in_use,
+                0,
+                "the running request keeps its slot until it ends"
+            );
         });
     }
 }

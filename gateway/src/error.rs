@@ -8,7 +8,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::routes::Family;
+use crate::routes::{Family, Framing};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -58,6 +58,18 @@ pub enum GatewayError {
     HeaderTimeout { after: Duration },
     #[error("the gateway has {max} connections open (MAX_CONNECTIONS); retry later")]
     TooManyConnections { max: usize },
+    #[error("no response from the model within {}s (FIRST_TOKEN_TIMEOUT); the request was aborted", after.as_secs())]
+    FirstTokenTimeout { after: Duration },
+    #[error("the model stopped producing tokens for {}s (STREAM_IDLE_TIMEOUT); the request was aborted", after.as_secs())]
+    StreamIdle { after: Duration },
+    #[error("the connection to the model broke mid-stream")]
+    UpstreamBroke,
+    #[error("the model's stream ended before it finished")]
+    UpstreamTruncated,
+    #[error("the gateway is shutting down; retry later")]
+    ShuttingDown,
+    #[error("the gateway shut down: the request was still running after DRAIN_TIMEOUT={}s", drain.as_secs())]
+    DrainTimeout { drain: Duration },
 }
 
 fn unparseable_message(status: StatusCode) -> &'static str {
@@ -96,7 +108,11 @@ impl GatewayError {
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::UnparseableHttp { status } => *status,
             GatewayError::HeaderTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            GatewayError::TooManyConnections { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::TooManyConnections { .. }
+            | GatewayError::ShuttingDown
+            | GatewayError::DrainTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::FirstTokenTimeout { .. } | GatewayError::StreamIdle { .. } => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::UpstreamBroke | GatewayError::UpstreamTruncated => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -127,6 +143,7 @@ impl GatewayError {
             GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
             GatewayError::QueueFull { .. } | GatewayError::QueueBytesFull { .. } => Some(Duration::from_secs(2)),
             GatewayError::TooManyConnections { .. } => Some(Duration::from_secs(1)),
+            GatewayError::ShuttingDown | GatewayError::DrainTimeout { .. } => Some(Duration::from_secs(5)),
             GatewayError::QueueTimeout { .. } => Some(Duration::from_secs(5)),
             GatewayError::Restarting => Some(Duration::from_secs(10)),
             _ => None,
@@ -142,6 +159,7 @@ impl GatewayError {
             GatewayError::QueueTimeout { .. } => Some("queue_timeout"),
             GatewayError::Restarting => Some("restarting"),
             GatewayError::NotRunning(_) => Some("not_running"),
+            GatewayError::ShuttingDown => Some("shutting_down"),
             GatewayError::BadRequest { param: Some("n"), .. } => Some("too_many_choices"),
             _ => None,
         }
@@ -158,6 +176,7 @@ impl GatewayError {
             413 => "request_too_large",
             429 => "rate_limit_error",
             503 => "overloaded_error",
+            504 => "timeout_error",
             500..=599 => "api_error",
             _ => "invalid_request_error",
         }
@@ -194,6 +213,45 @@ impl GatewayError {
                 ("retry-after-ms", after.as_millis().clamp(1, 120_000) as u64),
             ]
         })
+    }
+
+    /// Why a stream this error ended was cut, as the logs and `sparkgate_stream_errors_total`
+    /// name it.
+    pub(crate) fn stream_outcome(&self) -> &'static str {
+        match self {
+            GatewayError::FirstTokenTimeout { .. } => "first_token_timeout",
+            GatewayError::StreamIdle { .. } => "idle_timeout",
+            GatewayError::UpstreamBroke => "upstream_broken",
+            GatewayError::UpstreamTruncated => "upstream_truncated",
+            GatewayError::DrainTimeout { .. } | GatewayError::ShuttingDown => "drain_timeout",
+            _ => "gateway_error",
+        }
+    }
+
+    /// The error as the last event of a stream in `framing`: OpenAI's error chunk then
+    /// `[DONE]`, or `event: error` (Responses; Anthropic with its envelope).
+    pub(crate) fn stream_event(&self, framing: Framing) -> Vec<bytes::Bytes> {
+        let message = self.to_string();
+        let event = |e: serde_json::Value| bytes::Bytes::from(format!("event: error\ndata: {e}\n\n"));
+        match framing {
+            Framing::Responses => {
+                vec![event(
+                    json!({"type": "error", "code": self.kind(), "message": message, "param": null}),
+                )]
+            }
+            Framing::Anthropic => {
+                vec![event(
+                    json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": message}}),
+                )]
+            }
+            Framing::Chat => {
+                let e = json!({"error": {"message": message, "type": self.kind(), "param": null, "code": self.status().as_u16()}});
+                vec![
+                    bytes::Bytes::from(format!("data: {e}\n\n")),
+                    bytes::Bytes::from_static(b"data: [DONE]\n\n"),
+                ]
+            }
+        }
     }
 
     fn openai_body(&self) -> serde_json::Value {

@@ -248,12 +248,32 @@ async fn connection(
     }
 }
 
-/// Accepts until `shutdown` resolves, then drains.
+/// What the loop tells the rest of the gateway as it shuts down.
+pub(crate) struct ShutdownHooks {
+    /// Shutdown begins (queued requests are answered; in-flight ones get the drain).
+    pub(crate) draining: Box<dyn FnOnce() + Send>,
+    /// DRAIN_TIMEOUT passed (what still runs ends with an explicit error).
+    pub(crate) closing: Box<dyn FnOnce() + Send>,
+}
+
+impl std::fmt::Debug for ShutdownHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShutdownHooks").finish_non_exhaustive()
+    }
+}
+
+/// How long connections get to send their final error events after the drain, before they
+/// are closed.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// Accepts until `shutdown` resolves, then drains: in-flight requests get DRAIN_TIMEOUT, then
+/// whatever still runs is ended with an error (`ShutdownHooks`), then the connections close.
 pub(crate) async fn run(
     router: Router,
     listener: TcpListener,
     cfg: ListenConfig,
     shutdown: impl Future<Output = ()> + Send,
+    hooks: ShutdownHooks,
 ) {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
@@ -278,23 +298,26 @@ pub(crate) async fn run(
         }
     }
     drop(listener);
+    (hooks.draining)();
     let _ = stop_tx.send(true);
     tracing::info!(
         connections = connections.len(),
         drain_s = cfg.drain_timeout.as_secs(),
         "draining"
     );
-    if tokio::time::timeout(cfg.drain_timeout, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await
-    .is_err()
-    {
-        tracing::warn!(
-            remaining = connections.len(),
-            "drain timeout; closing the remaining connections"
-        );
-        connections.abort_all();
+    let all_closed = |connections: &mut tokio::task::JoinSet<()>| {
+        let mut c = std::mem::take(connections);
+        async move { while c.join_next().await.is_some() {} }
+    };
+    let drain = all_closed(&mut connections);
+    tokio::pin!(drain);
+    if tokio::time::timeout(cfg.drain_timeout, drain.as_mut()).await.is_ok() {
+        return;
+    }
+    tracing::warn!("drain timeout: ending what still runs with an error");
+    (hooks.closing)();
+    if tokio::time::timeout(CLOSE_GRACE, drain.as_mut()).await.is_err() {
+        tracing::warn!("connections still open after the drain; closing them");
     }
 }
 

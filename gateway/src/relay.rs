@@ -13,22 +13,12 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use metrics::{counter, histogram};
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::error::GatewayError;
 use crate::observe;
-use crate::state::GatewayControl;
-
-/// The event framing of a stream, which decides how it ends and how the gateway's own error
-/// event is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Framing {
-    /// `data: {…}` chunks ending with `data: [DONE]` (chat, completions).
-    Chat,
-    /// `event: response.*` frames; the stream ends with the connection.
-    Responses,
-    /// Anthropic's `event: message_*` frames ending with `message_stop`.
-    Anthropic,
-}
+use crate::routes::Framing;
+use crate::state::{GatewayControl, Lifecycle};
 
 /// What a relay needs to know about its request.
 #[derive(Debug)]
@@ -42,6 +32,7 @@ pub(crate) struct RelayCtx {
     pub(crate) control: GatewayControl,
     pub(crate) request_id: String,
     pub(crate) route: &'static str,
+    pub(crate) drain_timeout: Duration,
 }
 
 #[derive(Debug)]
@@ -61,29 +52,11 @@ struct Relay {
     /// The inter-token histogram, looked up once per stream rather than per token.
     itl: metrics::Histogram,
     tokens: Option<u64>,
+    /// The gateway's shutdown: at `Closing` the stream ends with the route's error.
+    closing: tokio::sync::watch::Receiver<Lifecycle>,
     saw_done: bool,
     done: bool,
     outcome: &'static str,
-}
-
-/// Why the gateway ended a stream itself.
-#[derive(Debug, Clone, Copy)]
-enum Cut {
-    FirstTokenTimeout,
-    IdleTimeout,
-    Broken,
-    Truncated,
-}
-
-impl Cut {
-    fn label(self) -> &'static str {
-        match self {
-            Cut::FirstTokenTimeout => "first_token_timeout",
-            Cut::IdleTimeout => "idle_timeout",
-            Cut::Broken => "upstream_broken",
-            Cut::Truncated => "upstream_truncated",
-        }
-    }
 }
 
 fn find_blank_line(buf: &[u8], from: usize) -> Option<usize> {
@@ -105,55 +78,15 @@ fn splice_fingerprint(chunk: &mut Vec<u8>, fingerprint: &Value) {
 }
 
 impl Relay {
-    fn error_event(&mut self, cut: Cut) {
-        let (code, kind, message) = match cut {
-            Cut::FirstTokenTimeout => (
-                504,
-                "Gateway Timeout",
-                format!(
-                    "no response from the model within {}s (FIRST_TOKEN_TIMEOUT); the request was aborted",
-                    self.ctx.first_token_timeout.as_secs()
-                ),
-            ),
-            Cut::IdleTimeout => (
-                504,
-                "Gateway Timeout",
-                format!(
-                    "the model stopped producing tokens for {}s (STREAM_IDLE_TIMEOUT); the request was aborted",
-                    self.ctx.idle_timeout.as_secs()
-                ),
-            ),
-            Cut::Broken => (
-                502,
-                "Bad Gateway",
-                "the connection to the model broke mid-stream".to_owned(),
-            ),
-            Cut::Truncated => (
-                502,
-                "Bad Gateway",
-                "the model's stream ended before it finished".to_owned(),
-            ),
-        };
-        counter!(observe::STREAM_ERRORS, "reason" => cut.label()).increment(1);
-        self.outcome = cut.label();
+    /// Ends the stream with the gateway's own error, rendered for this stream's framing.
+    fn error_event(&mut self, err: GatewayError) {
+        let outcome = err.stream_outcome();
+        counter!(observe::STREAM_ERRORS, "reason" => outcome).increment(1);
+        self.outcome = outcome;
         for h in std::mem::take(&mut self.held) {
             self.out.push_back(Bytes::from(h));
         }
-        match self.ctx.framing {
-            Framing::Responses => {
-                let e = json!({"type": "error", "code": kind, "message": message, "param": null});
-                self.out.push_back(Bytes::from(format!("event: error\ndata: {e}\n\n")));
-            }
-            Framing::Anthropic => {
-                let e = json!({"type": "error", "error": {"type": if code == 504 { "overloaded_error" } else { "api_error" }, "message": message}});
-                self.out.push_back(Bytes::from(format!("event: error\ndata: {e}\n\n")));
-            }
-            Framing::Chat => {
-                let e = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
-                self.out.push_back(Bytes::from(format!("data: {e}\n\n")));
-                self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-            }
-        }
+        self.out.extend(err.stream_event(self.ctx.framing));
         // Dropping the upstream body closes its connection; vLLM aborts the request.
         self.body = None;
         self.done = true;
@@ -250,10 +183,13 @@ impl Relay {
             self.done = true;
             return;
         };
+        let closing = &mut self.closing;
         let frame = loop {
             tokio::select! {
                 biased;
                 frame = body.frame() => break Some(frame),
+                // The gateway shut down past DRAIN_TIMEOUT: this stream ends with an error.
+                _ = closing.wait_for(|l| *l == Lifecycle::Closing) => break None,
                 () = self.timer.as_mut() => {
                     let deadline = match self.first_at {
                         None => self.ctx.started + self.ctx.first_token_timeout,
@@ -268,10 +204,14 @@ impl Relay {
         };
         let first = self.first_at.is_none();
         match frame {
-            None => self.error_event(if first {
-                Cut::FirstTokenTimeout
-            } else {
-                Cut::IdleTimeout
+            None if *self.closing.borrow() == Lifecycle::Closing => self.error_event(GatewayError::DrainTimeout {
+                drain: self.ctx.drain_timeout,
+            }),
+            None if first => self.error_event(GatewayError::FirstTokenTimeout {
+                after: self.ctx.first_token_timeout,
+            }),
+            None => self.error_event(GatewayError::StreamIdle {
+                after: self.ctx.idle_timeout,
             }),
             Some(None) => {
                 if self.saw_done || self.ctx.framing == Framing::Responses {
@@ -280,10 +220,10 @@ impl Relay {
                     }
                     self.done = true;
                 } else {
-                    self.error_event(Cut::Truncated);
+                    self.error_event(GatewayError::UpstreamTruncated);
                 }
             }
-            Some(Some(Err(_))) => self.error_event(Cut::Broken),
+            Some(Some(Err(_))) => self.error_event(GatewayError::UpstreamBroke),
             Some(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     self.on_data(data);
@@ -330,6 +270,7 @@ pub(crate) fn relay(
         last_at: ctx.started,
         timer: Box::pin(tokio::time::sleep_until((ctx.started + ctx.first_token_timeout).into())),
         itl: histogram!(observe::ITL_SECONDS),
+        closing: ctx.control.lifecycle(),
         ctx,
         first_at: None,
         tokens: None,
@@ -369,6 +310,7 @@ fn coalesce(out: &mut VecDeque<Bytes>) -> Option<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn fingerprint_is_spliced_before_the_closing_brace() {

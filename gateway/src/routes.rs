@@ -16,6 +16,28 @@ pub(crate) enum Family {
     Anthropic,
 }
 
+/// The event framing of a stream, which decides how it ends and how the gateway's own error
+/// event is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// `data: {…}` chunks ending with `data: [DONE]` (chat, completions).
+    Chat,
+    /// `event: response.*` frames; the stream ends with the connection.
+    Responses,
+    /// Anthropic's `event: message_*` frames ending with `message_stop`.
+    Anthropic,
+}
+
+impl Framing {
+    pub(crate) fn of(family: Family, api: Api) -> Framing {
+        match (family, api) {
+            (Family::Anthropic, _) => Framing::Anthropic,
+            (_, Api::Responses) => Framing::Responses,
+            _ => Framing::Chat,
+        }
+    }
+}
+
 /// What the gateway does with a request on a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {

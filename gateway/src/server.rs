@@ -28,9 +28,9 @@ use crate::edge::{self, RequestId};
 use crate::error::GatewayError;
 use crate::normalize::Api;
 use crate::observe;
-use crate::relay::{relay, Framing, RelayCtx};
-use crate::routes::{Family, Methods, Role, Route, ROUTES};
-use crate::state::{GatewayControl, UpstreamState};
+use crate::relay::{relay, RelayCtx};
+use crate::routes::{Framing, Methods, Role, Route, ROUTES};
+use crate::state::{GatewayControl, Lifecycle, UpstreamState};
 use crate::upstream::is_hop_by_hop;
 
 /// One upstream route's axum method router, from its table entry.
@@ -98,6 +98,16 @@ fn restarting(app: &App) -> bool {
             GroupState::Starting { .. } | GroupState::Restarting { .. }
         ),
         None => false,
+    }
+}
+
+/// Runs `work` unless the gateway passes its drain first (DESIGN.md's shutdown contract): then
+/// the request is answered 503 instead of being cut with the connection.
+async fn until_closed<T>(app: &App, work: impl std::future::Future<Output = T>) -> Result<T, GatewayError> {
+    let mut lifecycle = app.control.lifecycle();
+    tokio::select! {
+        done = work => Ok(done),
+        _ = lifecycle.wait_for(|l| *l == Lifecycle::Closing) => Err(GatewayError::DrainTimeout { drain: app.drain_timeout }),
     }
 }
 
@@ -250,7 +260,7 @@ async fn generate_inner(
         let send = app
             .upstream
             .send(Method::POST, path, &headers, request_id, forward.clone());
-        match tokio::time::timeout(limit, send).await {
+        match until_closed(app, tokio::time::timeout(limit, send)).await? {
             Err(_) => return Err(GatewayError::UpstreamTimeout { after: limit }),
             // Nothing of this request reached a rank (refused connect, or the group is being
             // restarted): it waits for the supervisor's verdict on that group, then goes back
@@ -277,17 +287,14 @@ async fn generate_inner(
         let ctx = RelayCtx {
             started,
             usage_injected: norm.usage_injected,
-            framing: match (route.family, api) {
-                (Family::Anthropic, _) => Framing::Anthropic,
-                (_, Api::Responses) => Framing::Responses,
-                _ => Framing::Chat,
-            },
+            framing: Framing::of(route.family, api),
             first_token_timeout: app.first_token_timeout,
             idle_timeout: app.idle_timeout,
             mode: app.control.mode(),
             control: app.control.clone(),
             request_id: request_id.to_owned(),
             route: route.label,
+            drain_timeout: app.drain_timeout,
         };
         let events = Body::from_stream(relay(upstream.into_body(), ctx));
         return Ok(head
@@ -297,7 +304,11 @@ async fn generate_inner(
     // Non-streaming (or an upstream error before streaming): the body is complete upstream
     // work; read it within the request timeout, count its tokens, pass the bytes through.
     let status = upstream.status();
-    let collected = tokio::time::timeout(app.request_timeout, upstream.into_body().collect()).await;
+    let collected = until_closed(
+        app,
+        tokio::time::timeout(app.request_timeout, upstream.into_body().collect()),
+    )
+    .await?;
     let bytes = match collected {
         Err(_) => {
             return Err(GatewayError::UpstreamTimeout {
@@ -466,7 +477,12 @@ pub async fn serve(
         drain_timeout: config.gateway.drain_timeout,
         max_connections: config.gateway.max_connections,
     };
-    crate::listen::run(router(app), listener, cfg, shutdown).await;
+    let (drain, close) = (control.clone(), control);
+    let hooks = crate::listen::ShutdownHooks {
+        draining: Box::new(move || drain.begin_drain()),
+        closing: Box::new(move || close.close()),
+    };
+    crate::listen::run(router(app), listener, cfg, shutdown, hooks).await;
     Ok(())
 }
 

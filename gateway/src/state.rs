@@ -20,6 +20,8 @@ pub enum UpstreamState {
     Ready,
     /// The ranks are being restarted on purpose (requests are held, not failed).
     Restarting(String),
+    /// The group has requests pending and its engine makes no step (requests are held).
+    Stalled(String),
     Unreachable(String),
     /// The supervisor gave up.
     Failed(String),
@@ -27,8 +29,21 @@ pub enum UpstreamState {
     Stopped,
 }
 
+/// Where the gateway is in its life (DESIGN.md's shutdown contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lifecycle {
+    Serving,
+    /// Shutting down: queued and new requests are refused (503 + Retry-After), in-flight ones
+    /// get DRAIN_TIMEOUT to finish.
+    Draining,
+    /// Past DRAIN_TIMEOUT: every open stream ends with its route's error event and every
+    /// unanswered request with 503.
+    Closing,
+}
+
 #[derive(Debug)]
 struct Inner {
+    lifecycle: tokio::sync::watch::Sender<Lifecycle>,
     upstream: RwLock<UpstreamState>,
     mode: RwLock<String>,
     admission: Arc<Admission>,
@@ -45,6 +60,7 @@ impl GatewayControl {
     pub fn new(capacity: u32, limits: QueueLimits, mode: &str) -> Self {
         Self {
             inner: Arc::new(Inner {
+                lifecycle: tokio::sync::watch::Sender::new(Lifecycle::Serving),
                 upstream: RwLock::new(UpstreamState::Starting),
                 mode: RwLock::new(mode.to_owned()),
                 admission: Admission::new(capacity, limits),
@@ -77,9 +93,26 @@ impl GatewayControl {
         self.inner.mode.read().expect("state lock").clone()
     }
 
-    /// Ready to serve: the upstream answers and admission is open.
+    /// Ready to serve: the upstream answers, admission is open and the gateway is not exiting.
     pub fn is_ready(&self) -> bool {
-        self.upstream() == UpstreamState::Ready && !self.inner.admission.snapshot().paused
+        self.upstream() == UpstreamState::Ready
+            && !self.inner.admission.snapshot().paused
+            && *self.inner.lifecycle.borrow() == Lifecycle::Serving
+    }
+
+    /// Shutdown begins: queued requests are answered 503 at once, new ones too.
+    pub fn begin_drain(&self) {
+        self.inner.lifecycle.send_replace(Lifecycle::Draining);
+        self.inner.admission.close();
+    }
+
+    /// DRAIN_TIMEOUT passed: what still runs is ended with an explicit error.
+    pub fn close(&self) {
+        self.inner.lifecycle.send_replace(Lifecycle::Closing);
+    }
+
+    pub(crate) fn lifecycle(&self) -> tokio::sync::watch::Receiver<Lifecycle> {
+        self.inner.lifecycle.subscribe()
     }
 
     pub fn snapshot(&self) -> AdmissionSnapshot {

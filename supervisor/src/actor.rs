@@ -65,6 +65,8 @@ pub(crate) struct Actor {
     exits: mpsc::UnboundedReceiver<RankExit>,
     status_tx: watch::Sender<Status>,
     memory: Vec<NodeMemory>,
+    /// Seconds the running group has looked stalled (the watchdog's `stalled_for`).
+    stalled_s: Option<f64>,
     watching: Option<Watching>,
     starting: Option<(watch::Sender<bool>, JoinHandle<()>)>,
     preparing: Option<JoinHandle<()>>,
@@ -94,6 +96,7 @@ impl Actor {
             exits,
             status_tx,
             memory: Vec::new(),
+            stalled_s: None,
             watching: None,
             starting: None,
             preparing: None,
@@ -123,6 +126,7 @@ impl Actor {
             last_restart: self.machine.last_restart.clone(),
             memory: self.memory.clone(),
             preparing,
+            stalled_s: self.watching.as_ref().and(self.stalled_s),
         }
     }
 
@@ -154,13 +158,14 @@ impl Actor {
                 },
                 Some(report) = self.reports.recv() => match report {
                     Report::Spawned => {
+                        self.record();
                         self.publish();
                         continue;
                     }
                     Report::Event(e) => (e, None),
                 },
                 Some(exit) = self.exits.recv() => (self.exit_event(exit), None),
-                Some(event) = watch_next(&mut self.watching, &mut self.memory) => {
+                Some(event) = watch_next(&mut self.watching, &mut self.memory, &mut self.stalled_s) => {
                     self.publish();
                     match event {
                         Some(e) => (e, None),
@@ -326,7 +331,38 @@ impl Actor {
         for mut r in ranks {
             r.stop().await;
         }
+        self.record();
         self.publish();
+    }
+
+    /// RUNTIME=process: the local rank processes now running, for the next gateway to remove
+    /// should this one die without taking them along (`leftovers.rs`).
+    fn record(&self) {
+        if !matches!(*self.starter.backend, Backend::Process { .. }) {
+            return;
+        }
+        let ranks = self
+            .ranks
+            .lock()
+            .expect("ranks lock")
+            .iter()
+            .filter_map(|r| {
+                let pid = r.local_pid()?;
+                let started = crate::leftovers::start_time(pid)?;
+                Some(crate::leftovers::Recorded {
+                    rank: r.rank(),
+                    pid,
+                    started,
+                })
+            })
+            .collect();
+        let state = crate::leftovers::State {
+            epoch: self.machine.epoch,
+            config_hash: self.starter.mode(self.machine.mode).plan.config_hash.clone(),
+            vllm_port: self.setup.config.ports.vllm,
+            ranks,
+        };
+        crate::leftovers::write(&self.starter.log_dir, &state);
     }
 
     /// Docker: containers of this group left by an earlier gateway are adopted when they are
@@ -378,18 +414,21 @@ impl Actor {
 
 /// The next watch event: `Some(Some(e))` a verdict, `Some(None)` a sample without one (memory
 /// updated), pending while nothing is watched.
-async fn watch_next(watching: &mut Option<Watching>, memory: &mut Vec<NodeMemory>) -> Option<Option<Event>> {
+async fn watch_next(
+    watching: &mut Option<Watching>,
+    memory: &mut Vec<NodeMemory>,
+    stalled_s: &mut Option<f64>,
+) -> Option<Option<Event>> {
     let Some(w) = watching.as_mut() else {
         return std::future::pending().await;
     };
     let sample = w.sampler.samples.recv().await?;
     *memory = sample.memory.clone();
     let epoch = w.epoch;
-    Some(
-        w.watchdog
-            .observe(&sample, Instant::now())
-            .map(|failure: Failure| Event::Unwell { epoch, failure }),
-    )
+    let now = Instant::now();
+    let verdict = w.watchdog.observe(&sample, now);
+    *stalled_s = w.watchdog.stalled_for(now).map(|d| d.as_secs_f64().round());
+    Some(verdict.map(|failure: Failure| Event::Unwell { epoch, failure }))
 }
 
 /// Writes stall diagnostics for `epoch` (tails, stack dumps, memory).

@@ -11,6 +11,7 @@ mod backoff;
 mod diagnostics;
 mod error;
 mod exits;
+mod leftovers;
 mod logsink;
 mod machine;
 mod nodes;
@@ -65,6 +66,8 @@ impl SupervisorHandle {
         let mut packed = Vec::new();
         let backend = match config.supervision.runtime {
             Runtime::Process => {
+                // What an earlier gateway left running would fail the port checks.
+                leftovers::remove(&config.supervision.log_dir);
                 preflight::check(config)?;
                 let worker = match ssh_target(config) {
                     Some(target) => {
@@ -152,6 +155,7 @@ impl SupervisorHandle {
             limits: watchdog::Limits {
                 mem_guard_gib: s.mem_guard.then_some(s.mem_guard_gib),
                 progress_timeout: s.progress_timeout,
+                stall_timeout: s.stall_timeout,
             },
         };
         let (status_tx, status_rx) = watch::channel(Status {
@@ -165,6 +169,7 @@ impl SupervisorHandle {
             last_restart: None,
             memory: Vec::new(),
             preparing: None,
+            stalled_s: None,
         });
         let actor = actor::Actor::new(machine, starter, setup, rx, status_tx);
         tokio::spawn(actor.run());

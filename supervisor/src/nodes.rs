@@ -134,6 +134,7 @@ mod tests {
             last_restart: None,
             memory: Vec::new(),
             preparing: None,
+            stalled_s: None,
         });
         let report = StatusReport::new(&tx);
         report.line("image x: streaming head → worker");

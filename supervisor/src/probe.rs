@@ -23,8 +23,15 @@ pub(crate) struct Probe {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Progress {
     pub(crate) running: f64,
+    pub(crate) waiting: f64,
     pub(crate) generated: f64,
+    /// Engine steps so far: the count of `vllm:iteration_tokens_total`, one observation per
+    /// step, prefill chunks included — the engine's heartbeat.
+    pub(crate) steps: f64,
 }
+
+/// How long a watch probe may take: a rank that does not answer within this is not well.
+const WATCH_PROBE_LIMIT: Duration = Duration::from_secs(2);
 
 impl Probe {
     pub(crate) fn new(base: String, served: String, api_key: Option<String>) -> Self {
@@ -44,7 +51,7 @@ impl Probe {
         self.send(
             Request::get(format!("{}{path}", self.base)),
             Bytes::new(),
-            Duration::from_secs(5),
+            WATCH_PROBE_LIMIT,
         )
         .await
     }
@@ -134,7 +141,9 @@ impl Probe {
         };
         Some(Progress {
             running: value("vllm:num_requests_running"),
+            waiting: value("vllm:num_requests_waiting"),
             generated: value("vllm:generation_tokens_total"),
+            steps: value("vllm:iteration_tokens_total_count"),
         })
     }
 }

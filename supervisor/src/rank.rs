@@ -216,6 +216,14 @@ impl Rank {
         self.rank
     }
 
+    /// The pid of a local rank process (it leads its process group).
+    pub(crate) fn local_pid(&self) -> Option<u32> {
+        match &self.runtime {
+            Runtime::Process { pid, .. } => Some(*pid),
+            Runtime::Remote { .. } | Runtime::Container { .. } => None,
+        }
+    }
+
     /// The rank's output as the watchdogs read it.
     pub(crate) fn sink(&self) -> LogSink {
         self.sink.clone()
@@ -323,7 +331,7 @@ impl StackDumper {
 }
 
 /// SIGKILL to the process group `pgid` leads (a rank spawned with `process_group(0)`).
-fn kill_group(pgid: u32) {
+pub(crate) fn kill_group(pgid: u32) {
     let Some(pid) = i32::try_from(pgid).ok().and_then(rustix::process::Pid::from_raw) else {
         return;
     };

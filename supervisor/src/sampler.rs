@@ -32,11 +32,15 @@ impl Sampler {
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            for round in 1u64.. {
+            loop {
                 tick.tick().await;
-                let memory = sample_memory(&meminfo, worker.as_ref()).await;
-                let healthy = probe.healthy().await;
-                let progress = if round % 5 == 0 { probe.progress().await } else { None };
+                // At once, so a round takes one probe's time at most; every round reads the
+                // engine heartbeat, which must be seen within seconds.
+                let (memory, healthy, progress) = tokio::join!(
+                    sample_memory(&meminfo, worker.as_ref()),
+                    probe.healthy(),
+                    probe.progress()
+                );
                 let sample = Sample {
                     memory,
                     healthy,

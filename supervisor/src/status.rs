@@ -86,6 +86,10 @@ pub struct Status {
     /// What node preparation is doing before the first start (a download, a ship, a build).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preparing: Option<String>,
+    /// Seconds the ready group has had work pending and no engine step: admission holds
+    /// until a step comes (or STALL_TIMEOUT restarts the group).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -97,5 +101,10 @@ pub struct NodeMemory {
 impl Status {
     pub fn is_ready(&self) -> bool {
         matches!(self.state, GroupState::Ready { .. })
+    }
+
+    /// Ready and not stalled: requests may be sent to it.
+    pub fn is_serving(&self) -> bool {
+        self.is_ready() && self.stalled_s.is_none()
     }
 }

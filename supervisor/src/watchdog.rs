@@ -1,7 +1,10 @@
 //! The running group's checks as one pure, unit-tested judge: memguard (MemAvailable under
-//! MEM_GUARD_GIB in two samples in a row), liveness (three failed `/health` checks in a row)
-//! and progress (requests running and no token for PROGRESS_TIMEOUT). It reads samples in the
-//! caller's time and says when the group must be restarted, and since when it was unwell.
+//! MEM_GUARD_GIB in two samples in a row), liveness (three failed `/health` checks in a row),
+//! the engine heartbeat (requests running or waiting and no engine step — rank 0's
+//! `vllm:iteration_tokens_total` count — for STALL_TIMEOUT; an unanswered `/metrics` is no
+//! step) and, as a backstop, progress (requests running and no token for PROGRESS_TIMEOUT). It
+//! reads samples in the caller's time and says when the group must be restarted, since when it
+//! was unwell, and whether it looks stalled meanwhile (admission holds then).
 
 use std::time::{Duration, Instant};
 
@@ -23,6 +26,7 @@ pub(crate) struct Limits {
     /// MEM_GUARD_GIB when MEM_GUARD=1.
     pub(crate) mem_guard_gib: Option<f64>,
     pub(crate) progress_timeout: Duration,
+    pub(crate) stall_timeout: Duration,
 }
 
 #[derive(Debug)]
@@ -34,6 +38,11 @@ pub(crate) struct Watchdog {
     healthy_at: Instant,
     last_generated: Option<f64>,
     progress_at: Instant,
+    /// The last engine step count seen, and when it last moved (or the engine was idle).
+    steps: Option<f64>,
+    step_at: Instant,
+    /// Requests running or waiting at the last answered `/metrics`.
+    pending: f64,
 }
 
 impl Watchdog {
@@ -45,14 +54,54 @@ impl Watchdog {
             healthy_at: now,
             last_generated: None,
             progress_at: now,
+            steps: None,
+            step_at: now,
+            pending: 0.0,
         }
+    }
+
+    /// The group looks stalled (admission holds) while rank 0 fails its health checks, or work
+    /// is pending and no engine step came for a third of STALL_TIMEOUT — until it answers and
+    /// steps again, or the stall becomes a restart.
+    pub(crate) fn stalled_for(&self, now: Instant) -> Option<Duration> {
+        if self.unhealthy > 0 {
+            return Some(now.saturating_duration_since(self.healthy_at));
+        }
+        let quiet = now.saturating_duration_since(self.step_at);
+        (self.pending > 0.0 && quiet >= self.limits.stall_timeout / 3).then_some(quiet)
     }
 
     /// The verdict on one sample: `Some` when the group must be restarted.
     pub(crate) fn observe(&mut self, sample: &Sample, now: Instant) -> Option<Failure> {
         self.memory(sample)
             .or_else(|| self.health(sample, now))
+            .or_else(|| self.heartbeat(sample, now))
             .or_else(|| self.progress(sample, now))
+    }
+
+    fn heartbeat(&mut self, sample: &Sample, now: Instant) -> Option<Failure> {
+        if let Some(p) = sample.progress {
+            self.pending = p.running + p.waiting;
+            if self.pending == 0.0 || self.steps != Some(p.steps) {
+                self.steps = Some(p.steps);
+                self.step_at = now;
+                return None;
+            }
+        } else if self.pending == 0.0 {
+            // Unanswered while idle: the health checks judge that.
+            self.step_at = now;
+            return None;
+        }
+        let quiet = now.saturating_duration_since(self.step_at);
+        (quiet >= self.limits.stall_timeout).then(|| Failure {
+            reason: format!(
+                "no engine step for {:.0}s while {} requests were running or waiting (STALL_TIMEOUT={}s)",
+                quiet.as_secs_f64(),
+                self.pending,
+                self.limits.stall_timeout.as_secs()
+            ),
+            detected_in: Some(quiet),
+        })
     }
 
     fn memory(&mut self, sample: &Sample) -> Option<Failure> {
@@ -120,7 +169,65 @@ mod tests {
         Limits {
             mem_guard_gib: Some(4.0),
             progress_timeout: Duration::from_secs(30),
+            stall_timeout: Duration::from_secs(300),
         }
+    }
+
+    fn beat(running: f64, waiting: f64, steps: f64) -> Sample {
+        Sample {
+            memory: Vec::new(),
+            healthy: true,
+            progress: Some(Progress {
+                running,
+                waiting,
+                generated: steps,
+                steps,
+            }),
+        }
+    }
+
+    #[test]
+    fn no_engine_step_while_work_waits_is_a_stall_seen_first_as_stalled() {
+        let t0 = Instant::now();
+        let s = |n| t0 + Duration::from_secs(n);
+        let mut w = Watchdog::new(
+            Limits {
+                stall_timeout: Duration::from_secs(30),
+                progress_timeout: Duration::from_secs(600),
+                ..limits()
+            },
+            t0,
+        );
+        assert_eq!(w.observe(&beat(0.0, 0.0, 10.0), s(0)), None);
+        assert_eq!(w.observe(&beat(0.0, 0.0, 10.0), s(100)), None, "idle is not a stall");
+        assert_eq!(w.stalled_for(s(100)), None);
+        // A long prefill: no token, but steps move (chunks), so it is alive.
+        for (i, t) in (101..=160).enumerate() {
+            assert_eq!(w.observe(&beat(1.0, 0.0, 11.0 + i as f64), s(t)), None, "t={t}");
+        }
+        assert_eq!(w.stalled_for(s(160)), None);
+        // Then the steps stop with work waiting.
+        assert_eq!(w.observe(&beat(1.0, 2.0, 70.0), s(161)), None);
+        assert_eq!(w.observe(&beat(1.0, 2.0, 70.0), s(170)), None);
+        assert_eq!(
+            w.stalled_for(s(170)),
+            Some(Duration::from_secs(10)),
+            "stalled after a third of STALL_TIMEOUT"
+        );
+        let mut unanswered = beat(0.0, 0.0, 0.0);
+        unanswered.progress = None;
+        assert_eq!(
+            w.observe(&unanswered, s(180)),
+            None,
+            "an unanswered /metrics is no step"
+        );
+        let f = w.observe(&unanswered, s(190)).expect("30 s without a step");
+        assert!(
+            f.reason.contains("STALL_TIMEOUT=30s") && f.reason.contains("3 requests"),
+            "{}",
+            f.reason
+        );
+        assert_eq!(f.detected_in, Some(Duration::from_secs(30)));
     }
 
     fn sample(avail: f64, healthy: bool, progress: Option<(f64, f64)>) -> Sample {
@@ -130,7 +237,12 @@ mod tests {
                 mem_available_gib: Some(avail),
             }],
             healthy,
-            progress: progress.map(|(running, generated)| Progress { running, generated }),
+            progress: progress.map(|(running, generated)| Progress {
+                running,
+                waiting: 0.0,
+                generated,
+                steps: generated,
+            }),
         }
     }
 

@@ -165,7 +165,7 @@ fn connections_over_max_connections_get_a_503_envelope() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert_eq!(refused.status, 503);
+    assert_eq!(refused.status, 503, "gateway log:\n{}", gw.proc.log().join("\n"));
     assert_eq!(refused.header("retry-after"), Some("1"));
     assert!(refused.json()["error"]["message"]
         .as_str()

@@ -331,3 +331,61 @@ fn requests_that_never_reached_a_rank_wait_for_the_next_group_instead_of_502() {
         "the group was restarted: {s}"
     );
 }
+
+/// Field 22 of `/proc/<pid>/stat`: when the process started.
+fn start_time(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_rank_an_earlier_gateway_left_running_is_removed_before_the_preflight() {
+    use std::os::unix::process::CommandExt as _;
+    let logs = tempfile::tempdir().unwrap();
+    let port = sparkgate_tests::harness::free_port();
+    // A rank of an earlier gateway, still holding VLLM_PORT, recorded in LOG_DIR/ranks.json.
+    let mut leftover = std::process::Command::new(SIM)
+        .args(["serve", "/model", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .env("SIM_LOAD_SECONDS", "0")
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = leftover.id();
+    assert!(eventually(Duration::from_secs(30), || std::net::TcpStream::connect((
+        "127.0.0.1",
+        port
+    ))
+    .is_ok()));
+    let state = json!({"epoch": 7, "config_hash": "earlier", "vllm_port": port,
+                       "ranks": [{"rank": 0, "pid": pid, "started": start_time(pid)}]});
+    std::fs::write(logs.path().join("ranks.json"), state.to_string()).unwrap();
+    let port = port.to_string();
+    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), &[("VLLM_PORT", port.as_str())]);
+    let _ = leftover.wait();
+    let log = gw.proc.log().join("\n");
+    assert!(
+        log.contains(&format!("rank 0 (pid {pid}, epoch 7, port {port})")),
+        "the removed process is named:\n{log}"
+    );
+    let r = post_json(
+        gw.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let recorded: Value = serde_json::from_slice(&std::fs::read(logs.path().join("ranks.json")).unwrap()).unwrap();
+    assert_eq!(
+        recorded["ranks"].as_array().map(Vec::len),
+        Some(2),
+        "this gateway's ranks are recorded: {recorded}"
+    );
+}

@@ -257,6 +257,7 @@ impl Builder<'_> {
             restart_budget: self.int("RESTART_BUDGET", 1..=1000),
             stop_ranks_on_exit: self.flag("STOP_RANKS_ON_EXIT"),
             progress_timeout: Duration::from_secs_f64(self.float("PROGRESS_TIMEOUT", 0.0, 86_400.0)),
+            stall_timeout: Duration::from_secs_f64(self.float("STALL_TIMEOUT", 1.0, 86_400.0)),
             ready_timeout: self.seconds("READY_TIMEOUT"),
             hang: self.seconds("HANG_SECONDS"),
             mem_guard: self.flag("MEM_GUARD"),

@@ -204,6 +204,8 @@ pub struct ServeArgs {
     pub master_port: u16,
     pub headless: bool,
     pub max_num_seqs: u32,
+    /// Prompt tokens one engine step prefills at most (vLLM's chunked prefill).
+    pub max_num_batched_tokens: u64,
     pub max_model_len: u64,
     pub speculative: Option<SpecConfig>,
     pub api_keys: Vec<String>,
@@ -419,6 +421,10 @@ pub fn parse(argv: &[String]) -> Result<ServeArgs, ArgError> {
         master_port: u16_of("master-port", master_port)?,
         headless,
         max_num_seqs: max_num_seqs as u32,
+        max_num_batched_tokens: one("max-num-batched-tokens")
+            .and_then(|v| human_int(&v))
+            .unwrap_or(8192)
+            .max(1),
         max_model_len: one("max-model-len").and_then(|v| human_int(&v)).unwrap_or(131_072),
         speculative,
         api_keys,

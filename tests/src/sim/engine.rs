@@ -1,6 +1,8 @@
 //! The simulated engine core: FCFS scheduler capped at `max_num_seqs` with an unbounded waiting
-//! queue, steps paced from the profile's throughput table, speculative acceptance, and engine
-//! death after a lost rank — the parts of vLLM's scheduler the gateway can observe.
+//! queue, chunked prefill (at most `max_num_batched_tokens` prompt tokens a step, so a long
+//! prompt is many steps, each counted in `vllm:iteration_tokens_total` as vLLM does), steps
+//! paced from the profile's throughput table, speculative acceptance, and engine death after a
+//! lost rank — the parts of vLLM's scheduler the gateway can observe.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -37,6 +39,8 @@ pub(crate) struct Pacing {
     pub(crate) speed: Option<f64>,
     /// Prefill tokens/s at speed 1.
     pub(crate) prefill_tps: f64,
+    /// Prompt tokens prefilled per step at most (`--max-num-batched-tokens`).
+    pub(crate) prefill_chunk: usize,
     /// Per-position acceptance probabilities of the speculation mode (empty: none).
     pub(crate) acceptance: Vec<f64>,
 }
@@ -53,6 +57,8 @@ impl Pacing {
 #[derive(Debug)]
 struct Seq {
     prompt_tokens: usize,
+    /// Prompt tokens not prefilled yet.
+    prefill_left: usize,
     total: usize,
     produced: usize,
     finish: Finished,
@@ -140,6 +146,7 @@ impl Engine {
             }
             waiting.push_back(Seq {
                 prompt_tokens,
+                prefill_left: prompt_tokens,
                 total,
                 produced: 0,
                 finish,
@@ -175,7 +182,6 @@ impl Engine {
                     let Some(seq) = waiting.pop_front() else { break };
                     self.metrics
                         .prompt(seq.prompt_tokens as u64, seq.arrived.elapsed().as_secs_f64());
-                    prefill += seq.prompt_tokens;
                     running.push(seq);
                 }
                 self.metrics.waiting.store(waiting.len() as u64, SeqCst);
@@ -209,9 +215,25 @@ impl Engine {
                 return;
             }
 
+            // Chunked prefill, oldest first: a sequence samples its first token in the step that
+            // finishes its prompt; until then it takes part without output.
+            let mut budget = self.pacing.prefill_chunk;
+            for seq in running.iter_mut().filter(|s| s.prefill_left > 0) {
+                let take = seq.prefill_left.min(budget);
+                seq.prefill_left -= take;
+                budget -= take;
+                prefill += take;
+                if budget == 0 {
+                    break;
+                }
+            }
             let k = self.pacing.acceptance.len() as u32;
             let mut grants: Vec<usize> = Vec::with_capacity(running.len());
             for seq in &running {
+                if seq.prefill_left > 0 {
+                    grants.push(0);
+                    continue;
+                }
                 let mut accepted = 0;
                 if k > 0 {
                     while (accepted as usize) < self.pacing.acceptance.len()
@@ -238,6 +260,10 @@ impl Engine {
             while i < running.len() {
                 let seq = &mut running[i];
                 let n = grants[i];
+                if n == 0 {
+                    i += 1;
+                    continue;
+                }
                 seq.produced += n;
                 let gap = seq.last_token.map(|t| now.duration_since(t).as_secs_f64() / n as f64);
                 if seq.last_token.is_none() {

@@ -232,6 +232,7 @@ async fn run(args: ServeArgs) -> i32 {
     let pacing = engine::Pacing {
         table,
         speed,
+        prefill_chunk: args.max_num_batched_tokens as usize,
         prefill_tps: if profile == ProfileId::Glm53Flash {
             1500.0
         } else {

@@ -1,0 +1,233 @@
+//! Hangs seen in seconds (RUNTIME=process, vllm-sim ranks, STALL_TIMEOUT=10): the engine
+//! heartbeat — rank 0's `vllm:iteration_tokens_total` count, which a long chunked prefill keeps
+//! moving — tells a long prefill from a hang; a stopped worker (SIGSTOP rank 1) during a prefill
+//! and a stopped rank 0 during decoding are each a restart within STALL_TIMEOUT + 5 s, `/ready`
+//! says "stalled" meanwhile, and requests that wait are served by the new group.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway, Streaming};
+
+const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
+const DS: &str = "deepseek-v4.1-flash";
+const STALL: &[(&str, &str)] = &[("STALL_TIMEOUT", "10"), ("SIM_SPEED", "1")];
+
+fn sparkgate() -> String {
+    binary_next_to(SIM, "sparkgate")
+}
+
+fn rank_pid(status: &Value, rank: u64) -> u32 {
+    let ranks = status["supervisor"]["ranks"].as_array().unwrap();
+    ranks.iter().find(|r| r["rank"] == rank).unwrap()["pid"]
+        .as_u64()
+        .unwrap() as u32
+}
+
+fn signal(pid: u32, sig: &str) {
+    assert!(std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+fn vllm_addr(gw: &Gateway) -> SocketAddr {
+    let port: u16 = gw
+        .proc
+        .log()
+        .iter()
+        .find_map(|l| {
+            l.split("upstream=http://127.0.0.1:")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .expect("the upstream port in the log");
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Rank 0's engine step count and running requests, from its own `/metrics`.
+fn engine(rank0: SocketAddr) -> (f64, f64) {
+    let text = request(rank0, "GET", "/metrics", &[], b"").text();
+    let value = |name: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    (
+        value("vllm:iteration_tokens_total_count"),
+        value("vllm:num_requests_running"),
+    )
+}
+
+/// A prompt whose prefill takes about `seconds` at SIM_SPEED=1 (DeepSeek's simulated 970
+/// prompt tokens/s), measured with the gateway's own `/tokenize`.
+fn long_prompt(gw: &Gateway, seconds: f64) -> String {
+    let unit = "Tensor parallel inference splits every layer across the ranks of a group. ";
+    let tokens = |text: &str| {
+        let r = post_json(gw.addr, "/tokenize", &json!({"prompt": text}));
+        r.json()["count"].as_f64().unwrap_or_else(|| panic!("{}", r.text()))
+    };
+    let repeat = (seconds * 970.0 / tokens(unit)).ceil() as usize;
+    unit.repeat(repeat)
+}
+
+fn long_prefill_request(gw: &Gateway, seconds: f64) -> Value {
+    json!({"messages": [{"role": "user", "content": long_prompt(gw, seconds)}], "max_tokens": 4,
+           "chat_template_kwargs": {"enable_thinking": false}})
+}
+
+fn short_request() -> Value {
+    json!({"messages": [{"role": "user", "content": "What is 17*19?"}], "max_tokens": 8,
+           "chat_template_kwargs": {"enable_thinking": false}})
+}
+
+/// Waits until `/ready` says the group is stalled (admission holds from then on).
+fn wait_stalled(gw: &Gateway) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = request(gw.addr, "GET", "/ready", &[], b"");
+        if ready.json()["upstream"]["state"] == "stalled" {
+            assert_eq!(ready.status, 503);
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never stalled: {}\n{}",
+            ready.text(),
+            gw.proc.log().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for the group's next epoch to be ready.
+fn restarted(gw: &Gateway, epoch: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let s = gw.status();
+        if s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"].as_u64() > Some(epoch) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "no restart: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A request sent while the group is stalled: it waits in the gateway's queue.
+fn send_while_stalled(gw: &Gateway) -> std::thread::JoinHandle<sparkgate_tests::harness::HttpResponse> {
+    wait_stalled(gw);
+    let addr = gw.addr;
+    std::thread::spawn(move || post_json(addr, "/v1/chat/completions", &short_request()))
+}
+
+fn assert_detected_within_stall_timeout(status: &Value) {
+    let last = &status["supervisor"]["last_restart"];
+    let detected = last["detected_in_s"].as_f64().unwrap_or(f64::MAX);
+    assert!(
+        detected <= 15.0,
+        "detected {detected} s after the last sign of life: {status}"
+    );
+    assert!(
+        detected >= 5.0,
+        "counted from the last progress, not from noticing: {status}"
+    );
+}
+
+#[test]
+fn a_long_chunked_prefill_is_not_a_stall() {
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), STALL);
+    let body = long_prefill_request(&gw, 20.0);
+    let r = post_json(gw.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.json()["usage"]["prompt_tokens"].as_u64() > Some(15_000),
+        "{}",
+        r.text()
+    );
+    let s = gw.status();
+    assert_eq!(
+        s["supervisor"]["epoch"], 1,
+        "twice STALL_TIMEOUT of prefill is no hang: {s}"
+    );
+    assert_eq!(s["supervisor"]["restarts"], 0);
+}
+
+#[test]
+fn a_stopped_worker_during_a_prefill_is_a_stall_and_waiting_requests_are_served_after() {
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), STALL);
+    let rank0 = vllm_addr(&gw);
+    let mut body = long_prefill_request(&gw, 30.0);
+    body["stream"] = json!(true);
+    let mut prefill = Streaming::open(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    let (steps, _) = engine(rank0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while engine(rank0).0 < steps + 2.0 {
+        assert!(Instant::now() < deadline, "the prefill runs in chunks");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(rank_pid(&gw.status(), 1), "-STOP");
+    let waiting = send_while_stalled(&gw);
+    let status = restarted(&gw, 1);
+    let reason = status["supervisor"]["last_restart"]["reason"].as_str().unwrap();
+    assert!(reason.contains("STALL_TIMEOUT"), "the heartbeat saw it: {reason}");
+    assert_detected_within_stall_timeout(&status);
+    let r = waiting.join().unwrap();
+    assert_eq!(
+        r.status,
+        200,
+        "the waiting request is served by the new group: {}",
+        r.text()
+    );
+    let text = String::from_utf8_lossy(&prefill.read_all()).into_owned();
+    assert!(
+        text.contains("\"error\"") && text.ends_with("data: [DONE]\n\n"),
+        "the stream on the hung group ends with an error: {text}"
+    );
+}
+
+#[test]
+fn a_stopped_rank0_during_decoding_is_restarted_within_stall_timeout() {
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), STALL);
+    let body = json!({"messages": [{"role": "user", "content": "Explain tensor parallel inference."}],
+                      "max_tokens": 4000, "ignore_eos": true, "stream": true,
+                      "chat_template_kwargs": {"enable_thinking": false}});
+    let mut stream = Streaming::open(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    assert!(stream.next_chunk().is_some(), "decoding");
+    signal(rank_pid(&gw.status(), 0), "-STOP");
+    let waiting = send_while_stalled(&gw);
+    let status = restarted(&gw, 1);
+    assert_detected_within_stall_timeout(&status);
+    let r = waiting.join().unwrap();
+    assert_eq!(
+        r.status,
+        200,
+        "the waiting request is served by the new group: {}",
+        r.text()
+    );
+    let text = String::from_utf8_lossy(&stream.read_all()).into_owned();
+    assert!(
+        text.contains("\"error\"") && text.ends_with("data: [DONE]\n\n"),
+        "the cut stream says so"
+    );
+}
