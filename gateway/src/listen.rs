@@ -81,7 +81,27 @@ struct Handoff {
     /// Bytes arrived since the last answer was written: a request is in progress, so a header
     /// timeout is answered; an idle kept-alive connection is closed quietly.
     mid_request: AtomicBool,
+    /// Any byte arrived yet, and its signal: a connection opened just before a shutdown is
+    /// given a moment for its first request (`FRESH_GRACE`) instead of being closed under it.
+    seen_bytes: AtomicBool,
+    first_bytes: tokio::sync::Notify,
     socket: std::sync::Mutex<Option<TcpStream>>,
+}
+
+/// How long a connection that has sent nothing yet may take for its first request once the
+/// gateway shuts down (its client opened it a moment before; the request is on its way).
+const FRESH_GRACE: Duration = Duration::from_secs(1);
+
+impl Handoff {
+    /// Resolves once the connection has sent something, or after `FRESH_GRACE`.
+    async fn first_request_or_grace(&self) {
+        let arrived = self.first_bytes.notified();
+        tokio::pin!(arrived);
+        arrived.as_mut().enable();
+        if !self.seen_bytes.load(Ordering::Acquire) {
+            let _ = tokio::time::timeout(FRESH_GRACE, arrived).await;
+        }
+    }
 }
 
 /// The client's stream as hyper sees it, with hyper's bare error responses given an envelope
@@ -118,6 +138,9 @@ impl tokio::io::AsyncRead for ClientIo {
         if let Poll::Ready(Ok(())) = polled {
             let got = buf.filled().len() > before;
             self.handoff.mid_request.store(got, Ordering::Relaxed);
+            if got && !self.handoff.seen_bytes.swap(true, Ordering::AcqRel) {
+                self.handoff.first_bytes.notify_waiters();
+            }
         }
         polled
     }
@@ -177,7 +200,9 @@ fn close_write(socket: &TcpStream) -> std::io::Result<()> {
     }
 }
 
-/// Writes one of the connection loop's own answers (`GatewayError::to_http1`) and closes.
+/// Writes one of the connection loop's own answers (`GatewayError::to_http1`) and closes —
+/// lingering: what the client sent is read and dropped until it closes too, so the close is no
+/// reset that could destroy the answer before the client reads it.
 async fn answer(socket: &TcpStream, err: GatewayError) {
     let bytes = err.to_http1();
     let write = async {
@@ -190,9 +215,28 @@ async fn answer(socket: &TcpStream, err: GatewayError) {
                 Err(e) => return Err(e),
             }
         }
-        close_write(socket)
+        close_write(socket)?;
+        let mut scratch = [0u8; 4096];
+        loop {
+            socket.readable().await?;
+            match socket.try_read(&mut scratch) {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), write).await;
+}
+
+/// Answers every connection that arrives while the gateway shuts down, until dropped.
+async fn refuse_arrivals(listener: &TcpListener, refusals: &mut tokio::task::JoinSet<()>) {
+    loop {
+        if let Ok((stream, _)) = listener.accept().await {
+            refusals.spawn(async move { answer(&stream, GatewayError::ShuttingDown).await });
+        }
+    }
 }
 
 /// Serves one connection (HTTP/1.1 or h2c) until it closes or `stop` turns true.
@@ -227,9 +271,15 @@ async fn connection(
         pending: None,
     };
     let mut conn = Box::pin(builder.serve_connection(hyper_util::rt::TokioIo::new(io), service));
+    // Biased: a connection accepted just before shutdown is read first, so a request already
+    // sent on it is in flight (and answered) before the graceful shutdown closes idle ones.
     let ended = tokio::select! {
+        biased;
         ended = conn.as_mut() => ended,
-        _ = async { let _ = stop.wait_for(|s| *s).await; } => {
+        _ = async {
+            let _ = stop.wait_for(|s| *s).await;
+            handoff.first_request_or_grace().await;
+        } => {
             conn.as_mut().graceful_shutdown();
             conn.as_mut().await
         }
@@ -297,7 +347,6 @@ pub(crate) async fn run(
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
-    drop(listener);
     (hooks.draining)();
     let _ = stop_tx.send(true);
     tracing::info!(
@@ -311,14 +360,33 @@ pub(crate) async fn run(
     };
     let drain = all_closed(&mut connections);
     tokio::pin!(drain);
-    if tokio::time::timeout(cfg.drain_timeout, drain.as_mut()).await.is_ok() {
-        return;
+    // The listener stays open meanwhile: a connection that arrives is answered 503, not reset.
+    let mut refusals = tokio::task::JoinSet::new();
+    {
+        let refusing = refuse_arrivals(&listener, &mut refusals);
+        tokio::pin!(refusing);
+        let drained = tokio::select! {
+            done = tokio::time::timeout(cfg.drain_timeout, drain.as_mut()) => done.is_ok(),
+            () = &mut refusing => false,
+        };
+        if !drained {
+            tracing::warn!("drain timeout: ending what still runs with an error");
+            (hooks.closing)();
+            tokio::select! {
+                done = tokio::time::timeout(CLOSE_GRACE, drain.as_mut()) => if done.is_err() {
+                    tracing::warn!("connections still open after the drain; closing them");
+                },
+                () = &mut refusing => {}
+            }
+        }
     }
-    tracing::warn!("drain timeout: ending what still runs with an error");
-    (hooks.closing)();
-    if tokio::time::timeout(CLOSE_GRACE, drain.as_mut()).await.is_err() {
-        tracing::warn!("connections still open after the drain; closing them");
+    // Connections the kernel completed since the last accept get their answer too.
+    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+        refusals.spawn(async move { answer(&stream, GatewayError::ShuttingDown).await });
     }
+    drop(listener);
+    // Each refusal ends within its own bound (`answer`).
+    while refusals.join_next().await.is_some() {}
 }
 
 #[cfg(test)]

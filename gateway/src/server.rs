@@ -117,14 +117,17 @@ fn never_reached(err: &hyper_util::client::legacy::Error) -> bool {
     err.is_connect()
 }
 
-/// Waits (at most a second) until the group a request was sent to is no longer the ready group
-/// of that epoch — the supervisor noticed its loss — so a retry is not sent into the same dead
-/// rank; after a second with no change the refusal counts as passing.
-async fn group_verdict(app: &App, epoch: Option<u64>) {
-    let Some(sup) = &app.supervisor else { return };
+/// Waits (at most a second) until the group a request was sent to is no longer the serving
+/// group of that epoch — the supervisor noticed its loss — so a retry is not sent into the same
+/// dead rank; whether it was lost.
+async fn group_verdict(app: &App, epoch: Option<u64>) -> bool {
+    let Some(sup) = &app.supervisor else { return false };
     let mut status = sup.subscribe();
-    let changed = status.wait_for(|s| !(s.is_ready() && Some(s.epoch) == epoch));
-    let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+    let changed = status.wait_for(|s| !(s.is_serving() && Some(s.epoch) == epoch));
+    let lost = tokio::time::timeout(Duration::from_secs(1), changed)
+        .await
+        .map(|seen| seen.is_ok());
+    lost == Ok(true)
 }
 
 /// Maps a failure to reach the upstream: held-for-restart states answer 503, otherwise 502.
@@ -262,15 +265,19 @@ async fn generate_inner(
             .send(Method::POST, path, &headers, request_id, forward.clone());
         match until_closed(app, tokio::time::timeout(limit, send)).await? {
             Err(_) => return Err(GatewayError::UpstreamTimeout { after: limit }),
-            // Nothing of this request reached a rank (refused connect, or the group is being
-            // restarted): it waits for the supervisor's verdict on that group, then goes back
-            // to the head of the queue and is served by the group that comes up.
+            // No answer has begun, so nothing reached the client. A refused connect never
+            // reached vLLM; any other failure to send counts as not reached when the group it
+            // went to is lost (the supervisor's verdict, within a second). Either way the
+            // request goes back to the head of the queue for the group that comes up.
             Ok(Err(e))
-                if (never_reached(&e) && dispatched_to.is_some() || restarting(app))
+                if dispatched_to.is_some()
                     && refused_at.get_or_insert_with(Instant::now).elapsed() < app.request_timeout =>
             {
                 drop(permit);
-                group_verdict(app, dispatched_to).await;
+                let lost = group_verdict(app, dispatched_to).await;
+                if !(lost || never_reached(&e) || restarting(app)) {
+                    return Err(unreachable(app, &e));
+                }
                 permit = app.control.admission().requeue(norm.n, forward.len()).await?;
             }
             Ok(Err(e)) => return Err(unreachable(app, &e)),

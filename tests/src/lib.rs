@@ -2,6 +2,7 @@
 //! the integration tests share.
 
 pub mod conformance;
+pub mod faults;
 pub mod harness;
 pub mod hosts;
 pub mod load;

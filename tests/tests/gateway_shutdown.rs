@@ -43,6 +43,11 @@ fn sigterm_answers_the_queue_at_once_and_ends_what_outlives_the_drain_with_an_er
     let mut anthropic = open_stream(gw.addr, "/v1/messages", &messages);
     let addr = gw.addr;
     let running = std::thread::spawn(move || post_json(addr, "/v1/chat/completions", &long_chat(false)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while request(gw.addr, "GET", "/admin/status", &[], b"").json()["admission"]["in_flight"] != 3 {
+        assert!(std::time::Instant::now() < deadline, "three requests run");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let queued: Vec<_> = (0..2)
         .map(|_| std::thread::spawn(move || post_json(addr, "/v1/chat/completions", &long_chat(false))))
         .collect();

@@ -1,0 +1,403 @@
+//! The fault matrix: client loops mixing chat, chat stream, completions stream, Responses
+//! stream and Anthropic Messages stream run against the demo topology (`sparkgate serve`, two
+//! vllm-sim rank processes) while each fault is injected in turn; every request is classified
+//! (`client.rs`), and after each fault the group must be ready again with no rank process left
+//! over from an earlier epoch. `tests/tests/fault_matrix.rs` runs a subset; the `fault-matrix`
+//! binary runs them all and prints the table BENCHMARKS.md holds.
+
+pub mod client;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub use client::{Kind, Outcome};
+
+use crate::harness::{addr_in, free_port, request, Gateway, Proc};
+
+const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
+
+/// Every fault of the matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    KillRank0,
+    KillRank1,
+    StopRank0,
+    StopRank1,
+    StopRank0Resumed,
+    StopRank1Resumed,
+    Restart,
+    RestartForce,
+    StartWhileRunning,
+    SpecSwitch,
+    SigtermWithinDrain,
+    SigtermPastDrain,
+    SigintGroup,
+    KillGateway,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 14] = [
+        Fault::KillRank0,
+        Fault::KillRank1,
+        Fault::StopRank0,
+        Fault::StopRank1,
+        Fault::StopRank0Resumed,
+        Fault::StopRank1Resumed,
+        Fault::Restart,
+        Fault::RestartForce,
+        Fault::StartWhileRunning,
+        Fault::SpecSwitch,
+        Fault::SigtermWithinDrain,
+        Fault::SigtermPastDrain,
+        Fault::SigintGroup,
+        Fault::KillGateway,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::KillRank0 => "SIGKILL rank 0",
+            Fault::KillRank1 => "SIGKILL rank 1",
+            Fault::StopRank0 => "SIGSTOP rank 0",
+            Fault::StopRank1 => "SIGSTOP rank 1",
+            Fault::StopRank0Resumed => "SIGSTOP rank 0, SIGCONT after 2 s",
+            Fault::StopRank1Resumed => "SIGSTOP rank 1, SIGCONT after 2 s",
+            Fault::Restart => "restart",
+            Fault::RestartForce => "restart --force",
+            Fault::StartWhileRunning => "start while running",
+            Fault::SpecSwitch => "spec-mode switch under load",
+            Fault::SigtermWithinDrain => "SIGTERM within the drain",
+            Fault::SigtermPastDrain => "SIGTERM past the drain",
+            Fault::SigintGroup => "SIGINT to the process group",
+            Fault::KillGateway => "SIGKILL the gateway, start again",
+        }
+    }
+
+    /// A SIGKILLed gateway cannot answer what it had accepted: those requests are cut with it.
+    fn cuts_accepted(self) -> bool {
+        self == Fault::KillGateway
+    }
+}
+
+/// The counts and times of one fault.
+#[derive(Debug, Clone, Default)]
+pub struct Row {
+    pub completed: usize,
+    pub explicit_errors: usize,
+    pub truncated: usize,
+    pub hung: usize,
+    pub lost: usize,
+    pub refused: usize,
+    /// 502s saying the upstream was unreachable: requests that never reached a rank.
+    pub unreachable_502: usize,
+    /// Accepted requests cut by a SIGKILLed gateway (only that fault).
+    pub cut_with_gateway: usize,
+    pub orphans: usize,
+    pub detected_s: Option<f64>,
+    pub recovered_s: f64,
+    pub samples: Vec<String>,
+}
+
+impl Row {
+    fn count(&mut self, outcome: Outcome, cuts_accepted: bool) {
+        match outcome {
+            Outcome::Completed => self.completed += 1,
+            Outcome::ExplicitError { status: 502, message } if message.contains("unreachable") => {
+                self.unreachable_502 += 1;
+                self.samples.push(format!("502 {message}"));
+            }
+            Outcome::ExplicitError { .. } => self.explicit_errors += 1,
+            Outcome::Refused => self.refused += 1,
+            Outcome::Lost | Outcome::Truncated(_) if cuts_accepted => self.cut_with_gateway += 1,
+            Outcome::Truncated(why) => {
+                self.truncated += 1;
+                self.samples.push(why);
+            }
+            Outcome::Hung => self.hung += 1,
+            Outcome::Lost => self.lost += 1,
+        }
+    }
+
+    /// Nothing silently truncated, hung or lost, no 502 for a request that never reached a
+    /// rank, nothing left running.
+    pub fn clean(&self) -> bool {
+        self.truncated + self.hung + self.lost + self.unreachable_502 + self.orphans == 0
+    }
+}
+
+/// The demo topology with fixed ports, so a gateway started again is found where it was.
+#[derive(Debug)]
+pub struct Rig {
+    sparkgate: String,
+    sim: String,
+    logs: tempfile::TempDir,
+    env: Vec<(String, String)>,
+    pub gateway: Option<Proc>,
+    pub addr: Arc<RwLock<SocketAddr>>,
+    master_port: u16,
+}
+
+impl Rig {
+    pub fn start(sparkgate: &str, sim: &str) -> Rig {
+        let (port, vllm, master) = (free_port(), free_port(), free_port());
+        let env = [
+            ("PORT", port.to_string()),
+            ("VLLM_PORT", vllm.to_string()),
+            ("MASTER_PORT", master.to_string()),
+            ("SIM_SPEED", "20".into()),
+            ("STALL_TIMEOUT", "10".into()),
+            ("DRAIN_TIMEOUT", "3".into()),
+            ("RESTART_BACKOFF_INITIAL", "0.5".into()),
+            ("RESTART_BUDGET", "50".into()),
+        ];
+        let mut rig = Rig {
+            sparkgate: sparkgate.to_owned(),
+            sim: sim.to_owned(),
+            logs: tempfile::tempdir().expect("log dir"),
+            env: env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            gateway: None,
+            addr: Arc::new(RwLock::new(SocketAddr::from(([127, 0, 0, 1], port)))),
+            master_port: master,
+        };
+        rig.spawn_gateway();
+        rig
+    }
+
+    fn spawn_gateway(&mut self) {
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let proc = Gateway::supervise_process_as(
+            &self.sparkgate,
+            &self.sim,
+            "deepseek-v4.1-flash",
+            self.logs.path(),
+            &env,
+            true,
+        );
+        *self.addr.write().expect("addr") = addr_in(&proc.wait_for("sparkgate listening on http://"));
+        self.gateway = Some(proc);
+        assert!(self.wait_ready(Duration::from_secs(60)).is_some(), "the group is ready");
+    }
+
+    fn addr(&self) -> SocketAddr {
+        *self.addr.read().expect("addr")
+    }
+
+    pub fn status(&self) -> Value {
+        crate::harness::try_request(self.addr(), "GET", "/admin/status", &[], b"").map_or(Value::Null, |r| r.json())
+    }
+
+    /// Waits until `/ready` answers 200; how long that took.
+    pub fn wait_ready(&self, within: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        while started.elapsed() < within {
+            let ready = crate::harness::try_request(self.addr(), "GET", "/ready", &[], b"");
+            if ready.is_some_and(|r| r.status == 200) {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn rank_pid(&self, rank: u64) -> u32 {
+        let s = self.status();
+        let ranks = s["supervisor"]["ranks"].as_array().cloned().unwrap_or_default();
+        ranks
+            .iter()
+            .find(|r| r["rank"] == rank)
+            .and_then(|r| r["pid"].as_u64())
+            .unwrap_or(0) as u32
+    }
+
+    /// Rank processes of this group that the status does not list: left over from an earlier
+    /// epoch or gateway.
+    pub fn orphans(&self) -> Vec<u32> {
+        let listed = [self.rank_pid(0), self.rank_pid(1)];
+        crate::hosts::processes_with(&format!("--master-port {}", self.master_port))
+            .into_iter()
+            .filter(|p| !listed.contains(p))
+            .collect()
+    }
+
+    fn post(&self, path: &str, body: &Value) -> u16 {
+        request(
+            self.addr(),
+            "POST",
+            path,
+            &[("content-type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+        .status
+    }
+
+    fn signal_gateway(&mut self, sig: &str, group: bool) {
+        let pid = self.gateway.as_ref().expect("gateway").pid();
+        let target = if group { format!("-{pid}") } else { pid.to_string() };
+        signal(&target, sig);
+    }
+
+    /// Injects `fault`; returns once the group has been asked to recover (or was restarted).
+    fn inject(&mut self, fault: Fault) {
+        match fault {
+            Fault::KillRank0 => signal(&self.rank_pid(0).to_string(), "-KILL"),
+            Fault::KillRank1 => signal(&self.rank_pid(1).to_string(), "-KILL"),
+            Fault::StopRank0 => signal(&self.rank_pid(0).to_string(), "-STOP"),
+            Fault::StopRank1 => signal(&self.rank_pid(1).to_string(), "-STOP"),
+            Fault::StopRank0Resumed | Fault::StopRank1Resumed => {
+                let pid = self
+                    .rank_pid(if fault == Fault::StopRank0Resumed { 0 } else { 1 })
+                    .to_string();
+                signal(&pid, "-STOP");
+                std::thread::sleep(Duration::from_secs(2));
+                signal(&pid, "-CONT");
+            }
+            Fault::Restart => assert_eq!(self.post("/admin/restart", &json!({})), 202),
+            Fault::RestartForce => assert_eq!(self.post("/admin/restart?force=1", &json!({})), 202),
+            Fault::StartWhileRunning => assert_eq!(self.post("/admin/start", &json!({})), 200),
+            Fault::SpecSwitch => {
+                assert_eq!(self.post("/admin/spec", &json!({"mode": "none"})), 202);
+                self.wait_mode("none");
+                assert_eq!(self.post("/admin/spec", &json!({"mode": "dspark"})), 202);
+                self.wait_mode("dspark");
+            }
+            Fault::SigtermWithinDrain | Fault::SigtermPastDrain | Fault::SigintGroup | Fault::KillGateway => {
+                let (sig, group) = match fault {
+                    Fault::SigintGroup => ("-INT", true),
+                    Fault::KillGateway => ("-KILL", false),
+                    _ => ("-TERM", false),
+                };
+                self.signal_gateway(sig, group);
+                let mut old = self.gateway.take().expect("gateway");
+                old.wait_exit(Duration::from_secs(60));
+                self.spawn_gateway();
+            }
+        }
+    }
+
+    fn wait_mode(&self, mode: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !(self.status()["supervisor"]["mode"] == mode && self.status()["supervisor"]["state"] == "ready") {
+            assert!(Instant::now() < deadline, "the switch to {mode} finished");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `loops` client loops while `fault` is injected; the fault's row.
+    pub fn run(&mut self, fault: Fault, loops: usize) -> Row {
+        let stop = Arc::new(AtomicBool::new(false));
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        // SIGTERM past the drain needs streams longer than DRAIN_TIMEOUT; the others short ones.
+        let max_tokens = if fault == Fault::SigtermPastDrain { 3000 } else { 60 };
+        let clients: Vec<_> = (0..loops)
+            .map(|i| {
+                let (stop, outcomes, addr) = (stop.clone(), outcomes.clone(), self.addr.clone());
+                std::thread::spawn(move || {
+                    let mut n = i;
+                    while !stop.load(Ordering::SeqCst) {
+                        let kind = Kind::ALL[n % Kind::ALL.len()];
+                        let at = *addr.read().expect("addr");
+                        let outcome = client::exchange(at, kind, MODEL, max_tokens, Duration::from_secs(90));
+                        // Clients back off when told to come back (503/429 carry Retry-After;
+                        // capped so the loops see the recovery) or when nothing listens.
+                        match &outcome {
+                            Outcome::Refused => std::thread::sleep(Duration::from_millis(50)),
+                            Outcome::ExplicitError { status: 429 | 503, .. } => {
+                                std::thread::sleep(Duration::from_millis(300))
+                            }
+                            _ => {}
+                        }
+                        outcomes.lock().expect("outcomes").push(outcome);
+                        n += 1;
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(if fault == Fault::SigtermPastDrain {
+            2
+        } else {
+            1
+        }));
+        let epoch = self.status()["supervisor"]["epoch"].as_u64();
+        let injected = Instant::now();
+        self.inject(fault);
+        self.wait_recovered(epoch, fault);
+        let recovered = injected.elapsed();
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, Ordering::SeqCst);
+        for c in clients {
+            let _ = c.join();
+        }
+        let mut row = Row {
+            recovered_s: recovered.as_secs_f64(),
+            ..Row::default()
+        };
+        let status = self.status();
+        if status["supervisor"]["epoch"].as_u64() != epoch {
+            row.detected_s = status["supervisor"]["last_restart"]["detected_in_s"].as_f64();
+        }
+        for o in std::mem::take(&mut *outcomes.lock().expect("outcomes")) {
+            row.count(o, fault.cuts_accepted());
+        }
+        row.orphans = self.orphans().len();
+        row
+    }
+
+    /// Waits until the group serves again (a new epoch for the faults that restart it).
+    fn wait_recovered(&self, epoch: Option<u64>, fault: Fault) {
+        let started = Instant::now();
+        // A gateway started again begins its own epochs; `inject` waited for it to be ready.
+        let restarts = !matches!(
+            fault,
+            Fault::StartWhileRunning
+                | Fault::StopRank0Resumed
+                | Fault::StopRank1Resumed
+                | Fault::SigtermWithinDrain
+                | Fault::SigtermPastDrain
+                | Fault::SigintGroup
+                | Fault::KillGateway
+        );
+        let deadline = started + Duration::from_secs(120);
+        loop {
+            let s = self.status();
+            let ready = s["supervisor"]["state"] == "ready" && s["supervisor"]["stalled_s"].is_null();
+            let moved = !restarts || s["supervisor"]["epoch"].as_u64() != epoch;
+            if ready && moved && self.wait_ready(Duration::from_millis(50)).is_some() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} did not recover: {s}", fault.name());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn signal(target: &str, sig: &str) {
+    let _ = std::process::Command::new("kill").args([sig, "--", target]).status();
+}
+
+/// The table BENCHMARKS.md holds.
+pub fn table(rows: &[(Fault, Row)]) -> String {
+    let mut out = String::from(
+        "| fault | completed | explicit error | truncated | hung | lost | refused (gateway down) | 502 never reached | cut with the gateway | orphans | detected in s | recovered in s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (f, r) in rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |\n",
+            f.name(),
+            r.completed,
+            r.explicit_errors,
+            r.truncated,
+            r.hung,
+            r.lost,
+            r.refused,
+            r.unreachable_502,
+            r.cut_with_gateway,
+            r.orphans,
+            r.detected_s.map_or("—".into(), |d| format!("{d:.1}")),
+            r.recovered_s
+        ));
+    }
+    out
+}
