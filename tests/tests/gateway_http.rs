@@ -343,9 +343,16 @@ fn sigterm_drains_and_exits() {
         .unwrap()
         .success());
     gw.proc.wait_for("draining");
-    // The stream in flight completes; new connections are refused.
+    // New connections get 503 + Retry-After in the envelope (not a reset); the stream in flight
+    // completes.
+    let refused = try_request(gw.addr, "GET", "/health", &[], b"").expect("an answer, not a reset");
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(refused.header("retry-after").is_some());
+    assert!(refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("shutting down"));
     let events = sse_data(&s.read_all());
     assert_eq!(events.last().unwrap(), "[DONE]");
-    assert!(try_request(gw.addr, "GET", "/health", &[], b"").is_none());
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
 }
