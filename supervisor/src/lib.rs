@@ -73,7 +73,7 @@ impl SupervisorHandle {
                     Some(target) => {
                         let node = sparkgate_docker::Node::ssh_only("worker", &target).await?;
                         check_worker_memory(config, &node).await?;
-                        Some(rank::WorkerLink::new(target, node, false))
+                        Some(std::sync::Arc::new(rank::WorkerLink::new(target, node, false)))
                     }
                     None => None,
                 };
@@ -112,7 +112,7 @@ impl SupervisorHandle {
                 }
                 rank::Backend::Docker {
                     head,
-                    worker: worker.map(|(t, n)| rank::WorkerLink::new(t, n, true)),
+                    worker: worker.map(|(t, n)| std::sync::Arc::new(rank::WorkerLink::new(t, n, true))),
                 }
             }
         };

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -29,8 +30,10 @@ enum Runtime {
         pid: u32,
         kill: Option<oneshot::Sender<()>>,
     },
+    /// Stopped through the worker link, which reconnects: the session that started it may be
+    /// the one that was cut.
     Remote {
-        ssh: Node,
+        link: Arc<WorkerLink>,
         pid: u32,
     },
     Container {
@@ -138,13 +141,14 @@ impl Rank {
 
     /// A process on the worker over SSH (sshd gives it its own session).
     pub(crate) async fn spawn_remote(
-        ssh: &Node,
+        link: &Arc<WorkerLink>,
         bin: &str,
         plan: &RankPlan,
         to: Reporting<'_>,
     ) -> Result<Rank, SupervisorError> {
         let sink = LogSink::new();
         let mut capture = Capture::open(to.log, sink.clone()).await?;
+        let ssh = link.node().await?;
         let mut process = ssh.spawn_remote(bin, plan.vllm_argv(), &plan_env(plan)).await?;
         tokio::spawn(async move {
             while let Some(line) = process.lines.recv().await {
@@ -163,7 +167,7 @@ impl Rank {
             sink,
             exited,
             runtime: Runtime::Remote {
-                ssh: ssh.clone(),
+                link: link.clone(),
                 pid: process.pid,
             },
         })
@@ -271,8 +275,12 @@ impl Rank {
                     let _ = k.send(());
                 }
             }
-            Runtime::Remote { ssh, pid } => {
-                if let Err(e) = ssh.kill_remote(*pid).await {
+            Runtime::Remote { link, pid } => {
+                let killed = match link.node().await {
+                    Ok(ssh) => ssh.kill_remote(*pid).await.map_err(SupervisorError::from),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = killed {
                     tracing::error!(rank = self.rank, pid = *pid, error = %e, "cannot kill the remote rank");
                 }
             }
@@ -392,9 +400,15 @@ impl WorkerLink {
 #[derive(Debug)]
 pub(crate) enum Backend {
     /// Local child processes; workers over SSH when `worker` is set.
-    Process { bin: String, worker: Option<WorkerLink> },
+    Process {
+        bin: String,
+        worker: Option<Arc<WorkerLink>>,
+    },
     /// Rank 0 on the head's daemon; workers on `worker` (over SSH) or, without it, the head's.
-    Docker { head: Node, worker: Option<WorkerLink> },
+    Docker {
+        head: Node,
+        worker: Option<Arc<WorkerLink>>,
+    },
 }
 
 impl Backend {
@@ -407,9 +421,7 @@ impl Backend {
 
     pub(crate) async fn start(&self, plan: &RankPlan, to: Reporting<'_>) -> Result<Rank, SupervisorError> {
         match self {
-            Backend::Process { bin, worker: Some(w) } if plan.rank > 0 => {
-                Rank::spawn_remote(&w.node().await?, bin, plan, to).await
-            }
+            Backend::Process { bin, worker: Some(w) } if plan.rank > 0 => Rank::spawn_remote(w, bin, plan, to).await,
             Backend::Process { bin, .. } => Rank::spawn_process(bin, plan, to).await,
             Backend::Docker { head, worker } => {
                 let node = match worker {
@@ -424,7 +436,7 @@ impl Backend {
     /// The SSH link to a remote worker, whichever runtime runs ranks there.
     pub(crate) fn worker(&self) -> Option<&WorkerLink> {
         match self {
-            Backend::Process { worker, .. } | Backend::Docker { worker, .. } => worker.as_ref(),
+            Backend::Process { worker, .. } | Backend::Docker { worker, .. } => worker.as_deref(),
         }
     }
 

@@ -1,5 +1,5 @@
 //! The fault matrix's representative subset, run in CI (`sparkgate_tests::faults`; the whole
-//! matrix is `target/release/fault-matrix`): for each fault, under six client loops mixing
+//! matrix is `target/debug/fault-matrix`): for each fault, under six client loops mixing
 //! every streaming API, nothing silently truncated, hung or lost, no 502 for a request that
 //! never reached a rank, no rank process left over, and the group serving again.
 
@@ -22,6 +22,9 @@ fn each_fault_of_the_subset_loses_nothing_and_leaves_nothing() {
         let row = rig.run(fault, 6);
         rows.push((fault, row));
     }
+    drop(rig);
+    let mut rig = Rig::over_ssh(&sparkgate, SIM);
+    rows.push((Fault::SshCut, rig.run(Fault::SshCut, 6)));
     let t = table(&rows);
     for (fault, row) in &rows {
         assert!(row.clean(), "{}: {row:?}\n{t}", fault.name());

@@ -159,53 +159,30 @@ fn a_long_chunked_prefill_is_not_a_stall() {
     assert_eq!(s["supervisor"]["restarts"], 0);
 }
 
-#[test]
-fn a_stopped_worker_during_a_prefill_is_a_stall_and_waiting_requests_are_served_after() {
+/// What the stopped rank was doing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Work {
+    /// A 30 s prefill (chunked, so rank 0's step count moves until the stop).
+    Prefill,
+    Decode,
+}
+
+/// SIGSTOPs `rank` while a stream does `work`: within STALL_TIMEOUT + 5 s (counted from the last
+/// sign of life) the group restarts, `/ready` says stalled meanwhile so a request sent then
+/// waits in the queue and is served by the new group, and the stream on the hung group ends
+/// with its error event.
+fn stopped_rank_is_restarted(rank: u64, work: Work) {
     let logs = tempfile::tempdir().unwrap();
     let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), STALL);
     let rank0 = vllm_addr(&gw);
-    let mut body = long_prefill_request(&gw, 30.0);
+    let mut body = match work {
+        Work::Prefill => long_prefill_request(&gw, 30.0),
+        Work::Decode => json!({"messages": [{"role": "user", "content": "Explain tensor parallel inference."}],
+                               "max_tokens": 4000, "ignore_eos": true,
+                               "chat_template_kwargs": {"enable_thinking": false}}),
+    };
     body["stream"] = json!(true);
-    let mut prefill = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
     let (steps, _) = engine(rank0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while engine(rank0).0 < steps + 2.0 {
-        assert!(Instant::now() < deadline, "the prefill runs in chunks");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    signal(rank_pid(&gw.status(), 1), "-STOP");
-    let waiting = send_while_stalled(&gw);
-    let status = restarted(&gw, 1);
-    let reason = status["supervisor"]["last_restart"]["reason"].as_str().unwrap();
-    assert!(reason.contains("STALL_TIMEOUT"), "the heartbeat saw it: {reason}");
-    assert_detected_within_stall_timeout(&status);
-    let r = waiting.join().unwrap();
-    assert_eq!(
-        r.status,
-        200,
-        "the waiting request is served by the new group: {}",
-        r.text()
-    );
-    let text = String::from_utf8_lossy(&prefill.read_all()).into_owned();
-    assert!(
-        text.contains("\"error\"") && text.ends_with("data: [DONE]\n\n"),
-        "the stream on the hung group ends with an error: {text}"
-    );
-}
-
-#[test]
-fn a_stopped_rank0_during_decoding_is_restarted_within_stall_timeout() {
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), STALL);
-    let body = json!({"messages": [{"role": "user", "content": "Explain tensor parallel inference."}],
-                      "max_tokens": 4000, "ignore_eos": true, "stream": true,
-                      "chat_template_kwargs": {"enable_thinking": false}});
     let mut stream = Streaming::open(
         gw.addr,
         "POST",
@@ -213,11 +190,25 @@ fn a_stopped_rank0_during_decoding_is_restarted_within_stall_timeout() {
         &[("content-type", "application/json")],
         body.to_string().as_bytes(),
     );
-    assert!(stream.next_chunk().is_some(), "decoding");
-    signal(rank_pid(&gw.status(), 0), "-STOP");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while engine(rank0).0 < steps + 2.0 {
+        assert!(Instant::now() < deadline, "the engine steps ({work:?})");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if work == Work::Prefill {
+        assert_eq!(engine(rank0).1, 1.0, "the prefill runs");
+    }
+    signal(rank_pid(&gw.status(), rank), "-STOP");
     let waiting = send_while_stalled(&gw);
     let status = restarted(&gw, 1);
     assert_detected_within_stall_timeout(&status);
+    if rank == 1 {
+        let reason = status["supervisor"]["last_restart"]["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("STALL_TIMEOUT"),
+            "rank 0 answers, the heartbeat saw it: {reason}"
+        );
+    }
     let r = waiting.join().unwrap();
     assert_eq!(
         r.status,
@@ -228,6 +219,27 @@ fn a_stopped_rank0_during_decoding_is_restarted_within_stall_timeout() {
     let text = String::from_utf8_lossy(&stream.read_all()).into_owned();
     assert!(
         text.contains("\"error\"") && text.ends_with("data: [DONE]\n\n"),
-        "the cut stream says so"
+        "the stream on the hung group ends with an error: {}",
+        &text[text.len().saturating_sub(500)..]
     );
+}
+
+#[test]
+fn a_stopped_rank0_during_a_prefill_is_restarted_within_stall_timeout() {
+    stopped_rank_is_restarted(0, Work::Prefill);
+}
+
+#[test]
+fn a_stopped_worker_during_a_prefill_is_restarted_within_stall_timeout() {
+    stopped_rank_is_restarted(1, Work::Prefill);
+}
+
+#[test]
+fn a_stopped_rank0_during_decoding_is_restarted_within_stall_timeout() {
+    stopped_rank_is_restarted(0, Work::Decode);
+}
+
+#[test]
+fn a_stopped_worker_during_decoding_is_restarted_within_stall_timeout() {
+    stopped_rank_is_restarted(1, Work::Decode);
 }

@@ -23,6 +23,18 @@ fn main() {
         eprintln!("  {row:?}");
         rows.push((fault, row));
     }
+    drop(rig);
+    // The worker over SSH: its session cut, and its rank killed.
+    let mut rig = Rig::over_ssh(sparkgate.to_str().expect("path"), sim.to_str().expect("path"));
+    for fault in [Fault::SshCut] {
+        if only.as_ref().is_some_and(|o| !o.split(',').any(|n| n == fault.name())) {
+            continue;
+        }
+        eprintln!("fault-matrix: {}", fault.name());
+        let row = rig.run(fault, loops);
+        eprintln!("  {row:?}");
+        rows.push((fault, row));
+    }
     print!("{}", table(&rows));
     let dirty: Vec<&str> = rows.iter().filter(|(_, r)| !r.clean()).map(|(f, _)| f.name()).collect();
     drop(rig);

@@ -37,6 +37,8 @@ pub enum Fault {
     SigtermPastDrain,
     SigintGroup,
     KillGateway,
+    /// The worker rank runs over SSH (`Rig::over_ssh`); every SSH session is cut.
+    SshCut,
 }
 
 impl Fault {
@@ -73,6 +75,7 @@ impl Fault {
             Fault::SigtermPastDrain => "SIGTERM past the drain",
             Fault::SigintGroup => "SIGINT to the process group",
             Fault::KillGateway => "SIGKILL the gateway, start again",
+            Fault::SshCut => "the worker's SSH session cut (process over SSH)",
         }
     }
 
@@ -138,10 +141,27 @@ pub struct Rig {
     pub gateway: Option<Proc>,
     pub addr: Arc<RwLock<SocketAddr>>,
     master_port: u16,
+    /// The worker host of `over_ssh` (127.0.0.2), and its SSH control directory.
+    sshd: Option<(crate::hosts::Sshd, tempfile::TempDir)>,
 }
 
 impl Rig {
     pub fn start(sparkgate: &str, sim: &str) -> Rig {
+        Self::with(sparkgate, sim, None)
+    }
+
+    /// The demo topology with the worker rank on 127.0.0.2 through a real sshd
+    /// (RUNTIME=process over SSH).
+    pub fn over_ssh(sparkgate: &str, sim: &str) -> Rig {
+        let sshd = crate::hosts::Sshd::start();
+        let control = tempfile::Builder::new()
+            .prefix("sgc")
+            .tempdir_in("/tmp")
+            .expect("control dir");
+        Self::with(sparkgate, sim, Some((sshd, control)))
+    }
+
+    fn with(sparkgate: &str, sim: &str, sshd: Option<(crate::hosts::Sshd, tempfile::TempDir)>) -> Rig {
         let (port, vllm, master) = (free_port(), free_port(), free_port());
         let env = [
             ("PORT", port.to_string()),
@@ -153,14 +173,19 @@ impl Rig {
             ("RESTART_BACKOFF_INITIAL", "0.5".into()),
             ("RESTART_BUDGET", "50".into()),
         ];
+        let mut env: Vec<(String, String)> = env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        if let Some((sshd, control)) = &sshd {
+            env.extend(sshd.worker_env(control.path()));
+        }
         let mut rig = Rig {
             sparkgate: sparkgate.to_owned(),
             sim: sim.to_owned(),
             logs: tempfile::tempdir().expect("log dir"),
-            env: env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            env,
             gateway: None,
             addr: Arc::new(RwLock::new(SocketAddr::from(([127, 0, 0, 1], port)))),
             master_port: master,
+            sshd,
         };
         rig.spawn_gateway();
         rig
@@ -262,6 +287,17 @@ impl Rig {
                 self.wait_mode("none");
                 assert_eq!(self.post("/admin/spec", &json!({"mode": "dspark"})), 202);
                 self.wait_mode("dspark");
+            }
+            Fault::SshCut => {
+                let epoch = self.status()["supervisor"]["epoch"].clone();
+                let (sshd, _) = self.sshd.as_mut().expect("a rig over SSH");
+                sshd.cut();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while self.status()["supervisor"]["epoch"] == epoch && self.status()["supervisor"]["state"] == "ready" {
+                    assert!(Instant::now() < deadline, "the cut was noticed");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                self.sshd.as_mut().expect("a rig over SSH").0.run();
             }
             Fault::SigtermWithinDrain | Fault::SigtermPastDrain | Fault::SigintGroup | Fault::KillGateway => {
                 let (sig, group) = match fault {
