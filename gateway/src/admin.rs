@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use sparkgate_supervisor::{Answer, GroupState, SupervisorHandle};
 
+use crate::admission::Hold;
 use crate::app::{status_json, Shared};
 use crate::error::GatewayError;
 use crate::state::{GatewayControl, UpstreamState};
@@ -43,7 +44,7 @@ pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
                 // Work pending and no engine step: hold admission rather than send more into
                 // an engine that may be hung; a step lifts it, STALL_TIMEOUT restarts the group.
                 GroupState::Ready { .. } if status.stalled_s.is_some() => {
-                    control.admission().pause();
+                    control.admission().pause(Hold::Group);
                     control.set_upstream(UpstreamState::Stalled(format!(
                         "no engine step for {}s with requests pending",
                         status.stalled_s.unwrap_or_default()
@@ -54,22 +55,22 @@ pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
                     control.admission().set_capacity(status.max_num_seqs);
                     control.set_mode(&status.mode);
                     control.set_upstream(UpstreamState::Ready);
-                    control.admission().resume();
+                    control.admission().resume(Hold::Group);
                 }
                 GroupState::Starting { epoch } => {
-                    control.admission().pause();
+                    control.admission().pause(Hold::Group);
                     control.set_upstream(UpstreamState::Restarting(format!("starting epoch {epoch}")));
                 }
                 GroupState::Restarting { reason, .. } => {
-                    control.admission().pause();
+                    control.admission().pause(Hold::Group);
                     control.set_upstream(UpstreamState::Restarting(reason.clone()));
                 }
                 GroupState::Failed { reason } => {
-                    control.admission().pause();
+                    control.admission().pause(Hold::Group);
                     control.set_upstream(UpstreamState::Failed(reason.clone()));
                 }
                 GroupState::Stopped | GroupState::Stopping | GroupState::ShuttingDown => {
-                    control.admission().pause();
+                    control.admission().pause(Hold::Group);
                     control.set_upstream(UpstreamState::Stopped);
                 }
             }
@@ -117,7 +118,8 @@ where
     let drain = if force { Duration::ZERO } else { app.drain_timeout };
     let control = app.control.clone();
     tokio::spawn(async move {
-        control.admission().pause();
+        control.admission().pause(Hold::Drain);
+        let before = sup.status();
         let deadline = Instant::now() + drain;
         while control.snapshot().in_use > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -129,8 +131,20 @@ where
                 "drain timeout: restarting with requests still running (they end with an error)"
             );
         }
-        let answer = then(sup).await;
+        let answer = then(sup.clone()).await;
         tracing::info!(?answer, "supervisor answered");
+        // The drain's hold ends once the gateway mirrors the supervisor's change (the group's
+        // hold then covers the restart), or at once when nothing will change.
+        if matches!(answer, Answer::Accepted | Answer::Queued) {
+            let mirrored = Instant::now() + Duration::from_secs(5);
+            while control.upstream() == UpstreamState::Ready
+                && sup.status().epoch == before.epoch
+                && Instant::now() < mirrored
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        control.admission().resume(Hold::Drain);
     });
     Ok(drain)
 }

@@ -47,7 +47,8 @@ struct Waiter {
 struct State {
     capacity: u32,
     in_use: u32,
-    paused: bool,
+    /// Why admission is held (`Hold` bits); nobody is admitted while any is set.
+    holds: u8,
     /// The gateway is shutting down: nobody is admitted again.
     closed: bool,
     order: VecDeque<u64>,
@@ -60,7 +61,7 @@ struct State {
 impl State {
     /// Grants waiters from the front while they fit (strict FIFO: a large head blocks).
     fn dispatch(&mut self) {
-        while !self.paused && !self.closed {
+        while self.holds == 0 && !self.closed {
             let Some(&id) = self.order.front() else { break };
             let w = self.waiters.get_mut(&id).expect("queued ids have waiters");
             if self.in_use + w.n > self.capacity {
@@ -125,6 +126,16 @@ impl Drop for Queued<'_> {
     }
 }
 
+/// Why admission holds requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Hold {
+    /// The rank group is not serving (starting, restarting, stalled, stopped, failed).
+    Group = 1,
+    /// An operator's (or the policy's) drain before a restart.
+    Drain = 2,
+}
+
 /// Where a waiter joins the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
@@ -138,7 +149,7 @@ impl Admission {
             state: Mutex::new(State {
                 capacity,
                 in_use: 0,
-                paused: false,
+                holds: 0,
                 closed: false,
                 order: VecDeque::new(),
                 waiters: HashMap::new(),
@@ -179,7 +190,7 @@ impl Admission {
             if s.closed {
                 return Err(GatewayError::ShuttingDown);
             }
-            if !s.paused && s.order.is_empty() && s.in_use + n <= s.capacity {
+            if s.holds == 0 && s.order.is_empty() && s.in_use + n <= s.capacity {
                 s.in_use += n;
                 return Ok(Permit {
                     admission: self.clone(),
@@ -269,14 +280,15 @@ impl Admission {
         }
     }
 
-    /// Holds every new and queued request (ranks restarting) until `resume`.
-    pub fn pause(&self) {
-        self.state.lock().expect("admission lock").paused = true;
+    /// Holds every new and queued request for `why` until `resume(why)`; each reason is lifted
+    /// on its own, so a group that turns ready again does not end an operator's drain.
+    pub fn pause(&self, why: Hold) {
+        self.state.lock().expect("admission lock").holds |= why as u8;
     }
 
-    pub fn resume(&self) {
+    pub fn resume(&self, why: Hold) {
         let mut s = self.state.lock().expect("admission lock");
-        s.paused = false;
+        s.holds &= !(why as u8);
         s.dispatch();
     }
 
@@ -286,7 +298,7 @@ impl Admission {
             capacity: s.capacity,
             in_use: s.in_use,
             queued: s.order.len(),
-            paused: s.paused,
+            paused: s.holds != 0,
         }
     }
 }
@@ -410,7 +422,9 @@ mod tests {
     fn pause_holds_and_capacity_changes_apply() {
         rt().block_on(async {
             let a = Admission::new(1, limits(10, 600));
-            a.pause();
+            a.pause(Hold::Group);
+            a.pause(Hold::Drain);
+            a.resume(Hold::Group);
             let granted = Arc::new(AtomicUsize::new(0));
             let mut tasks = Vec::new();
             for _ in 0..4 {
@@ -425,7 +439,8 @@ mod tests {
             assert_eq!(granted.load(Ordering::SeqCst), 0, "held while paused, not failed");
             assert_eq!(a.snapshot().queued, 4);
             a.set_capacity(4);
-            a.resume();
+            assert_eq!(a.snapshot().queued, 4, "the drain still holds them");
+            a.resume(Hold::Drain);
             for t in tasks {
                 let _ = t.await.unwrap();
             }
