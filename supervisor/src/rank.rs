@@ -126,17 +126,11 @@ impl Rank {
                 Err(e) => format!("wait failed: {e}"),
             }
         });
-        Ok(Rank {
-            rank: plan.rank,
-            node: plan.node,
-            log: to.log.to_path_buf(),
-            sink,
-            exited,
-            runtime: Runtime::Process {
-                pid,
-                kill: Some(kill_tx),
-            },
-        })
+        let runtime = Runtime::Process {
+            pid,
+            kill: Some(kill_tx),
+        };
+        Ok(Rank::of(plan, to.log, sink, exited, runtime))
     }
 
     /// A process on the worker over SSH (sshd gives it its own session).
@@ -160,17 +154,11 @@ impl Rank {
         let exited = watch_exit(to.epoch, plan.rank, to.exits, async move {
             exit.await.unwrap_or_else(|_| "the SSH session ended".into())
         });
-        Ok(Rank {
-            rank: plan.rank,
-            node: plan.node,
-            log: to.log.to_path_buf(),
-            sink,
-            exited,
-            runtime: Runtime::Remote {
-                link: link.clone(),
-                pid: process.pid,
-            },
-        })
+        let runtime = Runtime::Remote {
+            link: link.clone(),
+            pid: process.pid,
+        };
+        Ok(Rank::of(plan, to.log, sink, exited, runtime))
     }
 
     /// Runs the rank's container, or attaches to `adopt` (a running container of this epoch).
@@ -203,17 +191,23 @@ impl Rank {
         let exited = watch_exit(to.epoch, plan.rank, to.exits, async move {
             waiter.wait_exit(&wait_id).await
         });
-        Ok(Rank {
+        let runtime = Runtime::Container {
+            docker: docker.clone(),
+            id,
+        };
+        Ok(Rank::of(plan, to.log, sink, exited, runtime))
+    }
+
+    /// The handle every runtime's start ends with.
+    fn of(plan: &RankPlan, log: &Path, sink: LogSink, exited: Exited, runtime: Runtime) -> Rank {
+        Rank {
             rank: plan.rank,
             node: plan.node,
-            log: to.log.to_path_buf(),
+            log: log.to_path_buf(),
             sink,
             exited,
-            runtime: Runtime::Container {
-                docker: docker.clone(),
-                id,
-            },
-        })
+            runtime,
+        }
     }
 
     pub(crate) fn rank(&self) -> u32 {

@@ -111,4 +111,20 @@ impl Gateway {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+
+    /// The port of the vLLM this gateway fronts (rank 0's), from its start-up log line.
+    pub fn upstream_port(&self) -> u16 {
+        self.proc
+            .log()
+            .iter()
+            .find_map(|l| {
+                l.split("upstream=http://127.0.0.1:")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .expect("the upstream port in the gateway's log")
+    }
 }

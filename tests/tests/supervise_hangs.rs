@@ -34,19 +34,7 @@ fn signal(pid: u32, sig: &str) {
 }
 
 fn vllm_addr(gw: &Gateway) -> SocketAddr {
-    let port: u16 = gw
-        .proc
-        .log()
-        .iter()
-        .find_map(|l| {
-            l.split("upstream=http://127.0.0.1:")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .expect("the upstream port in the log");
+    let port = gw.upstream_port();
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 

@@ -285,19 +285,7 @@ fn requests_that_never_reached_a_rank_wait_for_the_next_group_instead_of_502() {
         request(control, "POST", "/fault/refuse-connections", &[], b"").status,
         204
     );
-    let vllm_port: u16 = gw
-        .proc
-        .log()
-        .iter()
-        .find_map(|l| {
-            l.split("upstream=http://127.0.0.1:")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .expect("the upstream port in the log");
+    let vllm_port = gw.upstream_port();
     assert!(
         eventually(Duration::from_secs(5), || std::net::TcpStream::connect((
             "127.0.0.1",

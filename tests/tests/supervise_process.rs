@@ -207,18 +207,7 @@ fn a_rank_that_keeps_crashing_ends_failed_with_nothing_left_running() {
         &json!({"messages": [{"role": "user", "content": "hi"}]}),
     );
     assert_eq!(r.status, 503);
-    let vllm_port = format!(
-        "--port {}",
-        gw.proc
-            .log()
-            .iter()
-            .find_map(|l| l.split("upstream=http://127.0.0.1:").nth(1).map(|p| p
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .to_owned()))
-            .unwrap()
-    );
+    let vllm_port = format!("--port {}", gw.upstream_port());
     assert!(
         processes_with(&vllm_port).is_empty(),
         "no rank of any epoch is left running"

@@ -4,7 +4,20 @@
 //!
 //! cargo build --release --bins && target/release/fault-matrix
 
-use sparkgate_tests::faults::{table, Fault, Rig};
+use sparkgate_tests::faults::{table, Fault, Rig, Row};
+
+/// Runs each of `faults` that `only` names (all without it) on `rig`, adding its row.
+fn run(rig: &mut Rig, faults: &[Fault], only: Option<&str>, loops: usize, rows: &mut Vec<(Fault, Row)>) {
+    for &fault in faults {
+        if only.is_some_and(|o| !o.split(',').any(|n| n == fault.name())) {
+            continue;
+        }
+        eprintln!("fault-matrix: {}", fault.name());
+        let row = rig.run(fault, loops);
+        eprintln!("  {row:?}");
+        rows.push((fault, row));
+    }
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -12,32 +25,25 @@ fn main() {
     let only = sparkgate_tests::harness::flag_value(&args, "--only");
     let exe = std::env::current_exe().expect("exe");
     let (sim, sparkgate) = (exe.with_file_name("vllm-sim"), exe.with_file_name("sparkgate"));
-    let mut rig = Rig::start(sparkgate.to_str().expect("path"), sim.to_str().expect("path"));
+    let (sim, sparkgate) = (sim.to_str().expect("path"), sparkgate.to_str().expect("path"));
     let mut rows = Vec::new();
-    for fault in Fault::ALL {
-        if only.as_ref().is_some_and(|o| !o.split(',').any(|n| n == fault.name())) {
-            continue;
-        }
-        eprintln!("fault-matrix: {}", fault.name());
-        let row = rig.run(fault, loops);
-        eprintln!("  {row:?}");
-        rows.push((fault, row));
-    }
-    drop(rig);
-    // The worker over SSH: its session cut, and its rank killed.
-    let mut rig = Rig::over_ssh(sparkgate.to_str().expect("path"), sim.to_str().expect("path"));
-    for fault in [Fault::SshCut] {
-        if only.as_ref().is_some_and(|o| !o.split(',').any(|n| n == fault.name())) {
-            continue;
-        }
-        eprintln!("fault-matrix: {}", fault.name());
-        let row = rig.run(fault, loops);
-        eprintln!("  {row:?}");
-        rows.push((fault, row));
-    }
+    run(
+        &mut Rig::start(sparkgate, sim),
+        &Fault::ALL,
+        only.as_deref(),
+        loops,
+        &mut rows,
+    );
+    // The worker over SSH on a rig of its own: its session cut.
+    run(
+        &mut Rig::over_ssh(sparkgate, sim),
+        &[Fault::SshCut],
+        only.as_deref(),
+        loops,
+        &mut rows,
+    );
     print!("{}", table(&rows));
     let dirty: Vec<&str> = rows.iter().filter(|(_, r)| !r.clean()).map(|(f, _)| f.name()).collect();
-    drop(rig);
     if !dirty.is_empty() {
         eprintln!("fault-matrix: not clean: {}", dirty.join(", "));
         std::process::exit(1);
