@@ -73,11 +73,7 @@ pub(crate) async fn access_log(req: Request, next: Next) -> Response {
         .get::<RequestId>()
         .map(|r| r.0.clone())
         .unwrap_or_default();
-    let peer = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip().to_string())
-        .unwrap_or_default();
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     let resp = next.run(req).await;
     tracing::info!(
         request_id = %id,
@@ -85,7 +81,7 @@ pub(crate) async fn access_log(req: Request, next: Next) -> Response {
         path,
         status = resp.status().as_u16(),
         latency_ms = started.elapsed().as_secs_f64() * 1e3,
-        peer,
+        peer = peer.map(tracing::field::display),
         "request"
     );
     resp
@@ -134,9 +130,7 @@ fn matches_any(token: Option<&str>, keys: &[Secret]) -> bool {
 
 pub(crate) async fn authenticate(State(app): State<Shared>, mut req: Request, next: Next) -> Response {
     let route = matched(&req);
-    let path = req.uri().path().to_owned();
-    let path = path.as_str();
-    if !app.api_keys.is_empty() && guarded(&app, route, path) {
+    if !app.api_keys.is_empty() && guarded(&app, route, req.uri().path()) {
         if !matches_any(presented_key(&req), &app.api_keys) {
             let family = route.map_or(Family::OpenAi, |r| r.family);
             return GatewayError::Unauthorized.render(family);
@@ -145,7 +139,7 @@ pub(crate) async fn authenticate(State(app): State<Shared>, mut req: Request, ne
         let key = presented_key(&req).unwrap_or_default().to_owned();
         req.extensions_mut().insert(ValidatedKey(key));
     }
-    if path.starts_with("/admin") {
+    if req.uri().path().starts_with("/admin") {
         match &app.admin_token {
             Some(token) => {
                 if !matches_any(presented_key(&req), std::slice::from_ref(token)) {

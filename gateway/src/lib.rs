@@ -12,6 +12,7 @@ mod edge;
 mod error;
 mod exposition;
 mod listen;
+mod logwriter;
 mod normalize;
 mod observe;
 mod relay;
@@ -23,6 +24,7 @@ mod upstream;
 
 pub use admission::{AdmissionSnapshot, QueueLimits};
 pub use error::GatewayError;
+pub use logwriter::LogGuard;
 pub use observe::init_logging;
 pub use server::{local_addr, serve, Upstreams};
 pub use state::{GatewayControl, UpstreamState};

@@ -1,7 +1,8 @@
 //! The connection loop: accepts with a back-off on errors (a process out of file descriptors
 //! logs once per burst and waits instead of spinning), caps open connections (MAX_CONNECTIONS;
 //! one over it is answered 503 in vLLM's envelope and closed), serves HTTP/1.1 and HTTP/2 with
-//! prior knowledge (h2c) on the same port, gives hyper's own answers to unparseable requests
+//! prior knowledge (h2c) on the same port (told apart by peeking at the first bytes, so each
+//! connection runs hyper's own HTTP/1.1 or HTTP/2 server with nothing in between), gives hyper's own answers to unparseable requests
 //! (400, 414, 431) the envelope too, answers a request head that stalls past
 //! HEADER_READ_TIMEOUT with 408 (hyper would close silently), canonicalises every request path before routing, and on
 //! shutdown drains the open connections for at most DRAIN_TIMEOUT.
@@ -239,6 +240,71 @@ async fn refuse_arrivals(listener: &TcpListener, refusals: &mut tokio::task::Joi
     }
 }
 
+/// The protocol a connection speaks, told by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c): the client opened with the HTTP/2 preface.
+    H2c,
+}
+
+/// The start of the HTTP/2 connection preface (RFC 9113 §3.4); no HTTP/1.1 method is `PRI`.
+const H2_START: &[u8] = b"PRI ";
+
+/// Peeks at the first bytes (nothing is consumed): `None` when the client closed, or sent
+/// nothing at all within `within`.
+async fn sniff(stream: &TcpStream, within: Duration) -> Option<Protocol> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut head = [0u8; 4];
+    loop {
+        let n = tokio::time::timeout_at(deadline, stream.peek(&mut head))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        if n >= H2_START.len() || head[..n] != H2_START[..n] {
+            return Some(if head[..n] == *H2_START {
+                Protocol::H2c
+            } else {
+                Protocol::Http1
+            });
+        }
+        // A preface split after fewer than four bytes (rare): wait for the rest of it.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if tokio::time::Instant::now() >= deadline {
+            return Some(Protocol::Http1);
+        }
+    }
+}
+
+/// Drives a hyper connection until it ends or `stop` turns true; then shuts it down
+/// gracefully (a connection that has sent nothing yet gets `FRESH_GRACE` first).
+async fn drive<C>(
+    mut conn: Pin<&mut C>,
+    graceful: impl FnOnce(Pin<&mut C>),
+    handoff: &Handoff,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> hyper::Result<()>
+where
+    C: Future<Output = hyper::Result<()>>,
+{
+    // Biased: a connection accepted just before shutdown is read first, so a request already
+    // sent on it is in flight (and answered) before the graceful shutdown closes idle ones.
+    tokio::select! {
+        biased;
+        ended = conn.as_mut() => ended,
+        _ = async {
+            let _ = stop.wait_for(|s| *s).await;
+            handoff.first_request_or_grace().await;
+        } => {
+            graceful(conn.as_mut());
+            conn.await
+        }
+    }
+}
+
 /// Serves one connection (HTTP/1.1 or h2c) until it closes or `stop` turns true.
 async fn connection(
     stream: TcpStream,
@@ -248,6 +314,12 @@ async fn connection(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    let protocol = tokio::select! {
+        p = sniff(&stream, cfg.header_read_timeout) => p,
+        // Shutdown before the client sent anything: it gets the fresh connection's grace.
+        _ = async { let _ = stop.wait_for(|s| *s).await; tokio::time::sleep(FRESH_GRACE).await } => None,
+    };
+    let Some(protocol) = protocol else { return };
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(ConnectInfo(peer));
         crate::routes::canonicalize(&mut req);
@@ -257,44 +329,39 @@ async fn connection(
             hyper_util::service::TowerToHyperService::new(router).call(req).await
         }
     });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-    builder
-        .http1()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
-        .keep_alive(true);
-    builder.http2().timer(hyper_util::rt::TokioTimer::new());
     let handoff = Arc::new(Handoff::default());
-    let io = ClientIo {
+    let io = hyper_util::rt::TokioIo::new(ClientIo {
         inner: Some(stream),
         handoff: handoff.clone(),
         pending: None,
-    };
-    let mut conn = Box::pin(builder.serve_connection(hyper_util::rt::TokioIo::new(io), service));
-    // Biased: a connection accepted just before shutdown is read first, so a request already
-    // sent on it is in flight (and answered) before the graceful shutdown closes idle ones.
-    let ended = tokio::select! {
-        biased;
-        ended = conn.as_mut() => ended,
-        _ = async {
-            let _ = stop.wait_for(|s| *s).await;
-            handoff.first_request_or_grace().await;
-        } => {
-            conn.as_mut().graceful_shutdown();
-            conn.as_mut().await
+    });
+    let ended = match protocol {
+        Protocol::Http1 => {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(cfg.header_read_timeout)
+                .keep_alive(true)
+                .serve_connection(io, service);
+            tokio::pin!(conn);
+            drive(conn, |c| c.graceful_shutdown(), &handoff, &mut stop).await
+        }
+        Protocol::H2c => {
+            let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(io, service);
+            tokio::pin!(conn);
+            drive(conn, |c| c.graceful_shutdown(), &handoff, &mut stop).await
         }
     };
-    // Dropping the connection drops hyper's side of the socket, which hands it back if a
-    // request was in progress.
-    drop(conn);
-    let header_timeout = ended
-        .err()
-        .and_then(|e| e.downcast::<hyper::Error>().ok())
-        .is_some_and(|e| e.is_timeout());
+    // The connection is dropped by now, and with it hyper's side of the socket, which hands it
+    // back if a request was in progress.
+    let header_timeout = ended.err().is_some_and(|e| e.is_timeout());
     let socket = handoff.socket.lock().expect("handoff lock").take();
     if let (true, Some(socket)) = (header_timeout, socket) {
         let after = cfg.header_read_timeout;
-        answer(&socket, GatewayError::HeaderTimeout { after }).await;
+        // Boxed: inline, this future's 4 KiB scratch buffer would be part of every connection
+        // task's state for as long as the connection lives.
+        Box::pin(answer(&socket, GatewayError::HeaderTimeout { after })).await;
     }
 }
 

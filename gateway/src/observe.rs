@@ -89,14 +89,16 @@ pub(crate) fn admission(queued: usize, in_use: u32) {
 }
 
 /// Installs the log subscriber: `RUST_LOG`-style filtering via `SPARKGATE_LOG` (default info),
-/// text or JSON lines on stderr.
-pub fn init_logging(json: bool) {
+/// text or JSON lines on stderr, written by a thread of their own (`logwriter`). Keep the guard
+/// until the end of `main`: dropping it writes what is still queued.
+pub fn init_logging(json: bool) -> crate::logwriter::LogGuard {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SPARKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let (writer, guard) = crate::logwriter::start(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_target(false)
         .with_ansi(ansi);
     let _ = if json {
@@ -104,6 +106,7 @@ pub fn init_logging(json: bool) {
     } else {
         builder.try_init()
     };
+    guard
 }
 
 /// Generated tokens in a usage object, under either API's name (`completion_tokens` for chat and

@@ -1,7 +1,8 @@
 //! The fronts of the overhead benchmark — none (vllm-sim direct), sparkgate, nginx, SGLang's
 //! gateway (SMG) and the LiteLLM proxy — started in front of one vllm-sim, each configured so
 //! that its admission limit does not cap the load, and the CPU and memory of a front's process
-//! tree read from /proc.
+//! tree read from /proc. A second sparkgate binary (`baseline`, e.g. an earlier commit's build)
+//! can run beside the current one, so "no worse than before" is a same-run ratio.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,12 +15,15 @@ use crate::harness::{free_port, try_request};
 pub enum FrontKind {
     Direct,
     Sparkgate,
+    /// Another sparkgate binary (`--baseline PATH`), configured exactly as `Sparkgate`.
+    Baseline,
     Nginx,
     Smg,
     Litellm,
 }
 
 impl FrontKind {
+    /// The fronts run by default (`Baseline` only when a baseline binary is given).
     pub const ALL: [FrontKind; 5] = [
         FrontKind::Direct,
         FrontKind::Sparkgate,
@@ -32,6 +36,7 @@ impl FrontKind {
         match self {
             FrontKind::Direct => "direct",
             FrontKind::Sparkgate => "sparkgate",
+            FrontKind::Baseline => "baseline",
             FrontKind::Nginx => "nginx",
             FrontKind::Smg => "smg",
             FrontKind::Litellm => "litellm",
@@ -43,6 +48,7 @@ impl FrontKind {
         match self {
             FrontKind::Direct => "vllm-sim itself",
             FrontKind::Sparkgate => "`sparkgate serve --upstream`, MAX_NUM_SEQS=20000, QUEUE_DEPTH=20000, defaults otherwise (access log on)",
+            FrontKind::Baseline => "another sparkgate binary (`--baseline`), configured as sparkgate",
             FrontKind::Nginx => "plain reverse proxy: proxy_buffering off, upstream keepalive 256, worker_processes auto, access log to a file (its default)",
             FrontKind::Smg => "`smg launch --policy round_robin --max-concurrent-requests 20000 --rate-limit-tokens-per-second 0 --disable-retries --disable-circuit-breaker`",
             FrontKind::Litellm => "`litellm --config` with `hosted_vllm/` and max_parallel_requests 20000, 1 worker",
@@ -55,6 +61,8 @@ impl FrontKind {
 pub struct Peers {
     pub venv: PathBuf,
     pub nginx: PathBuf,
+    /// The `Baseline` front's sparkgate binary.
+    pub baseline: Option<PathBuf>,
 }
 
 /// A running front: its base URL and the process tree whose CPU and memory count.
@@ -89,8 +97,12 @@ impl Front {
         let log = std::fs::File::create(dir.path().join("front.log")).map_err(|e| e.to_string())?;
         let mut cmd = match kind {
             FrontKind::Direct => unreachable!(),
-            FrontKind::Sparkgate => {
-                let mut c = Command::new(sparkgate);
+            FrontKind::Sparkgate | FrontKind::Baseline => {
+                let bin = match kind {
+                    FrontKind::Baseline => peers.baseline.as_deref().ok_or("no --baseline binary given")?,
+                    _ => sparkgate,
+                };
+                let mut c = Command::new(bin);
                 c.args([
                     "serve",
                     "--upstream",

@@ -19,7 +19,7 @@ fn gateway_only(config: &Config) -> bool {
 }
 
 pub(super) fn serve(config: &Config, demo: bool) -> anyhow::Result<ExitCode> {
-    crate::init_logging(config.gateway.log_json);
+    let _log = crate::init_logging(config.gateway.log_json);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if config.gateway.worker_threads > 0 {
         builder.worker_threads(config.gateway.worker_threads);

@@ -6,7 +6,10 @@
 //! Prints ratio tables and writes JSON. `tests/overhead/run.sh` installs the peers and runs this.
 //!
 //! usage: overhead [--peers DIR] [--fronts direct,sparkgate,...] [--seconds S] [--rounds R]
-//!                 [--streams N] [--idle N] [--out FILE]
+//!                 [--streams N] [--idle N] [--out FILE] [--baseline SPARKGATE_BIN]
+//!
+//! `--baseline` adds a second sparkgate binary (say, a build of an earlier commit) as the front
+//! `baseline`, right after `sparkgate`, so the two are compared within one run.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,22 +57,35 @@ fn options() -> Options {
             std::env::var("HOME").unwrap_or_else(|_| "/root".into())
         )
     });
-    let fronts = match value("--fronts") {
+    let baseline = value("--baseline").map(std::path::PathBuf::from);
+    let mut fronts: Vec<FrontKind> = match value("--fronts") {
         None => FrontKind::ALL.to_vec(),
         Some(list) => list
             .split(',')
             .map(|n| {
-                FrontKind::ALL.into_iter().find(|k| k.name() == n).unwrap_or_else(|| {
-                    eprintln!("overhead: unknown front {n:?} (direct, sparkgate, nginx, smg, litellm)");
-                    std::process::exit(2)
-                })
+                FrontKind::ALL
+                    .into_iter()
+                    .chain([FrontKind::Baseline])
+                    .find(|k| k.name() == n)
+                    .unwrap_or_else(|| {
+                        eprintln!("overhead: unknown front {n:?} (direct, sparkgate, baseline, nginx, smg, litellm)");
+                        std::process::exit(2)
+                    })
             })
             .collect(),
     };
+    if baseline.is_some() && !fronts.contains(&FrontKind::Baseline) {
+        let at = fronts
+            .iter()
+            .position(|k| *k == FrontKind::Sparkgate)
+            .map_or(fronts.len(), |i| i + 1);
+        fronts.insert(at, FrontKind::Baseline);
+    }
     Options {
         peers: Peers {
             venv: format!("{peers_dir}/venv").into(),
             nginx: value("--nginx").unwrap_or_else(|| "/usr/sbin/nginx".into()).into(),
+            baseline,
         },
         fronts,
         seconds: number("--seconds", 5.0),
