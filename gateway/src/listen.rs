@@ -346,11 +346,14 @@ async fn connection(
             drive(conn, |c| c.graceful_shutdown(), &handoff, &mut stop).await
         }
         Protocol::H2c => {
-            let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                .timer(hyper_util::rt::TokioTimer::new())
-                .serve_connection(io, service);
-            tokio::pin!(conn);
-            drive(conn, |c| c.graceful_shutdown(), &handoff, &mut stop).await
+            // Boxed: inline, HTTP/2's larger connection state would be part of every
+            // connection task, HTTP/1.1 ones included (a task's state is its largest arm).
+            let mut conn = Box::pin(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .serve_connection(io, service),
+            );
+            drive(conn.as_mut(), |c| c.graceful_shutdown(), &handoff, &mut stop).await
         }
     };
     // The connection is dropped by now, and with it hyper's side of the socket, which hands it

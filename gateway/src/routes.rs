@@ -135,9 +135,13 @@ fn fits(pattern: &str, path: &str) -> bool {
     }
 }
 
-/// The upstream route a canonical path belongs to.
+/// The upstream route a canonical path belongs to: an exact path first (one string compare
+/// for chat, the table's first entry), then the patterns.
 pub(crate) fn lookup(path: &str) -> Option<&'static Route> {
-    ROUTES.iter().find(|r| fits(r.path, path))
+    ROUTES
+        .iter()
+        .find(|r| r.path == path)
+        .or_else(|| ROUTES.iter().find(|r| r.path.contains('{') && fits(r.path, path)))
 }
 
 impl Route {
@@ -164,6 +168,9 @@ pub(crate) struct Matched(pub(crate) Option<&'static Route>);
 
 fn rewrite(req: &mut hyper::Request<Incoming>) {
     let uri = req.uri();
+    if is_canonical(uri.path()) {
+        return;
+    }
     let Some(path) = canonical(uri.path()) else {
         // Undecodable: routed as a path no route has (404 envelope).
         *req.uri_mut() = axum::http::Uri::from_static("/%invalid-path");
@@ -210,6 +217,19 @@ fn percent_decode(path: &str) -> Option<String> {
     String::from_utf8(out).ok().filter(|s| !s.contains('\0'))
 }
 
+/// Whether `path` is already in canonical form (`canonical` would return it unchanged): no
+/// escape, no empty, `.` or `..` segment, no trailing slash. What nearly every client sends,
+/// so the common request is routed without rebuilding its path.
+fn is_canonical(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    if path == "/" {
+        return true;
+    }
+    !path.contains('%') && rest.split('/').all(|seg| !matches!(seg, "" | "." | ".."))
+}
+
 /// The canonical form of a request path, as uvicorn would route it and stricter: escapes
 /// decoded, empty and `.` segments dropped, `..` resolved (never above the root), no trailing
 /// slash. `None` for a path that cannot be decoded.
@@ -231,6 +251,36 @@ pub(crate) fn canonical(path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_taken_as_canonical_is_what_canonical_makes_of_it() {
+        for path in [
+            "/",
+            "/v1/chat/completions",
+            "/v1/responses/abc/cancel",
+            "/v1/chat/completions/",
+            "//v1",
+            "/v1/./x",
+            "/v1/..",
+            "/..",
+            "/.",
+            "/v1/%63hat",
+            "/v1/a.b/c..d",
+            "",
+            "v1/chat",
+        ] {
+            if is_canonical(path) {
+                assert_eq!(canonical(path).as_deref(), Some(path), "{path:?}");
+            } else {
+                assert_ne!(
+                    canonical(path).as_deref(),
+                    Some(path),
+                    "{path:?} is canonical after all"
+                );
+            }
+        }
+        assert!(is_canonical("/v1/chat/completions") && is_canonical("/v1/a.b/c..d"));
+    }
 
     #[test]
     fn every_spelling_of_a_path_is_one_canonical_path() {

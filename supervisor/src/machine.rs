@@ -475,3 +475,7 @@ impl Machine {
 #[cfg(test)]
 #[path = "machine_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "machine_runs.rs"]
+mod runs;

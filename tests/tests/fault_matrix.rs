@@ -1,7 +1,8 @@
 //! The fault matrix's representative subset, run in CI (`sparkgate_tests::faults`; the whole
 //! matrix is `target/debug/fault-matrix`): for each fault, under six client loops mixing
 //! every streaming API, nothing silently truncated, hung or lost, no 502 for a request that
-//! never reached a rank, no rank process left over, and the group serving again.
+//! never reached a rank, no rank process or container left over, and the group serving
+//! again — the SSH cut on a process rig and on a Docker rig.
 
 use sparkgate_tests::faults::{table, Fault, Rig};
 
@@ -25,6 +26,10 @@ fn each_fault_of_the_subset_loses_nothing_and_leaves_nothing() {
     drop(rig);
     let mut rig = Rig::over_ssh(&sparkgate, SIM);
     rows.push((Fault::SshCut, rig.run(Fault::SshCut, 6)));
+    drop(rig);
+    let mut rig = Rig::docker_over_ssh(&sparkgate, SIM);
+    rows.push((Fault::DockerSshCut, rig.run(Fault::DockerSshCut, 6)));
+    drop(rig);
     let t = table(&rows);
     for (fault, row) in &rows {
         assert!(row.clean(), "{}: {row:?}\n{t}", fault.name());

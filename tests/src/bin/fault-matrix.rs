@@ -19,6 +19,9 @@ fn run(rig: &mut Rig, faults: &[Fault], only: Option<&str>, loops: usize, rows: 
     }
 }
 
+/// How a rig of its own is made (`Rig::over_ssh`, `Rig::docker_over_ssh`).
+type RigFn = fn(&str, &str) -> Rig;
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let loops = sparkgate_tests::harness::flag_value(&args, "--loops").map_or(6, |v| v.parse().unwrap_or(6));
@@ -34,14 +37,16 @@ fn main() {
         loops,
         &mut rows,
     );
-    // The worker over SSH on a rig of its own: its session cut.
-    run(
-        &mut Rig::over_ssh(sparkgate, sim),
-        &[Fault::SshCut],
-        only.as_deref(),
-        loops,
-        &mut rows,
-    );
+    // The worker over SSH on rigs of their own (a process, a container): its session cut.
+    let ssh_rigs: [(RigFn, Fault); 2] = [
+        (Rig::over_ssh, Fault::SshCut),
+        (Rig::docker_over_ssh, Fault::DockerSshCut),
+    ];
+    for (rig, fault) in ssh_rigs {
+        if only.as_deref().is_none_or(|o| o.split(',').any(|n| n == fault.name())) {
+            run(&mut rig(sparkgate, sim), &[fault], None, loops, &mut rows);
+        }
+    }
     print!("{}", table(&rows));
     let dirty: Vec<&str> = rows.iter().filter(|(_, r)| !r.clean()).map(|(f, _)| f.name()).collect();
     if !dirty.is_empty() {

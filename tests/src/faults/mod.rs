@@ -2,7 +2,9 @@
 //! stream and Anthropic Messages stream run against the demo topology (`sparkgate serve`, two
 //! vllm-sim rank processes) while each fault is injected in turn; every request is classified
 //! (`client.rs`), and after each fault the group must be ready again with no rank process left
-//! over from an earlier epoch. `tests/tests/fault_matrix.rs` runs a subset; the `fault-matrix`
+//! over from an earlier epoch. The SSH faults run on rigs of their own: the worker rank as a
+//! process over SSH (`Rig::over_ssh`), and as a container on a Docker daemon reached over SSH
+//! (`Rig::docker_over_ssh`). `tests/tests/fault_matrix.rs` runs a subset; the `fault-matrix`
 //! binary runs them all and prints the table BENCHMARKS.md holds.
 
 pub mod client;
@@ -39,6 +41,9 @@ pub enum Fault {
     KillGateway,
     /// The worker rank runs over SSH (`Rig::over_ssh`); every SSH session is cut.
     SshCut,
+    /// The worker rank is a container on a daemon reached over SSH (`Rig::docker_over_ssh`);
+    /// every SSH session is cut.
+    DockerSshCut,
 }
 
 impl Fault {
@@ -76,6 +81,7 @@ impl Fault {
             Fault::SigintGroup => "SIGINT to the process group",
             Fault::KillGateway => "SIGKILL the gateway, start again",
             Fault::SshCut => "the worker's SSH session cut (process over SSH)",
+            Fault::DockerSshCut => "the worker's SSH session cut (docker over SSH)",
         }
     }
 
@@ -131,9 +137,23 @@ impl Row {
     }
 }
 
+/// How the rig's ranks run.
+#[derive(Debug)]
+enum Ranks {
+    Processes,
+    /// Containers labelled `sparkgate.group=<group>` (removed when the rig is dropped).
+    Containers {
+        group: String,
+    },
+}
+
 /// The demo topology with fixed ports, so a gateway started again is found where it was.
 #[derive(Debug)]
 pub struct Rig {
+    ranks: Ranks,
+    model: String,
+    /// Directories the rig's ranks use (the containers' model and HF directories).
+    dirs: Vec<tempfile::TempDir>,
     sparkgate: String,
     sim: String,
     logs: tempfile::TempDir,
@@ -147,7 +167,7 @@ pub struct Rig {
 
 impl Rig {
     pub fn start(sparkgate: &str, sim: &str) -> Rig {
-        Self::with(sparkgate, sim, None)
+        Self::with(sparkgate, sim, None, Vec::new())
     }
 
     /// The demo topology with the worker rank on 127.0.0.2 through a real sshd
@@ -158,10 +178,57 @@ impl Rig {
             .prefix("sgc")
             .tempdir_in("/tmp")
             .expect("control dir");
-        Self::with(sparkgate, sim, Some((sshd, control)))
+        Self::with(sparkgate, sim, Some((sshd, control)), Vec::new())
     }
 
-    fn with(sparkgate: &str, sim: &str, sshd: Option<(crate::hosts::Sshd, tempfile::TempDir)>) -> Rig {
+    /// RUNTIME=docker with the simulator image: the head container on this machine's daemon,
+    /// the worker's on the daemon of 127.0.0.2 reached through a real sshd (the same daemon,
+    /// forwarded over SSH).
+    pub fn docker_over_ssh(sparkgate: &str, sim: &str) -> Rig {
+        let sshd = crate::hosts::Sshd::start();
+        let control = tempfile::Builder::new()
+            .prefix("sgc")
+            .tempdir_in("/tmp")
+            .expect("control dir");
+        let model = format!("faults-{}", std::process::id());
+        let host_dir = tempfile::tempdir().expect("model dir");
+        let host = host_dir.path().to_owned();
+        let env = [
+            ("RUNTIME", "docker".to_owned()),
+            ("IMAGE", crate::hosts::sim_image(sim).to_owned()),
+            ("SERVED_MODEL_NAME", model.clone()),
+            ("CONTAINER_HEAD", format!("{model}-head")),
+            ("CONTAINER_WORKER", format!("{model}-worker")),
+            ("RANK_GPUS", "none".into()),
+            ("RANK_MEMLOCK_UNLIMITED", "0".into()),
+            ("RANK_DEVICES", String::new()),
+            ("CHAT_TEMPLATE_HOST", String::new()),
+            ("MODEL_HOST", host.join("model").display().to_string()),
+            ("HF_HOME", host.join("hf").display().to_string()),
+            ("SELF_CHECK_CMD", "vllm selfcheck".into()),
+            ("SKIP_DOWNLOAD", "1".into()),
+            ("SKIP_SYNC", "1".into()),
+            ("DSV41_DROP_PAGE_CACHE", "0".into()),
+            ("STOP_RANKS_ON_EXIT", "1".into()),
+        ];
+        let env = env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        let mut rig = Self::with(sparkgate, sim, Some((sshd, control)), env);
+        let group = format!("deepseek-v4.1-flash.{model}");
+        rig.ranks = Ranks::Containers { group: group.clone() };
+        rig.model = model;
+        rig.dirs.push(host_dir);
+        let s = rig.status();
+        assert_eq!(s["supervisor"]["runtime"], "docker", "{s}");
+        assert_eq!(group_containers(&group).len(), 2, "both ranks are containers: {s}");
+        rig
+    }
+
+    fn with(
+        sparkgate: &str,
+        sim: &str,
+        sshd: Option<(crate::hosts::Sshd, tempfile::TempDir)>,
+        extra: Vec<(String, String)>,
+    ) -> Rig {
         let (port, vllm, master) = (free_port(), free_port(), free_port());
         let env = [
             ("PORT", port.to_string()),
@@ -177,7 +244,11 @@ impl Rig {
         if let Some((sshd, control)) = &sshd {
             env.extend(sshd.worker_env(control.path()));
         }
+        env.extend(extra);
         let mut rig = Rig {
+            ranks: Ranks::Processes,
+            model: MODEL.to_owned(),
+            dirs: Vec::new(),
             sparkgate: sparkgate.to_owned(),
             sim: sim.to_owned(),
             logs: tempfile::tempdir().expect("log dir"),
@@ -237,14 +308,36 @@ impl Rig {
             .unwrap_or(0) as u32
     }
 
-    /// Rank processes of this group that the status does not list: left over from an earlier
-    /// epoch or gateway.
-    pub fn orphans(&self) -> Vec<u32> {
-        let listed = [self.rank_pid(0), self.rank_pid(1)];
-        crate::hosts::processes_with(&format!("--master-port {}", self.master_port))
-            .into_iter()
-            .filter(|p| !listed.contains(p))
-            .collect()
+    /// Ranks of this group that the status does not list: processes or containers left over
+    /// from an earlier epoch or gateway.
+    pub fn orphans(&self) -> Vec<String> {
+        match &self.ranks {
+            Ranks::Processes => {
+                let listed = [self.rank_pid(0), self.rank_pid(1)];
+                crate::hosts::processes_with(&format!("--master-port {}", self.master_port))
+                    .into_iter()
+                    .filter(|p| !listed.contains(p))
+                    .map(|p| p.to_string())
+                    .collect()
+            }
+            Ranks::Containers { group } => {
+                let s = self.status();
+                let listed: Vec<String> = s["supervisor"]["ranks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r["container"].as_str().map(str::to_owned))
+                    .collect();
+                group_containers(group)
+                    .into_iter()
+                    .filter(|id| {
+                        !listed
+                            .iter()
+                            .any(|l| id.starts_with(l.as_str()) || l.starts_with(id.as_str()))
+                    })
+                    .collect()
+            }
+        }
     }
 
     fn post(&self, path: &str, body: &Value) -> u16 {
@@ -288,7 +381,7 @@ impl Rig {
                 assert_eq!(self.post("/admin/spec", &json!({"mode": "dspark"})), 202);
                 self.wait_mode("dspark");
             }
-            Fault::SshCut => {
+            Fault::SshCut | Fault::DockerSshCut => {
                 let epoch = self.status()["supervisor"]["epoch"].clone();
                 let (sshd, _) = self.sshd.as_mut().expect("a rig over SSH");
                 sshd.cut();
@@ -330,12 +423,13 @@ impl Rig {
         let clients: Vec<_> = (0..loops)
             .map(|i| {
                 let (stop, outcomes, addr) = (stop.clone(), outcomes.clone(), self.addr.clone());
+                let model = self.model.clone();
                 std::thread::spawn(move || {
                     let mut n = i;
                     while !stop.load(Ordering::SeqCst) {
                         let kind = Kind::ALL[n % Kind::ALL.len()];
                         let at = *addr.read().expect("addr");
-                        let outcome = client::exchange(at, kind, MODEL, max_tokens, Duration::from_secs(90));
+                        let outcome = client::exchange(at, kind, &model, max_tokens, Duration::from_secs(90));
                         // Clients back off when told to come back (503/429 carry Retry-After;
                         // capped so the loops see the recovery) or when nothing listens.
                         match &outcome {
@@ -407,6 +501,33 @@ impl Rig {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        // The gateway first (its Proc ends it), then whatever containers it left.
+        self.gateway = None;
+        if let Ranks::Containers { group } = &self.ranks {
+            for id in group_containers(group) {
+                let _ = std::process::Command::new("docker").args(["rm", "-f", &id]).output();
+            }
+        }
+    }
+}
+
+/// Ids of the containers labelled `sparkgate.group=<group>`.
+fn group_containers(group: &str) -> Vec<String> {
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--no-trunc",
+            "--filter",
+            &format!("label=sparkgate.group={group}"),
+        ])
+        .output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).lines().map(str::to_owned).collect())
+        .unwrap_or_default()
 }
 
 fn signal(target: &str, sig: &str) {
