@@ -27,6 +27,9 @@ pub struct LoadOptions {
     pub overrides: BTreeMap<String, String>,
     /// The process environment.
     pub process_env: BTreeMap<String, String>,
+    /// The demo's settings (`sparkgate demo`), below the env file: what it runs unless the
+    /// environment, the env file or a flag says otherwise.
+    pub demo: BTreeMap<String, String>,
     /// Where a default `.env` is looked for and relative paths resolve.
     pub working_dir: PathBuf,
 }
@@ -38,6 +41,7 @@ impl LoadOptions {
             env_file,
             profile,
             overrides: BTreeMap::new(),
+            demo: BTreeMap::new(),
             process_env: std::env::vars_os()
                 .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
                 .collect(),
@@ -437,6 +441,7 @@ impl Config {
             command_line: &command_line,
             process: &options.process_env,
             dotenv: dotenv.as_ref(),
+            demo: &options.demo,
             deploy_dir: deploy_dir.display().to_string(),
         };
         crate::build::build(layers, env_file)

@@ -3,7 +3,7 @@
 //! The reference launchers' variable names are kept so a seed `.env` is a drop-in. Defaults are
 //! the launcher's effective value (its script default, or its `.env.example` value where the
 //! launcher copies that file into place on first start), except where a seed guide states a newer
-//! value; those choices are marked "guide:" in the documentation string and listed in README.
+//! value; those choices are marked "guide:" in the documentation string and listed in docs/configuration.md.
 
 use Def::{Derived as D, Unused as NA, Value as V};
 
@@ -206,7 +206,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("DFLASH_DRAFT_TP", Speculation, NA, V("1"), "`draft_tensor_parallel_size`; empty inherits TP. guide: 1 (launcher 2)."),
     k("MTP_TOKENS", Speculation, NA, V("2"), "MTP draft tokens, 0..8; 0 runs without a speculative config."),
     k("SPEC_POLICY", Speculation, V("fixed"), V("fixed"),
-      "fixed: keep SPEC_METHOD; auto: restart into the mode whose throughput table serves the demand width best, when the expected gain outweighs the restart (see README)."),
+      "fixed: keep SPEC_METHOD; auto: restart into the mode whose throughput table serves the demand width best, when the expected gain outweighs the restart (see docs/configuration.md)."),
     k("SPEC_RESTART_S", Speculation, V("300"), V("300"), "Seconds a mode switch costs (drain + reload + ready) as the auto policy prices it."),
     k("SPEC_MIN_DWELL_S", Speculation, V("600"), V("600"), "Minimum seconds between two automatic switches."),
     k("SPEC_HOLD_S", Speculation, V("60"), V("60"), "Seconds another mode must stay best before auto considers switching to it."),

@@ -1,4 +1,4 @@
-//! Text renderings of the knob table: the README's configuration reference and the
+//! Text renderings of the knob table: docs/configuration.md's reference and the
 //! `sparkgate config` listing.
 
 use std::fmt::Write as _;
@@ -15,7 +15,7 @@ fn cell(def: Def) -> String {
     }
 }
 
-/// The configuration reference in Markdown, generated from the knob table. README.md embeds it
+/// The configuration reference in Markdown, generated from the knob table. docs/configuration.md embeds it
 /// between markers and a test keeps the two equal.
 pub fn reference_markdown() -> String {
     let mut out = String::new();
@@ -25,7 +25,7 @@ pub fn reference_markdown() -> String {
             group = Some(k.group);
             let _ = write!(
                 out,
-                "\n#### {}\n\n| Variable | deepseek-v4.1-flash | glm-5.3-flash | Meaning |\n|---|---|---|---|\n",
+                "\n### {}\n\n| Variable | deepseek-v4.1-flash | glm-5.3-flash | Meaning |\n|---|---|---|---|\n",
                 k.group.title()
             );
         }

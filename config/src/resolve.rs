@@ -1,4 +1,5 @@
-//! Layering: command line > process environment > `.env` > profile default, per variable.
+//! Layering: command line > process environment > `.env` > the demo's defaults > profile
+//! default, per variable.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -24,6 +25,7 @@ pub(crate) struct Layers<'a> {
     pub(crate) command_line: &'a BTreeMap<String, String>,
     pub(crate) process: &'a BTreeMap<String, String>,
     pub(crate) dotenv: Option<&'a DotEnv>,
+    pub(crate) demo: &'a BTreeMap<String, String>,
     pub(crate) deploy_dir: String,
 }
 
@@ -51,18 +53,27 @@ impl Layers<'_> {
                 });
             }
         }
-        let dotenv = self.dotenv?;
-        names
-            .filter_map(|name| dotenv.find(name).map(|a| (name, a)))
-            .max_by_key(|(_, a)| a.line)
-            .map(|(name, a)| Resolved {
-                value: a.value.clone(),
-                source: Source::EnvFile {
-                    path: dotenv.path.clone(),
-                    line: a.line,
-                },
-                alias: alias_of(name),
+        let from_file = self.dotenv.and_then(|dotenv| {
+            names
+                .clone()
+                .filter_map(|name| dotenv.find(name).map(|a| (name, a)))
+                .max_by_key(|(_, a)| a.line)
+                .map(|(name, a)| Resolved {
+                    value: a.value.clone(),
+                    source: Source::EnvFile {
+                        path: dotenv.path.clone(),
+                        line: a.line,
+                    },
+                    alias: alias_of(name),
+                })
+        });
+        from_file.or_else(|| {
+            self.demo.get(knob.name).map(|v| Resolved {
+                value: v.clone(),
+                source: Source::Demo,
+                alias: None,
             })
+        })
     }
 
     fn host(&self, name: &str, fallback: &str) -> String {

@@ -1,7 +1,9 @@
 //! Edge layers, outermost first (the order `server::router` installs them):
 //! 1. request id — `X-Request-Id` accepted (printable, ≤128 bytes) or generated, stored for the
 //!    handlers (which forward it upstream) and echoed on the response;
-//! 2. access log — one structured line per response (method, path, status, latency, id);
+//! 2. access log — one structured line per response (method, path, status, duration, id):
+//!    polls (health, readiness, metrics, status) at DEBUG; generations skip it, since each
+//!    gets one INFO line with tokens and TTFT when it ends (`observe::generation_done`);
 //! 3. authentication — API keys (bearer or `x-api-key`) on every upstream route that reaches the
 //!    model or its tokenizer and on `/metrics` unless METRICS_PUBLIC (when `API_KEYS` is set),
 //!    the admin token on `/admin/*` (loopback peers only when no token is set); constant-time
@@ -64,7 +66,36 @@ pub(crate) async fn request_id(mut req: Request, next: Next) -> Response {
     resp
 }
 
+/// How loud a request's access-log line is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loudness {
+    /// A generation: its one line is written when it ends (`observe::generation_done`).
+    Generation,
+    /// What monitors and `sparkgate` poll (health, readiness, metrics, status): DEBUG.
+    Poll,
+    Info,
+}
+
+fn loudness(req: &Request) -> Loudness {
+    if matched(req).is_some_and(|r| matches!(r.role, crate::routes::Role::Generate(_))) {
+        return Loudness::Generation;
+    }
+    let polled = matches!(
+        req.uri().path(),
+        "/health" | "/ready" | "/metrics" | "/admin/status" | "/ping" | "/version" | "/load"
+    ) || (req.uri().path() == "/admin/spec" && req.method() == axum::http::Method::GET);
+    if polled {
+        Loudness::Poll
+    } else {
+        Loudness::Info
+    }
+}
+
 pub(crate) async fn access_log(req: Request, next: Next) -> Response {
+    let loudness = loudness(&req);
+    if loudness == Loudness::Generation {
+        return next.run(req).await;
+    }
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
@@ -75,15 +106,12 @@ pub(crate) async fn access_log(req: Request, next: Next) -> Response {
         .unwrap_or_default();
     let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     let resp = next.run(req).await;
-    tracing::info!(
-        request_id = %id,
-        %method,
-        path,
-        status = resp.status().as_u16(),
-        latency_ms = started.elapsed().as_secs_f64() * 1e3,
-        peer = peer.map(tracing::field::display),
-        "request"
-    );
+    let (status, duration_ms) = (resp.status().as_u16(), crate::observe::ms(started.elapsed()));
+    let peer = peer.map(tracing::field::display);
+    match loudness {
+        Loudness::Poll => tracing::debug!(request_id = %id, %method, path, status, duration_ms, peer, "request"),
+        _ => tracing::info!(request_id = %id, %method, path, status, duration_ms, peer, "request"),
+    }
     resp
 }
 

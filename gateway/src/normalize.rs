@@ -59,6 +59,8 @@ pub(crate) struct Normalized {
     /// The gateway added `stream_options.include_usage` for its own accounting; the usage chunk
     /// must not reach the client.
     pub(crate) usage_injected: bool,
+    /// The model name as the client sent it (for the log line).
+    pub(crate) model: Option<String>,
 }
 
 /// What the profile's template accepts, resolved once from the configuration.
@@ -105,6 +107,7 @@ impl Normalizer {
     pub(crate) fn normalize(&self, api: Api, mut body: Map<String, Value>) -> Result<Normalized, GatewayError> {
         let api = api.for_body(body.contains_key("messages"));
         let extra_body_repaired = flatten_extra_body(&mut body)?;
+        let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
         self.resolve_model(&mut body)?;
         let effort_mapping = match api {
             Api::Chat => self.chat_effort(&mut body)?,
@@ -159,6 +162,7 @@ impl Normalizer {
             extra_body_repaired,
             effort_mapping,
             usage_injected,
+            model,
         })
     }
 

@@ -109,27 +109,81 @@ pub fn init_logging(json: bool) -> crate::logwriter::LogGuard {
     guard
 }
 
-/// Generated tokens in a usage object, under either API's name (`completion_tokens` for chat and
-/// completions, `output_tokens` for Responses and Anthropic): the one reader of upstream usage,
-/// for streamed and complete answers alike.
-pub(crate) fn output_tokens(usage: &serde_json::Value) -> Option<u64> {
-    usage
-        .get("completion_tokens")
-        .or_else(|| usage.get("output_tokens"))
-        .and_then(serde_json::Value::as_u64)
+/// Token counts of a usage object, under either API's names (`prompt_tokens` /
+/// `completion_tokens` for chat and completions, `input_tokens` / `output_tokens` for Responses
+/// and Anthropic): the one reader of upstream usage, for streamed and complete answers alike.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    pub(crate) prompt: Option<u64>,
+    pub(crate) completion: Option<u64>,
 }
 
-/// `output_tokens` of a complete JSON answer's `usage`.
-pub(crate) fn body_output_tokens(body: &[u8]) -> Option<u64> {
-    #[derive(serde::Deserialize)]
-    struct WithUsage {
-        usage: Option<serde_json::Value>,
+impl Usage {
+    pub(crate) fn of(usage: &serde_json::Value) -> Usage {
+        let count = |a: &str, b: &str| {
+            usage
+                .get(a)
+                .or_else(|| usage.get(b))
+                .and_then(serde_json::Value::as_u64)
+        };
+        Usage {
+            prompt: count("prompt_tokens", "input_tokens"),
+            completion: count("completion_tokens", "output_tokens"),
+        }
     }
-    serde_json::from_slice::<WithUsage>(body)
-        .ok()?
-        .usage
-        .as_ref()
-        .and_then(output_tokens)
+
+    /// `newer`'s counts where it has them (Anthropic sends input tokens first, output last).
+    pub(crate) fn update(&mut self, newer: Usage) {
+        self.prompt = newer.prompt.or(self.prompt);
+        self.completion = newer.completion.or(self.completion);
+    }
+
+    /// The `usage` of a complete JSON answer.
+    pub(crate) fn of_body(body: &[u8]) -> Usage {
+        #[derive(serde::Deserialize)]
+        struct WithUsage {
+            usage: Option<serde_json::Value>,
+        }
+        serde_json::from_slice::<WithUsage>(body)
+            .ok()
+            .and_then(|w| w.usage)
+            .map_or_else(Usage::default, |u| Usage::of(&u))
+    }
+}
+
+/// Milliseconds to a tenth: what a log line needs, without float noise.
+pub(crate) fn ms(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e4).round() / 10.0
+}
+
+/// A generation request as it ended: the one INFO line it gets (streams when their last byte
+/// went out or the client left).
+#[derive(Debug)]
+pub(crate) struct Finished<'a> {
+    pub(crate) request_id: &'a str,
+    pub(crate) route: &'static str,
+    pub(crate) status: u16,
+    /// The model name as the client sent it.
+    pub(crate) model: Option<&'a str>,
+    pub(crate) usage: Usage,
+    pub(crate) ttft: Option<std::time::Duration>,
+    pub(crate) duration: std::time::Duration,
+    pub(crate) outcome: &'static str,
+}
+
+pub(crate) fn generation_done(f: &Finished<'_>) {
+    tracing::info!(
+        request_id = %f.request_id,
+        route = f.route,
+        status = f.status,
+        model = f.model,
+        prompt_tokens = f.usage.prompt,
+        completion_tokens = f.usage.completion,
+        ttft_ms = f.ttft.map(ms),
+        duration_ms = ms(f.duration),
+        outcome = f.outcome,
+        "generation"
+    );
 }
 
 #[cfg(test)]
@@ -138,18 +192,24 @@ mod usage_tests {
 
     #[test]
     fn both_apis_usage_names_are_read() {
+        let chat = Usage::of(&serde_json::json!({"completion_tokens": 7, "prompt_tokens": 3}));
+        assert_eq!((chat.prompt, chat.completion), (Some(3), Some(7)));
+        let anthropic = Usage::of(&serde_json::json!({"output_tokens": 9, "input_tokens": 2}));
+        assert_eq!((anthropic.prompt, anthropic.completion), (Some(2), Some(9)));
         assert_eq!(
-            output_tokens(&serde_json::json!({"completion_tokens": 7, "prompt_tokens": 3})),
-            Some(7)
-        );
-        assert_eq!(
-            output_tokens(&serde_json::json!({"output_tokens": 9, "input_tokens": 3})),
-            Some(9)
-        );
-        assert_eq!(
-            body_output_tokens(br#"{"id":"x","usage":{"output_tokens":4}}"#),
+            Usage::of_body(br#"{"id":"x","usage":{"output_tokens":4}}"#).completion,
             Some(4)
         );
-        assert_eq!(body_output_tokens(br#"{"id":"x"}"#), None);
+        assert_eq!(Usage::of_body(br#"{"id":"x"}"#), Usage::default());
+        let mut started = Usage::of(&serde_json::json!({"input_tokens": 5, "output_tokens": 1}));
+        started.update(Usage::of(&serde_json::json!({"output_tokens": 12})));
+        assert_eq!((started.prompt, started.completion), (Some(5), Some(12)));
+    }
+
+    #[test]
+    fn durations_print_to_a_tenth_of_a_millisecond() {
+        assert_eq!(ms(std::time::Duration::from_nanos(42_178_999)), 42.2);
+        assert_eq!(ms(std::time::Duration::from_micros(42)), 0.0);
+        assert_eq!(ms(std::time::Duration::from_secs(3)), 3000.0);
     }
 }

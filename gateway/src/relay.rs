@@ -32,6 +32,8 @@ pub(crate) struct RelayCtx {
     pub(crate) control: GatewayControl,
     pub(crate) request_id: String,
     pub(crate) route: &'static str,
+    /// The model name as the client sent it (for the log line).
+    pub(crate) model: Option<String>,
     pub(crate) drain_timeout: Duration,
 }
 
@@ -51,7 +53,7 @@ struct Relay {
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// The inter-token histogram, looked up once per stream rather than per token.
     itl: metrics::Histogram,
-    tokens: Option<u64>,
+    usage: observe::Usage,
     /// The gateway's shutdown: at `Closing` the stream ends with the route's error.
     closing: tokio::sync::watch::Receiver<Lifecycle>,
     saw_done: bool,
@@ -126,7 +128,7 @@ impl Relay {
         }
         if contains(payload, b"\"choices\":[]") && contains(payload, b"\"usage\":") {
             let v: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
-            self.tokens = observe::output_tokens(&v["usage"]).or(self.tokens);
+            self.usage.update(observe::Usage::of(&v["usage"]));
             if self.ctx.usage_injected {
                 let fingerprint = v.get("system_fingerprint").cloned().unwrap_or(Value::Null);
                 for mut h in std::mem::take(&mut self.held) {
@@ -157,9 +159,11 @@ impl Relay {
                 .unwrap_or(Value::Null)
         };
         if contains(event, b"event: response.completed") || contains(event, b"event: response.incomplete") {
-            self.tokens = observe::output_tokens(&data()["response"]["usage"]).or(self.tokens);
+            self.usage.update(observe::Usage::of(&data()["response"]["usage"]));
+        } else if contains(event, b"event: message_start") {
+            self.usage.update(observe::Usage::of(&data()["message"]["usage"]));
         } else if contains(event, b"event: message_delta") {
-            self.tokens = observe::output_tokens(&data()["usage"]).or(self.tokens);
+            self.usage.update(observe::Usage::of(&data()["usage"]));
         } else if contains(event, b"event: message_stop") {
             self.saw_done = true;
         } else if event.starts_with(b"event: error") {
@@ -241,18 +245,19 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         let outcome = if self.done { self.outcome } else { "client_disconnected" };
-        if let Some(t) = self.tokens {
+        if let Some(t) = self.usage.completion {
             self.ctx.control.count_tokens(&self.ctx.mode, t);
         }
-        tracing::info!(
-            request_id = %self.ctx.request_id,
-            route = self.ctx.route,
+        observe::generation_done(&observe::Finished {
+            request_id: &self.ctx.request_id,
+            route: self.ctx.route,
+            status: 200,
+            model: self.ctx.model.as_deref(),
+            usage: self.usage,
+            ttft: self.first_at.map(|f| f.duration_since(self.ctx.started)),
+            duration: self.ctx.started.elapsed(),
             outcome,
-            tokens = self.tokens,
-            ttft_ms = self.first_at.map(|f| f.duration_since(self.ctx.started).as_millis() as u64),
-            duration_ms = self.ctx.started.elapsed().as_millis() as u64,
-            "stream finished"
-        );
+        });
     }
 }
 
@@ -273,7 +278,7 @@ pub(crate) fn relay(
         closing: ctx.control.lifecycle(),
         ctx,
         first_at: None,
-        tokens: None,
+        usage: observe::Usage::default(),
         saw_done: false,
         done: false,
         outcome: "completed",

@@ -215,14 +215,50 @@ async fn generate(
     let started = Instant::now();
     let label = route.label;
     let result = generate_inner(&app, &id.0, headers, body, api, route, started).await;
-    let resp = result.unwrap_or_else(|e| {
-        if let Some(reason) = e.rejection_reason() {
-            counter!(observe::REJECTIONS, "reason" => reason).increment(1);
+    let (resp, whole) = match result {
+        // A stream's line is written by the relay when the stream ends.
+        Ok(Reply::Stream(resp)) => (resp, None),
+        Ok(Reply::Whole { resp, usage, model }) => {
+            let outcome = if resp.status().is_success() {
+                "completed"
+            } else {
+                "upstream_error"
+            };
+            (resp, Some((usage, model, outcome)))
         }
-        e.render(route.family)
-    });
+        Err(e) => {
+            if let Some(reason) = e.rejection_reason() {
+                counter!(observe::REJECTIONS, "reason" => reason).increment(1);
+            }
+            let outcome = e.rejection_reason().unwrap_or_else(|| e.stream_outcome());
+            (e.render(route.family), Some((observe::Usage::default(), None, outcome)))
+        }
+    };
+    if let Some((usage, model, outcome)) = whole {
+        observe::generation_done(&observe::Finished {
+            request_id: &id.0,
+            route: label,
+            status: resp.status().as_u16(),
+            model: model.as_deref(),
+            usage,
+            ttft: None,
+            duration: started.elapsed(),
+            outcome,
+        });
+    }
     observe::request_done(label, resp.status().as_u16(), started.elapsed().as_secs_f64());
     resp
+}
+
+/// What a generation answered: a stream (the relay writes its log line when it ends), or a
+/// whole body with its usage.
+enum Reply {
+    Stream(Response),
+    Whole {
+        resp: Response,
+        usage: observe::Usage,
+        model: Option<String>,
+    },
 }
 
 async fn generate_inner(
@@ -233,7 +269,7 @@ async fn generate_inner(
     api: Api,
     route: &'static Route,
     started: Instant,
-) -> Result<Response, GatewayError> {
+) -> Result<Reply, GatewayError> {
     check_content_type(&headers)?;
     let bytes = read_body(body, app.max_body).await?;
     let Prepared { norm, forward } = crate::body::prepare(&app.normalizer, api, bytes).await?;
@@ -307,12 +343,14 @@ async fn generate_inner(
             control: app.control.clone(),
             request_id: request_id.to_owned(),
             route: route.label,
+            model: norm.model.clone(),
             drain_timeout: app.drain_timeout,
         };
         let events = Body::from_stream(relay(upstream.into_body(), ctx));
-        return Ok(head
-            .body(Body::new(HoldPermit::new(events, permit)))
-            .expect("valid response parts"));
+        return Ok(Reply::Stream(
+            head.body(Body::new(HoldPermit::new(events, permit)))
+                .expect("valid response parts"),
+        ));
     }
     // Non-streaming (or an upstream error before streaming): the body is complete upstream
     // work; read it within the request timeout, count its tokens, pass the bytes through.
@@ -336,13 +374,16 @@ async fn generate_inner(
         }
         Ok(Ok(c)) => c.to_bytes(),
     };
-    if status.is_success() {
-        if let Some(t) = observe::body_output_tokens(&bytes) {
-            app.control.count_tokens(&app.control.mode(), t);
-        }
+    let usage = observe::Usage::of_body(&bytes);
+    if let (true, Some(t)) = (status.is_success(), usage.completion) {
+        app.control.count_tokens(&app.control.mode(), t);
     }
     let body = HoldPermit::new(http_body_util::Full::new(bytes), permit);
-    Ok(head.body(Body::new(body)).expect("valid response parts"))
+    Ok(Reply::Whole {
+        resp: head.body(Body::new(body)).expect("valid response parts"),
+        usage,
+        model: norm.model,
+    })
 }
 
 /// `/tokenize`, `/detokenize`: the model is resolved like a generation's; no admission.

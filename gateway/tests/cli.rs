@@ -140,13 +140,14 @@ fn readme_configuration_reference_matches_the_code() {
     let out = sparkgate(dir.path(), &["config", "--reference"], &[]);
     assert!(out.status.success());
     let generated = text(&out.stdout);
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README.md");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md"))
+        .expect("docs/configuration.md");
     let start =
         readme.find("<!-- config-reference:start -->").expect("start marker") + "<!-- config-reference:start -->".len();
     let end = readme.find("<!-- config-reference:end -->").expect("end marker");
     assert_eq!(
         readme[start..end].trim(),
         generated.trim(),
-        "README's configuration reference is stale: regenerate it with `sparkgate config --reference`"
+        "docs/configuration.md's reference is stale: regenerate it with `sparkgate config --reference`"
     );
 }

@@ -119,6 +119,7 @@ mod tests {
             env_file: None,
             profile: Some(profile.into()),
             overrides,
+            demo: Default::default(),
             process_env: BTreeMap::from([("HOME".to_owned(), "/home/op".to_owned())]),
             working_dir: "/srv/dsv41".into(),
         })

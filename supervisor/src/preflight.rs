@@ -107,7 +107,7 @@ pub(crate) fn check(config: &Config) -> Result<(), SupervisorError> {
             ));
         }
     } else {
-        tracing::info!(hca = %nic.hca, "no InfiniBand device on this machine; RoCE GID check skipped");
+        tracing::debug!(hca = %nic.hca, "no InfiniBand device on this machine; RoCE GID check skipped");
     }
     Ok(())
 }

@@ -66,6 +66,7 @@ pub fn test_config(profile: ProfileId, extra: &[(&str, &str)]) -> Config {
         env_file: None,
         profile: Some(profile.as_str().into()),
         overrides: Default::default(),
+        demo: Default::default(),
         process_env: env,
         working_dir: dir.path().into(),
     })

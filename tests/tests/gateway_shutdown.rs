@@ -109,7 +109,7 @@ fn sigterm_answers_the_queue_at_once_and_ends_what_outlives_the_drain_with_an_er
     let log = gw.proc.log().join("\n");
     assert_eq!(
         log.matches("outcome=\"drain_timeout\"").count() + log.matches("outcome=drain_timeout").count(),
-        2,
+        3,
         "{log}"
     );
     assert!(

@@ -44,6 +44,7 @@ impl Fixture {
             env_file: self.env_file.clone(),
             profile: None,
             overrides: Default::default(),
+            demo: Default::default(),
             process_env: self.process.clone(),
             working_dir: self.dir.path().to_path_buf(),
         }

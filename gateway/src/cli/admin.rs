@@ -12,48 +12,78 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use sparkgate_config::Config;
 
+use super::wait::{Goal, WaitArgs};
+
 /// Which gateway to talk to.
 #[derive(Debug, Args)]
 pub struct Target {
-    /// The gateway's base URL [default: http://127.0.0.1:PORT].
+    /// The gateway's base URL [default: http://127.0.0.1:PORT, PORT from the environment or
+    /// the env file]. With --url no serving configuration is needed.
     #[arg(long, value_name = "URL")]
-    url: Option<String>,
+    pub(super) url: Option<String>,
 }
 
-fn base(config: &Config, target: &Target) -> String {
-    target
-        .url
-        .clone()
-        .unwrap_or_else(|| format!("http://127.0.0.1:{}", config.ports.public))
-        .trim_end_matches('/')
-        .to_owned()
+/// Where the gateway is and the admin token it wants.
+#[derive(Debug, Clone)]
+pub(super) struct Endpoint {
+    base: String,
+    token: Option<String>,
+    /// How the address was chosen, for the error when nothing answers there.
+    from: &'static str,
+}
+
+impl Endpoint {
+    pub(super) fn of(config: &Config, target: &Target) -> Endpoint {
+        let (base, from) = match &target.url {
+            Some(url) => (url.clone(), "--url"),
+            None => (format!("http://127.0.0.1:{}", config.ports.public), "PORT"),
+        };
+        Endpoint {
+            base: base.trim_end_matches('/').to_owned(),
+            token: config.secrets.admin_token.as_ref().map(|t| t.expose().to_owned()),
+            from,
+        }
+    }
+
+    /// `--url` given: no serving configuration is loaded; ADMIN_TOKEN comes from the
+    /// environment.
+    pub(super) fn from_url(url: &str) -> Endpoint {
+        Endpoint {
+            base: url.trim_end_matches('/').to_owned(),
+            token: std::env::var("ADMIN_TOKEN").ok().filter(|t| !t.is_empty()),
+            from: "--url",
+        }
+    }
 }
 
 /// Sends one admin request; streams the body to stdout when `stream` is set.
-fn call(
-    config: &Config,
-    target: &Target,
-    method: &str,
-    path: &str,
-    body: Bytes,
-    stream: bool,
-) -> anyhow::Result<(u16, Vec<u8>)> {
-    let url = format!("{}{path}", base(config, target));
+fn call(ep: &Endpoint, method: &str, path: &str, body: Bytes, stream: bool) -> anyhow::Result<(u16, Vec<u8>)> {
+    let url = format!("{}{path}", ep.base);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         let client: Client<HttpConnector, Full<Bytes>> =
             Client::builder(TokioExecutor::new()).build(HttpConnector::new());
         let mut req = hyper::Request::builder().method(method).uri(&url);
-        if let Some(t) = &config.secrets.admin_token {
-            req = req.header("authorization", format!("Bearer {}", t.expose()));
+        if let Some(t) = &ep.token {
+            req = req.header("authorization", format!("Bearer {t}"));
         }
         if !body.is_empty() {
             req = req.header("content-type", "application/json");
         }
-        let resp = client
-            .request(req.body(Full::new(body))?)
-            .await
-            .map_err(|e| anyhow::anyhow!("no sparkgate answers at {url} ({e}); is `sparkgate serve` running?"))?;
+        let resp = client.request(req.body(Full::new(body))?).await.map_err(|e| {
+            let why = if e.is_connect() {
+                "nothing is listening there"
+            } else {
+                "the connection failed"
+            };
+            let fix = match ep.from {
+                "--url" => "check the URL given with --url",
+                _ => {
+                    "start it with `sparkgate serve` (or `sparkgate demo`), or point at it: set PORT or pass --url URL"
+                }
+            };
+            anyhow::anyhow!("no sparkgate answers at {} ({why}); {fix}", ep.base)
+        })?;
         let status = resp.status().as_u16();
         let mut body = resp.into_body();
         let mut all = Vec::new();
@@ -72,116 +102,222 @@ fn call(
     })
 }
 
-fn report(status: u16, body: &[u8]) -> ExitCode {
-    let text = String::from_utf8_lossy(body);
-    if status < 300 {
-        println!("{}", text.trim_end());
-        ExitCode::SUCCESS
-    } else {
-        let message = serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| text.into_owned());
-        eprintln!("sparkgate: {status}: {message}");
-        ExitCode::FAILURE
+/// A refusal in words: the gateway's message, then the status for the record.
+fn refusal(status: u16, body: &[u8]) -> String {
+    let message = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned());
+    let hint = match status {
+        401 => "; set ADMIN_TOKEN to the gateway's admin token",
+        403 => "; set ADMIN_TOKEN (without one the gateway answers only loopback clients)",
+        _ => "",
+    };
+    format!("{message}{hint} (HTTP {status})")
+}
+
+fn get_json(ep: &Endpoint, path: &str) -> anyhow::Result<serde_json::Value> {
+    let (status, body) = call(ep, "GET", path, Bytes::new(), false)?;
+    anyhow::ensure!(status < 300, "{}", refusal(status, &body));
+    Ok(serde_json::from_slice(&body)?)
+}
+
+/// A command that changes the group.
+#[derive(Debug, Clone)]
+pub(super) enum Change {
+    Restart { force: bool },
+    Stop,
+    Start,
+    Spec { mode: String, force: bool },
+}
+
+/// Sends `change`, then (unless `--no-wait`) waits for its outcome, showing the phases.
+pub(super) fn change(ep: &Endpoint, change: Change, wait: &WaitArgs) -> anyhow::Result<ExitCode> {
+    let before = get_json(ep, "/admin/status")?;
+    let epoch = before["supervisor"]["epoch"].as_u64().unwrap_or(0);
+    let force = |f: bool| if f { "?force=1" } else { "" };
+    let (path, body, goal) = match &change {
+        Change::Restart { force: f } => (
+            format!("/admin/restart{}", force(*f)),
+            Bytes::new(),
+            Goal::Ready { after: epoch },
+        ),
+        Change::Stop => ("/admin/stop".to_owned(), Bytes::new(), Goal::Stopped),
+        Change::Start => ("/admin/start".to_owned(), Bytes::new(), Goal::Ready { after: epoch }),
+        Change::Spec { mode, force: f } => (
+            format!("/admin/spec{}", force(*f)),
+            Bytes::from(serde_json::json!({ "mode": mode }).to_string()),
+            Goal::Mode {
+                mode: mode.clone(),
+                after: epoch,
+            },
+        ),
+    };
+    let (status, answer) = call(ep, "POST", &path, body, false)?;
+    if status >= 300 {
+        eprintln!("sparkgate: {}", refusal(status, &answer));
+        return Ok(ExitCode::FAILURE);
     }
-}
-
-pub(super) fn post(config: &Config, target: &Target, path: &str) -> anyhow::Result<ExitCode> {
-    let (status, body) = call(config, target, "POST", path, Bytes::new(), false)?;
-    Ok(report(status, &body))
-}
-
-/// `sparkgate spec`: the active mode and the profile's modes; `sparkgate spec MODE`: drain, then
-/// restart into MODE.
-pub(super) fn spec(config: &Config, target: &Target, mode: Option<&str>, force: bool) -> anyhow::Result<ExitCode> {
-    let Some(mode) = mode else {
-        let (status, body) = call(config, target, "GET", "/admin/spec", Bytes::new(), false)?;
-        if status >= 300 {
-            return Ok(report(status, &body));
-        }
-        let v: serde_json::Value = serde_json::from_slice(&body)?;
-        println!(
-            "mode      {} (policy {})",
-            v["mode"].as_str().unwrap_or("?"),
-            v["policy"].as_str().unwrap_or("?")
-        );
-        for m in v["modes"].as_array().into_iter().flatten() {
-            let table: Vec<String> = m["throughput"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|p| format!("×{} {}", p["width"], p["tokens_per_s"]))
-                .collect();
-            println!(
-                "  {:<7} max_num_seqs {}  tokens/s {}",
-                m["mode"].as_str().unwrap_or("?"),
-                m["max_num_seqs"],
-                table.join(", ")
-            );
+    let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+    // 200: nothing needed doing (already running, stopped, or in that mode); 202: under way.
+    if status != 202 || wait.no_wait {
+        if wait.json {
+            println!("{answer}");
+        } else {
+            println!("{}", taken(&change, status, &answer));
         }
         return Ok(ExitCode::SUCCESS);
-    };
-    let path = if force { "/admin/spec?force=1" } else { "/admin/spec" };
-    let body = Bytes::from(serde_json::json!({ "mode": mode }).to_string());
-    let (status, body) = call(config, target, "POST", path, body, false)?;
-    Ok(report(status, &body))
+    }
+    super::wait::wait(&goal, wait, || get_json(ep, "/admin/status"))
 }
 
-pub(super) fn status(config: &Config, target: &Target, json: bool) -> anyhow::Result<ExitCode> {
-    let (status, body) = call(config, target, "GET", "/admin/status", Bytes::new(), false)?;
-    if json || status >= 300 {
-        return Ok(report(status, &body));
+/// What the gateway said to a change it took, or why nothing needed doing.
+fn taken(change: &Change, status: u16, answer: &serde_json::Value) -> String {
+    let state = answer["state"].as_str().unwrap_or("?");
+    match (change, status) {
+        (_, 200) if answer["already_running"] == true => format!("already running ({state}); nothing changed"),
+        (_, 200) if answer["already_stopped"] == true => "already stopped; nothing changed".to_owned(),
+        (Change::Spec { mode, .. }, 200) => format!("already in mode {mode}; nothing changed"),
+        (Change::Restart { .. }, _) => format!(
+            "restarting (drain up to {} s); `sparkgate status` follows it",
+            answer["drain_timeout_s"].as_f64().unwrap_or(0.0)
+        ),
+        (Change::Spec { mode, .. }, _) => format!("switching to {mode}; `sparkgate status` follows it"),
+        (Change::Stop, _) => "stopping; `sparkgate status` follows it".to_owned(),
+        (Change::Start, _) => "starting; `sparkgate status` follows it".to_owned(),
     }
-    let v: serde_json::Value = serde_json::from_slice(&body)?;
-    let a = &v["admission"];
+}
+
+/// `sparkgate spec` without a mode: the active mode and the profile's modes.
+pub(super) fn show_spec(ep: &Endpoint) -> anyhow::Result<ExitCode> {
+    let v = get_json(ep, "/admin/spec")?;
     println!(
-        "model     {} ({}), mode {}",
-        v["model"].as_str().unwrap_or("?"),
-        v["profile"].as_str().unwrap_or("?"),
-        v["mode"].as_str().unwrap_or("?")
+        "mode      {} (policy {})",
+        v["mode"].as_str().unwrap_or("?"),
+        v["policy"].as_str().unwrap_or("?")
     );
-    println!("ready     {}  upstream {}", v["ready"], v["upstream"]);
-    println!(
-        "admission capacity {} in flight {} queued {} open {}",
-        a["capacity"], a["in_flight"], a["queued"], a["open"]
-    );
-    if let Some(s) = v.get("supervisor") {
+    for m in v["modes"].as_array().into_iter().flatten() {
+        let table: Vec<String> = m["throughput"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| format!("×{} {}", p["width"], p["tokens_per_s"]))
+            .collect();
         println!(
-            "group     {} epoch {} restarts {} runtime {}",
-            s["state"].as_str().unwrap_or("?"),
-            s["epoch"],
-            s["restarts"],
-            s["runtime"].as_str().unwrap_or("?")
+            "  {:<7} max_num_seqs {}  tokens/s {}",
+            m["mode"].as_str().unwrap_or("?"),
+            m["max_num_seqs"],
+            table.join(", ")
         );
-        if let Some(p) = s.get("preparing").and_then(|p| p.as_str()) {
-            println!("preparing {p}");
-        }
-        if let Some(r) = s.get("last_restart").filter(|r| !r.is_null()) {
-            println!("last      {}", r["reason"].as_str().unwrap_or("?"));
-        }
-        for r in s["ranks"].as_array().into_iter().flatten() {
-            println!(
-                "rank {}    {} pid {} running {} up {:.0}s log {}",
-                r["rank"],
-                r["node"].as_str().unwrap_or("?"),
-                r["pid"],
-                r["running"],
-                r["uptime_s"].as_f64().unwrap_or(0.0),
-                r["log"].as_str().unwrap_or("?")
-            );
-        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-pub(super) fn logs(
-    config: &Config,
-    target: &Target,
-    which: &[String],
-    tail: usize,
-    follow: bool,
-) -> anyhow::Result<ExitCode> {
+/// `sparkgate status`: the gateway's state as a table (`--json`: the raw answer).
+pub(super) fn status(ep: &Endpoint, json: bool) -> anyhow::Result<ExitCode> {
+    let v = get_json(ep, "/admin/status")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", status_table(&v));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A duration as an operator reads it: `42 s`, `3 min 5 s`, `2 h 10 min`.
+fn age(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// `/admin/status` as the table `sparkgate status` prints.
+pub(super) fn status_table(v: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_owned();
+    let mut out = String::new();
+    let a = &v["admission"];
+    let _ = writeln!(out, "model      {} ({})", text(&v["model"]), text(&v["profile"]));
+    let ready = if v["ready"] == true { "ready" } else { "not ready" };
+    let upstream = v["upstream"]["state"]
+        .as_str()
+        .map_or_else(|| text(&v["upstream"]), str::to_owned);
+    let _ = writeln!(
+        out,
+        "gateway    {ready} · upstream {upstream} · mode {}",
+        text(&v["mode"])
+    );
+    let open = if a["open"] == true { "open" } else { "held" };
+    let _ = writeln!(
+        out,
+        "admission  {} in flight · {} queued · capacity {} · {open}",
+        a["in_flight"], a["queued"], a["capacity"]
+    );
+    let Some(s) = v.get("supervisor").filter(|s| !s.is_null()) else {
+        let _ = writeln!(
+            out,
+            "group      not supervised (gateway-only, upstream {})",
+            text(&v["upstream_url"])
+        );
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "group      {} · {} runtime · {} restarts",
+        super::wait::phase_of(v),
+        text(&s["runtime"]),
+        s["restarts"]
+    );
+    if let Some(r) = s.get("last_restart").filter(|r| !r.is_null()) {
+        let detected = r["detected_in_s"]
+            .as_f64()
+            .map(|d| format!(", noticed in {d:.1} s"))
+            .unwrap_or_default();
+        let _ = writeln!(out, "last       {}{detected}", text(&r["reason"]));
+    }
+    let memory: Vec<String> = s["memory"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            Some(format!(
+                "{} {:.1} GiB free",
+                text(&m["node"]),
+                m["mem_available_gib"].as_f64()?
+            ))
+        })
+        .collect();
+    if !memory.is_empty() {
+        let _ = writeln!(out, "memory     {}", memory.join(" · "));
+    }
+    let mut ranks: Vec<&serde_json::Value> = s["ranks"].as_array().into_iter().flatten().collect();
+    ranks.sort_by_key(|r| r["rank"].as_u64());
+    if !ranks.is_empty() {
+        let _ = writeln!(out, "\nrank  node    state    process       uptime       log");
+    }
+    for r in ranks {
+        let process = match (r["pid"].as_u64(), r["container"].as_str()) {
+            (Some(pid), _) => format!("pid {pid}"),
+            (None, Some(c)) => c.chars().take(12).collect(),
+            _ => "—".to_owned(),
+        };
+        let state = if r["running"] == true { "running" } else { "exited" };
+        let _ = writeln!(
+            out,
+            "{:<5} {:<7} {state:<8} {process:<13} {:<12} {}",
+            r["rank"].as_u64().map_or_else(|| "?".to_owned(), |n| n.to_string()),
+            text(&r["node"]),
+            age(r["uptime_s"].as_f64().unwrap_or(0.0)),
+            text(&r["log"])
+        );
+    }
+    out
+}
+
+pub(super) fn logs(ep: &Endpoint, which: &[String], tail: usize, follow: bool) -> anyhow::Result<ExitCode> {
     let rank = match which.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         [] | ["head"] => 0,
         ["worker"] => 1,
@@ -194,9 +330,52 @@ pub(super) fn logs(
         "/admin/logs?rank={rank}&tail={tail}{}",
         if follow { "&follow=1" } else { "" }
     );
-    let (status, body) = call(config, target, "GET", &path, Bytes::new(), true)?;
+    let (status, body) = call(ep, "GET", &path, Bytes::new(), true)?;
     if status >= 300 {
-        return Ok(report(status, &body));
+        eprintln!("sparkgate: {}", refusal(status, &body));
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_status_table_lists_ranks_in_order_with_words_not_json() {
+        let v = json!({
+            "ready": true, "upstream": {"state": "ready"}, "upstream_url": "http://127.0.0.1:18888",
+            "profile": "deepseek-v4.1-flash", "model": "DS", "mode": "dspark",
+            "admission": {"open": true, "capacity": 2, "in_flight": 1, "queued": 0},
+            "supervisor": {"state": "ready", "epoch": 3, "mode": "dspark", "runtime": "process", "restarts": 2,
+                "last_restart": {"reason": "rank 1 exited (signal 9)", "detected_in_s": 0.01},
+                "memory": [{"node": "head", "mem_available_gib": 20.44}],
+                "ranks": [
+                    {"rank": 1, "node": "worker", "pid": 11, "running": true, "uptime_s": 65.2, "log": "/l/rank1.log"},
+                    {"rank": 0, "node": "head", "pid": 10, "running": true, "uptime_s": 3700.0, "log": "/l/rank0.log"}
+                ]}
+        });
+        let t = status_table(&v);
+        assert!(t.contains("gateway    ready · upstream ready · mode dspark"), "{t}");
+        assert!(
+            t.contains("admission  1 in flight · 0 queued · capacity 2 · open"),
+            "{t}"
+        );
+        assert!(
+            t.contains("group      ready: epoch 3, mode dspark · epoch 3 · process runtime · 2 restarts"),
+            "{t}"
+        );
+        assert!(
+            t.contains("last       rank 1 exited (signal 9), noticed in 0.0 s"),
+            "{t}"
+        );
+        assert!(t.contains("memory     head 20.4 GiB free"), "{t}");
+        let rank0 = t.find("\n0     head").expect("rank 0 row");
+        let rank1 = t.find("\n1     worker").expect("rank 1 row");
+        assert!(rank0 < rank1, "ranks in order:\n{t}");
+        assert!(t.contains("1 h 1 min") && t.contains("1 min 5 s"), "{t}");
+        assert!(!t.contains('{'), "no raw JSON:\n{t}");
+    }
 }

@@ -50,8 +50,8 @@ impl Phase {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// OpenAI-compatible base URL, plain HTTP [default: http://127.0.0.1:PORT/v1].
-    #[arg(long, value_name = "URL")]
-    base_url: Option<String>,
+    #[arg(long, visible_alias = "base-url", value_name = "URL")]
+    url: Option<String>,
     /// Model name [default: the first of GET /models].
     #[arg(long)]
     model: Option<String>,
@@ -100,6 +100,8 @@ struct RequestResult {
     /// 95th percentile of the gaps between streamed chunks.
     itl_p95_s: Option<f64>,
     coherent: Option<bool>,
+    /// Why the answer is not usable (when `coherent` is false).
+    incoherent_because: Option<String>,
     #[serde(skip)]
     first_at: Option<Instant>,
     #[serde(skip)]
@@ -131,7 +133,7 @@ pub(super) fn run(config: &Config, args: BenchArgs) -> anyhow::Result<ExitCode> 
         anyhow::bail!("--phase and --concurrency need at least one value");
     }
     let base = args
-        .base_url
+        .url
         .clone()
         .unwrap_or_else(|| format!("http://127.0.0.1:{}/v1", config.ports.public))
         .trim_end_matches('/')
@@ -141,9 +143,9 @@ pub(super) fn run(config: &Config, args: BenchArgs) -> anyhow::Result<ExitCode> 
     }
     let uri: hyper::Uri = base
         .parse()
-        .map_err(|e| anyhow::anyhow!("--base-url {base:?} is not a URL: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("--url {base:?} is not a URL: {e}"))?;
     if uri.scheme_str() != Some("http") || uri.host().is_none() {
-        anyhow::bail!("--base-url {base:?} must look like http://host:port/v1");
+        anyhow::bail!("--url {base:?} must look like http://host:port/v1");
     }
     let api_key = args
         .api_key
@@ -224,9 +226,15 @@ async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
         println!("wrote {}", path.display());
     }
-    let failed: usize = aggregates.iter().map(|a| a.failed + a.incoherent).sum();
-    if failed > 0 {
-        eprintln!("sparkgate bench: {failed} request(s) failed or gave an unusable answer (see the table)");
+    let reasons = failure_reasons(&results);
+    if !reasons.is_empty() {
+        let (failed, incoherent): (usize, usize) = aggregates
+            .iter()
+            .fold((0, 0), |(f, i), a| (f + a.failed, i + a.incoherent));
+        eprintln!("sparkgate bench: {failed} request(s) failed, {incoherent} gave an unusable answer:");
+        for (why, count) in reasons {
+            eprintln!("  {count} × {why}");
+        }
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
@@ -295,6 +303,7 @@ fn failed(error: String) -> RequestResult {
         itl_mean_s: None,
         itl_p95_s: None,
         coherent: None,
+        incoherent_because: None,
         first_at: None,
         last_at: None,
     }
@@ -328,7 +337,7 @@ async fn stream_inner(
         return failed(format!("{status}: {}", error_message(&v)));
     }
     let (mut buf, mut text, mut chunk_times) = (Vec::<u8>::new(), String::new(), Vec::<Instant>::new());
-    let (mut tokens, mut done) = (None::<u64>, false);
+    let (mut tokens, mut done, mut finish) = (None::<u64>, false, None::<String>);
     while let Some(frame) = body.frame().await {
         let data = match frame {
             Ok(f) => match f.into_data() {
@@ -355,6 +364,9 @@ async fn stream_inner(
             }
             if let Some(t) = v["usage"]["completion_tokens"].as_u64() {
                 tokens = Some(t);
+            }
+            if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
+                finish = Some(f.to_owned());
             }
             let delta = &v["choices"][0]["delta"];
             let piece = [&delta["content"], &delta["reasoning_content"], &delta["reasoning"]]
@@ -392,7 +404,8 @@ async fn stream_inner(
         tokens_per_s: decode,
         itl_mean_s: decode.map(|d| 1.0 / d),
         itl_p95_s: (!gaps.is_empty()).then(|| percentile(&gaps, 0.95)),
-        coherent: Some(coherent(&text, prose)),
+        coherent: Some(incoherence(&text, prose, finish.as_deref()).is_none()),
+        incoherent_because: incoherence(&text, prose, finish.as_deref()),
         first_at: first,
         last_at: last,
     }
@@ -407,12 +420,20 @@ fn error_message(v: &Value) -> String {
     }
 }
 
-/// Structured answers must parse as JSON; prose needs at least ten words.
-fn coherent(text: &str, prose: bool) -> bool {
-    if prose {
-        text.split_whitespace().count() >= 10
+/// Why an answer is not usable, if it is not: structured answers must parse as JSON (an
+/// object or array); prose needs at least ten words. A cut at max_tokens is said so.
+fn incoherence(text: &str, prose: bool, finish: Option<&str>) -> Option<String> {
+    let cut = if finish == Some("length") {
+        " (cut at max_tokens: raise --max-tokens)"
     } else {
-        serde_json::from_str::<Value>(text.trim()).is_ok_and(|v| v.is_array() || v.is_object())
+        ""
+    };
+    if prose {
+        let words = text.split_whitespace().count();
+        (words < 10).then(|| format!("prose answer of {words} words, fewer than 10{cut}"))
+    } else {
+        let parses = serde_json::from_str::<Value>(text.trim()).is_ok_and(|v| v.is_array() || v.is_object());
+        (!parses).then(|| format!("structured answer is not a JSON object or array{cut}"))
     }
 }
 
@@ -465,9 +486,29 @@ fn aggregate(phase: Phase, concurrency: u32, runs: &[Vec<RequestResult>]) -> Agg
     }
 }
 
+/// Each distinct reason a request failed or was unusable, with how often.
+fn failure_reasons(results: &[(Phase, u32, Vec<Vec<RequestResult>>)]) -> Vec<(String, usize)> {
+    let mut reasons: Vec<(String, usize)> = Vec::new();
+    let all = results
+        .iter()
+        .flat_map(|(p, _, runs)| runs.iter().flatten().map(move |r| (p, r)));
+    for (phase, r) in all {
+        let why = match (&r.error, r.coherent, &r.incoherent_because) {
+            (Some(e), _, _) => format!("{} failed: {e}", phase.name()),
+            (None, Some(false), Some(because)) => format!("{}: {because}", phase.name()),
+            _ => continue,
+        };
+        match reasons.iter_mut().find(|(w, _)| *w == why) {
+            Some((_, n)) => *n += 1,
+            None => reasons.push((why, 1)),
+        }
+    }
+    reasons
+}
+
 fn print_table(aggregates: &[Aggregate]) {
     println!(
-        "\n{:<10} {:>4} {:>8} {:>20} {:>20} {:>18} {:>18} {:>7}",
+        "\n{:<10} {:>4} {:>8} {:>20} {:>20} {:>18} {:>18} {:>15}",
         "phase",
         "conc",
         "requests",
@@ -475,11 +516,11 @@ fn print_table(aggregates: &[Aggregate]) {
         "per-request tok/s",
         "TTFT ms p50/p95",
         "ITL ms p50/p95",
-        "failed"
+        "failed/unusable"
     );
     for a in aggregates {
         println!(
-            "{:<10} {:>4} {:>8} {:>20.1} {:>20.1} {:>18} {:>18} {:>7}",
+            "{:<10} {:>4} {:>8} {:>20.1} {:>20.1} {:>18} {:>18} {:>15}",
             a.phase.name(),
             a.concurrency,
             a.requests,
@@ -487,7 +528,7 @@ fn print_table(aggregates: &[Aggregate]) {
             a.request_tokens_per_s_median,
             format!("{:.1}/{:.1}", a.ttft_s_median * 1e3, a.ttft_s_p95 * 1e3),
             format!("{:.2}/{:.2}", a.itl_s_median * 1e3, a.itl_s_p95 * 1e3),
-            a.failed + a.incoherent,
+            format!("{}/{}", a.failed, a.incoherent),
         );
     }
 }
@@ -540,14 +581,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn coherence_rules() {
-        assert!(coherent("[1, 2, 3]", false));
-        assert!(!coherent("The numbers are one two three.", false));
-        assert!(coherent(
-            "A hash map stores keys and values in buckets chosen by hashing the key.",
-            true
-        ));
-        assert!(!coherent("", true));
+    fn coherence_rules_say_why() {
+        assert_eq!(incoherence("[1, 2, 3]", false, Some("stop")), None);
+        assert_eq!(
+            incoherence("The numbers are one two three.", false, Some("stop")).as_deref(),
+            Some("structured answer is not a JSON object or array")
+        );
+        assert_eq!(
+            incoherence("[1, 2,", false, Some("length")).as_deref(),
+            Some("structured answer is not a JSON object or array (cut at max_tokens: raise --max-tokens)")
+        );
+        let prose = "A hash map stores keys and values in buckets chosen by hashing the key.";
+        assert_eq!(incoherence(prose, true, None), None);
+        assert_eq!(
+            incoherence("", true, None).as_deref(),
+            Some("prose answer of 0 words, fewer than 10")
+        );
     }
 
     #[test]

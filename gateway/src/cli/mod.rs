@@ -8,6 +8,7 @@ mod bench;
 mod prepare;
 mod serve;
 mod smoke;
+mod wait;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,6 +47,9 @@ pub enum Command {
         /// Print the Markdown configuration reference (every variable, both profiles' defaults).
         #[arg(long, conflicts_with = "json")]
         reference: bool,
+        /// Show what `sparkgate demo` runs (its defaults under yours).
+        #[arg(long)]
+        demo: bool,
     },
     /// Serve the OpenAI gateway on PORT and supervise the ranks (RUNTIME); with --upstream (or
     /// UPSTREAM_URL) it only fronts an already running vLLM and supervises nothing.
@@ -61,8 +65,16 @@ pub enum Command {
         bind: Option<String>,
     },
     /// The whole system on this machine without a GPU: the gateway on PORT (8888) supervising two
-    /// simulated ranks (vllm-sim processes on loopback). Builds the simulator if needed.
-    Demo,
+    /// simulated ranks (vllm-sim processes on loopback, their ports picked free). Builds the
+    /// simulator if needed.
+    Demo {
+        /// Port to listen on (overrides PORT); 0 picks a free one and logs it.
+        #[arg(long)]
+        port: Option<u16>,
+        /// Keep the temporary log directory when the demo exits (a LOG_DIR you set is always kept).
+        #[arg(long)]
+        keep_logs: bool,
+    },
     /// Show the running gateway's state: ranks, epoch, mode, admission.
     Status {
         #[command(flatten)]
@@ -71,32 +83,42 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Drain, then restart the rank group (--force: no drain).
+    /// Drain, then restart the rank group in a new epoch; waits until it is ready again.
     Restart {
         #[command(flatten)]
         target: admin::Target,
+        /// Restart at once: in-flight requests end with an error instead of finishing.
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        wait: wait::WaitArgs,
     },
     /// Show the speculation mode and the profile's modes; with MODE, drain and restart into it
-    /// (its own MAX_NUM_SEQS; --force: no drain).
+    /// (its own MAX_NUM_SEQS) and wait until it serves.
     Spec {
         #[command(flatten)]
         target: admin::Target,
         /// dspark, dflash, mtp or none (the profile's modes).
         mode: Option<String>,
+        /// Switch at once: in-flight requests end with an error instead of finishing.
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        wait: wait::WaitArgs,
     },
-    /// Stop the rank group (the gateway keeps answering, with 503).
+    /// Stop the rank group (the gateway keeps answering, with 503); waits until it has stopped.
     Stop {
         #[command(flatten)]
         target: admin::Target,
+        #[command(flatten)]
+        wait: wait::WaitArgs,
     },
-    /// Start the rank group again after `stop` or a give-up.
+    /// Start the rank group again after `stop` or a give-up; waits until it is ready.
     Start {
         #[command(flatten)]
         target: admin::Target,
+        #[command(flatten)]
+        wait: wait::WaitArgs,
     },
     /// Show a rank's log: `logs` (rank 0), `logs worker` (rank 1), `logs rank N`.
     Logs {
@@ -160,6 +182,9 @@ pub enum Command {
         /// Only this rank.
         #[arg(long, value_name = "N")]
         rank: Option<u32>,
+        /// Show what `sparkgate demo` runs (its defaults under yours).
+        #[arg(long)]
+        demo: bool,
     },
 }
 
@@ -170,6 +195,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Config { reference: true, .. } = cli.command {
         emit(&sparkgate_config::reference_markdown())?;
         return Ok(ExitCode::SUCCESS);
+    }
+    // An operator command given --url talks to that gateway: no serving configuration needed.
+    if let Some(url) = admin_url(&cli.command) {
+        return admin_command(cli.command, &admin::Endpoint::from_url(&url));
     }
     let mut options = LoadOptions::from_process(cli.source.env_file, cli.source.profile);
     if let Command::Serve { upstream, port, bind } = &cli.command {
@@ -183,12 +212,26 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    if let Command::Demo = cli.command {
-        if let Err(e) = serve::demo_defaults(&mut options) {
+    let demo = match &cli.command {
+        Command::Demo { port, keep_logs } => {
+            if let Some(p) = port {
+                options.overrides.insert("PORT".to_owned(), p.to_string());
+            }
+            Some((serve::Simulator::BuildIfMissing, *keep_logs))
+        }
+        Command::Config { demo: true, .. } | Command::Plan { demo: true, .. } => {
+            Some((serve::Simulator::NameOnly, true))
+        }
+        _ => None,
+    };
+    let logs = match demo.map(|(sim, keep)| serve::demo_defaults(&mut options, sim, keep)) {
+        Some(Err(e)) => {
             eprintln!("sparkgate demo: {e:#}");
             return Ok(ExitCode::FAILURE);
         }
-    }
+        Some(Ok(logs)) => logs,
+        None => serve::Logs::Keep,
+    };
     let config = match Config::load(&options) {
         Ok(config) => config,
         // Every load error is the user's to fix: a bad value, file or syntax.
@@ -203,25 +246,18 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let output = match cli.command {
         Command::Config { json: true, .. } => serde_json::to_string_pretty(&config.settings_json())? + "\n",
         Command::Config { .. } => sparkgate_config::settings_table(&config),
-        Command::Plan { json, rank } => render_plan(&config, json, rank)?,
-        Command::Serve { .. } | Command::Demo => {
-            let demo = matches!(cli.command, Command::Demo);
-            return serve::serve(&config, demo);
+        Command::Plan { json, rank, .. } => render_plan(&config, json, rank)?,
+        Command::Serve { .. } => return serve::serve(&config, serve::Mode::Serve),
+        Command::Demo { .. } => return serve::serve(&config, serve::Mode::Demo(logs)),
+        Command::Status { ref target, .. }
+        | Command::Restart { ref target, .. }
+        | Command::Spec { ref target, .. }
+        | Command::Stop { ref target, .. }
+        | Command::Start { ref target, .. }
+        | Command::Logs { ref target, .. } => {
+            let ep = admin::Endpoint::of(&config, target);
+            return admin_command(cli.command, &ep);
         }
-        Command::Status { target, json } => return admin::status(&config, &target, json),
-        Command::Restart { target, force } => {
-            return admin::post(
-                &config,
-                &target,
-                if force {
-                    "/admin/restart?force=1"
-                } else {
-                    "/admin/restart"
-                },
-            )
-        }
-        Command::Spec { target, mode, force } => return admin::spec(&config, &target, mode.as_deref(), force),
-        Command::Stop { target } => return admin::post(&config, &target, "/admin/stop"),
         Command::Bench(args) => return bench::run(&config, args),
         Command::Download { dry_run } => return prepare::download(&config, dry_run),
         Command::Sync { force } => return prepare::sync(&config, force),
@@ -231,16 +267,44 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Smoke { url, timeout_s } => {
             return smoke::run(&config, url.as_deref(), std::time::Duration::from_secs(timeout_s))
         }
-        Command::Start { target } => return admin::post(&config, &target, "/admin/start"),
-        Command::Logs {
-            target,
-            which,
-            tail,
-            follow,
-        } => return admin::logs(&config, &target, &which, tail, follow),
     };
     emit(&output)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `--url` of an operator command, when it has one.
+fn admin_url(command: &Command) -> Option<String> {
+    match command {
+        Command::Status { target, .. }
+        | Command::Restart { target, .. }
+        | Command::Spec { target, .. }
+        | Command::Stop { target, .. }
+        | Command::Start { target, .. }
+        | Command::Logs { target, .. } => target.url.clone(),
+        _ => None,
+    }
+}
+
+/// The operator commands, against `ep`.
+fn admin_command(command: Command, ep: &admin::Endpoint) -> anyhow::Result<ExitCode> {
+    use admin::Change;
+    match command {
+        Command::Status { json, .. } => admin::status(ep, json),
+        Command::Restart { force, wait, .. } => admin::change(ep, Change::Restart { force }, &wait),
+        Command::Spec { mode: None, .. } => admin::show_spec(ep),
+        Command::Spec {
+            mode: Some(mode),
+            force,
+            wait,
+            ..
+        } => admin::change(ep, Change::Spec { mode, force }, &wait),
+        Command::Stop { wait, .. } => admin::change(ep, Change::Stop, &wait),
+        Command::Start { wait, .. } => admin::change(ep, Change::Start, &wait),
+        Command::Logs {
+            which, tail, follow, ..
+        } => admin::logs(ep, &which, tail, follow),
+        other => anyhow::bail!("{other:?} is not an operator command"),
+    }
 }
 
 /// Writes to stdout; a closed pipe (`sparkgate plan | head`) ends the output quietly.

@@ -18,7 +18,21 @@ fn gateway_only(config: &Config) -> bool {
         .any(|s| s.name == "UPSTREAM_URL" && !matches!(s.source, Source::Profile { .. }))
 }
 
-pub(super) fn serve(config: &Config, demo: bool) -> anyhow::Result<ExitCode> {
+/// What runs: the real thing, or the demo (whose log directory may be removed at exit).
+#[derive(Debug)]
+pub(super) enum Mode {
+    Serve,
+    Demo(Logs),
+}
+
+/// The demo's temporary log directory: removed when the demo exits, or kept.
+#[derive(Debug)]
+pub(super) enum Logs {
+    RemoveOnExit(PathBuf),
+    Keep,
+}
+
+pub(super) fn serve(config: &Config, run: Mode) -> anyhow::Result<ExitCode> {
     let _log = crate::init_logging(config.gateway.log_json);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if config.gateway.worker_threads > 0 {
@@ -51,9 +65,13 @@ pub(super) fn serve(config: &Config, demo: bool) -> anyhow::Result<ExitCode> {
             max_num_seqs = mode.max_num_seqs,
             "sparkgate listening on http://{local}"
         );
-        if demo {
+        if let Mode::Demo(logs) = &run {
+            let kept = match logs {
+                Logs::RemoveOnExit(_) => " (removed on exit; --keep-logs keeps it)",
+                Logs::Keep => "",
+            };
             eprintln!(
-                "\nsparkgate demo: {} with two simulated ranks (vllm-sim) on http://{local}/v1\n  logs: {}\n  try:  curl -s http://{local}/v1/chat/completions -H 'Content-Type: application/json' \\\n          -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"What is 17*19? Reply with the integer only.\"}}],\"max_tokens\":32,\"chat_template_kwargs\":{{\"enable_thinking\":false}}}}'\n  stop: Ctrl-C\n",
+                "\nsparkgate demo: {} with two simulated ranks (vllm-sim) on http://{local}/v1\n  logs: {}{kept}\n  try:  curl -s http://{local}/v1/chat/completions -H 'Content-Type: application/json' \\\n          -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"What is 17*19? Reply with the integer only.\"}}],\"max_tokens\":32,\"chat_template_kwargs\":{{\"enable_thinking\":false}}}}'\n  stop: Ctrl-C\n",
                 config.profile,
                 config.supervision.log_dir.display(),
                 config.serving.served_model_name
@@ -70,6 +88,12 @@ pub(super) fn serve(config: &Config, demo: bool) -> anyhow::Result<ExitCode> {
             h.shutdown().await;
         }
         tracing::info!("sparkgate stopped");
+        if let Mode::Demo(Logs::RemoveOnExit(dir)) = &run {
+            // Only the directory the demo made: a LOG_DIR the operator set is theirs.
+            if *dir == config.supervision.log_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -83,15 +107,38 @@ async fn shutdown_signal() {
     tracing::info!("shutdown requested");
 }
 
-/// The demo's settings, each unless the environment already sets it: loopback addresses only,
-/// ranks as vllm-sim processes at real speed, logs in a temporary directory.
-pub(super) fn demo_defaults(options: &mut LoadOptions) -> anyhow::Result<()> {
-    let sim = locate_simulator()?;
+/// How the demo finds its simulator: built on first use when the demo runs; only named when
+/// `config --demo` or `plan --demo` show what it would run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Simulator {
+    BuildIfMissing,
+    NameOnly,
+}
+
+/// Two free loopback ports, held until both are chosen so they differ.
+fn free_ports() -> anyhow::Result<(u16, u16)> {
+    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
+}
+
+/// The demo's settings, as the layer just above the profile defaults (a flag, the environment
+/// or the env file wins): loopback addresses only, vLLM's and the rendezvous port picked free
+/// (so two demos never clash), ranks as vllm-sim processes at real speed, logs in a temporary
+/// directory.
+pub(super) fn demo_defaults(options: &mut LoadOptions, sim: Simulator, keep_logs: bool) -> anyhow::Result<Logs> {
+    let sim = match sim {
+        Simulator::BuildIfMissing => locate_simulator()?,
+        Simulator::NameOnly => std::env::current_exe()?.with_file_name("vllm-sim"),
+    };
     let log_dir = std::env::temp_dir().join(format!("sparkgate-demo-{}", std::process::id()));
+    let (vllm_port, master_port) = free_ports()?;
     let defaults = [
         ("HEAD_IP", "127.0.0.1".to_owned()),
         ("WORKER_IP", "127.0.0.1".to_owned()),
         ("BIND_ADDR", "127.0.0.1".to_owned()),
+        ("VLLM_PORT", vllm_port.to_string()),
+        ("MASTER_PORT", master_port.to_string()),
         ("RUNTIME", "process".to_owned()),
         ("VLLM_BIN", sim.display().to_string()),
         ("LOG_DIR", log_dir.display().to_string()),
@@ -101,11 +148,12 @@ pub(super) fn demo_defaults(options: &mut LoadOptions) -> anyhow::Result<()> {
         ("WEIGHTS_GIB_PER_RANK", String::new()),
     ];
     for (k, v) in defaults {
-        options.process_env.entry(k.to_owned()).or_insert(v);
+        options.demo.insert(k.to_owned(), v);
     }
     // Ranks get only the plan's environment: the simulated ranks' settings (SIM_* from the
-    // environment, else paced like the reference tables after a 2 s load) go through RANK_ENV.
-    let env = &mut options.process_env;
+    // environment, else paced like the reference tables after a 2 s load) go through RANK_ENV —
+    // appended to the environment's own RANK_ENV when it has one.
+    let env = &options.process_env;
     let mut sim: BTreeMap<String, String> = [("SIM_SPEED", "1"), ("SIM_LOAD_SECONDS", "2")]
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .into();
@@ -114,15 +162,19 @@ pub(super) fn demo_defaults(options: &mut LoadOptions) -> anyhow::Result<()> {
             .filter(|(k, _)| k.starts_with("SIM_"))
             .map(|(k, v)| (k.clone(), v.clone())),
     );
-    let mut pairs: Vec<String> = env
-        .get("RANK_ENV")
-        .into_iter()
-        .filter(|v| !v.is_empty())
-        .cloned()
-        .collect();
+    let given = env.get("RANK_ENV").filter(|v| !v.is_empty()).cloned();
+    let mut pairs: Vec<String> = given.iter().cloned().collect();
     pairs.extend(sim.iter().map(|(k, v)| format!("{k}={v}")));
-    env.insert("RANK_ENV".to_owned(), pairs.join(","));
-    Ok(())
+    let layer = match given {
+        Some(_) => &mut options.process_env,
+        None => &mut options.demo,
+    };
+    layer.insert("RANK_ENV".to_owned(), pairs.join(","));
+    Ok(if keep_logs {
+        Logs::Keep
+    } else {
+        Logs::RemoveOnExit(log_dir)
+    })
 }
 
 /// `vllm-sim` next to this executable, built with cargo from the source tree when missing.

@@ -1,0 +1,263 @@
+//! Waiting for an operator command's outcome: `/admin/status` is polled, each phase the group
+//! passes through is shown as it is reached (one line updated in place on a terminal, one line
+//! per phase otherwise), and the outcome becomes the exit code — 0 done, 1 the group failed,
+//! 2 still not done when the wait gave up.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::Value;
+
+/// How a command that changes the group waits.
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// Return as soon as the gateway took the command, without waiting for the outcome.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Print the outcome as JSON (the final `/admin/status`) instead of words.
+    #[arg(long)]
+    pub json: bool,
+    /// Give up waiting after this many seconds (exit 2).
+    #[arg(long, value_name = "S", default_value_t = 900)]
+    pub timeout_s: u64,
+}
+
+/// What the command waits for.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Goal {
+    /// A ready group newer than `after` (a restart or a start).
+    Ready { after: u64 },
+    /// No rank running.
+    Stopped,
+    /// A ready group in `mode`, newer than `after` (a mode switch).
+    Mode { mode: String, after: u64 },
+}
+
+/// Where the group is, in an operator's words.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Phase {
+    Draining { in_flight: u64 },
+    Preparing(String),
+    Stopping,
+    Starting { epoch: u64, up: usize, ranks: usize },
+    Backoff { reason: String, retry_in_s: f64 },
+    Ready { epoch: u64, mode: String },
+    Stopped,
+    Failed { reason: String },
+    ShuttingDown,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Phase::Draining { in_flight } => write!(f, "draining: {in_flight} in flight"),
+            Phase::Preparing(what) => write!(f, "preparing: {what}"),
+            Phase::Stopping => f.write_str("stopping the ranks"),
+            Phase::Starting { epoch, up, ranks } => write!(f, "starting epoch {epoch}: {up}/{ranks} ranks up, loading"),
+            Phase::Backoff { reason, retry_in_s } => write!(f, "backing off {retry_in_s:.0} s after: {reason}"),
+            Phase::Ready { epoch, mode } => write!(f, "ready: epoch {epoch}, mode {mode}"),
+            Phase::Stopped => f.write_str("stopped"),
+            Phase::Failed { reason } => write!(f, "failed: {reason}"),
+            Phase::ShuttingDown => f.write_str("the gateway is shutting down"),
+        }
+    }
+}
+
+/// The phase a `/admin/status` answer shows.
+pub(super) fn phase_of(status: &Value) -> Phase {
+    let s = &status["supervisor"];
+    let epoch = s["epoch"].as_u64().unwrap_or(0);
+    let text = |v: &Value| v.as_str().unwrap_or("?").to_owned();
+    match s["state"].as_str().unwrap_or("") {
+        "ready" if status["admission"]["open"] == false => Phase::Draining {
+            in_flight: status["admission"]["in_flight"].as_u64().unwrap_or(0),
+        },
+        "ready" => Phase::Ready {
+            epoch,
+            mode: text(&s["mode"]),
+        },
+        "starting" => match s.get("preparing").and_then(Value::as_str) {
+            Some(p) => Phase::Preparing(p.to_owned()),
+            None => {
+                let ranks = s["ranks"].as_array().map_or(0, Vec::len);
+                let up = s["ranks"]
+                    .as_array()
+                    .map_or(0, |r| r.iter().filter(|r| r["running"] == true).count());
+                Phase::Starting { epoch, up, ranks }
+            }
+        },
+        "restarting" if s["retry_in_s"].as_f64().unwrap_or(0.0) > 0.0 => Phase::Backoff {
+            reason: text(&s["reason"]),
+            retry_in_s: s["retry_in_s"].as_f64().unwrap_or(0.0),
+        },
+        "restarting" | "stopping" => Phase::Stopping,
+        "stopped" => Phase::Stopped,
+        "failed" => Phase::Failed {
+            reason: text(&s["reason"]),
+        },
+        _ => Phase::ShuttingDown,
+    }
+}
+
+/// Whether `status` ends the wait: `Some(Ok(()))` reached, `Some(Err(why))` it cannot be.
+pub(super) fn verdict(goal: &Goal, status: &Value) -> Option<Result<(), String>> {
+    let phase = phase_of(status);
+    let newer = |after: u64| status["supervisor"]["epoch"].as_u64().unwrap_or(0) > after;
+    match (&phase, goal) {
+        (Phase::Failed { reason }, Goal::Ready { .. } | Goal::Mode { .. }) => Some(Err(reason.clone())),
+        (Phase::ShuttingDown, _) => Some(Err("the gateway is shutting down".into())),
+        (Phase::Ready { .. }, Goal::Ready { after }) if newer(*after) => Some(Ok(())),
+        (Phase::Ready { mode, .. }, Goal::Mode { mode: want, after }) if mode == want && newer(*after) => Some(Ok(())),
+        (Phase::Stopped | Phase::Failed { .. }, Goal::Stopped) => Some(Ok(())),
+        _ => None,
+    }
+}
+
+/// How progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Show {
+    /// One line, rewritten in place, with the time so far.
+    Terminal,
+    /// One line per phase, with the time it was reached.
+    Lines,
+    /// Nothing until the outcome, which is the final status as JSON.
+    Json,
+}
+
+/// Polls `status()` until `goal` is reached, fails, or `args.timeout_s` passes.
+pub(super) fn wait(
+    goal: &Goal,
+    args: &WaitArgs,
+    mut status: impl FnMut() -> anyhow::Result<Value>,
+) -> anyhow::Result<ExitCode> {
+    let show = if args.json {
+        Show::Json
+    } else if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        Show::Terminal
+    } else {
+        Show::Lines
+    };
+    let started = Instant::now();
+    let mut last: Option<Phase> = None;
+    let mut out = std::io::stdout();
+    loop {
+        let now = status()?;
+        let phase = phase_of(&now);
+        let t = started.elapsed().as_secs_f64();
+        match show {
+            Show::Terminal => {
+                write!(out, "\r\x1b[2K{phase} ({t:.0} s)")?;
+                out.flush()?;
+            }
+            Show::Lines if last.as_ref() != Some(&phase) => writeln!(out, "{t:6.1} s  {phase}")?,
+            _ => {}
+        }
+        last = Some(phase);
+        let verdict = verdict(goal, &now);
+        let timed_out = started.elapsed() >= Duration::from_secs(args.timeout_s);
+        if verdict.is_some() || timed_out {
+            if show == Show::Terminal {
+                writeln!(out)?;
+            }
+            return Ok(conclude(goal, verdict, &now, t, show, args.timeout_s));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn conclude(
+    goal: &Goal,
+    verdict: Option<Result<(), String>>,
+    status: &Value,
+    t: f64,
+    show: Show,
+    timeout_s: u64,
+) -> ExitCode {
+    if show == Show::Json {
+        println!("{}", serde_json::to_string_pretty(status).unwrap_or_default());
+    }
+    let (words, code) = match verdict {
+        Some(Ok(())) => {
+            let done = match (goal, phase_of(status)) {
+                (Goal::Stopped, _) => format!("stopped in {t:.1} s"),
+                (_, Phase::Ready { epoch, mode }) => format!("ready in {t:.1} s: epoch {epoch}, mode {mode}"),
+                (_, other) => format!("done in {t:.1} s: {other}"),
+            };
+            (done, ExitCode::SUCCESS)
+        }
+        Some(Err(why)) => (format!("sparkgate: did not come up: {why}"), ExitCode::FAILURE),
+        None => (
+            format!(
+                "sparkgate: still {} after {timeout_s} s (--timeout-s); `sparkgate status` shows where it is",
+                phase_of(status)
+            ),
+            ExitCode::from(2),
+        ),
+    };
+    match (show, code == ExitCode::SUCCESS) {
+        (Show::Json, _) => {}
+        (_, true) => println!("{words}"),
+        (_, false) => eprintln!("{words}"),
+    }
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn status(state: Value, open: bool) -> Value {
+        json!({"admission": {"open": open, "in_flight": 2}, "supervisor": state})
+    }
+
+    #[test]
+    fn phases_in_an_operators_words() {
+        let ready = json!({"state": "ready", "epoch": 3, "mode": "dspark", "ranks": []});
+        assert_eq!(
+            phase_of(&status(ready.clone(), false)),
+            Phase::Draining { in_flight: 2 }
+        );
+        assert_eq!(
+            phase_of(&status(ready, true)).to_string(),
+            "ready: epoch 3, mode dspark"
+        );
+        let starting = json!({"state": "starting", "epoch": 4, "ranks": [{"running": true}, {"running": false}]});
+        assert_eq!(
+            phase_of(&status(starting, false)).to_string(),
+            "starting epoch 4: 1/2 ranks up, loading"
+        );
+        let backoff = json!({"state": "restarting", "epoch": 4, "reason": "rank 1 exited", "retry_in_s": 10.2});
+        assert_eq!(
+            phase_of(&status(backoff, false)).to_string(),
+            "backing off 10 s after: rank 1 exited"
+        );
+        let stopping = json!({"state": "restarting", "epoch": 4, "reason": "operator", "retry_in_s": 0.0});
+        assert_eq!(phase_of(&status(stopping, false)), Phase::Stopping);
+    }
+
+    #[test]
+    fn a_wait_ends_on_its_goal_or_on_failure() {
+        let ready = |epoch: u64, mode: &str| status(json!({"state": "ready", "epoch": epoch, "mode": mode}), true);
+        let restart = Goal::Ready { after: 3 };
+        assert_eq!(
+            verdict(&restart, &ready(3, "dspark")),
+            None,
+            "the old epoch is not the outcome"
+        );
+        assert_eq!(verdict(&restart, &ready(4, "dspark")), Some(Ok(())));
+        let failed = status(json!({"state": "failed", "epoch": 6, "reason": "budget spent"}), false);
+        assert_eq!(verdict(&restart, &failed), Some(Err("budget spent".into())));
+        let switch = Goal::Mode {
+            mode: "none".into(),
+            after: 3,
+        };
+        assert_eq!(verdict(&switch, &ready(4, "dspark")), None);
+        assert_eq!(verdict(&switch, &ready(4, "none")), Some(Ok(())));
+        let stopped = status(json!({"state": "stopped", "epoch": 4}), false);
+        assert_eq!(verdict(&Goal::Stopped, &stopped), Some(Ok(())));
+        assert_eq!(verdict(&Goal::Stopped, &ready(4, "none")), None);
+    }
+}
