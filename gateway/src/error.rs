@@ -150,7 +150,7 @@ impl GatewayError {
         }
     }
 
-    /// The label admission rejections are counted under.
+    /// The label admission rejections are counted under (one of `REJECTION_REASONS`).
     pub fn rejection_reason(&self) -> Option<&'static str> {
         match self {
             GatewayError::RateLimited { .. } => Some("rate_limit"),
@@ -165,6 +165,30 @@ impl GatewayError {
         }
     }
 }
+
+/// Every value of `rejection_reason`, for metrics that exist before the first rejection.
+pub(crate) const REJECTION_REASONS: &[&str] = &[
+    "rate_limit",
+    "queue_full",
+    "queue_bytes",
+    "queue_timeout",
+    "restarting",
+    "not_running",
+    "shutting_down",
+    "too_many_choices",
+];
+
+/// Every reason a stream ends with an error: `stream_outcome`'s values and the upstream's own
+/// error event.
+pub(crate) const STREAM_OUTCOMES: &[&str] = &[
+    "first_token_timeout",
+    "idle_timeout",
+    "upstream_broken",
+    "upstream_truncated",
+    "drain_timeout",
+    "gateway_error",
+    "upstream_error_event",
+];
 
 impl GatewayError {
     /// Anthropic's error type for this failure (its envelope has no `param` or `code`).
@@ -217,6 +241,8 @@ impl GatewayError {
 
     /// Why a stream this error ended was cut, as the logs and `sparkgate_stream_errors_total`
     /// name it.
+    /// The label a stream the gateway ended is counted and logged under (one of
+    /// `STREAM_OUTCOMES`).
     pub(crate) fn stream_outcome(&self) -> &'static str {
         match self {
             GatewayError::FirstTokenTimeout { .. } => "first_token_timeout",

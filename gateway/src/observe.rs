@@ -76,7 +76,28 @@ fn describe() {
         UPSTREAM_ERRORS,
         "Upstream requests that failed before headers, by kind."
     );
+    register();
 }
+
+/// Every family a dashboard queries exists from the start (at zero), so a rate over it is 0,
+/// not "no data", until the first event: each labelled counter with every label value it takes.
+fn register() {
+    counter!(EXTRA_BODY_REPAIRS).absolute(0);
+    for reason in crate::error::REJECTION_REASONS {
+        counter!(REJECTIONS, "reason" => *reason).absolute(0);
+    }
+    for reason in crate::error::STREAM_OUTCOMES {
+        counter!(STREAM_ERRORS, "reason" => *reason).absolute(0);
+    }
+    for kind in UPSTREAM_ERROR_KINDS {
+        counter!(UPSTREAM_ERRORS, "kind" => *kind).absolute(0);
+    }
+    gauge!(QUEUE_DEPTH).set(0.0);
+    gauge!(IN_FLIGHT).set(0.0);
+}
+
+/// The `kind` label of UPSTREAM_ERRORS: the connect failed, or the request after it.
+pub(crate) const UPSTREAM_ERROR_KINDS: &[&str] = &["connect", "request"];
 
 pub(crate) fn request_done(route: &'static str, status: u16, seconds: f64) {
     counter!(REQUESTS, "route" => route, "status" => status.to_string()).increment(1);

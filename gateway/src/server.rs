@@ -138,7 +138,8 @@ async fn group_verdict(app: &App, epoch: Option<u64>) -> bool {
 
 /// Maps a failure to reach the upstream: held-for-restart states answer 503, otherwise 502.
 fn unreachable(app: &App, err: &hyper_util::client::legacy::Error) -> GatewayError {
-    counter!(observe::UPSTREAM_ERRORS, "kind" => if err.is_connect() { "connect" } else { "request" }).increment(1);
+    let kind = observe::UPSTREAM_ERROR_KINDS[usize::from(!err.is_connect())];
+    counter!(observe::UPSTREAM_ERRORS, "kind" => kind).increment(1);
     match app.control.upstream() {
         UpstreamState::Restarting(_) | UpstreamState::Starting => GatewayError::Restarting,
         _ if restarting(app) => GatewayError::Restarting,

@@ -1,6 +1,7 @@
 //! `/metrics` on the gateway: its own `sparkgate_` families and rank 0's `vllm:` families in one
 //! exposition that a Prometheus text parser reads (in front of vllm-sim and of the real vLLM
-//! frontend), and `sparkgate_upstream_up 0` with only the gateway's families when rank 0 is gone.
+//! frontend), `sparkgate_upstream_up 0` with only the gateway's families when rank 0 is gone, and
+//! every metric the Grafana dashboard in docs/ queries.
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -80,4 +81,46 @@ fn the_real_frontends_families_merge_into_a_valid_exposition() {
     ] {
         assert!(names.iter().any(|n| n == family), "{family} in {names:?}");
     }
+}
+
+/// The metric names the dashboard's queries use (`sparkgate_…` and `vllm:…`).
+fn dashboard_metrics() -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/grafana-dashboard.json");
+    let dash: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut names = Vec::new();
+    for panel in dash["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')) {
+                if (word.starts_with("sparkgate_") || word.starts_with("vllm:")) && !names.iter().any(|n| n == word) {
+                    names.push(word.to_owned());
+                }
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_metric_the_dashboard_queries_is_in_the_exposition() {
+    let (_sim, gw) = ds_pair(&[], &[]);
+    // One answer of each kind, so the latency histograms have samples.
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    assert_eq!(post_json(gw.addr, "/v1/chat/completions", &chat).status, 200);
+    let mut stream = chat.clone();
+    stream["stream"] = json!(true);
+    assert_eq!(post_json(gw.addr, "/v1/chat/completions", &stream).status, 200);
+    let text = metrics(&gw);
+    let samples: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let wanted = dashboard_metrics();
+    assert!(wanted.len() >= 15, "{wanted:?}");
+    let missing: Vec<&String> = wanted.iter().filter(|w| !samples.contains(&w.as_str())).collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries {missing:?}, which /metrics lacks:\n{text}"
+    );
 }

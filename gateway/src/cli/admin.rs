@@ -45,6 +45,22 @@ impl Endpoint {
         }
     }
 
+    pub(super) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// `GET path` as JSON; a refusal or a gateway that does not answer is the error, in words.
+    pub(super) fn get(&self, path: &str) -> anyhow::Result<serde_json::Value> {
+        get_json(self, path)
+    }
+
+    /// `GET path` as text (`/metrics`).
+    pub(super) fn text(&self, path: &str) -> anyhow::Result<String> {
+        let (status, body) = call(self, "GET", path, Bytes::new(), false)?;
+        anyhow::ensure!(status < 300, "{}", refusal(status, &body));
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
     /// `--url` given: no serving configuration is loaded; ADMIN_TOKEN comes from the
     /// environment.
     pub(super) fn from_url(url: &str) -> Endpoint {
@@ -364,7 +380,7 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains("group      ready: epoch 3, mode dspark · epoch 3 · process runtime · 2 restarts"),
+            t.contains("group      ready: epoch 3, mode dspark · process runtime · 2 restarts"),
             "{t}"
         );
         assert!(

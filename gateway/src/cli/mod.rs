@@ -8,6 +8,7 @@ mod bench;
 mod prepare;
 mod serve;
 mod smoke;
+mod top;
 mod wait;
 
 use std::path::PathBuf;
@@ -119,6 +120,14 @@ pub enum Command {
         target: admin::Target,
         #[command(flatten)]
         wait: wait::WaitArgs,
+    },
+    /// A live view of the running gateway: state, admission, tokens/s, latency, ranks (q quits).
+    Top {
+        #[command(flatten)]
+        target: admin::Target,
+        /// Refresh interval in milliseconds.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+        interval_ms: u64,
     },
     /// Show a rank's log: `logs` (rank 0), `logs worker` (rank 1), `logs rank N`.
     Logs {
@@ -254,7 +263,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         | Command::Spec { ref target, .. }
         | Command::Stop { ref target, .. }
         | Command::Start { ref target, .. }
-        | Command::Logs { ref target, .. } => {
+        | Command::Logs { ref target, .. }
+        | Command::Top { ref target, .. } => {
             let ep = admin::Endpoint::of(&config, target);
             return admin_command(cli.command, &ep);
         }
@@ -280,7 +290,8 @@ fn admin_url(command: &Command) -> Option<String> {
         | Command::Spec { target, .. }
         | Command::Stop { target, .. }
         | Command::Start { target, .. }
-        | Command::Logs { target, .. } => target.url.clone(),
+        | Command::Logs { target, .. }
+        | Command::Top { target, .. } => target.url.clone(),
         _ => None,
     }
 }
@@ -303,6 +314,7 @@ fn admin_command(command: Command, ep: &admin::Endpoint) -> anyhow::Result<ExitC
         Command::Logs {
             which, tail, follow, ..
         } => admin::logs(ep, &which, tail, follow),
+        Command::Top { interval_ms, .. } => top::run(ep, std::time::Duration::from_millis(interval_ms)),
         other => anyhow::bail!("{other:?} is not an operator command"),
     }
 }

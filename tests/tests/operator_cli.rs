@@ -1,0 +1,300 @@
+//! The operator's side of the CLI against a supervised gateway with simulated ranks: every
+//! operator command's human and `--json` output, commands that wait for their outcome and say
+//! it in the exit code, errors in words, `--url` without a serving configuration, and the demo
+//! (two at once on their own ports, its logs removed on exit, `config --demo`).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway};
+
+const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
+const SMOKE: &str = "What is 17*19? Reply with the integer only.";
+
+fn sparkgate() -> String {
+    binary_next_to(SIM, "sparkgate")
+}
+
+fn smoke(gw: &Gateway) -> Value {
+    post_json(gw.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": SMOKE}], "max_tokens": 32, "chat_template_kwargs": {"enable_thinking": false}})).json()
+}
+
+#[test]
+fn operator_commands_through_the_cli() {
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[("ADMIN_TOKEN", "t0ken")],
+    );
+    assert_eq!(
+        request(gw.addr, "GET", "/admin/status", &[], b"").status,
+        401,
+        "the token is required"
+    );
+    assert_eq!(
+        request(
+            gw.addr,
+            "POST",
+            "/admin/restart",
+            &[("Authorization", "Bearer wrong")],
+            b""
+        )
+        .status,
+        401
+    );
+    let port = gw.addr.port().to_string();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(sparkgate())
+            .args(args)
+            .env("PORT", &port)
+            .env("ADMIN_TOKEN", "t0ken")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, out) = cli(&["status"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("group      ready: epoch 1, mode dspark · process runtime"),
+        "{out}"
+    );
+    let (rank0, rank1) = (
+        out.find("\n0     head    running  pid "),
+        out.find("\n1     worker  running  pid "),
+    );
+    assert!(rank0.is_some() && rank0 < rank1, "ranks in order:\n{out}");
+    assert!(!out.contains('{'), "words, not JSON:\n{out}");
+    let (ok, out) = cli(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(ok && v["supervisor"]["epoch"] == 1, "{out}");
+    let (ok, out) = cli(&["logs", "worker", "--tail", "3"]);
+    assert!(ok && out.lines().count() == 3 && out.contains("Worker_TP1"), "{out}");
+    // The command waits for the new group and says when it is ready (one line per phase when
+    // stdout is not a terminal).
+    let (ok, out) = cli(&["restart", "--force"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.lines()
+            .last()
+            .is_some_and(|l| l.starts_with("ready in ") && l.contains("epoch 2")),
+        "{out}"
+    );
+    let phases: Vec<&str> = out.lines().filter(|l| l.contains(" s  ")).collect();
+    assert!(
+        phases.len() >= 2 && phases.last().unwrap().contains("ready: epoch 2"),
+        "the phases it passed:\n{out}"
+    );
+    let authed = |path: &str| request(gw.addr, "GET", path, &[("Authorization", "Bearer t0ken")], b"").json();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(authed("/admin/status")["supervisor"]["epoch"] == 2
+        && authed("/admin/status")["supervisor"]["state"] == "ready")
+    {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, out) = cli(&["stop", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(
+        ok && v["supervisor"]["state"] == "stopped",
+        "the final status as JSON: {out}"
+    );
+    let (ok, out) = cli(&["stop"]);
+    assert!(ok && out.contains("already stopped; nothing changed"), "{out}");
+    while authed("/admin/status")["supervisor"]["state"] != "stopped" {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        authed("/admin/status")["supervisor"]["ranks"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "no rank runs after stop"
+    );
+    let r = post_json(
+        gw.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 503);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("stopped"));
+    let (ok, out) = cli(&["start", "--no-wait"]);
+    assert!(ok && out.trim() == "starting; `sparkgate status` follows it", "{out}");
+    gw.wait_ready();
+    let (ok, out) = cli(&["start"]);
+    assert!(ok && out.contains("already running (ready); nothing changed"), "{out}");
+    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    let (ok, out) = cli(&["status", "--url", "http://127.0.0.1:9"]);
+    assert!(
+        !ok && out.contains(
+            "no sparkgate answers at http://127.0.0.1:9 (nothing is listening there); check the URL given with --url"
+        ),
+        "{out}"
+    );
+    // With --url no serving configuration is loaded: an invalid one does not matter.
+    let out = std::process::Command::new(sparkgate())
+        .args(["status", "--url", &format!("http://{}", gw.addr)])
+        .env("PORT", "18888")
+        .env("ADMIN_TOKEN", "t0ken")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("group      ready"), "{text}");
+    let (ok, out) = cli(&["logs", "rank", "7"]);
+    assert!(
+        !ok && out.contains("rank 7") && out.contains("(HTTP 4") && !out.contains("sparkgate: 4"),
+        "an error in words, its status last: {out}"
+    );
+}
+
+#[test]
+fn a_start_whose_group_fails_exits_non_zero_saying_why() {
+    let logs = tempfile::tempdir().unwrap();
+    let gw = Gateway::supervise_unready(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &[
+            // Each rank dies while it loads: no start ever gets ready.
+            ("SIM_LOAD_SECONDS", "1"),
+            ("SIM_FAULT_CRASH_AFTER_S", "0.3"),
+            ("RESTART_BUDGET", "1"),
+            ("RESTART_BACKOFF_INITIAL", "0.1"),
+        ],
+    );
+    gw.wait_status("failed", |s| s["supervisor"]["state"] == "failed");
+    let out = std::process::Command::new(sparkgate())
+        .args(["start", "--url", &format!("http://{}", gw.addr)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("did not come up: gave up after 1 failures in a row"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_demo_serves_the_smoke_request() {
+    let (vllm, master) = (
+        sparkgate_tests::harness::free_port().to_string(),
+        sparkgate_tests::harness::free_port().to_string(),
+    );
+    let env = [
+        ("PORT", "0"),
+        ("VLLM_PORT", vllm.as_str()),
+        ("MASTER_PORT", master.as_str()),
+        ("SIM_LOAD_SECONDS", "0"),
+        ("SIM_SPEED", "20"),
+    ];
+    let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate(), &["demo".to_owned()], &env);
+    let addr = sparkgate_tests::harness::addr_in(&proc.wait_for("sparkgate listening on http://"));
+    proc.wait_for("sparkgate demo: deepseek-v4.1-flash with two simulated ranks");
+    let gw = Gateway { proc, addr };
+    gw.wait_ready();
+    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert!(gw
+        .proc
+        .log()
+        .iter()
+        .any(|l| l.contains("HEAD_IP") || l.contains("rank started")));
+    // Structured output in the demo, as the openai SDK and pydantic-ai ask for it.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/demo_structured.py");
+    let out = std::process::Command::new("python3")
+        .args([
+            "-W",
+            "ignore::ResourceWarning",
+            script,
+            &gw.base_url(),
+            "DeepSeek-v4.1-Flash-EXL3",
+        ])
+        .output()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("openai parse:") && text.contains("pydantic-ai native:"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn two_demos_run_side_by_side_and_each_removes_its_logs_on_exit() {
+    // Only the public ports are given: vLLM's and the rendezvous port are picked free.
+    let ports = [
+        sparkgate_tests::harness::free_port(),
+        sparkgate_tests::harness::free_port(),
+    ];
+    let env = [("SIM_LOAD_SECONDS", "0"), ("SIM_SPEED", "20")];
+    let mut demos: Vec<Gateway> = ports
+        .iter()
+        .map(|p| {
+            let args = ["demo".to_owned(), "--port".to_owned(), p.to_string()];
+            let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate(), &args, &env);
+            let addr = sparkgate_tests::harness::addr_in(&proc.wait_for("sparkgate listening on http://"));
+            Gateway { proc, addr }
+        })
+        .collect();
+    let mut dirs = Vec::new();
+    for (gw, port) in demos.iter().zip(ports) {
+        assert_eq!(gw.addr.port(), port);
+        gw.wait_ready();
+        assert_eq!(smoke(gw)["choices"][0]["message"]["content"], "323");
+        let banner = gw.proc.wait_for("  logs: ");
+        let dir = banner
+            .split("logs: ")
+            .nth(1)
+            .unwrap()
+            .split(" (")
+            .next()
+            .unwrap()
+            .trim()
+            .to_owned();
+        assert!(banner.contains("removed on exit"), "{banner}");
+        assert!(std::path::Path::new(&dir).is_dir(), "{dir}");
+        dirs.push(dir);
+    }
+    assert_ne!(dirs[0], dirs[1]);
+    for gw in &demos {
+        assert!(std::process::Command::new("kill")
+            .args(["-TERM", &gw.proc.pid().to_string()])
+            .status()
+            .unwrap()
+            .success());
+    }
+    for (gw, dir) in demos.iter_mut().zip(&dirs) {
+        assert!(gw.proc.wait_exit(Duration::from_secs(60)).success());
+        assert!(!std::path::Path::new(dir).exists(), "{dir} removed on exit");
+    }
+    // What the demo runs, before running it.
+    let out = std::process::Command::new(sparkgate())
+        .args(["config", "--demo"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}=")))
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(
+        line("RUNTIME").contains("process") && line("RUNTIME").contains("demo default"),
+        "{text}"
+    );
+    assert!(line("HEAD_IP").contains("127.0.0.1"), "{text}");
+    assert!(
+        !line("VLLM_PORT").contains("18888"),
+        "picked free: {}",
+        line("VLLM_PORT")
+    );
+}
