@@ -382,6 +382,9 @@ impl std::fmt::Debug for ShutdownHooks {
     }
 }
 
+/// A classic-BPF `ret #0`: a socket filter that drops every packet.
+const BPF_RET_K: u16 = 0x06;
+
 /// How long connections get to send their final error events after the drain, before they
 /// are closed.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
@@ -450,7 +453,16 @@ pub(crate) async fn run(
             }
         }
     }
-    // Connections the kernel completed since the last accept get their answer too.
+    // The kernel completes handshakes on its own until the listener closes, and closing it
+    // resets every connection still queued — a client that connected a moment before would
+    // see its request lost. So new handshakes are stopped first (a filter that drops every
+    // packet to the listener: their clients retry the SYN and then find the port closed —
+    // refused, not reset), then what is already queued is answered.
+    let drop_all = [socket2::SockFilter::new(BPF_RET_K, 0, 0, 0)];
+    if let Err(e) = socket2::SockRef::from(&listener).attach_filter(&drop_all) {
+        tracing::debug!(error = %e, "cannot stop new handshakes before closing the listener");
+    }
+    tokio::task::yield_now().await;
     while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
         refusals.spawn(async move { answer(&stream, GatewayError::ShuttingDown).await });
     }

@@ -70,8 +70,9 @@ pub enum Outcome {
     Truncated(String),
     /// No complete answer within the deadline.
     Hung,
-    /// The request was accepted, then the connection closed with no answer at all.
-    Lost,
+    /// The request was accepted, then the connection closed with no answer at all (how: the
+    /// write failed, a reset, or a close).
+    Lost(&'static str),
     /// The connection was refused: nothing was accepted (the gateway was down).
     Refused,
 }
@@ -91,11 +92,12 @@ pub fn exchange(addr: SocketAddr, kind: Kind, model: &str, max_tokens: u32, dead
         .and_then(|()| s.write_all(body.as_bytes()))
         .is_err()
     {
-        return Outcome::Lost;
+        return Outcome::Lost("the request could not be written");
     }
     let until = Instant::now() + deadline;
     let mut raw = Vec::new();
     let mut buf = [0u8; 16 * 1024];
+    let mut reset = false;
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -106,16 +108,22 @@ pub fn exchange(addr: SocketAddr, kind: Kind, model: &str, max_tokens: u32, dead
             Ok(0) => break,
             Ok(n) => raw.extend_from_slice(&buf[..n]),
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(_) => break,
+            Err(e) => {
+                reset = e.kind() == std::io::ErrorKind::ConnectionReset;
+                break;
+            }
         }
     }
-    classify(kind, &raw)
+    match classify(kind, &raw) {
+        Outcome::Lost(_) if reset => Outcome::Lost("reset before any byte of an answer"),
+        other => other,
+    }
 }
 
 /// The classification of a whole raw answer.
 pub fn classify(kind: Kind, raw: &[u8]) -> Outcome {
     if raw.is_empty() {
-        return Outcome::Lost;
+        return Outcome::Lost("closed before any byte of an answer");
     }
     let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
         return Outcome::Truncated("no complete response head".into());
@@ -241,7 +249,7 @@ mod tests {
             classify(Kind::Chat, envelope),
             Outcome::ExplicitError { status: 503, .. }
         ));
-        assert_eq!(classify(Kind::Chat, b""), Outcome::Lost);
+        assert!(matches!(classify(Kind::Chat, b""), Outcome::Lost(_)));
         let bare = b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n";
         assert!(
             matches!(classify(Kind::Chat, bare), Outcome::Truncated(_)),

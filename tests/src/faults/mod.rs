@@ -120,13 +120,16 @@ impl Row {
             }
             Outcome::ExplicitError { .. } => self.explicit_errors += 1,
             Outcome::Refused => self.refused += 1,
-            Outcome::Lost | Outcome::Truncated(_) if cuts_accepted => self.cut_with_gateway += 1,
+            Outcome::Lost(_) | Outcome::Truncated(_) if cuts_accepted => self.cut_with_gateway += 1,
             Outcome::Truncated(why) => {
                 self.truncated += 1;
                 self.samples.push(why);
             }
             Outcome::Hung => self.hung += 1,
-            Outcome::Lost => self.lost += 1,
+            Outcome::Lost(how) => {
+                self.lost += 1;
+                self.samples.push(format!("lost: {how}"));
+            }
         }
     }
 
