@@ -527,6 +527,15 @@ pub async fn serve(
             }
         });
     }
+    // The tokens/s that /admin/status reports: delivered tokens sampled each second.
+    let sampled = control.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            sampled.sample_rate();
+        }
+    });
     let cfg = crate::listen::ListenConfig {
         header_read_timeout: config.gateway.header_read_timeout,
         drain_timeout: config.gateway.drain_timeout,

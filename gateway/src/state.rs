@@ -48,7 +48,12 @@ struct Inner {
     mode: RwLock<String>,
     admission: Arc<Admission>,
     delivered_tokens: AtomicU64,
+    /// `delivered_tokens` sampled once a second, the last `RATE_WINDOW_S` + 1 samples.
+    rate: std::sync::Mutex<std::collections::VecDeque<u64>>,
 }
+
+/// Seconds the reported tokens/s averages over.
+const RATE_WINDOW_S: usize = 10;
 
 /// The handle through which the gateway's admission and readiness are driven.
 #[derive(Debug, Clone)]
@@ -65,6 +70,7 @@ impl GatewayControl {
                 mode: RwLock::new(mode.to_owned()),
                 admission: Admission::new(capacity, limits),
                 delivered_tokens: AtomicU64::new(0),
+                rate: std::sync::Mutex::new(std::collections::VecDeque::new()),
             }),
         }
     }
@@ -129,5 +135,48 @@ impl GatewayControl {
     /// Completion tokens delivered since start, all modes.
     pub(crate) fn delivered_tokens(&self) -> u64 {
         self.inner.delivered_tokens.load(Ordering::Relaxed)
+    }
+
+    /// This second's sample of the tokens delivered (a one-second ticker calls it).
+    pub(crate) fn sample_rate(&self) {
+        let mut r = self.inner.rate.lock().expect("rate lock");
+        r.push_back(self.delivered_tokens());
+        if r.len() > RATE_WINDOW_S + 1 {
+            r.pop_front();
+        }
+    }
+
+    /// Completion tokens delivered per second over the last `RATE_WINDOW_S` seconds.
+    pub(crate) fn tokens_per_s(&self) -> f64 {
+        let r = self.inner.rate.lock().expect("rate lock");
+        match (r.front(), r.back()) {
+            (Some(a), Some(b)) if r.len() > 1 => (b - a) as f64 / (r.len() - 1) as f64,
+            _ => 0.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_per_second_average_the_last_ten_samples() {
+        let limits = QueueLimits {
+            depth: 4,
+            bytes: 1 << 20,
+            timeout: std::time::Duration::from_secs(1),
+        };
+        let c = GatewayControl::new(2, limits, "dspark");
+        assert_eq!(c.tokens_per_s(), 0.0, "no sample yet");
+        c.sample_rate();
+        c.count_tokens("dspark", 50);
+        c.sample_rate();
+        assert_eq!(c.tokens_per_s(), 50.0);
+        for _ in 0..20 {
+            c.count_tokens("dspark", 30);
+            c.sample_rate();
+        }
+        assert_eq!(c.tokens_per_s(), 30.0, "the older seconds left the window");
     }
 }

@@ -272,6 +272,9 @@ pub(super) fn status_table(v: &serde_json::Value) -> String {
         "admission  {} in flight · {} queued · capacity {} · {open}",
         a["in_flight"], a["queued"], a["capacity"]
     );
+    if let Some(rate) = v["tokens_per_s"].as_f64() {
+        let _ = writeln!(out, "throughput {rate:.1} tokens/s over the last 10 s");
+    }
     let Some(s) = v.get("supervisor").filter(|s| !s.is_null()) else {
         let _ = writeln!(
             out,
@@ -363,7 +366,7 @@ mod tests {
     fn the_status_table_lists_ranks_in_order_with_words_not_json() {
         let v = json!({
             "ready": true, "upstream": {"state": "ready"}, "upstream_url": "http://127.0.0.1:18888",
-            "profile": "deepseek-v4.1-flash", "model": "DS", "mode": "dspark",
+            "profile": "deepseek-v4.1-flash", "model": "DS", "mode": "dspark", "tokens_per_s": 41.5,
             "admission": {"open": true, "capacity": 2, "in_flight": 1, "queued": 0},
             "supervisor": {"state": "ready", "epoch": 3, "mode": "dspark", "runtime": "process", "restarts": 2,
                 "last_restart": {"reason": "rank 1 exited (signal 9)", "detected_in_s": 0.01},
@@ -388,6 +391,7 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("memory     head 20.4 GiB free"), "{t}");
+        assert!(t.contains("throughput 41.5 tokens/s over the last 10 s"), "{t}");
         let rank0 = t.find("\n0     head").expect("rank 0 row");
         let rank1 = t.find("\n1     worker").expect("rank 1 row");
         assert!(rank0 < rank1, "ranks in order:\n{t}");
