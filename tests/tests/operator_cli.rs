@@ -70,7 +70,10 @@ fn operator_commands_through_the_cli() {
     );
     assert!(rank0.is_some() && rank0 < rank1, "ranks in order:\n{out}");
     assert!(!out.contains('{'), "words, not JSON:\n{out}");
-    assert!(out.contains("throughput ") && out.contains(" tokens/s over the last 10 s"), "{out}");
+    assert!(
+        out.contains("throughput ") && out.contains(" tokens/s over the last 10 s"),
+        "{out}"
+    );
     let (ok, out) = cli(&["status", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert!(ok && v["supervisor"]["epoch"] == 1, "{out}");
