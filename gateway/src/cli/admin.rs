@@ -23,20 +23,28 @@ pub struct Target {
     pub(super) url: Option<String>,
 }
 
+/// How the gateway's address was chosen (for the fix when nothing answers there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chosen {
+    /// `--url` named it.
+    Url,
+    /// `http://127.0.0.1:PORT` from the configuration.
+    Port,
+}
+
 /// Where the gateway is and the admin token it wants.
 #[derive(Debug, Clone)]
 pub(super) struct Endpoint {
     base: String,
     token: Option<String>,
-    /// How the address was chosen, for the error when nothing answers there.
-    from: &'static str,
+    from: Chosen,
 }
 
 impl Endpoint {
     pub(super) fn of(config: &Config, target: &Target) -> Endpoint {
         let (base, from) = match &target.url {
-            Some(url) => (url.clone(), "--url"),
-            None => (format!("http://127.0.0.1:{}", config.ports.public), "PORT"),
+            Some(url) => (url.clone(), Chosen::Url),
+            None => (format!("http://127.0.0.1:{}", config.ports.public), Chosen::Port),
         };
         Endpoint {
             base: base.trim_end_matches('/').to_owned(),
@@ -67,7 +75,7 @@ impl Endpoint {
         Endpoint {
             base: url.trim_end_matches('/').to_owned(),
             token: std::env::var("ADMIN_TOKEN").ok().filter(|t| !t.is_empty()),
-            from: "--url",
+            from: Chosen::Url,
         }
     }
 }
@@ -93,8 +101,8 @@ fn call(ep: &Endpoint, method: &str, path: &str, body: Bytes, stream: bool) -> a
                 "the connection failed"
             };
             let fix = match ep.from {
-                "--url" => "check the URL given with --url",
-                _ => {
+                Chosen::Url => "check the URL given with --url",
+                Chosen::Port => {
                     "start it with `sparkgate serve` (or `sparkgate demo`), or point at it: set PORT or pass --url URL"
                 }
             };
