@@ -313,6 +313,51 @@ pub fn sim_image(sim: &str) -> &'static str {
     })
 }
 
+/// The settings that make a RUNTIME=docker plan run here — no GPUs, no CAP_SYS_RESOURCE, no
+/// weights or weight sync, the page cache left alone — for the simulator image of `sim`, served
+/// as `model` (containers `<model>-head` / `<model>-worker`) with its host paths under `dir`.
+pub fn docker_env(sim: &str, model: &str, dir: &std::path::Path) -> Vec<(String, String)> {
+    [
+        ("RUNTIME", "docker".to_owned()),
+        ("IMAGE", sim_image(sim).to_owned()),
+        ("SERVED_MODEL_NAME", model.to_owned()),
+        ("CONTAINER_HEAD", format!("{model}-head")),
+        ("CONTAINER_WORKER", format!("{model}-worker")),
+        ("RANK_GPUS", "none".into()),
+        ("RANK_MEMLOCK_UNLIMITED", "0".into()),
+        ("RANK_DEVICES", String::new()),
+        ("CHAT_TEMPLATE_HOST", String::new()),
+        ("MODEL_HOST", dir.join("model").display().to_string()),
+        ("HF_HOME", dir.join("hf").display().to_string()),
+        // The simulator image's stand-in for the guides' GPU/overlay check scripts.
+        ("SELF_CHECK_CMD", "vllm selfcheck".into()),
+        ("SKIP_DOWNLOAD", "1".into()),
+        ("SKIP_SYNC", "1".into()),
+        ("DSV41_DROP_PAGE_CACHE", "0".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// Ids (full, sorted) of the containers labelled `sparkgate.group=<group>`.
+pub fn group_containers(group: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--no-trunc",
+            "--filter",
+            &format!("label=sparkgate.group={group}"),
+        ])
+        .output();
+    let mut ids: Vec<String> = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().map(str::to_owned).collect())
+        .unwrap_or_default();
+    ids.sort();
+    ids
+}
+
 /// Mounts a tmpfs of `mib` MiB at `path` (created if missing): a small disk for a test. The
 /// caller unmounts it.
 pub fn mount_tmpfs(path: &std::path::Path, mib: u32) {

@@ -14,10 +14,6 @@ fn sparkgate() -> String {
     binary_next_to(SIM, "sparkgate")
 }
 
-fn image() -> &'static str {
-    sparkgate_tests::harness::sim_image(SIM)
-}
-
 /// Containers of this test, removed whatever happens.
 struct Cleanup(String);
 
@@ -31,22 +27,7 @@ impl Drop for Cleanup {
 
 /// Ids of containers whose sparkgate.group label is `group`.
 fn containers(group: &str) -> Vec<String> {
-    let out = Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--no-trunc",
-            "--filter",
-            &format!("label=sparkgate.group={group}"),
-        ])
-        .output()
-        .unwrap();
-    let mut ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    ids.sort();
-    ids
+    sparkgate_tests::hosts::group_containers(group)
 }
 
 fn label(id: &str, key: &str) -> String {
@@ -78,35 +59,19 @@ impl Deployment {
         let logs = tempfile::tempdir().unwrap();
         // Fixed for the deployment's life: the ports are part of the plan, hence of its hash.
         let (vllm_port, master_port) = (free_port().to_string(), free_port().to_string());
-        let mut env: Vec<(String, String)> = [
-            ("VLLM_PORT", vllm_port.as_str()),
-            ("MASTER_PORT", master_port.as_str()),
-            ("HEAD_IP", "127.0.0.1"),
-            ("WORKER_IP", "127.0.0.1"),
-            ("RUNTIME", "docker"),
-            ("IMAGE", image()),
-            ("SERVED_MODEL_NAME", &model),
-            ("CONTAINER_HEAD", &format!("{model}-head")),
-            ("CONTAINER_WORKER", &format!("{model}-worker")),
-            ("RANK_GPUS", "none"),
-            ("RANK_MEMLOCK_UNLIMITED", "0"),
-            ("RANK_DEVICES", ""),
-            ("CHAT_TEMPLATE_HOST", ""),
-            ("MODEL_HOST", &logs.path().join("model").display().to_string()),
-            ("HF_HOME", &logs.path().join("hf").display().to_string()),
-            ("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_SPEED=instant"),
-            // The simulator image's stand-in for the guides' GPU/overlay check scripts.
-            ("SELF_CHECK_CMD", "vllm selfcheck"),
-            ("RESTART_BACKOFF_INITIAL", "0.2"),
-            // No weights or weight sync in these tests (prepare_ship.rs covers them), and the
-            // machine's page cache is left alone.
-            ("SKIP_DOWNLOAD", "1"),
-            ("SKIP_SYNC", "1"),
-            ("DSV41_DROP_PAGE_CACHE", "0"),
-        ]
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
+        let mut env = sparkgate_tests::hosts::docker_env(SIM, &model, logs.path());
+        env.extend(
+            [
+                ("VLLM_PORT", vllm_port.as_str()),
+                ("MASTER_PORT", master_port.as_str()),
+                ("HEAD_IP", "127.0.0.1"),
+                ("WORKER_IP", "127.0.0.1"),
+                ("RANK_ENV", "SIM_LOAD_SECONDS=0,SIM_SPEED=instant"),
+                ("RESTART_BACKOFF_INITIAL", "0.2"),
+            ]
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         Deployment {
             _cleanup: Cleanup(group.clone()),

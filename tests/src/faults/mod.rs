@@ -176,53 +176,29 @@ impl Rig {
     /// The demo topology with the worker rank on 127.0.0.2 through a real sshd
     /// (RUNTIME=process over SSH).
     pub fn over_ssh(sparkgate: &str, sim: &str) -> Rig {
-        let sshd = crate::hosts::Sshd::start();
-        let control = tempfile::Builder::new()
-            .prefix("sgc")
-            .tempdir_in("/tmp")
-            .expect("control dir");
-        Self::with(sparkgate, sim, Some((sshd, control)), Vec::new())
+        Self::with(sparkgate, sim, Some(ssh_worker()), Vec::new())
     }
 
     /// RUNTIME=docker with the simulator image: the head container on this machine's daemon,
     /// the worker's on the daemon of 127.0.0.2 reached through a real sshd (the same daemon,
     /// forwarded over SSH).
     pub fn docker_over_ssh(sparkgate: &str, sim: &str) -> Rig {
-        let sshd = crate::hosts::Sshd::start();
-        let control = tempfile::Builder::new()
-            .prefix("sgc")
-            .tempdir_in("/tmp")
-            .expect("control dir");
         let model = format!("faults-{}", std::process::id());
         let host_dir = tempfile::tempdir().expect("model dir");
-        let host = host_dir.path().to_owned();
-        let env = [
-            ("RUNTIME", "docker".to_owned()),
-            ("IMAGE", crate::hosts::sim_image(sim).to_owned()),
-            ("SERVED_MODEL_NAME", model.clone()),
-            ("CONTAINER_HEAD", format!("{model}-head")),
-            ("CONTAINER_WORKER", format!("{model}-worker")),
-            ("RANK_GPUS", "none".into()),
-            ("RANK_MEMLOCK_UNLIMITED", "0".into()),
-            ("RANK_DEVICES", String::new()),
-            ("CHAT_TEMPLATE_HOST", String::new()),
-            ("MODEL_HOST", host.join("model").display().to_string()),
-            ("HF_HOME", host.join("hf").display().to_string()),
-            ("SELF_CHECK_CMD", "vllm selfcheck".into()),
-            ("SKIP_DOWNLOAD", "1".into()),
-            ("SKIP_SYNC", "1".into()),
-            ("DSV41_DROP_PAGE_CACHE", "0".into()),
-            ("STOP_RANKS_ON_EXIT", "1".into()),
-        ];
-        let env = env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        let mut rig = Self::with(sparkgate, sim, Some((sshd, control)), env);
+        let mut env = crate::hosts::docker_env(sim, &model, host_dir.path());
+        env.push(("STOP_RANKS_ON_EXIT".into(), "1".into()));
+        let mut rig = Self::with(sparkgate, sim, Some(ssh_worker()), env);
         let group = format!("deepseek-v4.1-flash.{model}");
         rig.ranks = Ranks::Containers { group: group.clone() };
         rig.model = model;
         rig.dirs.push(host_dir);
         let s = rig.status();
         assert_eq!(s["supervisor"]["runtime"], "docker", "{s}");
-        assert_eq!(group_containers(&group).len(), 2, "both ranks are containers: {s}");
+        assert_eq!(
+            crate::hosts::group_containers(&group).len(),
+            2,
+            "both ranks are containers: {s}"
+        );
         rig
     }
 
@@ -331,7 +307,7 @@ impl Rig {
                     .flatten()
                     .filter_map(|r| r["container"].as_str().map(str::to_owned))
                     .collect();
-                group_containers(group)
+                crate::hosts::group_containers(group)
                     .into_iter()
                     .filter(|id| {
                         !listed
@@ -511,26 +487,21 @@ impl Drop for Rig {
         // The gateway first (its Proc ends it), then whatever containers it left.
         self.gateway = None;
         if let Ranks::Containers { group } = &self.ranks {
-            for id in group_containers(group) {
+            for id in crate::hosts::group_containers(group) {
                 let _ = std::process::Command::new("docker").args(["rm", "-f", &id]).output();
             }
         }
     }
 }
 
-/// Ids of the containers labelled `sparkgate.group=<group>`.
-fn group_containers(group: &str) -> Vec<String> {
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--no-trunc",
-            "--filter",
-            &format!("label=sparkgate.group={group}"),
-        ])
-        .output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).lines().map(str::to_owned).collect())
-        .unwrap_or_default()
+/// The worker host of the SSH rigs (127.0.0.2) and its SSH control directory (short: unix socket
+/// paths are limited).
+fn ssh_worker() -> (crate::hosts::Sshd, tempfile::TempDir) {
+    let control = tempfile::Builder::new()
+        .prefix("sgc")
+        .tempdir_in("/tmp")
+        .expect("control dir");
+    (crate::hosts::Sshd::start(), control)
 }
 
 fn signal(target: &str, sig: &str) {
