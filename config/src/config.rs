@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::choice::choice;
 use crate::dotenv::DotEnv;
 use crate::error::ConfigError;
 use crate::knobs::{self, Group};
@@ -97,7 +98,7 @@ pub struct SshSettings {
     pub port: u16,
     pub keyfile: Option<PathBuf>,
     /// `accept-new`, `strict` or `accept`.
-    pub known_hosts: String,
+    pub known_hosts: KnownHosts,
     pub known_hosts_file: Option<PathBuf>,
     pub connect_timeout: Duration,
     pub control_dir: PathBuf,
@@ -170,8 +171,8 @@ pub struct Speculation {
     pub modes: Vec<SpecMode>,
     /// DFlash2 draft model (glm).
     pub dflash: Option<DflashDraft>,
-    /// SPEC_POLICY=auto: the gateway switches modes by demand width.
-    pub policy_auto: bool,
+    /// Whether the gateway switches modes by demand width.
+    pub policy: SpecPolicy,
     /// The auto policy's settings (also used when an operator turns auto on at run time).
     pub auto: AutoSpec,
 }
@@ -210,20 +211,20 @@ impl Speculation {
 pub struct Containers {
     pub head_name: String,
     pub worker_name: String,
-    pub gpus_all: bool,
+    pub gpus: Gpus,
     pub memlock_unlimited: bool,
     pub devices: Vec<String>,
     pub oom_score_adj: Option<i32>,
 }
 
-/// How the worker gets its weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WeightSync {
-    Nfs,
-    Rsync,
-    Zfs,
-    None,
+choice! {
+    /// How the worker gets its weights.
+    pub enum WeightSync {
+        Nfs = "nfs",
+        Rsync = "rsync",
+        Zfs = "zfs",
+        None = "none",
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -264,13 +265,13 @@ pub enum Weights {
     },
 }
 
-/// How a worker that lacks the image gets it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ImageShip {
-    Stream,
-    Staged,
-    Auto,
+choice! {
+    /// How a worker that lacks the image gets it.
+    pub enum ImageShip {
+        Auto = "auto",
+        Stream = "stream",
+        Staged = "staged",
+    }
 }
 
 /// Node preparation: the image on both nodes, the weights before the first start, and the
@@ -325,12 +326,50 @@ pub struct EngramPack {
     pub cmd: Vec<String>,
 }
 
-/// How the ranks are run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Runtime {
-    Docker,
-    Process,
+choice! {
+    /// How the ranks are run.
+    pub enum Runtime {
+        Docker = "docker",
+        Process = "process",
+    }
+}
+
+choice! {
+    /// SSH_KNOWN_HOSTS: what the worker's SSH does with its host key.
+    pub enum KnownHosts {
+        /// Record an unknown key, refuse a changed one.
+        AcceptNew = "accept-new",
+        /// Only keys already in known_hosts.
+        Strict = "strict",
+        /// Any key.
+        Accept = "accept",
+    }
+}
+
+choice! {
+    /// SPEC_POLICY: who picks the speculation mode.
+    pub enum SpecPolicy {
+        /// The operator (SPEC_METHOD, `sparkgate spec MODE`).
+        Fixed = "fixed",
+        /// The gateway, by demand width.
+        Auto = "auto",
+    }
+}
+
+choice! {
+    /// RANK_GPUS: which GPUs a rank container requests.
+    pub enum Gpus {
+        All = "all",
+        None = "none",
+    }
+}
+
+choice! {
+    /// LOG_FORMAT: how access and event lines are written.
+    pub enum LogFormat {
+        Text = "text",
+        Json = "json",
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -391,7 +430,7 @@ pub struct Gateway {
     /// Open client connections served at once.
     pub max_connections: usize,
     pub drain_timeout: Duration,
-    pub log_json: bool,
+    pub log_format: LogFormat,
     /// Tokio worker threads; 0 = one per core.
     pub worker_threads: usize,
 }

@@ -4,6 +4,7 @@
 //! Pure: no I/O beyond reading the env file it is pointed at. Every value knows its source.
 
 mod build;
+mod choice;
 mod config;
 mod dotenv;
 mod error;
@@ -14,14 +15,16 @@ mod profile;
 mod reference;
 mod render;
 mod resolve;
+mod rule;
 mod secret;
 mod source;
 mod spec;
 
+pub use choice::UnknownWord;
 pub use config::{
-    AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, HostNccl, ImageShip, LoadOptions, NfsShare, Nic,
-    Nodes, Ports, Preparation, RankEnvValue, Runtime, Secrets, Serving, Setting, Speculation, SshSettings, Storage,
-    Supervision, WeightSync, Weights, ZfsDatasets,
+    AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, Gpus, HostNccl, ImageShip, KnownHosts, LoadOptions,
+    LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, RankEnvValue, Runtime, Secrets, Serving, Setting, SpecPolicy,
+    Speculation, SshSettings, Storage, Supervision, WeightSync, Weights, ZfsDatasets,
 };
 pub use error::{ConfigError, InvalidValue};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};

@@ -6,16 +6,17 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::config::{Config, RankEnvValue, WeightSync, Weights};
+use crate::choice::choice;
+use crate::config::{Config, Gpus, RankEnvValue, WeightSync, Weights};
 use crate::profile::ProfileId;
 use crate::spec::SpecMethod;
 
-/// Which node a rank runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NodeRole {
-    Head,
-    Worker,
+choice! {
+    /// Which node a rank runs on.
+    pub enum NodeRole {
+        Head = "head",
+        Worker = "worker",
+    }
 }
 
 /// Everything needed to start the rank group.
@@ -82,8 +83,8 @@ pub struct ContainerSpec {
     pub cmd: Vec<String>,
     pub network_mode: &'static str,
     pub ipc_mode: &'static str,
-    /// `--gpus all` (a device request for every GPU).
-    pub gpus_all: bool,
+    /// `--gpus all` (a device request for every GPU) or none.
+    pub gpus: Gpus,
     pub shm_size_bytes: u64,
     pub ulimits: Vec<Ulimit>,
     pub oom_score_adj: Option<i32>,
@@ -218,7 +219,7 @@ impl Config {
                 cmd: self.vllm_argv(rank, mode),
                 network_mode: "host",
                 ipc_mode: "host",
-                gpus_all: c.gpus_all,
+                gpus: c.gpus,
                 shm_size_bytes: SHM_SIZE_BYTES,
                 ulimits,
                 oom_score_adj: c.oom_score_adj,
@@ -390,31 +391,8 @@ impl Config {
             .speculation
             .mode(mode)
             .expect("plan_for takes one of the profile's modes");
-        let mut a: Vec<String> = Vec::with_capacity(64);
+        let mut a = self.group_argv(rank);
         let mut push = |items: &[&str]| a.extend(items.iter().map(|s| (*s).to_owned()));
-        let model = self.model_path();
-        let port = self.ports.vllm.to_string();
-        push(&[
-            "serve",
-            &model,
-            "--served-model-name",
-            &s.served_model_name,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port,
-        ]);
-        push(&["--tensor-parallel-size", &s.tp.to_string()]);
-        if s.nnodes > 1 {
-            let head = self.nodes.head_ip.to_string();
-            let master = self.ports.master.to_string();
-            push(&["--nnodes", &s.nnodes.to_string(), "--node-rank", &rank.to_string()]);
-            push(&["--master-addr", &head, "--master-port", &master]);
-        }
-        push(&["--distributed-executor-backend", "mp"]);
-        if rank > 0 {
-            push(&["--headless"]);
-        }
         push(facts.fixed_serve_flags);
         if let Some(overrides) = facts.hf_overrides {
             push(&["--hf-overrides", overrides]);
@@ -447,6 +425,43 @@ impl Config {
         if s.chat_template_host.is_some() {
             push(&["--chat-template", &self.chat_template_target()]);
         }
+        a.extend(self.input_argv());
+        a.extend(s.extra_args.iter().cloned());
+        if !s.enforce_eager && !s.extra_args.iter().any(|x| x.starts_with("--cudagraph-capture-sizes")) {
+            a.push("--cudagraph-capture-sizes".into());
+            a.extend(mode_cfg.cudagraph_capture_sizes.iter().map(u32::to_string));
+        }
+        a
+    }
+
+    /// `serve MODEL`, the address rank 0 binds and the rank's place in the group.
+    fn group_argv(&self, rank: u32) -> Vec<String> {
+        let s = &self.serving;
+        let mut a: Vec<String> = Vec::with_capacity(64);
+        let mut push = |items: &[&str]| a.extend(items.iter().map(|s| (*s).to_owned()));
+        let model = self.model_path();
+        let port = self.ports.vllm.to_string();
+        push(&["serve", &model, "--served-model-name", &s.served_model_name]);
+        push(&["--host", "127.0.0.1", "--port", &port]);
+        push(&["--tensor-parallel-size", &s.tp.to_string()]);
+        if s.nnodes > 1 {
+            let head = self.nodes.head_ip.to_string();
+            let master = self.ports.master.to_string();
+            push(&["--nnodes", &s.nnodes.to_string(), "--node-rank", &rank.to_string()]);
+            push(&["--master-addr", &head, "--master-port", &master]);
+        }
+        push(&["--distributed-executor-backend", "mp"]);
+        if rank > 0 {
+            push(&["--headless"]);
+        }
+        a
+    }
+
+    /// What the model takes in: text only or multimodal limits, and the template's default effort.
+    fn input_argv(&self) -> Vec<String> {
+        let s = &self.serving;
+        let mut a: Vec<String> = Vec::new();
+        let mut push = |items: &[&str]| a.extend(items.iter().map(|s| (*s).to_owned()));
         if s.language_model_only {
             push(&["--language-model-only"]);
         } else {
@@ -459,15 +474,8 @@ impl Config {
             }
         }
         if let Some(effort) = &s.default_reasoning_effort {
-            push(&[
-                "--default-chat-template-kwargs",
-                &format!(r#"{{"reasoning_effort":"{effort}"}}"#),
-            ]);
-        }
-        a.extend(s.extra_args.iter().cloned());
-        if !s.enforce_eager && !s.extra_args.iter().any(|x| x.starts_with("--cudagraph-capture-sizes")) {
-            a.push("--cudagraph-capture-sizes".into());
-            a.extend(mode_cfg.cudagraph_capture_sizes.iter().map(u32::to_string));
+            let kwargs = format!(r#"{{"reasoning_effort":"{effort}"}}"#);
+            push(&["--default-chat-template-kwargs", &kwargs]);
         }
         a
     }

@@ -1,29 +1,18 @@
 //! The two deployment profiles and the facts of each that are not knobs (parsers, fixed flags).
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::Serialize;
 
-/// A reference deployment sparkgate knows by heart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub enum ProfileId {
-    #[serde(rename = "deepseek-v4.1-flash")]
-    DeepSeekV41Flash,
-    #[serde(rename = "glm-5.3-flash")]
-    Glm53Flash,
+use crate::choice::choice;
+
+choice! {
+    /// A reference deployment sparkgate knows by heart.
+    pub enum ProfileId {
+        DeepSeekV41Flash = "deepseek-v4.1-flash",
+        Glm53Flash = "glm-5.3-flash",
+    }
 }
 
 impl ProfileId {
-    pub const ALL: [ProfileId; 2] = [ProfileId::DeepSeekV41Flash, ProfileId::Glm53Flash];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProfileId::DeepSeekV41Flash => "deepseek-v4.1-flash",
-            ProfileId::Glm53Flash => "glm-5.3-flash",
-        }
-    }
-
     /// How this profile's chat template treats `reasoning_effort`.
     pub fn reasoning(self) -> &'static ReasoningFacts {
         &self.facts().reasoning
@@ -34,23 +23,6 @@ impl ProfileId {
             ProfileId::DeepSeekV41Flash => &DEEPSEEK,
             ProfileId::Glm53Flash => &GLM,
         }
-    }
-}
-
-impl fmt::Display for ProfileId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ProfileId {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ProfileId::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("must be one of: {}", ProfileId::ALL.map(|p| p.as_str()).join(", ")))
     }
 }
 

@@ -4,7 +4,8 @@
 use std::fmt::Write as _;
 
 use crate::config::Config;
-use crate::knobs::{Def, Group, KNOBS};
+use crate::knobs::{Def, Group, Knob, KNOBS};
+use crate::profile::ProfileId;
 
 fn cell(def: Def) -> String {
     match def {
@@ -12,6 +13,23 @@ fn cell(def: Def) -> String {
         Def::Value("") => "(empty)".into(),
         Def::Value(v) => format!("`{}`", v.replace('|', "\\|")),
         Def::Derived(how) => format!("*{how}*"),
+    }
+}
+
+/// What the knob's rule accepts, per profile where the profiles differ.
+fn accepts(k: &Knob) -> String {
+    let used: Vec<(ProfileId, String)> = ProfileId::ALL
+        .into_iter()
+        .filter(|p| match p {
+            ProfileId::DeepSeekV41Flash => k.deepseek != Def::Unused,
+            ProfileId::Glm53Flash => k.glm != Def::Unused,
+        })
+        .map(|p| (p, k.rule_for(p).describe(p)))
+        .collect();
+    match used.as_slice() {
+        [(_, a), (_, b)] if a != b => format!("deepseek: {a}; glm: {b}"),
+        [(_, a), ..] => a.clone(),
+        [] => String::new(),
     }
 }
 
@@ -25,7 +43,7 @@ pub fn reference_markdown() -> String {
             group = Some(k.group);
             let _ = write!(
                 out,
-                "\n### {}\n\n| Variable | deepseek-v4.1-flash | glm-5.3-flash | Meaning |\n|---|---|---|---|\n",
+                "\n### {}\n\n| Variable | deepseek-v4.1-flash | glm-5.3-flash | Accepts | Meaning |\n|---|---|---|---|---|\n",
                 k.group.title()
             );
         }
@@ -35,9 +53,10 @@ pub fn reference_markdown() -> String {
         }
         let _ = writeln!(
             out,
-            "| {name} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} |",
             cell(k.deepseek),
             cell(k.glm),
+            accepts(k).replace('|', "\\|"),
             k.doc.replace('|', "\\|")
         );
     }

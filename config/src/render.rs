@@ -1,6 +1,6 @@
 //! Renders a rank plan as commands an operator can paste: `docker run …` and `vllm serve …`.
 
-use crate::config::RankEnvValue;
+use crate::config::{Gpus, RankEnvValue};
 use crate::plan::RankPlan;
 
 fn quote(word: &str) -> String {
@@ -36,7 +36,7 @@ impl RankPlan {
         }
         w.push(format!("--network={}", c.network_mode));
         w.push(format!("--ipc={}", c.ipc_mode));
-        if c.gpus_all {
+        if c.gpus == Gpus::All {
             w.push("--gpus".into());
             w.push("all".into());
         }

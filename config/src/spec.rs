@@ -1,56 +1,21 @@
 //! Speculative-decoding modes: their `--speculative-config`, capacity and throughput tables.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::Serialize;
 
+use crate::choice::choice;
 use crate::profile::ProfileId;
 
-/// A speculation method as `SPEC_METHOD` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SpecMethod {
-    /// DeepSeek's in-checkpoint DSpark drafter.
-    Dspark,
-    /// GLM's separate DFlash2 draft model.
-    Dflash,
-    /// The checkpoint's multi-token-prediction head.
-    Mtp,
-    /// No speculation.
-    None,
-}
-
-impl SpecMethod {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SpecMethod::Dspark => "dspark",
-            SpecMethod::Dflash => "dflash",
-            SpecMethod::Mtp => "mtp",
-            SpecMethod::None => "none",
-        }
-    }
-}
-
-impl fmt::Display for SpecMethod {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for SpecMethod {
-    type Err = ();
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [
-            SpecMethod::Dspark,
-            SpecMethod::Dflash,
-            SpecMethod::Mtp,
-            SpecMethod::None,
-        ]
-        .into_iter()
-        .find(|m| m.as_str() == s)
-        .ok_or(())
+choice! {
+    /// A speculation method as `SPEC_METHOD` names it.
+    pub enum SpecMethod {
+        /// DeepSeek's in-checkpoint DSpark drafter.
+        Dspark = "dspark",
+        /// GLM's separate DFlash2 draft model.
+        Dflash = "dflash",
+        /// The checkpoint's multi-token-prediction head.
+        Mtp = "mtp",
+        /// No speculation.
+        None = "none",
     }
 }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{options, words, Fixture};
-use sparkgate_config::{Mount, NodeRole, RankEnvValue, RankPlan, SpecMethod, Ulimit};
+use sparkgate_config::{Gpus, Mount, NodeRole, RankEnvValue, RankPlan, SpecMethod, Ulimit};
 
 /// DeepSeek launcher §1.7, rank 0, with its `.env.example` values. The one deliberate
 /// difference: vLLM listens on 127.0.0.1:VLLM_PORT because the gateway owns PORT.
@@ -118,7 +118,7 @@ fn deepseek_container_spec_matches_the_launcher() {
             "ghcr.io/miaai-lab/deepseek-v4.1-flash-exl3-2x-dgx-sparks:2.9bpw"
         );
         assert_eq!((c.network_mode, c.ipc_mode), ("host", "host"));
-        assert!(c.gpus_all);
+        assert_eq!(c.gpus, Gpus::All);
         assert_eq!(c.shm_size_bytes, 32 << 30);
         assert_eq!(c.stop_timeout_s, 60);
         assert_eq!(c.restart_policy, "no");
@@ -385,7 +385,7 @@ fn test_machine_settings_remove_gpu_and_privilege_requests() {
         .config();
     for rank in config.plan().ranks {
         let c = rank.container;
-        assert!(!c.gpus_all);
+        assert_eq!(c.gpus, Gpus::None);
         assert!(c.devices.is_empty());
         assert_eq!(c.oom_score_adj, None);
         assert_eq!(

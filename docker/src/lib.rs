@@ -22,7 +22,7 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use sparkgate_config::{ContainerSpec, Mount, RankEnvValue};
+use sparkgate_config::{ContainerSpec, Gpus, Mount, RankEnvValue};
 
 /// Errors of Docker operations, saying which node and what failed.
 #[derive(Debug, thiserror::Error)]
@@ -139,7 +139,7 @@ impl Node {
                     })
                     .collect(),
             ),
-            device_requests: spec.gpus_all.then(|| {
+            device_requests: (spec.gpus == Gpus::All).then(|| {
                 vec![DeviceRequest {
                     driver: Some(String::new()),
                     count: Some(-1),

@@ -17,8 +17,7 @@ pub struct SshTarget {
     pub destination: String,
     pub port: u16,
     pub keyfile: Option<PathBuf>,
-    /// `accept-new` (default), `strict` or `accept`.
-    pub known_hosts: String,
+    pub known_hosts: sparkgate_config::KnownHosts,
     pub known_hosts_file: Option<PathBuf>,
     pub connect_timeout: Duration,
     /// The worker's Docker socket.
@@ -80,10 +79,10 @@ impl Node {
             .connect_timeout(target.connect_timeout)
             .server_alive_interval(Duration::from_secs(5))
             .control_directory(&target.control_dir)
-            .known_hosts_check(match target.known_hosts.as_str() {
-                "strict" => KnownHosts::Strict,
-                "accept" => KnownHosts::Accept,
-                _ => KnownHosts::Add,
+            .known_hosts_check(match target.known_hosts {
+                sparkgate_config::KnownHosts::Strict => KnownHosts::Strict,
+                sparkgate_config::KnownHosts::Accept => KnownHosts::Accept,
+                sparkgate_config::KnownHosts::AcceptNew => KnownHosts::Add,
             });
         if let Some(k) = &target.keyfile {
             b.keyfile(k);

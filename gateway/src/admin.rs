@@ -10,6 +10,7 @@ use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use sparkgate_config::SpecPolicy;
 use sparkgate_supervisor::{Answer, GroupState, SupervisorHandle};
 
 use crate::admission::Hold;
@@ -29,7 +30,7 @@ pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
             let status = rx.borrow_and_update().clone();
             let key = (
                 status.state.clone(),
-                status.mode.clone(),
+                status.mode,
                 status.max_num_seqs,
                 status.stalled_s.is_some(),
             );
@@ -53,7 +54,7 @@ pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
                 GroupState::Ready { .. } => {
                     // A mode switch changes the concurrency limit with the group.
                     control.admission().set_capacity(status.max_num_seqs);
-                    control.set_mode(&status.mode);
+                    control.set_mode(status.mode);
                     control.set_upstream(UpstreamState::Ready);
                     control.admission().resume(Hold::Group);
                 }
@@ -190,18 +191,46 @@ pub(crate) async fn spec(State(app): State<Shared>) -> Response {
     let p = &app.spec_policy;
     let body = json!({
         "mode": app.control.mode(),
-        "policy": if p.is_auto() { "auto" } else { "fixed" },
+        "policy": p.policy(),
         "settings": p.settings(),
         "learned": p.learned(),
         "decisions": p.decisions(),
         "modes": app.spec_modes.iter().map(|m| json!({
-            "mode": m.method.as_str(),
+            "mode": m.method,
             "num_speculative_tokens": m.num_speculative_tokens,
             "max_num_seqs": m.max_num_seqs,
             "throughput": m.throughput,
         })).collect::<Vec<_>>(),
     });
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// What a `POST /admin/spec` body asks for.
+struct SpecAsk {
+    mode: Option<serde_json::Value>,
+    policy: Option<SpecPolicy>,
+}
+
+fn spec_ask(body: &[u8]) -> Result<SpecAsk, GatewayError> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        GatewayError::bad_request(
+            format!("the body must be JSON like {{\"mode\": \"none\"}}: {e}"),
+            "body",
+        )
+    })?;
+    let policy = match v.get("policy") {
+        None => None,
+        Some(p) => Some(p.as_str().and_then(|p| p.parse::<SpecPolicy>().ok()).ok_or_else(|| {
+            GatewayError::bad_request(
+                format!("policy must be one of {}, not {p}", SpecPolicy::WORDS.join(", ")),
+                "policy",
+            )
+        })?),
+    };
+    Ok(SpecAsk {
+        mode: v.get("mode").cloned(),
+        policy,
+    })
 }
 
 /// `POST /admin/spec {"mode": M}`: pins mode M (the policy becomes `fixed`), drains, then
@@ -213,69 +242,54 @@ pub(crate) async fn set_spec(
     Query(q): Query<HashMap<String, String>>,
     body: bytes::Bytes,
 ) -> Result<Response, GatewayError> {
-    let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
-        GatewayError::bad_request(
-            format!("the body must be JSON like {{\"mode\": \"none\"}}: {e}"),
-            "body",
-        )
-    })?;
-    let policy = match v.get("policy") {
-        None => None,
-        Some(p) => match p.as_str() {
-            Some("auto") => Some(true),
-            Some("fixed") => Some(false),
-            _ => {
-                return Err(GatewayError::bad_request(
-                    format!("policy must be \"fixed\" or \"auto\", not {p}"),
-                    "policy",
-                ))
-            }
-        },
-    };
+    let ask = spec_ask(&body)?;
     let names: Vec<&str> = app.spec_modes.iter().map(|m| m.method.as_str()).collect();
-    if v.get("mode").is_none() {
-        if let Some(auto) = policy {
+    match (&ask.mode, ask.policy) {
+        (None, Some(policy)) => {
             supervisor(&app)?;
-            app.spec_policy.set_auto(auto);
-            tracing::info!(auto, "speculation policy set by an operator");
-            let body = json!({"mode": app.control.mode(), "policy": if auto { "auto" } else { "fixed" }});
+            app.spec_policy.set_policy(policy);
+            tracing::info!(%policy, "speculation policy set by an operator");
+            let body = json!({"mode": app.control.mode(), "policy": policy});
             return Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response());
         }
+        (Some(_), Some(SpecPolicy::Auto)) => {
+            return Err(GatewayError::bad_request(
+                "a mode pins the policy to fixed; send {\"policy\": \"auto\"} alone to release it",
+                "policy",
+            ))
+        }
+        (None, None) => {
+            return Err(GatewayError::bad_request(
+                format!("\"mode\" is required: one of {}", names.join(", ")),
+                "mode",
+            ))
+        }
+        (Some(_), _) => {}
     }
-    if policy == Some(true) {
-        return Err(GatewayError::bad_request(
-            "a mode pins the policy to fixed; send {\"policy\": \"auto\"} alone to release it",
-            "policy",
-        ));
-    }
-    let Some(wanted) = v.get("mode").and_then(|m| m.as_str()) else {
-        return Err(GatewayError::bad_request(
-            format!("\"mode\" is required: one of {}", names.join(", ")),
-            "mode",
-        ));
-    };
+    let wanted = ask.mode.as_ref().and_then(|m| m.as_str()).unwrap_or_default();
     let Some(mode) = app.spec_modes.iter().find(|m| m.method.as_str() == wanted) else {
         return Err(GatewayError::bad_request(
             format!(
-                "mode {wanted:?} is not a mode of this profile: one of {}",
+                "mode {} is not a mode of this profile: one of {}",
+                ask.mode.unwrap_or_default(),
                 names.join(", ")
             ),
             "mode",
         ));
     };
     supervisor(&app)?;
-    app.spec_policy.set_auto(false);
-    if app.control.mode() == wanted {
-        let body = json!({"mode": wanted, "switching": false});
+    app.spec_policy.set_policy(SpecPolicy::Fixed);
+    let (method, seqs) = (mode.method, mode.max_num_seqs);
+    if app.control.mode() == method {
+        let body = json!({"mode": method, "switching": false});
         return Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response());
     }
-    let (method, seqs) = (mode.method, mode.max_num_seqs);
     let drain = drain_then(&app, forced(&q), move |sup| async move {
         sup.switch_mode(method, format!("operator switch to speculation mode {method}"))
             .await
     })?;
     Ok(accepted(json!({
-        "mode": wanted,
+        "mode": method,
         "switching": true,
         "max_num_seqs": seqs,
         "drain_timeout_s": drain.as_secs_f64(),

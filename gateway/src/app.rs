@@ -34,7 +34,7 @@ pub(crate) struct App {
     pub(crate) profile: String,
     /// The profile's speculation modes (what `/admin/spec` may switch to).
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
-    pub(crate) spec_policy: Arc<crate::spec::SpecPolicy>,
+    pub(crate) spec_policy: Arc<crate::spec::ModePolicy>,
     pub(crate) upstream_metrics: crate::exposition::UpstreamMetrics,
 }
 
@@ -64,7 +64,7 @@ impl App {
             max_body: g.max_body_bytes,
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
-            spec_policy: crate::spec::SpecPolicy::new(&config.speculation),
+            spec_policy: crate::spec::ModePolicy::new(&config.speculation),
             upstream_metrics: Default::default(),
         })
     }

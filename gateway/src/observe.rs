@@ -112,7 +112,7 @@ pub(crate) fn admission(queued: usize, in_use: u32) {
 /// Installs the log subscriber: `RUST_LOG`-style filtering via `SPARKGATE_LOG` (default info),
 /// text or JSON lines on stderr, written by a thread of their own (`logwriter`). Keep the guard
 /// until the end of `main`: dropping it writes what is still queued.
-pub fn init_logging(json: bool) -> crate::logwriter::LogGuard {
+pub fn init_logging(format: sparkgate_config::LogFormat) -> crate::logwriter::LogGuard {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SPARKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -122,7 +122,7 @@ pub fn init_logging(json: bool) -> crate::logwriter::LogGuard {
         .with_writer(writer)
         .with_target(false)
         .with_ansi(ansi);
-    let _ = if json {
+    let _ = if format == sparkgate_config::LogFormat::Json {
         builder.json().flatten_event(true).try_init()
     } else {
         builder.try_init()

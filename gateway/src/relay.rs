@@ -14,6 +14,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use metrics::{counter, histogram};
 use serde_json::Value;
+use sparkgate_config::SpecMethod;
 
 use crate::error::GatewayError;
 use crate::observe;
@@ -28,7 +29,7 @@ pub(crate) struct RelayCtx {
     pub(crate) framing: Framing,
     pub(crate) first_token_timeout: Duration,
     pub(crate) idle_timeout: Duration,
-    pub(crate) mode: String,
+    pub(crate) mode: SpecMethod,
     pub(crate) control: GatewayControl,
     pub(crate) request_id: String,
     pub(crate) route: &'static str,
@@ -246,7 +247,7 @@ impl Drop for Relay {
     fn drop(&mut self) {
         let outcome = if self.done { self.outcome } else { "client_disconnected" };
         if let Some(t) = self.usage.completion {
-            self.ctx.control.count_tokens(&self.ctx.mode, t);
+            self.ctx.control.count_tokens(self.ctx.mode, t);
         }
         observe::generation_done(&observe::Finished {
             request_id: &self.ctx.request_id,

@@ -377,7 +377,7 @@ async fn generate_inner(
     };
     let usage = observe::Usage::of_body(&bytes);
     if let (true, Some(t)) = (status.is_success(), usage.completion) {
-        app.control.count_tokens(&app.control.mode(), t);
+        app.control.count_tokens(app.control.mode(), t);
     }
     let body = HoldPermit::new(http_body_util::Full::new(bytes), permit);
     Ok(Reply::Whole {

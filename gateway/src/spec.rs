@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sparkgate_config::{SpecMethod, Speculation};
+use sparkgate_config::{SpecMethod, SpecPolicy, Speculation};
 use sparkgate_supervisor::spec_policy::{AutoPolicy, Decision, ModeRates, PolicySettings};
 use sparkgate_supervisor::{GroupState, SupervisorHandle};
 
@@ -18,7 +18,9 @@ const KEPT_DECISIONS: usize = 20;
 
 /// Shared between the policy task and `/admin/spec`.
 #[derive(Debug)]
-pub(crate) struct SpecPolicy {
+pub(crate) struct ModePolicy {
+    /// `auto` while the policy may switch (SpecPolicy::Auto); an atomic, as `/admin/spec`
+    /// flips it while the policy task reads it every second.
     auto: AtomicBool,
     policy: Mutex<AutoPolicy>,
     methods: Vec<SpecMethod>,
@@ -27,13 +29,13 @@ pub(crate) struct SpecPolicy {
     switching: AtomicBool,
 }
 
-impl SpecPolicy {
+impl ModePolicy {
     pub(crate) fn new(spec: &Speculation) -> Arc<Self> {
         let modes: Vec<ModeRates> = spec
             .modes
             .iter()
             .map(|m| ModeRates {
-                name: m.method.as_str().to_owned(),
+                name: m.method,
                 tokens_per_s: m.throughput.points().iter().map(|p| p.tokens_per_s).collect(),
             })
             .collect();
@@ -48,7 +50,7 @@ impl SpecPolicy {
             max_horizon_s: PolicySettings::for_restart(a.restart_s).max_horizon_s,
         };
         Arc::new(Self {
-            auto: AtomicBool::new(spec.policy_auto),
+            auto: AtomicBool::new(spec.policy == SpecPolicy::Auto),
             policy: Mutex::new(AutoPolicy::new(modes, current, settings, 0.0)),
             methods: spec.modes.iter().map(|m| m.method).collect(),
             decisions: Mutex::new(VecDeque::new()),
@@ -56,13 +58,17 @@ impl SpecPolicy {
         })
     }
 
-    pub(crate) fn is_auto(&self) -> bool {
-        self.auto.load(Ordering::SeqCst)
+    pub(crate) fn policy(&self) -> SpecPolicy {
+        if self.auto.load(Ordering::SeqCst) {
+            SpecPolicy::Auto
+        } else {
+            SpecPolicy::Fixed
+        }
     }
 
-    /// `auto` on (release) or off (pin).
-    pub(crate) fn set_auto(&self, on: bool) {
-        self.auto.store(on, Ordering::SeqCst);
+    /// `Auto` releases an operator's pin; `Fixed` pins the current mode.
+    pub(crate) fn set_policy(&self, policy: SpecPolicy) {
+        self.auto.store(policy == SpecPolicy::Auto, Ordering::SeqCst);
     }
 
     pub(crate) fn decisions(&self) -> Vec<Decision> {
@@ -89,7 +95,7 @@ impl SpecPolicy {
             from = %d.from, to = %d.to, width = d.width, gain_tokens = d.gain_tokens, cost_tokens = d.cost_tokens,
             expected_s = d.expected_s, taken = d.taken, why = %d.why, "speculation policy decision"
         );
-        metrics::counter!("sparkgate_spec_decisions_total", "to" => d.to.clone(), "taken" => d.taken.to_string())
+        metrics::counter!("sparkgate_spec_decisions_total", "to" => d.to.as_str(), "taken" => d.taken.to_string())
             .increment(1);
         let mut q = self.decisions.lock().expect("decisions lock");
         if q.len() == KEPT_DECISIONS {
@@ -102,7 +108,7 @@ impl SpecPolicy {
 /// Runs the policy every second for the gateway's life. `demand` gives the demand width and the
 /// completion tokens delivered so far; `switch` drains and restarts into a mode.
 pub(crate) fn run(
-    spec: Arc<SpecPolicy>,
+    spec: Arc<ModePolicy>,
     supervisor: SupervisorHandle,
     demand: impl Fn() -> (u32, u64) + Send + 'static,
     switch: impl Fn(SpecMethod) + Send + 'static,
@@ -128,7 +134,7 @@ pub(crate) fn run(
             let decision = {
                 let mut policy = spec.policy.lock().expect("policy lock");
                 // The group runs whatever mode the supervisor says (a switch done, an operator pin).
-                if let Some(i) = spec.methods.iter().position(|m| m.as_str() == status.mode) {
+                if let Some(i) = spec.methods.iter().position(|m| *m == status.mode) {
                     if i != policy.current() {
                         policy.set_current(i, now);
                         if let Some((began, _)) = switch_began.take() {
@@ -153,13 +159,13 @@ pub(crate) fn run(
                 }
                 let current = policy.current();
                 policy.learn(current, width, delivered as f64, seconds);
-                if !spec.is_auto() {
+                if spec.policy() == SpecPolicy::Fixed {
                     continue;
                 }
                 policy.observe(now, width)
             };
             if let Some(d) = decision {
-                let target = spec.methods.iter().copied().find(|m| m.as_str() == d.to);
+                let target = spec.methods.iter().copied().find(|m| *m == d.to);
                 let taken = d.taken;
                 spec.record(d);
                 if let (true, Some(mode)) = (taken, target) {

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use serde::Serialize;
+use sparkgate_config::SpecMethod;
 
 use crate::admission::{Admission, AdmissionSnapshot, QueueLimits};
 use crate::observe;
@@ -45,7 +46,7 @@ pub(crate) enum Lifecycle {
 struct Inner {
     lifecycle: tokio::sync::watch::Sender<Lifecycle>,
     upstream: RwLock<UpstreamState>,
-    mode: RwLock<String>,
+    mode: RwLock<SpecMethod>,
     admission: Arc<Admission>,
     delivered_tokens: AtomicU64,
     /// `delivered_tokens` sampled once a second, the last `RATE_WINDOW_S` + 1 samples.
@@ -62,12 +63,12 @@ pub struct GatewayControl {
 }
 
 impl GatewayControl {
-    pub fn new(capacity: u32, limits: QueueLimits, mode: &str) -> Self {
+    pub fn new(capacity: u32, limits: QueueLimits, mode: SpecMethod) -> Self {
         Self {
             inner: Arc::new(Inner {
                 lifecycle: tokio::sync::watch::Sender::new(Lifecycle::Serving),
                 upstream: RwLock::new(UpstreamState::Starting),
-                mode: RwLock::new(mode.to_owned()),
+                mode: RwLock::new(mode),
                 admission: Admission::new(capacity, limits),
                 delivered_tokens: AtomicU64::new(0),
                 rate: std::sync::Mutex::new(std::collections::VecDeque::new()),
@@ -91,12 +92,12 @@ impl GatewayControl {
         self.inner.upstream.read().expect("state lock").clone()
     }
 
-    pub fn set_mode(&self, mode: &str) {
-        *self.inner.mode.write().expect("state lock") = mode.to_owned();
+    pub fn set_mode(&self, mode: SpecMethod) {
+        *self.inner.mode.write().expect("state lock") = mode;
     }
 
-    pub fn mode(&self) -> String {
-        self.inner.mode.read().expect("state lock").clone()
+    pub fn mode(&self) -> SpecMethod {
+        *self.inner.mode.read().expect("state lock")
     }
 
     /// Ready to serve: the upstream answers, admission is open and the gateway is not exiting.
@@ -127,8 +128,8 @@ impl GatewayControl {
 
     /// Counts completion tokens a finished request delivered (from upstream usage) under the
     /// mode it ran in.
-    pub(crate) fn count_tokens(&self, mode: &str, tokens: u64) {
-        metrics::counter!(observe::TOKENS, "mode" => mode.to_owned()).increment(tokens);
+    pub(crate) fn count_tokens(&self, mode: SpecMethod, tokens: u64) {
+        metrics::counter!(observe::TOKENS, "mode" => mode.as_str()).increment(tokens);
         self.inner.delivered_tokens.fetch_add(tokens, Ordering::Relaxed);
     }
 
@@ -167,14 +168,14 @@ mod tests {
             bytes: 1 << 20,
             timeout: std::time::Duration::from_secs(1),
         };
-        let c = GatewayControl::new(2, limits, "dspark");
+        let c = GatewayControl::new(2, limits, SpecMethod::Dspark);
         assert_eq!(c.tokens_per_s(), 0.0, "no sample yet");
         c.sample_rate();
-        c.count_tokens("dspark", 50);
+        c.count_tokens(SpecMethod::Dspark, 50);
         c.sample_rate();
         assert_eq!(c.tokens_per_s(), 50.0);
         for _ in 0..20 {
-            c.count_tokens("dspark", 30);
+            c.count_tokens(SpecMethod::Dspark, 30);
             c.sample_rate();
         }
         assert_eq!(c.tokens_per_s(), 30.0, "the older seconds left the window");

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use sparkgate_config::{Config, Weights};
+use sparkgate_config::{Config, KnownHosts, Weights};
 
 use crate::PrepareError;
 
@@ -99,10 +99,10 @@ pub fn ssh_argv(config: &Config) -> Vec<String> {
     if let Some(k) = &s.keyfile {
         a.extend(["-i".into(), k.display().to_string()]);
     }
-    let check = match s.known_hosts.as_str() {
-        "strict" => "yes",
-        "accept" => "no",
-        _ => "accept-new",
+    let check = match s.known_hosts {
+        KnownHosts::Strict => "yes",
+        KnownHosts::Accept => "no",
+        KnownHosts::AcceptNew => "accept-new",
     };
     a.extend([
         "-o".into(),

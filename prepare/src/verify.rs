@@ -19,7 +19,7 @@ pub fn ssh_target(config: &Config) -> Option<SshTarget> {
         destination: config.nodes.worker_ssh.clone(),
         port: ssh.port,
         keyfile: ssh.keyfile.clone(),
-        known_hosts: ssh.known_hosts.clone(),
+        known_hosts: ssh.known_hosts,
         known_hosts_file: ssh.known_hosts_file.clone(),
         connect_timeout: ssh.connect_timeout,
         remote_socket: ssh.worker_docker_socket.clone(),

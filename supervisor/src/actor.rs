@@ -112,9 +112,9 @@ impl Actor {
         Status {
             state: self.machine.group_state(),
             epoch: self.machine.epoch,
-            mode: mode.mode.to_string(),
+            mode: mode.mode,
             max_num_seqs: mode.max_num_seqs,
-            runtime: self.starter.backend.name(),
+            runtime: self.starter.backend.runtime(),
             ranks: self
                 .ranks
                 .lock()

@@ -161,9 +161,9 @@ impl SupervisorHandle {
         let (status_tx, status_rx) = watch::channel(Status {
             state: GroupState::Stopped,
             epoch: 0,
-            mode: mode.to_string(),
+            mode,
             max_num_seqs: config.speculation.active_mode().max_num_seqs,
-            runtime: starter.backend.name(),
+            runtime: starter.backend.runtime(),
             ranks: Vec::new(),
             restarts: 0,
             last_restart: None,

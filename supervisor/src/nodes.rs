@@ -126,9 +126,9 @@ mod tests {
         let (tx, rx) = tokio::sync::watch::channel(Status {
             state: GroupState::Starting { epoch: 1 },
             epoch: 1,
-            mode: "none".into(),
+            mode: sparkgate_config::SpecMethod::None,
             max_num_seqs: 4,
-            runtime: "docker",
+            runtime: sparkgate_config::Runtime::Docker,
             ranks: Vec::new(),
             restarts: 0,
             last_restart: None,

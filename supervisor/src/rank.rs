@@ -406,10 +406,10 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    pub(crate) fn name(&self) -> &'static str {
+    pub(crate) fn runtime(&self) -> sparkgate_config::Runtime {
         match self {
-            Backend::Process { .. } => "process",
-            Backend::Docker { .. } => "docker",
+            Backend::Process { .. } => sparkgate_config::Runtime::Process,
+            Backend::Docker { .. } => sparkgate_config::Runtime::Docker,
         }
     }
 

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use sparkgate_config::NodeRole;
 use sparkgate_docker::Node;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -58,12 +59,12 @@ impl Sampler {
 /// MemAvailable of the head (MEMINFO_PATH) and, for a worker over SSH, the worker.
 pub(crate) async fn sample_memory(meminfo: &std::path::Path, worker: Option<&Node>) -> Vec<NodeMemory> {
     let mut out = vec![NodeMemory {
-        node: "head",
+        node: NodeRole::Head,
         mem_available_gib: crate::preflight::mem_available_gib(meminfo),
     }];
     if let Some(node) = worker {
         out.push(NodeMemory {
-            node: "worker",
+            node: NodeRole::Worker,
             mem_available_gib: node.mem_available_gib(meminfo).await,
         });
     }

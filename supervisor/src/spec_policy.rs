@@ -36,6 +36,7 @@
 use std::collections::VecDeque;
 
 use serde::Serialize;
+use sparkgate_config::SpecMethod;
 
 /// How many finished regimes per mode the expected-duration estimate remembers.
 pub const REMEMBERED_REGIMES: usize = 5;
@@ -61,7 +62,7 @@ pub struct Measured {
 /// One mode's table as seeded, as measured and as the policy now uses it (index 0 = width 1).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LearnedTable {
-    pub name: String,
+    pub name: SpecMethod,
     pub seeded: Vec<f64>,
     pub measured: Vec<Measured>,
     pub used: Vec<f64>,
@@ -71,7 +72,7 @@ pub struct LearnedTable {
 /// the end hold the last value, as the mode's MAX_NUM_SEQS caps what it can run at once).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModeRates {
-    pub name: String,
+    pub name: SpecMethod,
     pub tokens_per_s: Vec<f64>,
 }
 
@@ -129,8 +130,8 @@ impl PolicySettings {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Decision {
     pub at_s: f64,
-    pub from: String,
-    pub to: String,
+    pub from: SpecMethod,
+    pub to: SpecMethod,
     /// The smoothed demand width the decision used.
     pub width: f64,
     /// Tokens gained over the expected duration by running `to` instead of `from`.
@@ -284,7 +285,7 @@ impl AutoPolicy {
             .zip(&self.measured)
             .zip(&self.modes)
             .map(|((seed, measured), used)| LearnedTable {
-                name: seed.name.clone(),
+                name: seed.name,
                 seeded: seed.tokens_per_s.clone(),
                 measured: measured.clone(),
                 used: used.tokens_per_s.clone(),
@@ -341,8 +342,8 @@ impl AutoPolicy {
         };
         let decision = Decision {
             at_s: now_s,
-            from: from.name.clone(),
-            to: to.name.clone(),
+            from: from.name,
+            to: to.name,
             width: level,
             gain_tokens,
             cost_tokens,
@@ -391,11 +392,11 @@ mod tests {
     fn deepseek() -> Vec<ModeRates> {
         vec![
             ModeRates {
-                name: "dspark".into(),
+                name: SpecMethod::Dspark,
                 tokens_per_s: vec![31.6, 42.5],
             },
             ModeRates {
-                name: "none".into(),
+                name: SpecMethod::None,
                 tokens_per_s: vec![23.0, 33.2, 43.5, 53.7],
             },
         ]

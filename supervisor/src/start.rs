@@ -91,7 +91,7 @@ impl Starter {
                 .start(plan, to)
                 .await
                 .map_err(|e| StartError::Failed(e.to_string()))?;
-            tracing::info!(rank = plan.rank, epoch, runtime = self.backend.name(), log = %log.display(), "rank started");
+            tracing::info!(rank = plan.rank, epoch, runtime = %self.backend.runtime(), log = %log.display(), "rank started");
             ranks.lock().expect("ranks lock").push(rank);
             spawned();
         }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use serde::Serialize;
-use sparkgate_config::NodeRole;
+use sparkgate_config::{NodeRole, Runtime, SpecMethod};
 
 /// The group's state as published: the supervisor's phase (`machine::Phase`) seen from outside.
 /// `Stopped → Starting(epoch) → Ready(epoch) → Restarting → …`, or `Failed` when the restart
@@ -74,10 +74,10 @@ pub struct Status {
     #[serde(flatten)]
     pub state: GroupState,
     pub epoch: u64,
-    pub mode: String,
+    pub mode: SpecMethod,
     /// The concurrency limit of `mode` (what the gateway admits).
     pub max_num_seqs: u32,
-    pub runtime: &'static str,
+    pub runtime: Runtime,
     pub ranks: Vec<RankStatus>,
     pub restarts: u32,
     pub last_restart: Option<LastRestart>,
@@ -94,7 +94,7 @@ pub struct Status {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodeMemory {
-    pub node: &'static str,
+    pub node: NodeRole,
     pub mem_available_gib: Option<f64>,
 }
 

@@ -90,7 +90,7 @@ pub fn modes(profile: ProfileId) -> Modes {
             continue;
         };
         rates.push(ModeRates {
-            name: m.as_str().to_owned(),
+            name: m,
             tokens_per_s: table.points().iter().map(|p| p.tokens_per_s).collect(),
         });
         caps.push(cap as usize);

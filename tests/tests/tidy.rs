@@ -56,6 +56,59 @@ fn no_file_is_over_the_size_limit_without_a_reason() {
     assert!(long.is_empty(), "files over {MAX_LINES} lines: {long:#?}");
 }
 
+/// Each function in `file` (its first line, where it starts, how many lines), found by its
+/// closing brace at the indentation of its `fn` line, as rustfmt lays them out.
+fn function_lengths(text: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        let head = ["pub(crate) ", "pub(super) ", "pub "]
+            .iter()
+            .find_map(|p| body.strip_prefix(p))
+            .unwrap_or(body);
+        let head = head.strip_prefix("const ").unwrap_or(head);
+        let head = head.strip_prefix("async ").unwrap_or(head);
+        if !head.starts_with("fn ") || body.ends_with(';') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i + 1..].iter().position(|l| *l == close) {
+            out.push((body.to_owned(), i + 1, end + 2));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_in_the_config_crate_is_over_80_lines() {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/src");
+    let mut files = Vec::new();
+    rust_files(&config, &mut files);
+    assert!(files.len() > 10, "found the config crate's sources");
+    let long: Vec<String> = files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).expect("read");
+            function_lengths(&text)
+                .into_iter()
+                .filter(|(_, _, n)| *n > 80)
+                .map(|(head, at, n)| format!("{}:{at}: {n} lines: {head}", f.display()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(long.is_empty(), "functions over 80 lines: {long:#?}");
+    let sample = function_lengths("fn a() {\n    x;\n}\n\n    pub(crate) fn b(&self) -> u8 {\n        1\n    }\n");
+    assert_eq!(
+        sample,
+        [
+            ("fn a() {".to_owned(), 1, 3),
+            ("pub(crate) fn b(&self) -> u8 {".to_owned(), 5, 3)
+        ]
+    );
+}
+
 /// The top-level module a source file belongs to (`src/a/b.rs` → `a`; `x_tests.rs` → `x`).
 fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).ok()?;

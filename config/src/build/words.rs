@@ -2,7 +2,7 @@
 
 /// Splits a command line into words the way a POSIX shell would for plain words, "double" and
 /// 'single' quotes (no expansions); `None` for an unterminated quote.
-pub(super) fn shell_words(line: &str) -> Option<Vec<String>> {
+pub(crate) fn shell_words(line: &str) -> Option<Vec<String>> {
     let (mut words, mut word, mut in_word, mut quote) = (Vec::new(), String::new(), false, None::<char>);
     let mut chars = line.chars();
     while let Some(c) = chars.next() {

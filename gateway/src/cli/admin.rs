@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use sparkgate_config::Config;
+use sparkgate_config::{Config, SpecMethod};
 
 use super::wait::{Goal, WaitArgs};
 
@@ -152,7 +152,7 @@ pub(super) enum Change {
     Restart { force: bool },
     Stop,
     Start,
-    Spec { mode: String, force: bool },
+    Spec { mode: SpecMethod, force: bool },
 }
 
 /// Sends `change`, then (unless `--no-wait`) waits for its outcome, showing the phases.
@@ -172,7 +172,7 @@ pub(super) fn change(ep: &Endpoint, change: Change, wait: &WaitArgs) -> anyhow::
             format!("/admin/spec{}", force(*f)),
             Bytes::from(serde_json::json!({ "mode": mode }).to_string()),
             Goal::Mode {
-                mode: mode.clone(),
+                mode: *mode,
                 after: epoch,
             },
         ),

@@ -100,7 +100,7 @@ pub enum Command {
         #[command(flatten)]
         target: admin::Target,
         /// dspark, dflash, mtp or none (the profile's modes).
-        mode: Option<String>,
+        mode: Option<sparkgate_config::SpecMethod>,
         /// Switch at once: in-flight requests end with an error instead of finishing.
         #[arg(long)]
         force: bool,

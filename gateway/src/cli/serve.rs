@@ -33,7 +33,7 @@ pub(super) enum Logs {
 }
 
 pub(super) fn serve(config: &Config, run: Mode) -> anyhow::Result<ExitCode> {
-    let _log = crate::init_logging(config.gateway.log_json);
+    let _log = crate::init_logging(config.gateway.log_format);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if config.gateway.worker_threads > 0 {
         builder.worker_threads(config.gateway.worker_threads);
@@ -51,7 +51,7 @@ pub(super) fn serve(config: &Config, run: Mode) -> anyhow::Result<ExitCode> {
             bytes: config.gateway.queue_max_bytes,
             timeout: config.gateway.queue_timeout,
         };
-        let control = GatewayControl::new(mode.max_num_seqs, limits, mode.method.as_str());
+        let control = GatewayControl::new(mode.max_num_seqs, limits, mode.method);
         let supervisor = if gateway_only(config) {
             None
         } else {

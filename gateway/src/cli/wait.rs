@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde_json::Value;
+use sparkgate_config::SpecMethod;
 
 /// How a command that changes the group waits.
 #[derive(Debug, Args)]
@@ -32,20 +33,35 @@ pub(super) enum Goal {
     /// No rank running.
     Stopped,
     /// A ready group in `mode`, newer than `after` (a mode switch).
-    Mode { mode: String, after: u64 },
+    Mode { mode: SpecMethod, after: u64 },
 }
 
 /// Where the group is, in an operator's words.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Phase {
-    Draining { in_flight: u64 },
+    Draining {
+        in_flight: u64,
+    },
     Preparing(String),
     Stopping,
-    Starting { epoch: u64, up: usize, ranks: usize },
-    Backoff { reason: String, retry_in_s: f64 },
-    Ready { epoch: u64, mode: String },
+    Starting {
+        epoch: u64,
+        up: usize,
+        ranks: usize,
+    },
+    Backoff {
+        reason: String,
+        retry_in_s: f64,
+    },
+    /// `mode` is `None` when the gateway named a mode this build does not know.
+    Ready {
+        epoch: u64,
+        mode: Option<SpecMethod>,
+    },
     Stopped,
-    Failed { reason: String },
+    Failed {
+        reason: String,
+    },
     ShuttingDown,
 }
 
@@ -57,12 +73,16 @@ impl std::fmt::Display for Phase {
             Phase::Stopping => f.write_str("stopping the ranks"),
             Phase::Starting { epoch, up, ranks } => write!(f, "starting epoch {epoch}: {up}/{ranks} ranks up, loading"),
             Phase::Backoff { reason, retry_in_s } => write!(f, "backing off {retry_in_s:.0} s after: {reason}"),
-            Phase::Ready { epoch, mode } => write!(f, "ready: epoch {epoch}, mode {mode}"),
+            Phase::Ready { epoch, mode } => write!(f, "ready: epoch {epoch}, mode {}", shown(*mode)),
             Phase::Stopped => f.write_str("stopped"),
             Phase::Failed { reason } => write!(f, "failed: {reason}"),
             Phase::ShuttingDown => f.write_str("the gateway is shutting down"),
         }
     }
+}
+
+fn shown(mode: Option<SpecMethod>) -> &'static str {
+    mode.map_or("?", SpecMethod::as_str)
 }
 
 /// The phase a `/admin/status` answer shows.
@@ -76,7 +96,7 @@ pub(super) fn phase_of(status: &Value) -> Phase {
         },
         "ready" => Phase::Ready {
             epoch,
-            mode: text(&s["mode"]),
+            mode: s["mode"].as_str().and_then(|m| m.parse().ok()),
         },
         "starting" => match s.get("preparing").and_then(Value::as_str) {
             Some(p) => Phase::Preparing(p.to_owned()),
@@ -109,7 +129,9 @@ pub(super) fn verdict(goal: &Goal, status: &Value) -> Option<Result<(), String>>
         (Phase::Failed { reason }, Goal::Ready { .. } | Goal::Mode { .. }) => Some(Err(reason.clone())),
         (Phase::ShuttingDown, _) => Some(Err("the gateway is shutting down".into())),
         (Phase::Ready { .. }, Goal::Ready { after }) if newer(*after) => Some(Ok(())),
-        (Phase::Ready { mode, .. }, Goal::Mode { mode: want, after }) if mode == want && newer(*after) => Some(Ok(())),
+        (Phase::Ready { mode, .. }, Goal::Mode { mode: want, after }) if *mode == Some(*want) && newer(*after) => {
+            Some(Ok(()))
+        }
         (Phase::Stopped | Phase::Failed { .. }, Goal::Stopped) => Some(Ok(())),
         _ => None,
     }
@@ -182,7 +204,7 @@ fn conclude(
         Some(Ok(())) => {
             let done = match (goal, phase_of(status)) {
                 (Goal::Stopped, _) => format!("stopped in {t:.1} s"),
-                (_, Phase::Ready { epoch, mode }) => format!("ready in {t:.1} s: epoch {epoch}, mode {mode}"),
+                (_, Phase::Ready { epoch, mode }) => format!("ready in {t:.1} s: epoch {epoch}, mode {}", shown(mode)),
                 (_, other) => format!("done in {t:.1} s: {other}"),
             };
             (done, ExitCode::SUCCESS)
@@ -251,7 +273,7 @@ mod tests {
         let failed = status(json!({"state": "failed", "epoch": 6, "reason": "budget spent"}), false);
         assert_eq!(verdict(&restart, &failed), Some(Err("budget spent".into())));
         let switch = Goal::Mode {
-            mode: "none".into(),
+            mode: SpecMethod::None,
             after: 3,
         };
         assert_eq!(verdict(&switch, &ready(4, "dspark")), None);

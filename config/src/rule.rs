@@ -1,0 +1,310 @@
+//! What a knob accepts. Each knob in the table carries one `Rule`; validation (`check`) and the
+//! reference's "Accepts" column (`describe`) are both derived from it, so a range is written once.
+
+use crate::dotenv::is_identifier;
+use crate::profile::ProfileId;
+use crate::spec;
+
+/// What a value must look like. Relations between knobs (ports that must differ, TP a multiple
+/// of NNODES, the profiles' hard constraints) are checked by the builder after these.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Rule {
+    /// Anything, including empty.
+    Text,
+    NonEmpty,
+    /// Non-empty, no whitespace (a model id).
+    Word,
+    /// A base-10 integer in `min..=max`; leading zeros are fine, as in the launchers' checks.
+    Int(i64, i64),
+    /// A decimal number in `(min, max]`.
+    Float(f64, f64),
+    /// `0` or `1`.
+    Flag,
+    /// One of these words (`""` is the empty value).
+    OneOf(&'static [&'static str]),
+    /// This word, or an integer in `min..=max`.
+    WordOrInt(&'static str, i64, i64),
+    Ip,
+    /// `http://host[:port]`, as the gateway builds upstream URIs on it.
+    HttpUrl,
+    AbsolutePath,
+    DockerName,
+    /// Shell words with balanced quotes (the `vllm serve` argument tail).
+    ShellWords,
+    /// A command line split into argv words; quotes must close.
+    Command,
+    JsonObject,
+    /// Comma-separated `NAME=value` pairs.
+    EnvPairs,
+    /// Comma-separated `from=to` pairs: an OpenAI effort name to one the profile's template takes.
+    EffortMap,
+    /// One of the profile's speculation modes.
+    SpecMode,
+    /// Empty (unset), or the inner rule.
+    Optional(&'static Rule),
+    /// The inner rule, with a reason appended to its message.
+    Because(&'static Rule, &'static str),
+}
+
+use Rule::*;
+
+/// The OpenAI reasoning-effort names REASONING_EFFORT_MAP may map from.
+const OPENAI_EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+
+impl Rule {
+    /// Every rule `raw` breaks, as "must …" sentences (several for the pair lists).
+    pub(crate) fn check(&self, raw: &str, profile: ProfileId) -> Vec<String> {
+        match self {
+            Optional(_) if raw.is_empty() => Vec::new(),
+            Optional(inner) => inner.check(raw, profile),
+            Because(inner, why) => inner
+                .check(raw, profile)
+                .into_iter()
+                .map(|m| format!("{m} ({why})"))
+                .collect(),
+            EnvPairs => pairs(raw)
+                .filter(|p| !p.split_once('=').is_some_and(|(k, _)| is_identifier(k.trim())))
+                .map(|p| format!("`{p}` must be NAME=value"))
+                .collect(),
+            EffortMap => pairs(raw).filter_map(|p| effort_pair(p, profile).err()).collect(),
+            _ => self.check_one(raw, profile).err().into_iter().collect(),
+        }
+    }
+
+    fn check_one(&self, raw: &str, profile: ProfileId) -> Result<(), String> {
+        let ok = match self {
+            Text => true,
+            NonEmpty => !raw.trim().is_empty(),
+            Word if raw.is_empty() => return Err("must not be empty".into()),
+            Word => !raw.chars().any(char::is_whitespace),
+            Int(min, max) => int(raw).is_some_and(|v| (*min..=*max).contains(&v)),
+            Float(min, max) => decimal(raw).is_some_and(|v| v > *min && v <= *max),
+            Flag => raw == "0" || raw == "1",
+            OneOf(words) => words.contains(&raw),
+            WordOrInt(word, min, max) => raw == *word || int(raw).is_some_and(|v| (*min..=*max).contains(&v)),
+            Ip => raw.parse::<std::net::IpAddr>().is_ok(),
+            HttpUrl => upstream_ok(raw.trim_end_matches('/')),
+            AbsolutePath => raw.starts_with('/'),
+            DockerName => {
+                raw.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+                    && raw.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+            }
+            ShellWords => shlex::split(raw).is_some(),
+            Command if raw.trim().is_empty() => return Err("must not be empty".into()),
+            Command => crate::build::shell_words(raw).is_some(),
+            JsonObject => matches!(
+                serde_json::from_str::<serde_json::Value>(raw),
+                Ok(serde_json::Value::Object(_))
+            ),
+            SpecMode => spec::mode_defs(profile).iter().any(|d| d.method.as_str() == raw),
+            EnvPairs | EffortMap | Optional(_) | Because(..) => unreachable!("handled by check"),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(self.message(profile))
+        }
+    }
+
+    /// The sentence a breaking value gets.
+    fn message(&self, profile: ProfileId) -> String {
+        match self {
+            NonEmpty => "must not be empty".into(),
+            Word => "must not contain whitespace".into(),
+            Int(min, max) => format!("must be an integer between {min} and {max}"),
+            Float(min, max) => format!("must be a decimal number in ({min}, {max}]"),
+            Flag => "must be 0 or 1".into(),
+            OneOf(words) => format!("must be one of: {}", shown(words)),
+            WordOrInt(word, min, max) => format!("must be `{word}` or an integer between {min} and {max}"),
+            Ip => "must be an IPv4 or IPv6 address".into(),
+            HttpUrl => "must be an http:// URL such as http://127.0.0.1:18888".into(),
+            AbsolutePath => "must be an absolute path".into(),
+            DockerName => "must be a Docker container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)".into(),
+            ShellWords => "must be shell words with balanced quotes".into(),
+            Command => "has an unterminated quote".into(),
+            JsonObject => "must be a JSON object such as {\"image\":4}; in an env file single-quote it \
+                           (LIMIT_MM='{\"image\":4}'), as bash drops unquoted double quotes"
+                .into(),
+            SpecMode => format!("must be one of: {}", mode_words(profile).join(", ")),
+            Text | EnvPairs | EffortMap | Optional(_) | Because(..) => unreachable!("never fails alone"),
+        }
+    }
+
+    /// What the reference's "Accepts" column says, for one profile.
+    pub(crate) fn describe(&self, profile: ProfileId) -> String {
+        match self {
+            Text => "text".into(),
+            NonEmpty => "non-empty text".into(),
+            Word => "a word (no spaces)".into(),
+            Int(min, max) => format!("integer {min}..{max}"),
+            Float(min, max) => format!("decimal in ({min}, {max}]"),
+            Flag => "0 or 1".into(),
+            OneOf(words) => ticked(words),
+            WordOrInt(word, min, max) => format!("`{word}` or integer {min}..{max}"),
+            Ip => "IP address".into(),
+            HttpUrl => "http://host:port".into(),
+            AbsolutePath => "absolute path".into(),
+            DockerName => "container name".into(),
+            ShellWords => "shell words".into(),
+            Command => "command line".into(),
+            JsonObject => "JSON object".into(),
+            EnvPairs => "NAME=value,…".into(),
+            EffortMap => "from=to,…".into(),
+            SpecMode => ticked(&mode_words(profile)),
+            Optional(inner) => format!("empty, or {}", inner.describe(profile)),
+            Because(inner, _) => inner.describe(profile),
+        }
+    }
+}
+
+fn pairs(raw: &str) -> impl Iterator<Item = &str> {
+    raw.split(',').map(str::trim).filter(|p| !p.is_empty())
+}
+
+fn shown(words: &[&str]) -> String {
+    let shown: Vec<&str> = words.iter().map(|w| if w.is_empty() { "(empty)" } else { w }).collect();
+    shown.join(", ")
+}
+
+fn ticked(words: &[&str]) -> String {
+    let ticked: Vec<String> = words
+        .iter()
+        .map(|w| {
+            if w.is_empty() {
+                "(empty)".into()
+            } else {
+                format!("`{w}`")
+            }
+        })
+        .collect();
+    ticked.join(", ")
+}
+
+fn mode_words(profile: ProfileId) -> Vec<&'static str> {
+    spec::mode_defs(profile).iter().map(|d| d.method.as_str()).collect()
+}
+
+/// Base-10 integers only; a sign is allowed, other notations are not.
+pub(crate) fn int(raw: &str) -> Option<i64> {
+    let digits = raw.strip_prefix('-').unwrap_or(raw);
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| raw.parse().ok())
+        .flatten()
+}
+
+/// Plain decimals (`1`, `0.5`, `.5`); no sign, exponent or `inf`.
+pub(crate) fn decimal(raw: &str) -> Option<f64> {
+    let plain =
+        !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit() || b == b'.') && raw.matches('.').count() <= 1;
+    plain.then(|| raw.parse().ok()).flatten()
+}
+
+/// One `from=to` pair of REASONING_EFFORT_MAP, or why it is refused.
+pub(crate) fn effort_pair(pair: &str, profile: ProfileId) -> Result<(&str, &str), String> {
+    let Some((from, to)) = pair.split_once('=').map(|(f, t)| (f.trim(), t.trim())) else {
+        return Err(format!("`{pair}` must be from=to"));
+    };
+    if !OPENAI_EFFORTS.contains(&from) {
+        return Err(format!(
+            "`{from}` is not an effort name ({})",
+            OPENAI_EFFORTS.join(", ")
+        ));
+    }
+    let facts = profile.reasoning();
+    let to_ok = to == "none"
+        || facts.named.iter().any(|(n, _)| *n == to)
+        || (profile == ProfileId::Glm53Flash && to == "max")
+        || facts
+            .integer_range
+            .is_some_and(|(lo, hi)| to.parse::<u8>().is_ok_and(|v| (lo..=hi).contains(&v)));
+    if to_ok {
+        Ok((from, to))
+    } else {
+        Err(format!(
+            "`{from}={to}`: {profile} accepts {}",
+            accepted_efforts(profile)
+        ))
+    }
+}
+
+/// The effort values a profile's template takes, for messages.
+fn accepted_efforts(profile: ProfileId) -> String {
+    let facts = profile.reasoning();
+    let mut names: Vec<String> = facts.named.iter().map(|(n, _)| (*n).to_owned()).collect();
+    if profile == ProfileId::Glm53Flash {
+        names.push("max".into());
+    }
+    names.push("none".into());
+    if let Some((lo, hi)) = facts.integer_range {
+        names.push(format!("an integer {lo}-{hi}"));
+    }
+    names.join(", ")
+}
+
+/// Whether the gateway can build upstream request URIs on `base` (`{base}{path}`), checked
+/// with the same parser it builds them with: `http://` and a host, no path, query or fragment.
+fn upstream_ok(base: &str) -> bool {
+    let Some(rest) = base.strip_prefix("http://") else {
+        return false;
+    };
+    if rest.is_empty() || rest.contains(['/', '?', '#', ' ']) {
+        return false;
+    }
+    format!("{base}/v1/models?x=1").parse::<http::Uri>().is_ok_and(|u| {
+        u.scheme_str() == Some("http")
+            && u.authority()
+                .is_some_and(|a| !a.host().is_empty() && port_ok(a.as_str()))
+    })
+}
+
+/// An authority's port, when it has one, is a number the connector can dial.
+fn port_ok(authority: &str) -> bool {
+    // After an IPv6 literal's `]`, or after the host.
+    let tail = authority.rsplit_once(']').map_or(authority, |(_, t)| t);
+    match tail.rsplit_once(':') {
+        Some((_, port)) => port.parse::<u16>().is_ok(),
+        None => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DS: ProfileId = ProfileId::DeepSeekV41Flash;
+
+    #[test]
+    fn each_rule_accepts_its_values_and_names_what_it_wanted() {
+        assert!(Int(1, 5).check("0005", DS).is_empty());
+        assert_eq!(Int(1, 5).check("6", DS), ["must be an integer between 1 and 5"]);
+        assert_eq!(Int(1, 5).check("0x5", DS).len(), 1);
+        assert!(Float(0.0, 1.0).check(".5", DS).is_empty());
+        assert_eq!(Float(0.0, 1.0).check("1e0", DS), ["must be a decimal number in (0, 1]"]);
+        assert!(Optional(&Int(1, 5)).check("", DS).is_empty());
+        assert_eq!(
+            Because(&Int(1, 8191), "glm guide").check("8192", DS),
+            ["must be an integer between 1 and 8191 (glm guide)"]
+        );
+        assert_eq!(
+            EnvPairs.check("A=1, b c=2,=3", DS),
+            ["`b c=2` must be NAME=value", "`=3` must be NAME=value"]
+        );
+        assert_eq!(OneOf(&["", "low"]).check("x", DS), ["must be one of: (empty), low"]);
+        assert!(SpecMode.check("dspark", DS).is_empty());
+        assert_eq!(SpecMode.check("mtp", DS), ["must be one of: dspark, none"]);
+        assert_eq!(Word.check("", DS), ["must not be empty"]);
+        assert!(HttpUrl.check("http://[::1]:8000/", DS).is_empty());
+        assert_eq!(HttpUrl.check("http://[::1", DS).len(), 1);
+    }
+
+    #[test]
+    fn descriptions_are_short_and_say_the_bounds() {
+        assert_eq!(
+            Optional(&Int(-1000, 1000)).describe(DS),
+            "empty, or integer -1000..1000"
+        );
+        assert_eq!(Float(0.0, 1.0).describe(DS), "decimal in (0, 1]");
+        assert_eq!(SpecMode.describe(ProfileId::Glm53Flash), "`dflash`, `mtp`, `none`");
+        assert_eq!(WordOrInt("stock", 1, 1000).describe(DS), "`stock` or integer 1..1000");
+    }
+}
