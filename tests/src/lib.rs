@@ -10,5 +10,6 @@ pub mod overhead;
 pub mod realvllm;
 pub mod registry;
 pub mod sim;
+pub mod snapshot;
 pub mod spec_eval;
 pub mod supervised;

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway};
+use sparkgate_tests::snapshot::assert_snapshot;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const SMOKE: &str = "What is 17*19? Reply with the integer only.";
@@ -46,6 +47,25 @@ fn operator_commands_through_the_cli() {
         401
     );
     let port = gw.addr.port().to_string();
+    let log_dir = logs.path().display().to_string();
+    // Numbers, the log directory and the port are masked; words, order and layout are compared.
+    let snap = |name: &str, out: &str| {
+        assert_snapshot(
+            &format!("operator/{name}"),
+            out,
+            &[(&log_dir, "LOG_DIR"), (&port, "PORT")],
+        )
+    };
+    let authed = |path: &str| request(gw.addr, "GET", path, &[("Authorization", "Bearer t0ken")], b"").json();
+    // The snapshot shows the memory line: wait for the first sample.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while authed("/admin/status")["supervisor"]["memory"]
+        .as_array()
+        .is_none_or(Vec::is_empty)
+    {
+        assert!(Instant::now() < deadline, "memory is sampled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let cli = |args: &[&str]| {
         let out = std::process::Command::new(sparkgate())
             .args(args)
@@ -74,9 +94,14 @@ fn operator_commands_through_the_cli() {
         out.contains("throughput ") && out.contains(" tokens/s over the last 10 s"),
         "{out}"
     );
+    snap("status", &out);
     let (ok, out) = cli(&["status", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert!(ok && v["supervisor"]["epoch"] == 1, "{out}");
+    snap("status-json", &out);
+    let (ok, out) = cli(&["spec"]);
+    assert!(ok && out.starts_with("mode      dspark (policy fixed)"), "{out}");
+    snap("spec", &out);
     let (ok, out) = cli(&["logs", "worker", "--tail", "3"]);
     assert!(ok && out.lines().count() == 3 && out.contains("Worker_TP1"), "{out}");
     // The command waits for the new group and says when it is ready (one line per phase when
@@ -94,7 +119,7 @@ fn operator_commands_through_the_cli() {
         phases.len() >= 2 && phases.last().unwrap().contains("ready: epoch 2"),
         "the phases it passed:\n{out}"
     );
-    let authed = |path: &str| request(gw.addr, "GET", path, &[("Authorization", "Bearer t0ken")], b"").json();
+    snap("restart", &out);
     let deadline = Instant::now() + Duration::from_secs(60);
     while !(authed("/admin/status")["supervisor"]["epoch"] == 2
         && authed("/admin/status")["supervisor"]["state"] == "ready")
@@ -108,8 +133,10 @@ fn operator_commands_through_the_cli() {
         ok && v["supervisor"]["state"] == "stopped",
         "the final status as JSON: {out}"
     );
+    snap("stop-json", &out);
     let (ok, out) = cli(&["stop"]);
     assert!(ok && out.contains("already stopped; nothing changed"), "{out}");
+    snap("stop-when-stopped", &out);
     while authed("/admin/status")["supervisor"]["state"] != "stopped" {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(20));
@@ -133,6 +160,28 @@ fn operator_commands_through_the_cli() {
     gw.wait_ready();
     let (ok, out) = cli(&["start"]);
     assert!(ok && out.contains("already running (ready); nothing changed"), "{out}");
+    snap("start-when-running", &out);
+    let (ok, out) = cli(&["spec", "none"]);
+    assert!(
+        ok && out.lines().last().is_some_and(|l| l.contains("mode none")),
+        "{out}"
+    );
+    snap("spec-switch", &out);
+    let (ok, out) = cli(&["spec", "none"]);
+    assert!(ok && out.contains("already in mode none; nothing changed"), "{out}");
+    let (ok, out) = cli(&["spec", "none", "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(ok && v == json!({"mode": "none", "switching": false}), "{out}");
+    snap("spec-when-in-mode-json", &out);
+    let (ok, out) = cli(&["spec", "mtp"]);
+    assert!(!ok && out.contains("is not a mode of this profile"), "{out}");
+    snap("spec-unknown-mode", &out);
+    let (ok, out) = cli(&["spec", "turbo"]);
+    assert!(
+        !ok && out.contains("`turbo` is not one of: dspark, dflash, mtp, none"),
+        "{out}"
+    );
+    snap("spec-not-a-mode", &out);
     assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
     let (ok, out) = cli(&["status", "--url", "http://127.0.0.1:9"]);
     assert!(
@@ -141,6 +190,7 @@ fn operator_commands_through_the_cli() {
         ),
         "{out}"
     );
+    snap("status-nothing-listening", &out);
     // With --url no serving configuration is loaded: an invalid one does not matter.
     let out = std::process::Command::new(sparkgate())
         .args(["status", "--url", &format!("http://{}", gw.addr)])
@@ -155,6 +205,12 @@ fn operator_commands_through_the_cli() {
         !ok && out.contains("rank 7") && out.contains("(HTTP 4") && !out.contains("sparkgate: 4"),
         "an error in words, its status last: {out}"
     );
+    snap("logs-unknown-rank", &out);
+    for command in ["status", "restart", "stop", "start", "spec", "logs", "top", "bench"] {
+        let (ok, out) = cli(&[command, "--help"]);
+        assert!(ok, "{out}");
+        snap(&format!("help-{command}"), &out);
+    }
 }
 
 #[test]
@@ -184,6 +240,10 @@ fn a_start_whose_group_fails_exits_non_zero_saying_why() {
         text.contains("did not come up: gave up after 1 failures in a row"),
         "{text}"
     );
+    // Which rank died first is a race, so the reason after the verdict is not compared.
+    let verdict = text.lines().last().unwrap_or_default();
+    let verdict = verdict.split_once(" in a row").map_or(verdict, |(v, _)| v);
+    assert_snapshot("operator/start-fails", verdict, &[]);
 }
 
 #[test]
