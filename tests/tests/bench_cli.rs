@@ -106,9 +106,14 @@ fn the_coherence_check_fails_answers_that_are_not_json_for_the_structured_phase(
         "--max-tokens",
         "40",
     ]);
-    // The simulator answers in prose: structured answers fail the check, prose passes it.
+    // The structured answer (a JSON array of 150 numbers, 301 tokens) is cut at 40 tokens:
+    // it fails the check, saying so; prose passes it.
     assert_eq!(code, 1, "{stdout}\n{stderr}");
     assert!(stderr.contains("unusable answer"), "{stderr}");
+    assert!(
+        stderr.contains("structured answer is not a JSON object or array (cut at max_tokens: raise --max-tokens)"),
+        "{stderr}"
+    );
     let json = json.expect("--out JSON");
     let agg = json["aggregates"].as_array().unwrap();
     assert_eq!(agg[0]["phase"], "structured");
@@ -116,6 +121,21 @@ fn the_coherence_check_fails_answers_that_are_not_json_for_the_structured_phase(
     assert_eq!(agg[1]["phase"], "prose");
     assert_eq!(agg[1]["incoherent"], 0, "{}", agg[1]);
     assert_eq!(agg[1]["failed"], 0, "{}", agg[1]);
+}
+
+#[test]
+fn the_default_run_passes_the_coherence_check_against_the_simulator() {
+    let (_sim, gw) = ds_pair(&[("SIM_SPEED", "instant")], &[]);
+    let (code, stdout, stderr, json) = bench(&["--url", &gw.base_url(), "--runs", "1", "--concurrency", "1"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let json = json.expect("--out JSON");
+    for agg in json["aggregates"].as_array().unwrap() {
+        assert_eq!(
+            (agg["failed"].as_u64(), agg["incoherent"].as_u64()),
+            (Some(0), Some(0)),
+            "{agg}"
+        );
+    }
 }
 
 #[test]
