@@ -22,6 +22,9 @@ pub fn masked(text: &str, literals: &[(&str, &str)]) -> String {
 
 fn mask_line(line: &str) -> String {
     let body = line.trim_start();
+    if body.is_empty() {
+        return String::new();
+    }
     let mut out = line[..line.len() - body.len()].to_owned();
     let chars: Vec<char> = body.trim_end().chars().collect();
     let mut i = 0;

@@ -144,8 +144,8 @@ pub enum Command {
     },
     /// Streaming decode benchmark against an OpenAI-compatible URL (the gateway by default):
     /// TTFT, inter-token latency and tokens/s per concurrency, as the GLM guide's bench_decode.py.
-    /// The default run (2 phases × concurrency 1, 2, 4 × 5 runs of 400 tokens: 70 requests)
-    /// takes about 7 minutes against the demo.
+    /// The default run (2 phases × concurrency 1, 2, 4 × 5 runs, up to 400 tokens: 70 requests)
+    /// takes about 8 minutes against the demo.
     Bench(bench::BenchArgs),
     /// Check the head's weight trees (counts, sizes, index) and fetch what is missing with the
     /// Hugging Face CLI; AUTO_DOWNLOAD=0 only reports.
