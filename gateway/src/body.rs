@@ -102,7 +102,7 @@ pub(crate) struct Prepared {
     pub(crate) forward: Bytes,
 }
 
-fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &[u8]) -> Result<Prepared, GatewayError> {
+pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &[u8]) -> Result<Prepared, GatewayError> {
     let Split { fields, raw } = split(bytes, api)?;
     // `messages` stays raw here, so the dispatch reads the raw fields.
     let api = api.for_body(raw.contains_key("messages"));

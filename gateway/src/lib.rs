@@ -13,6 +13,8 @@ mod error;
 mod exposition;
 mod listen;
 mod logwriter;
+#[doc(hidden)]
+pub mod microbench;
 mod normalize;
 mod observe;
 mod relay;

@@ -262,28 +262,49 @@ impl Drop for Relay {
     }
 }
 
+/// The tap alone, without an upstream body: what `microbench` measures per frame.
+pub(crate) struct Tap(Relay);
+
+impl Tap {
+    pub(crate) fn new(ctx: RelayCtx) -> Self {
+        Self(Relay::new(None, ctx))
+    }
+
+    /// One upstream frame in; what would go to the client now out.
+    pub(crate) fn feed(&mut self, data: Bytes) -> Option<Bytes> {
+        self.0.on_data(data);
+        coalesce(&mut self.0.out)
+    }
+}
+
+impl Relay {
+    fn new(body: Option<Incoming>, ctx: RelayCtx) -> Self {
+        Relay {
+            body,
+            buf: BytesMut::with_capacity(4096),
+            scanned: 0,
+            out: VecDeque::new(),
+            held: Vec::new(),
+            last_at: ctx.started,
+            timer: Box::pin(tokio::time::sleep_until((ctx.started + ctx.first_token_timeout).into())),
+            itl: histogram!(observe::ITL_SECONDS),
+            closing: ctx.control.lifecycle(),
+            ctx,
+            first_at: None,
+            usage: observe::Usage::default(),
+            saw_done: false,
+            done: false,
+            outcome: "completed",
+        }
+    }
+}
+
 /// The client-facing event stream for one upstream SSE response.
 pub(crate) fn relay(
     upstream: Incoming,
     ctx: RelayCtx,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
-    let relay = Relay {
-        body: Some(upstream),
-        buf: BytesMut::with_capacity(4096),
-        scanned: 0,
-        out: VecDeque::new(),
-        held: Vec::new(),
-        last_at: ctx.started,
-        timer: Box::pin(tokio::time::sleep_until((ctx.started + ctx.first_token_timeout).into())),
-        itl: histogram!(observe::ITL_SECONDS),
-        closing: ctx.control.lifecycle(),
-        ctx,
-        first_at: None,
-        usage: observe::Usage::default(),
-        saw_done: false,
-        done: false,
-        outcome: "completed",
-    };
+    let relay = Relay::new(Some(upstream), ctx);
     futures_util::stream::unfold(relay, |mut r| async move {
         loop {
             // Everything ready goes out as one frame: one write for events that arrived together.

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::harness::{free_port, try_request};
 
+pub mod ratios;
+
 /// Which front a measurement goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrontKind {

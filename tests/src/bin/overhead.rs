@@ -7,6 +7,11 @@
 //!
 //! usage: overhead [--peers DIR] [--fronts direct,sparkgate,...] [--seconds S] [--rounds R]
 //!                 [--streams N] [--idle N] [--out FILE] [--baseline SPARKGATE_BIN]
+//!                 [--check RATIOS.json [--margin PCT]] [--bless RATIOS.json]
+//!
+//! After the tables, the same-run ratios (sparkgate ÷ nginx, SMG, LiteLLM per figure).
+//! `--check` exits 1 when one is worse than the committed ratios by more than PCT (default 10);
+//! `--bless` writes this run's ratios as the new baseline.
 //!
 //! `--baseline` adds a second sparkgate binary (say, a build of an earlier commit) as the front
 //! `baseline`, right after `sparkgate`, so the two are compared within one run.
@@ -22,7 +27,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use sparkgate_tests::harness::Sim;
-use sparkgate_tests::overhead::{Front, FrontKind, Peers};
+use sparkgate_tests::overhead::{ratios, Front, FrontKind, Peers};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -38,6 +43,9 @@ struct Options {
     streams: usize,
     idle: usize,
     out: Option<String>,
+    check: Option<String>,
+    margin_pct: f64,
+    bless: Option<String>,
 }
 
 fn options() -> Options {
@@ -93,6 +101,9 @@ fn options() -> Options {
         streams: number("--streams", 2000.0) as usize,
         idle: number("--idle", 9_000.0) as usize,
         out: value("--out"),
+        check: value("--check"),
+        margin_pct: number("--margin", 10.0),
+        bless: value("--bless"),
     }
 }
 
@@ -183,6 +194,46 @@ fn main() {
         }
     }
     report(&results, &o);
+    std::process::exit(check_ratios(&results, &o));
+}
+
+/// `--bless` writes this run's ratios; `--check` compares them with a committed set: the exit code.
+fn check_ratios(results: &[Value], o: &Options) -> i32 {
+    let now = ratios::ratios(results);
+    if let Some(path) = &o.bless {
+        let text = serde_json::to_string_pretty(&ratios::baseline_json(&now)).unwrap_or_default() + "\n";
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("overhead: cannot write {path}: {e}");
+            return 2;
+        }
+        println!("wrote the ratios to {path}");
+    }
+    let Some(path) = &o.check else { return 0 };
+    let baseline: Value = match std::fs::read_to_string(path).map(|t| serde_json::from_str(&t)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            eprintln!("overhead: {path} is not JSON: {e}");
+            return 2;
+        }
+        Err(e) => {
+            eprintln!("overhead: cannot read {path}: {e}");
+            return 2;
+        }
+    };
+    let worse = ratios::regressions(&now, &baseline, o.margin_pct / 100.0);
+    if worse.is_empty() {
+        println!("check: no ratio is worse than {path} by more than {} %", o.margin_pct);
+        return 0;
+    }
+    eprintln!(
+        "check: {} ratio(s) worse than {path} by more than {} %:",
+        worse.len(),
+        o.margin_pct
+    );
+    for w in &worse {
+        eprintln!("  {w}");
+    }
+    1
 }
 
 /// Starts every front against `backend`; a front that cannot run gets its reason in `results`.
@@ -549,6 +600,7 @@ fn report(results: &[Value], o: &Options) {
             r["setup"].as_str().unwrap_or("")
         );
     }
+    println!("\n### Same-run ratios\n\n{}", ratios::table(results));
     if let Some(path) = &o.out {
         let doc = json!({"machine": machine(), "seconds": o.seconds, "streams": o.streams, "idle": o.idle, "fronts": results});
         match std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default()) {

@@ -6,6 +6,7 @@
 mod api;
 mod args;
 mod control;
+mod counting;
 mod engine;
 mod faults;
 mod group;

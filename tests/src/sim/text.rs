@@ -532,30 +532,10 @@ pub(crate) fn answer_tokens(prompt: &str, seed: u64) -> Vec<String> {
     if prompt.replace(' ', "").contains("17*19") {
         return vec!["323".to_owned()];
     }
-    if let Some(n) = counting_task(prompt) {
-        return counting_answer(n);
+    if let Some(answer) = super::counting::answer(prompt) {
+        return answer;
     }
     prose(seed)
-}
-
-/// `N` of "Count from 1 to N … JSON array …" (`sparkgate bench`'s structured prompt), as a
-/// model that follows it would answer; up to 1000, the vocabulary's numbers.
-fn counting_task(prompt: &str) -> Option<u32> {
-    let (_, rest) = prompt.split_once("Count from 1 to ")?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    let n = digits.parse::<u32>().ok().filter(|n| (1..=1000).contains(n))?;
-    prompt.contains("JSON array").then_some(n)
-}
-
-/// `[1, 2, …, n]` as tokens: `[`, `1`, then `,` and ` k` for each next number, `]`.
-fn counting_answer(n: u32) -> Vec<String> {
-    let mut tokens = vec!["[".to_owned(), "1".to_owned()];
-    for k in 2..=n {
-        tokens.push(",".into());
-        tokens.push(format!(" {k}"));
-    }
-    tokens.push("]".into());
-    tokens
 }
 
 pub(crate) fn plan_completion(prompt: &str) -> Vec<String> {
@@ -641,21 +621,6 @@ mod tests {
         let r = Template::Glm.render(&Map::from_iter([("reasoning_effort".into(), json!("low"))]));
         let out = plan_chat(&[json!({"role":"user","content":"hi"})], None, None, &r);
         assert!(out.reasoning.concat().starts_with("Reasoning Effort: Low\n"));
-    }
-
-    #[test]
-    fn the_counting_task_is_answered_with_the_json_array() {
-        let prompt = "Count from 1 to 150. Answer with only a JSON array of the numbers, like [1, 2, 3], nothing else.";
-        let answer = answer_tokens(prompt, 7).concat();
-        let numbers: Vec<u32> = serde_json::from_str(&answer).unwrap();
-        assert_eq!(numbers, (1..=150).collect::<Vec<_>>());
-        assert_eq!(answer_tokens(prompt, 7).len(), 301);
-        assert_eq!(
-            split_tokens(&answer).len(),
-            301,
-            "one entry per token, as the tokenizer splits it"
-        );
-        assert!(counting_task("Count from 1 to 150 in prose").is_none());
     }
 
     #[test]

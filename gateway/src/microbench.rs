@@ -1,0 +1,160 @@
+//! The hot path's pure parts as microbenchmark cases (`benches/hot_path.rs` runs them, timed
+//! and under callgrind for instruction counts): body preparation of a typical and a large
+//! request, the SSE tap per token frame, and an admission permit taken and returned.
+//!
+//! Hidden from the docs: a surface for the benchmark binary, not an API.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::task::{Context, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sparkgate_config::{ProfileId, SpecMethod};
+
+use crate::admission::{Admission, QueueLimits};
+use crate::body::prepare_now;
+use crate::normalize::{Api, Normalizer};
+use crate::relay::{RelayCtx, Tap};
+use crate::routes::Framing;
+use crate::state::GatewayControl;
+
+/// One case: a name, what one iteration does, and the loop that runs it `iters` times.
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    pub name: &'static str,
+    pub what: &'static str,
+    run: fn(u64),
+}
+
+impl Case {
+    /// Sets the case up once, then runs `iters` iterations.
+    pub fn run(&self, iters: u64) {
+        (self.run)(iters);
+    }
+}
+
+/// Every case, in the order they are reported.
+pub fn cases() -> &'static [Case] {
+    &[
+        Case {
+            name: "prepare_chat_typical",
+            what: "parse, normalise and re-serialise a 4-message chat body (0.7 KiB)",
+            run: prepare_typical,
+        },
+        Case {
+            name: "prepare_chat_1mib",
+            what: "the same for a chat body with a 1 MiB user message",
+            run: prepare_large,
+        },
+        Case {
+            name: "sse_tap_token_frame",
+            what: "the relay's tap on one chat token frame (split, time, classify, pass on)",
+            run: sse_tap,
+        },
+        Case {
+            name: "admission_acquire_release",
+            what: "an uncontended admission permit taken and dropped",
+            run: admission,
+        },
+    ]
+}
+
+fn normalizer() -> Normalizer {
+    Normalizer::new(ProfileId::DeepSeekV41Flash, "DeepSeek-v4.1-Flash-EXL3", &[], &[])
+}
+
+const TYPICAL: &str = r#"{"model":"DeepSeek-v4.1-Flash-EXL3","messages":[{"role":"system","content":"You are a careful assistant. Answer briefly and cite the function names you use."},{"role":"user","content":"How does the gateway decide when a request may start? Explain admission in two sentences."},{"role":"assistant","content":"A request starts when a slot under MAX_NUM_SEQS is free; otherwise it waits in a bounded queue, in arrival order, until one is released or its timeout passes."},{"role":"user","content":"And what happens to the queue when the ranks restart? Keep it short."}],"max_tokens":256,"temperature":0.6,"top_p":0.95,"stream":true,"stream_options":{"include_usage":true}}"#;
+
+fn prepare_typical(iters: u64) {
+    let n = normalizer();
+    for _ in 0..iters {
+        let p = prepare_now(&n, Api::Chat, black_box(TYPICAL.as_bytes())).expect("a valid body");
+        black_box(p.forward.len());
+    }
+}
+
+fn prepare_large(iters: u64) {
+    let n = normalizer();
+    let text = "the gateway relays every token as it comes ".repeat((1 << 20) / 43);
+    let body = format!(
+        r#"{{"model":"DeepSeek-v4.1-Flash-EXL3","messages":[{{"role":"user","content":"{text}"}}],"max_tokens":16}}"#
+    );
+    for _ in 0..iters {
+        let p = prepare_now(&n, Api::Chat, black_box(body.as_bytes())).expect("a valid body");
+        black_box(p.forward.len());
+    }
+}
+
+const FRAME: &[u8] = br#"data: {"id":"chatcmpl-4f1c2a","object":"chat.completion.chunk","created":1764600000,"model":"DeepSeek-v4.1-Flash-EXL3","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null,"token_ids":null}]}
+
+"#;
+
+fn sse_tap(iters: u64) {
+    // The tap arms a tokio timer when it is made: give it a runtime to arm it on.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
+    let _entered = rt.enter();
+    let control = GatewayControl::new(
+        2,
+        QueueLimits {
+            depth: 8,
+            bytes: 1 << 20,
+            timeout: Duration::from_secs(60),
+        },
+        SpecMethod::Dspark,
+    );
+    let mut tap = Tap::new(RelayCtx {
+        started: Instant::now(),
+        usage_injected: false,
+        framing: Framing::Chat,
+        first_token_timeout: Duration::from_secs(900),
+        idle_timeout: Duration::from_secs(120),
+        mode: SpecMethod::Dspark,
+        control,
+        request_id: "bench".into(),
+        route: "/v1/chat/completions",
+        model: None,
+        drain_timeout: Duration::from_secs(60),
+    });
+    let frame = Bytes::from_static(FRAME);
+    for _ in 0..iters {
+        let out = tap.feed(black_box(frame.clone()));
+        black_box(out.map(|b| b.len()));
+    }
+}
+
+fn admission(iters: u64) {
+    let limits = QueueLimits {
+        depth: 8,
+        bytes: 1 << 20,
+        timeout: Duration::from_secs(60),
+    };
+    let admission = Admission::new(2, limits);
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..iters {
+        let mut acquire = std::pin::pin!(admission_once(&admission));
+        // Uncontended, the permit is ready on the first poll: no runtime needed.
+        assert!(acquire.as_mut().poll(&mut cx).is_ready(), "an uncontended permit");
+    }
+}
+
+async fn admission_once(admission: &Arc<Admission>) {
+    let permit = admission.acquire(1, 512).await;
+    black_box(permit.is_ok());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cases;
+
+    #[test]
+    fn every_case_runs() {
+        for case in cases() {
+            case.run(3);
+        }
+    }
+}
