@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use metrics::{counter, histogram};
 use serde_json::Value;
 use sparkgate_config::SpecMethod;
@@ -20,6 +19,7 @@ use crate::error::GatewayError;
 use crate::observe;
 use crate::routes::Framing;
 use crate::state::{GatewayControl, Lifecycle};
+use crate::upstream::UpstreamBody;
 
 /// What a relay needs to know about its request.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ pub(crate) struct RelayCtx {
 
 #[derive(Debug)]
 struct Relay {
-    body: Option<Incoming>,
+    body: Option<UpstreamBody>,
     buf: BytesMut,
     scanned: usize,
     out: VecDeque<Bytes>,
@@ -278,7 +278,7 @@ impl Tap {
 }
 
 impl Relay {
-    fn new(body: Option<Incoming>, ctx: RelayCtx) -> Self {
+    fn new(body: Option<UpstreamBody>, ctx: RelayCtx) -> Self {
         Relay {
             body,
             buf: BytesMut::with_capacity(4096),
@@ -301,7 +301,7 @@ impl Relay {
 
 /// The client-facing event stream for one upstream SSE response.
 pub(crate) fn relay(
-    upstream: Incoming,
+    upstream: UpstreamBody,
     ctx: RelayCtx,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
     let relay = Relay::new(Some(upstream), ctx);

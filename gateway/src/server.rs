@@ -14,7 +14,6 @@ use axum::routing::{get, post};
 use axum::{middleware, Extension, Router};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use metrics::{counter, histogram};
 use sparkgate_config::Config;
 use sparkgate_supervisor::{GroupState, SupervisorHandle};
@@ -31,7 +30,7 @@ use crate::observe;
 use crate::relay::{relay, RelayCtx};
 use crate::routes::{Framing, Methods, Role, Route, ROUTES};
 use crate::state::{GatewayControl, Lifecycle, UpstreamState};
-use crate::upstream::is_hop_by_hop;
+use crate::upstream::{is_hop_by_hop, UpstreamBody, UpstreamError};
 
 /// One upstream route's axum method router, from its table entry.
 fn route_service(r: &'static Route) -> axum::routing::MethodRouter<Shared> {
@@ -119,7 +118,7 @@ async fn until_closed<T>(app: &App, work: impl std::future::Future<Output = T>) 
 
 /// The request did not reach the rank: the connection was refused (a dead or restarting
 /// rank's port), so vLLM never saw it and sending it again is safe.
-fn never_reached(err: &hyper_util::client::legacy::Error) -> bool {
+fn never_reached(err: &UpstreamError) -> bool {
     err.is_connect()
 }
 
@@ -137,7 +136,7 @@ async fn group_verdict(app: &App, epoch: Option<u64>) -> bool {
 }
 
 /// Maps a failure to reach the upstream: held-for-restart states answer 503, otherwise 502.
-fn unreachable(app: &App, err: &hyper_util::client::legacy::Error) -> GatewayError {
+fn unreachable(app: &App, err: &UpstreamError) -> GatewayError {
     let kind = observe::UPSTREAM_ERROR_KINDS[usize::from(!err.is_connect())];
     counter!(observe::UPSTREAM_ERRORS, "kind" => kind).increment(1);
     match app.control.upstream() {
@@ -162,7 +161,7 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 }
 
 /// Upstream response headers the client gets (hop-by-hop and length dropped; hyper re-frames).
-fn response_head(upstream: &hyper::Response<Incoming>) -> axum::http::response::Builder {
+fn response_head(upstream: &hyper::Response<UpstreamBody>) -> axum::http::response::Builder {
     let mut b = Response::builder().status(upstream.status());
     for (k, v) in upstream.headers() {
         if !is_hop_by_hop(k) && k != header::CONTENT_LENGTH {
