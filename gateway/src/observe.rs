@@ -1,10 +1,14 @@
 //! Observability: the Prometheus recorder and the gateway's metric names, and the tracing
 //! subscriber for access and event logs (text or JSON).
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Gauge, Histogram, Unit,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sparkgate_config::SpecMethod;
 
 pub(crate) const REQUESTS: &str = "sparkgate_requests_total";
 pub(crate) const REQUEST_SECONDS: &str = "sparkgate_request_duration_seconds";
@@ -99,14 +103,85 @@ fn register() {
 /// The `kind` label of UPSTREAM_ERRORS: the connect failed, or the request after it.
 pub(crate) const UPSTREAM_ERROR_KINDS: &[&str] = &["connect", "request"];
 
+/// Handles of the families every request touches, looked up once: a lookup through the
+/// recorder builds a key, hashes the name and labels and searches a map, on every call.
+struct Hot {
+    queue_wait: Histogram,
+    overhead: Histogram,
+    ttft: Histogram,
+    itl: Histogram,
+    queue_depth: Gauge,
+    in_flight: Gauge,
+    tokens: Vec<(SpecMethod, Counter)>,
+    by_route: Mutex<HashMap<RouteStatus, (Counter, Histogram)>>,
+}
+
+/// A route's label and a status code: the labels of REQUESTS.
+type RouteStatus = (&'static str, u16);
+
+fn hot() -> &'static Hot {
+    static HOT: OnceLock<Hot> = OnceLock::new();
+    HOT.get_or_init(|| {
+        // Handles taken before the recorder is installed would record nowhere.
+        metrics_handle();
+        Hot {
+            queue_wait: histogram!(QUEUE_WAIT_SECONDS),
+            overhead: histogram!(OVERHEAD_SECONDS),
+            ttft: histogram!(TTFT_SECONDS),
+            itl: histogram!(ITL_SECONDS),
+            queue_depth: gauge!(QUEUE_DEPTH),
+            in_flight: gauge!(IN_FLIGHT),
+            tokens: SpecMethod::ALL
+                .into_iter()
+                .map(|m| (m, counter!(TOKENS, "mode" => m.as_str())))
+                .collect(),
+            by_route: Mutex::new(HashMap::new()),
+        }
+    })
+}
+
 pub(crate) fn request_done(route: &'static str, status: u16, seconds: f64) {
-    counter!(REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
-    histogram!(REQUEST_SECONDS, "route" => route).record(seconds);
+    let mut by_route = hot().by_route.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (requests, duration) = by_route.entry((route, status)).or_insert_with(|| {
+        (
+            counter!(REQUESTS, "route" => route, "status" => status.to_string()),
+            histogram!(REQUEST_SECONDS, "route" => route),
+        )
+    });
+    requests.increment(1);
+    duration.record(seconds);
 }
 
 pub(crate) fn admission(queued: usize, in_use: u32) {
-    gauge!(QUEUE_DEPTH).set(queued as f64);
-    gauge!(IN_FLIGHT).set(f64::from(in_use));
+    let h = hot();
+    h.queue_depth.set(queued as f64);
+    h.in_flight.set(f64::from(in_use));
+}
+
+/// Time a generation waited for its slot.
+pub(crate) fn queue_wait(seconds: f64) {
+    hot().queue_wait.record(seconds);
+}
+
+/// The gateway's own time before the upstream request.
+pub(crate) fn overhead(seconds: f64) {
+    hot().overhead.record(seconds);
+}
+
+pub(crate) fn ttft(seconds: f64) {
+    hot().ttft.record(seconds);
+}
+
+/// The inter-token histogram, for a stream to keep.
+pub(crate) fn itl() -> Histogram {
+    hot().itl.clone()
+}
+
+/// Completion tokens delivered in `mode`.
+pub(crate) fn tokens(mode: SpecMethod, n: u64) {
+    if let Some((_, c)) = hot().tokens.iter().find(|(m, _)| *m == mode) {
+        c.increment(n);
+    }
 }
 
 /// Installs the log subscriber: `RUST_LOG`-style filtering via `SPARKGATE_LOG` (default info),
@@ -159,8 +234,29 @@ impl Usage {
         self.completion = newer.completion.or(self.completion);
     }
 
-    /// The `usage` of a complete JSON answer.
+    /// The `usage` of a complete JSON answer. vLLM writes `usage` after `choices`, so the last
+    /// `"usage":` that starts a key (after `{` or `,`, not inside a string, where its quotes
+    /// would be escaped) is read alone; an answer where that finds no object is parsed whole.
     pub(crate) fn of_body(body: &[u8]) -> Usage {
+        Self::of_usage_key(body).unwrap_or_else(|| Self::of_whole_body(body))
+    }
+
+    fn of_usage_key(body: &[u8]) -> Option<Usage> {
+        const KEY: &[u8] = b"\"usage\":";
+        let at = memchr::memmem::rfind(body, KEY)?;
+        let before = body[..at].iter().rev().find(|b| !b.is_ascii_whitespace())?;
+        if !matches!(before, b',' | b'{') {
+            return None;
+        }
+        let mut values = serde_json::Deserializer::from_slice(&body[at + KEY.len()..]).into_iter::<serde_json::Value>();
+        match values.next()? {
+            Ok(v) if v.is_object() => Some(Usage::of(&v)),
+            Ok(serde_json::Value::Null) => Some(Usage::default()),
+            _ => None,
+        }
+    }
+
+    fn of_whole_body(body: &[u8]) -> Usage {
         #[derive(serde::Deserialize)]
         struct WithUsage {
             usage: Option<serde_json::Value>,
@@ -222,6 +318,38 @@ mod usage_tests {
             Some(4)
         );
         assert_eq!(Usage::of_body(br#"{"id":"x"}"#), Usage::default());
+    }
+
+    #[test]
+    fn the_usage_key_is_read_alone_and_agrees_with_a_whole_parse() {
+        let bodies: [&[u8]; 6] = [
+            br#"{"id":"c","choices":[{"message":{"content":"say \"usage\": {\"completion_tokens\": 99}"}}],"usage":{"prompt_tokens":3,"completion_tokens":7},"kv_transfer_params":null}"#,
+            br#"{"id":"m","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":2,"output_tokens":9}}"#,
+            br#"{"id":"c","choices":[{"text":"the \"usage\":{} key"}]}"#,
+            br#"{"id":"c", "usage": null}"#,
+            br#"{"id":"c","choices":[],
+  "usage" : {"completion_tokens": 4}}"#,
+            br#"not json "usage":{"completion_tokens":1}"#,
+        ];
+        for body in bodies {
+            assert_eq!(
+                Usage::of_body(body),
+                Usage::of_whole_body(body),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert_eq!(
+            Usage::of_body(bodies[0]),
+            Usage {
+                prompt: Some(3),
+                completion: Some(7)
+            }
+        );
+        assert!(
+            Usage::of_usage_key(bodies[2]).is_none(),
+            "a quoted key inside a string is not read"
+        );
         let mut started = Usage::of(&serde_json::json!({"input_tokens": 5, "output_tokens": 1}));
         started.update(Usage::of(&serde_json::json!({"output_tokens": 12})));
         assert_eq!((started.prompt, started.completion), (Some(5), Some(12)));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
-use metrics::{counter, histogram};
+use metrics::counter;
 use serde_json::Value;
 use sparkgate_config::SpecMethod;
 
@@ -100,7 +100,7 @@ impl Relay {
         match self.first_at {
             None => {
                 self.first_at = Some(now);
-                histogram!(observe::TTFT_SECONDS).record(now.duration_since(self.ctx.started).as_secs_f64());
+                observe::ttft(now.duration_since(self.ctx.started).as_secs_f64());
             }
             Some(_) => self.itl.record(now.duration_since(self.last_at).as_secs_f64()),
         }
@@ -287,7 +287,7 @@ impl Relay {
             held: Vec::new(),
             last_at: ctx.started,
             timer: Box::pin(tokio::time::sleep_until((ctx.started + ctx.first_token_timeout).into())),
-            itl: histogram!(observe::ITL_SECONDS),
+            itl: observe::itl(),
             closing: ctx.control.lifecycle(),
             ctx,
             first_at: None,

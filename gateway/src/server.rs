@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use axum::{middleware, Extension, Router};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use metrics::{counter, histogram};
+use metrics::counter;
 use sparkgate_config::Config;
 use sparkgate_supervisor::{GroupState, SupervisorHandle};
 use tokio::net::TcpListener;
@@ -287,12 +287,12 @@ async fn generate_inner(
     let queued_at = Instant::now();
     let mut permit = app.control.admission().acquire(norm.n, forward.len()).await?;
     let waited = queued_at.elapsed();
-    histogram!(observe::QUEUE_WAIT_SECONDS).record(waited.as_secs_f64());
+    observe::queue_wait(waited.as_secs_f64());
     let snap = app.control.snapshot();
     observe::admission(snap.queued, snap.in_use);
     let path = route.path;
     // The gateway's own time before the upstream request: everything but the queue wait.
-    histogram!(observe::OVERHEAD_SECONDS).record(started.elapsed().saturating_sub(waited).as_secs_f64());
+    observe::overhead(started.elapsed().saturating_sub(waited).as_secs_f64());
     let limit = if norm.stream {
         app.first_token_timeout
     } else {

@@ -129,7 +129,7 @@ impl GatewayControl {
     /// Counts completion tokens a finished request delivered (from upstream usage) under the
     /// mode it ran in.
     pub(crate) fn count_tokens(&self, mode: SpecMethod, tokens: u64) {
-        metrics::counter!(observe::TOKENS, "mode" => mode.as_str()).increment(tokens);
+        observe::tokens(mode, tokens);
         self.inner.delivered_tokens.fetch_add(tokens, Ordering::Relaxed);
     }
 
