@@ -12,6 +12,7 @@ mod edge;
 mod error;
 mod exposition;
 mod listen;
+mod logline;
 mod logwriter;
 #[doc(hidden)]
 pub mod microbench;

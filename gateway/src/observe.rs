@@ -197,10 +197,11 @@ pub fn init_logging(format: sparkgate_config::LogFormat) -> crate::logwriter::Lo
         .with_writer(writer)
         .with_target(false)
         .with_ansi(ansi);
-    let _ = if format == sparkgate_config::LogFormat::Json {
-        builder.json().flatten_event(true).try_init()
-    } else {
-        builder.try_init()
+    let _ = match format {
+        sparkgate_config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        // Coloured lines for a terminal; elsewhere the same layout, written faster.
+        sparkgate_config::LogFormat::Text if ansi => builder.try_init(),
+        sparkgate_config::LogFormat::Text => builder.event_format(crate::logline::TextLine::new()).try_init(),
     };
     guard
 }

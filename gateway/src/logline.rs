@@ -1,0 +1,227 @@
+//! The text log line, laid out exactly as tracing-subscriber's default format without target
+//! (`2026-12-01T18:42:12.706115Z  INFO generation route="chat" status=200 …`), written with a
+//! tenth of its instructions: the timestamp from digits, plain strings and integers without
+//! the formatting machinery. The access line of every request is one of these. Events it does
+//! not render the same way (an error value with sources, raw identifiers) go to the default
+//! format, as do coloured lines for a terminal.
+
+use std::cell::RefCell;
+use std::fmt::{self, Write as _};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::{Format, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// The fast text format, with the default one (same layout) for what it leaves to it.
+pub(crate) struct TextLine {
+    default: Format,
+}
+
+impl TextLine {
+    pub(crate) fn new() -> Self {
+        Self {
+            default: Format::default().with_target(false).with_ansi(false),
+        }
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for TextLine
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut w: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+        thread_local!(static LINE: RefCell<String> = const { RefCell::new(String::new()) });
+        let done = LINE.with(|line| {
+            let mut line = line.borrow_mut();
+            line.clear();
+            render(&mut line, SystemTime::now(), event).then(|| w.write_str(&line))
+        });
+        match done {
+            Some(result) => result,
+            None => self.default.format_event(ctx, w, event),
+        }
+    }
+}
+
+/// Writes the line for `event` at `now` into `out`; false when the default format must write it.
+fn render(out: &mut String, now: SystemTime, event: &Event<'_>) -> bool {
+    timestamp(out, now);
+    out.push_str(match *event.metadata().level() {
+        Level::ERROR => " ERROR ",
+        Level::WARN => "  WARN ",
+        Level::INFO => "  INFO ",
+        Level::DEBUG => " DEBUG ",
+        Level::TRACE => " TRACE ",
+    });
+    let mut fields = Fields {
+        out,
+        first: true,
+        fallback: false,
+    };
+    event.record(&mut fields);
+    if fields.fallback {
+        return false;
+    }
+    out.push('\n');
+    true
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC, microseconds), as the default format's timer writes it.
+fn timestamp(out: &mut String, now: SystemTime) {
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (year, month, day) = civil_from_days((secs / 86_400) as i64);
+    let rem = secs % 86_400;
+    for (value, width, then) in [
+        (year as u64, 4, '-'),
+        (month, 2, '-'),
+        (day, 2, 'T'),
+        (rem / 3600, 2, ':'),
+        (rem % 3600 / 60, 2, ':'),
+        (rem % 60, 2, '.'),
+        (u64::from(since.subsec_micros()), 6, 'Z'),
+    ] {
+        push_digits(out, value, width);
+        out.push(then);
+    }
+}
+
+/// `value` as exactly `width` decimal digits (zero-padded; wider values keep their low digits).
+fn push_digits(out: &mut String, mut value: u64, width: usize) {
+    let mut buf = [b'0'; 6];
+    for slot in buf[..width].iter_mut().rev() {
+        *slot = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+    out.extend(buf[..width].iter().map(|&b| char::from(b)));
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar (the
+/// well-known era-based conversion).
+fn civil_from_days(days: i64) -> (i64, u64, u64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u64;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u64;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// The fields as the default visitor writes them: the message bare (control characters
+/// escaped), then ` name=value` with values in their `Debug` form.
+struct Fields<'a> {
+    out: &'a mut String,
+    first: bool,
+    fallback: bool,
+}
+
+impl Fields<'_> {
+    /// Starts a field; false when the default format must write this event.
+    fn begin(&mut self, field: &Field) -> bool {
+        let name = field.name();
+        if name.starts_with("r#") || name.starts_with("log.") {
+            self.fallback = true;
+            return false;
+        }
+        if !std::mem::take(&mut self.first) {
+            self.out.push(' ');
+        }
+        if name != "message" {
+            self.out.push_str(name);
+            self.out.push('=');
+        }
+        true
+    }
+}
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if !self.begin(field) {
+            return;
+        }
+        if field.name() == "message" {
+            sanitized(self.out, value);
+        } else if value
+            .bytes()
+            .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        {
+            self.out.push('"');
+            self.out.push_str(value);
+            self.out.push('"');
+        } else {
+            let _ = write!(self.out, "{value:?}");
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if self.begin(field) {
+            let _ = write!(self.out, "{value}");
+        }
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        if self.begin(field) {
+            let _ = write!(self.out, "{value}");
+        }
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        if self.begin(field) {
+            self.out.push_str(if value { "true" } else { "false" });
+        }
+    }
+
+    fn record_error(&mut self, _field: &Field, _value: &(dyn std::error::Error + 'static)) {
+        self.fallback = true;
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if !self.begin(field) {
+            return;
+        }
+        if field.name() == "message" {
+            let mut text = String::new();
+            let _ = write!(text, "{value:?}");
+            sanitized(self.out, &text);
+        } else {
+            let _ = write!(self.out, "{value:?}");
+        }
+    }
+}
+
+/// The message with the control characters a terminal would act on escaped, as the default
+/// format escapes them.
+fn sanitized(out: &mut String, text: &str) {
+    if !text
+        .chars()
+        .any(|c| matches!(c, '\x1b' | '\x07' | '\x08' | '\x0c' | '\x7f' | '\u{80}'..='\u{9f}'))
+    {
+        out.push_str(text);
+        return;
+    }
+    for c in text.chars() {
+        match c {
+            '\x1b' => out.push_str("\\x1b"),
+            '\x07' => out.push_str("\\x07"),
+            '\x08' => out.push_str("\\x08"),
+            '\x0c' => out.push_str("\\x0c"),
+            '\x7f' => out.push_str("\\x7f"),
+            c @ '\u{80}'..='\u{9f}' => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "logline_tests.rs"]
+mod tests;
