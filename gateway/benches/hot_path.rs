@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use sparkgate_gateway::microbench::{cases, Case};
 
-/// Iterations of the shorter callgrind run; the longer one runs twice as many, and the
-/// difference over this many iterations is one iteration's cost without the setup.
-const CALLGRIND_ITERS: u64 = 200;
+// The sparkgate binary's allocator, so the counts are what the binary executes.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Debug, Default)]
 struct Options {
@@ -114,10 +114,12 @@ fn instructions(name: &str, iters: u64) -> Result<u64, String> {
         .ok_or_else(|| "no summary line in callgrind's output".to_owned())
 }
 
-fn per_iter_instructions(name: &str) -> Result<u64, String> {
-    let short = instructions(name, CALLGRIND_ITERS)?;
-    let long = instructions(name, 2 * CALLGRIND_ITERS)?;
-    Ok(long.saturating_sub(short) / CALLGRIND_ITERS)
+/// The case's `counted_iters` and twice as many under callgrind: the difference over
+/// `counted_iters` is one iteration's cost without the setup.
+fn per_iter_instructions(case: &Case) -> Result<u64, String> {
+    let short = instructions(case.name, case.counted_iters)?;
+    let long = instructions(case.name, 2 * case.counted_iters)?;
+    Ok(long.saturating_sub(short) / case.counted_iters)
 }
 
 fn read_baseline() -> BTreeMap<String, u64> {
@@ -166,7 +168,7 @@ fn report(o: &Options) -> Result<bool, String> {
     println!("|---|---|---|---|---|");
     for case in cases().iter().filter(|c| o.only.as_deref().is_none_or(|n| n == c.name)) {
         let ns = time_per_iter(case).as_nanos();
-        let ir = per_iter_instructions(case.name)?;
+        let ir = per_iter_instructions(case)?;
         measured.insert(case.name.to_owned(), ir);
         let (base, change) = match baseline.get(case.name) {
             Some(&b) if b > 0 => (b.to_string(), format!("{:+.2} %", (ir as f64 / b as f64 - 1.0) * 100.0)),

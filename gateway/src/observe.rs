@@ -30,6 +30,9 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 const FINE_BUCKETS: &[f64] = &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1];
 
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The process-wide recorder (one per process; tests that start several gateways share it).
 pub(crate) fn metrics_handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -41,6 +44,16 @@ pub(crate) fn metrics_handle() -> &'static PrometheusHandle {
             .install_recorder()
             .expect("the gateway installs the only metrics recorder");
         describe();
+        // Histogram samples wait in per-family buckets until upkeep folds them in; without it
+        // they pile up until a scrape (a token's gap each, forever if nothing scrapes).
+        let upkept = handle.clone();
+        std::thread::Builder::new()
+            .name("sparkgate-metrics".into())
+            .spawn(move || loop {
+                std::thread::sleep(UPKEEP_EVERY);
+                upkept.run_upkeep();
+            })
+            .expect("spawn the metrics upkeep thread");
         handle
     })
 }
