@@ -12,10 +12,6 @@ use std::time::{Duration, Instant};
 
 use sparkgate_gateway::microbench::{cases, Case};
 
-// The sparkgate binary's allocator, so the counts are what the binary executes.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Debug, Default)]
 struct Options {
     check: bool,
