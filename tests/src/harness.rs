@@ -519,7 +519,16 @@ pub struct Gateway {
     pub addr: SocketAddr,
 }
 
+/// The guides' smoke question; the simulated model answers `323`.
+pub const SMOKE: &str = "What is 17*19? Reply with the integer only.";
+
 impl Gateway {
+    /// The guides' smoke request (thinking off, 32 tokens) through this gateway, as JSON.
+    pub fn smoke(&self) -> serde_json::Value {
+        let body = serde_json::json!({"messages": [{"role": "user", "content": SMOKE}], "max_tokens": 32, "chat_template_kwargs": {"enable_thinking": false}});
+        post_json(self.addr, "/v1/chat/completions", &body).json()
+    }
+
     /// Starts the gateway (port 0 on 127.0.0.1) and waits until `/ready` answers 200.
     pub fn start(sparkgate: &str, profile: &str, upstream: SocketAddr, env: &[(&str, &str)]) -> Gateway {
         let gw = Self::start_unready(sparkgate, profile, &format!("http://{upstream}"), env);

@@ -10,14 +10,9 @@ use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway};
 use sparkgate_tests::snapshot::assert_snapshot;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-const SMOKE: &str = "What is 17*19? Reply with the integer only.";
 
 fn sparkgate() -> String {
     binary_next_to(SIM, "sparkgate")
-}
-
-fn smoke(gw: &Gateway) -> Value {
-    post_json(gw.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": SMOKE}], "max_tokens": 32, "chat_template_kwargs": {"enable_thinking": false}})).json()
 }
 
 #[test]
@@ -182,7 +177,7 @@ fn operator_commands_through_the_cli() {
         "{out}"
     );
     snap("spec-not-a-mode", &out);
-    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
     let (ok, out) = cli(&["status", "--url", "http://127.0.0.1:9"]);
     assert!(
         !ok && out.contains(
@@ -264,7 +259,7 @@ fn the_demo_serves_the_smoke_request() {
     proc.wait_for("sparkgate demo: deepseek-v4.1-flash with two simulated ranks");
     let gw = Gateway { proc, addr };
     gw.wait_ready();
-    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
     assert!(gw
         .proc
         .log()
@@ -311,7 +306,7 @@ fn two_demos_run_side_by_side_and_each_removes_its_logs_on_exit() {
     for (gw, port) in demos.iter().zip(ports) {
         assert_eq!(gw.addr.port(), port);
         gw.wait_ready();
-        assert_eq!(smoke(gw)["choices"][0]["message"]["content"], "323");
+        assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
         let banner = gw.proc.wait_for("  logs: ");
         let dir = banner
             .split("logs: ")

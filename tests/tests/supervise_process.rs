@@ -6,18 +6,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sparkgate_tests::harness::{
-    binary_next_to, kill_pid, post_json, processes_with, request, sse_data, Gateway, Streaming,
+    binary_next_to, kill_pid, post_json, processes_with, request, sse_data, Gateway, Streaming, SMOKE,
 };
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-const SMOKE: &str = "What is 17*19? Reply with the integer only.";
 
 fn sparkgate() -> String {
     binary_next_to(SIM, "sparkgate")
-}
-
-fn smoke(gw: &Gateway) -> Value {
-    post_json(gw.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": SMOKE}], "max_tokens": 32, "chat_template_kwargs": {"enable_thinking": false}})).json()
 }
 
 fn pids(status: &Value) -> Vec<u64> {
@@ -54,7 +49,7 @@ fn cold_start_of_both_profiles_answers_the_smoke_request() {
     for profile in ["deepseek-v4.1-flash", "glm-5.3-flash"] {
         let logs = tempfile::tempdir().unwrap();
         let gw = Gateway::supervise(&sparkgate(), SIM, profile, logs.path(), &[]);
-        let b = smoke(&gw);
+        let b = gw.smoke();
         assert_eq!(b["choices"][0]["message"]["content"], "323", "{profile}");
         let s = gw.status();
         assert_eq!(s["supervisor"]["state"], "ready");
@@ -172,7 +167,7 @@ fn a_killed_head_restarts_the_group_too() {
         !alive(pid_of(&old, 1)),
         "the worker of the old epoch was stopped with the group"
     );
-    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
 }
 
 #[test]
@@ -381,7 +376,7 @@ fn a_remote_worker_runs_its_rank_over_ssh() {
         ("RANK_ENV", "SIM_LOAD_SECONDS=0"),
     ];
     let mut gw = Gateway::supervise(&sparkgate(), SIM, "deepseek-v4.1-flash", logs.path(), &env);
-    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
     assert!(
         sshd.log().contains("Accepted publickey"),
         "the worker rank was started over SSH:\n{}",
@@ -412,7 +407,7 @@ fn a_remote_worker_runs_its_rank_over_ssh() {
     );
     let worker_pid = pid_of(&new, 1);
     assert!(alive(worker_pid));
-    assert_eq!(smoke(&gw)["choices"][0]["message"]["content"], "323");
+    assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
     assert!(std::process::Command::new("kill")
         .args(["-TERM", &gw.proc.pid().to_string()])
         .status()
