@@ -188,22 +188,28 @@ impl Visit for Fields<'_> {
             return;
         }
         if field.name() == "message" {
-            let mut text = String::new();
-            let _ = write!(text, "{value:?}");
-            sanitized(self.out, &text);
+            // Written in place; only a message with control characters is rewritten escaped.
+            let start = self.out.len();
+            let _ = write!(self.out, "{value:?}");
+            if needs_escaping(&self.out[start..]) {
+                let text = self.out.split_off(start);
+                sanitized(self.out, &text);
+            }
         } else {
             let _ = write!(self.out, "{value:?}");
         }
     }
 }
 
+fn needs_escaping(text: &str) -> bool {
+    text.chars()
+        .any(|c| matches!(c, '\x1b' | '\x07' | '\x08' | '\x0c' | '\x7f' | '\u{80}'..='\u{9f}'))
+}
+
 /// The message with the control characters a terminal would act on escaped, as the default
 /// format escapes them.
 fn sanitized(out: &mut String, text: &str) {
-    if !text
-        .chars()
-        .any(|c| matches!(c, '\x1b' | '\x07' | '\x08' | '\x0c' | '\x7f' | '\u{80}'..='\u{9f}'))
-    {
+    if !needs_escaping(text) {
         out.push_str(text);
         return;
     }
