@@ -1,5 +1,6 @@
-//! Edge layers, outermost first (the order `server::router` installs them):
-//! 1. request id — `X-Request-Id` accepted (printable, ≤128 bytes) or generated, stored for the
+//! The edge steps every request passes, outermost first (the order `dispatch::Dispatch::call`
+//! applies them):
+//! 1. request id — `X-Request-Id` accepted (printable, ≤128 bytes) or generated, passed to the
 //!    handlers (which forward it upstream) and echoed on the response;
 //! 2. access log — one structured line per response (method, path, status, duration, id):
 //!    polls (health, readiness, metrics, status) at DEBUG; generations skip it, since each
@@ -11,6 +12,11 @@
 //! 4. rate limit — per validated API key, else per client IP, on the upstream routes, when
 //!    `RATE_LIMIT_RPM` is set.
 //!
+//! Each step is a plain function over the request's head (and, after the handler, its
+//! response): called in line, they cost a generation no boxed future and no request moved
+//! through a middleware stack — as `from_fn` layers they were a fifth of the gateway's
+//! instructions per request (BENCHMARKS.md, "The hot path").
+//!
 //! Body size is bounded where the body is read (`server::read_body`), so the 413 carries the
 //! error envelope.
 
@@ -19,19 +25,17 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{ConnectInfo, Request, State};
-use axum::http::HeaderValue;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, HeaderValue, Method};
+use axum::response::Response;
 use governor::clock::{Clock, DefaultClock};
 use governor::middleware::StateInformationMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 use sparkgate_config::Secret;
 
-use crate::app::{App, Shared};
+use crate::app::App;
 use crate::error::GatewayError;
-use crate::routes::{Family, Matched, Route};
+use crate::routes::Route;
 
 /// The request's id, as accepted or generated.
 #[derive(Debug, Clone)]
@@ -50,69 +54,81 @@ fn generate_id() -> String {
     format!("sg-{mixed:016x}{n:08x}")
 }
 
-pub(crate) async fn request_id(mut req: Request, next: Next) -> Response {
-    let given = req
-        .headers()
+/// Step 1: the request's id, as the client sent it (when usable) or generated.
+pub(crate) fn request_id(headers: &HeaderMap) -> RequestId {
+    let given = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-        .map(str::to_owned);
-    let id = given.unwrap_or_else(generate_id);
-    req.extensions_mut().insert(RequestId(id.clone()));
-    let mut resp = next.run(req).await;
-    if let Ok(v) = HeaderValue::from_str(&id) {
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()));
+    RequestId(given.map_or_else(generate_id, str::to_owned))
+}
+
+/// Step 1, on the way out: the id is echoed on every response, refusals included.
+pub(crate) fn echo_id(resp: &mut Response, id: &RequestId) {
+    if let Ok(v) = HeaderValue::from_str(&id.0) {
         resp.headers_mut().insert("x-request-id", v);
     }
-    resp
+}
+
+/// What the edge steps read of a request: its head, the route the path matched and the peer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Head<'a> {
+    pub(crate) method: &'a Method,
+    /// The canonical path.
+    pub(crate) path: &'a str,
+    pub(crate) headers: &'a HeaderMap,
+    /// The upstream route (`None`: the gateway's own, or unknown).
+    pub(crate) route: Option<&'static Route>,
+    pub(crate) peer: SocketAddr,
 }
 
 /// How loud a request's access-log line is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Loudness {
-    /// A generation: its one line is written when it ends (`observe::generation_done`).
-    Generation,
     /// What monitors and `sparkgate` poll (health, readiness, metrics, status): DEBUG.
     Poll,
     Info,
 }
 
-fn loudness(req: &Request) -> Loudness {
-    if matched(req).is_some_and(|r| matches!(r.role, crate::routes::Role::Generate(_))) {
-        return Loudness::Generation;
-    }
-    let polled = matches!(
-        req.uri().path(),
-        "/health" | "/ready" | "/metrics" | "/admin/status" | "/ping" | "/version" | "/load"
-    ) || (req.uri().path() == "/admin/spec" && req.method() == axum::http::Method::GET);
-    if polled {
-        Loudness::Poll
-    } else {
-        Loudness::Info
-    }
+/// Step 2: a request's access-log line, begun before the handler and written when it answered.
+#[derive(Debug)]
+pub(crate) struct AccessLine {
+    loudness: Loudness,
+    started: Instant,
+    method: Method,
+    path: String,
 }
 
-pub(crate) async fn access_log(req: Request, next: Next) -> Response {
-    let loudness = loudness(&req);
-    if loudness == Loudness::Generation {
-        return next.run(req).await;
+impl AccessLine {
+    /// `None` for a generation: its one line is written when it ends
+    /// (`observe::generation_done`).
+    pub(crate) fn begin(head: &Head<'_>) -> Option<AccessLine> {
+        if head
+            .route
+            .is_some_and(|r| matches!(r.role, crate::routes::Role::Generate(_)))
+        {
+            return None;
+        }
+        let polled = matches!(
+            head.path,
+            "/health" | "/ready" | "/metrics" | "/admin/status" | "/ping" | "/version" | "/load"
+        ) || (head.path == "/admin/spec" && head.method == Method::GET);
+        Some(AccessLine {
+            loudness: if polled { Loudness::Poll } else { Loudness::Info },
+            started: Instant::now(),
+            method: head.method.clone(),
+            path: head.path.to_owned(),
+        })
     }
-    let started = Instant::now();
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let id = req
-        .extensions()
-        .get::<RequestId>()
-        .map(|r| r.0.clone())
-        .unwrap_or_default();
-    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-    let resp = next.run(req).await;
-    let (status, duration_ms) = (resp.status().as_u16(), crate::observe::ms(started.elapsed()));
-    let peer = peer.map(tracing::field::display);
-    match loudness {
-        Loudness::Poll => tracing::debug!(request_id = %id, %method, path, status, duration_ms, peer, "request"),
-        _ => tracing::info!(request_id = %id, %method, path, status, duration_ms, peer, "request"),
+
+    pub(crate) fn end(self, resp: &Response, id: &RequestId, peer: SocketAddr) {
+        let (status, duration_ms) = (resp.status().as_u16(), crate::observe::ms(self.started.elapsed()));
+        let (method, path, id, peer) = (self.method, self.path, &id.0, peer.ip());
+        match self.loudness {
+            Loudness::Poll => tracing::debug!(request_id = %id, %method, path, status, duration_ms, %peer, "request"),
+            Loudness::Info => tracing::info!(request_id = %id, %method, path, status, duration_ms, %peer, "request"),
+        }
     }
-    resp
 }
 
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -121,22 +137,13 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// The key a client presents: `Authorization: Bearer …` (OpenAI SDKs, Claude Code's
 /// ANTHROPIC_AUTH_TOKEN) or `x-api-key` (the anthropic SDK).
-fn presented_key(req: &Request) -> Option<&str> {
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
     let bearer = || {
-        let v = req.headers().get("authorization")?.to_str().ok()?;
+        let v = headers.get("authorization")?.to_str().ok()?;
         let (scheme, token) = v.split_once(' ')?;
         scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
     };
-    bearer().or_else(|| req.headers().get("x-api-key")?.to_str().ok().map(str::trim))
-}
-
-/// The upstream route `canonicalize` matched (looked up again only for a request that did not
-/// pass through the connection loop).
-fn matched(req: &Request) -> Option<&'static Route> {
-    match req.extensions().get::<Matched>() {
-        Some(m) => m.0,
-        None => crate::routes::lookup(req.uri().path()),
-    }
+    bearer().or_else(|| headers.get("x-api-key")?.to_str().ok().map(str::trim))
 }
 
 /// What the API keys guard: every upstream route that reaches the model or its tokenizer, and
@@ -156,37 +163,36 @@ fn matches_any(token: Option<&str>, keys: &[Secret]) -> bool {
     })
 }
 
-pub(crate) async fn authenticate(State(app): State<Shared>, mut req: Request, next: Next) -> Response {
-    let route = matched(&req);
-    if !app.api_keys.is_empty() && guarded(&app, route, req.uri().path()) {
-        if !matches_any(presented_key(&req), &app.api_keys) {
-            let family = route.map_or(Family::OpenAi, |r| r.family);
-            return GatewayError::Unauthorized.render(family);
-        }
+/// An API key `authenticate` checked against API_KEYS.
+#[derive(Debug, Clone)]
+pub(crate) struct ValidatedKey(String);
+
+/// Step 3: the request may pass (with the API key it was checked by, if any), or its refusal.
+pub(crate) fn authenticate(app: &App, head: &Head<'_>) -> Result<Option<ValidatedKey>, GatewayError> {
+    let mut validated = None;
+    if !app.api_keys.is_empty() && guarded(app, head.route, head.path) {
+        let key = presented_key(head.headers).filter(|k| matches_any(Some(k), &app.api_keys));
+        let Some(key) = key else {
+            return Err(GatewayError::Unauthorized);
+        };
         // The rate limiter keys on this key: it is validated now.
-        let key = presented_key(&req).unwrap_or_default().to_owned();
-        req.extensions_mut().insert(ValidatedKey(key));
+        validated = Some(ValidatedKey(key.to_owned()));
     }
-    if req.uri().path().starts_with("/admin") {
+    if head.path.starts_with("/admin") {
         match &app.admin_token {
-            Some(token) => {
-                if !matches_any(presented_key(&req), std::slice::from_ref(token)) {
-                    return GatewayError::AdminUnauthorized.into_response();
-                }
+            Some(token) if !matches_any(presented_key(head.headers), std::slice::from_ref(token)) => {
+                return Err(GatewayError::AdminUnauthorized);
             }
-            None => {
-                let loopback = req
-                    .extensions()
-                    .get::<ConnectInfo<SocketAddr>>()
-                    .is_some_and(|c| c.0.ip().is_loopback());
-                if !loopback {
-                    return GatewayError::Forbidden("/admin answers only loopback clients when ADMIN_TOKEN is not set")
-                        .into_response();
-                }
+            Some(_) => {}
+            None if !head.peer.ip().is_loopback() => {
+                return Err(GatewayError::Forbidden(
+                    "/admin answers only loopback clients when ADMIN_TOKEN is not set",
+                ));
             }
+            None => {}
         }
     }
-    next.run(req).await
+    Ok(validated)
 }
 
 type Keyed = RateLimiter<String, DefaultKeyedStateStore<String>, DefaultClock, StateInformationMiddleware>;
@@ -215,54 +221,49 @@ impl Limiter {
     }
 }
 
-/// An API key `authenticate` checked against API_KEYS.
-#[derive(Debug, Clone)]
-struct ValidatedKey(String);
+/// Step 4's headers for an admitted request's response.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Allowance {
+    limit: u32,
+    remaining: u32,
+}
 
-pub(crate) async fn rate_limit(State(app): State<Shared>, req: Request, next: Next) -> Response {
-    let limited = matched(&req).is_some();
-    let Some(limiter) = app.limiter.as_ref().filter(|_| limited) else {
-        return next.run(req).await;
+impl Allowance {
+    pub(crate) fn stamp(self, resp: &mut Response) {
+        let h = resp.headers_mut();
+        h.insert("x-ratelimit-limit-requests", HeaderValue::from(self.limit));
+        h.insert("x-ratelimit-remaining-requests", HeaderValue::from(self.remaining));
+    }
+}
+
+/// Step 4: whether the request is within its rate (with the headers its response gets), or its
+/// refusal (whose headers `GatewayError` renders). Upstream routes only, and only when
+/// RATE_LIMIT_RPM is set.
+pub(crate) fn rate_limit(
+    app: &App,
+    head: &Head<'_>,
+    key: Option<&ValidatedKey>,
+) -> Result<Option<Allowance>, GatewayError> {
+    let Some(limiter) = app.limiter.as_ref().filter(|_| head.route.is_some()) else {
+        return Ok(None);
     };
     // A validated key, or else the client address: never a header nobody checked, which a
     // client could change per request to escape the limit.
-    let validated = req.extensions().get::<ValidatedKey>().map(|k| format!("key:{}", k.0));
-    let key = validated.unwrap_or_else(|| {
-        let ip = req
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|c| c.0.ip().to_string())
-            .unwrap_or_default();
-        format!("ip:{ip}")
-    });
-    let limit = HeaderValue::from(limiter.rpm);
+    let key = match key {
+        Some(k) => format!("key:{}", k.0),
+        None => format!("ip:{}", head.peer.ip()),
+    };
     match limiter.limiter.check_key(&key) {
-        Ok(snapshot) => {
-            let mut resp = next.run(req).await;
-            let h = resp.headers_mut();
-            h.insert("x-ratelimit-limit-requests", limit);
-            h.insert(
-                "x-ratelimit-remaining-requests",
-                HeaderValue::from(snapshot.remaining_burst_capacity()),
-            );
-            resp
-        }
+        Ok(snapshot) => Ok(Some(Allowance {
+            limit: limiter.rpm,
+            remaining: snapshot.remaining_burst_capacity(),
+        })),
         Err(not_until) => {
-            let wait = not_until.wait_time_from(DefaultClock::default().now());
             metrics::counter!(crate::observe::REJECTIONS, "reason" => "rate_limit").increment(1);
-            let mut resp = GatewayError::RateLimited {
+            Err(GatewayError::RateLimited {
                 limit: limiter.rpm,
-                retry_after: wait,
-            }
-            .into_response();
-            let h = resp.headers_mut();
-            h.insert("x-ratelimit-limit-requests", limit);
-            h.insert("x-ratelimit-remaining-requests", HeaderValue::from(0));
-            h.insert(
-                "x-ratelimit-reset-requests",
-                HeaderValue::from_str(&format!("{:.3}s", wait.as_secs_f64())).expect("ascii"),
-            );
-            resp
+                retry_after: not_until.wait_time_from(DefaultClock::default().now()),
+            })
         }
     }
 }

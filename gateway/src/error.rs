@@ -225,6 +225,15 @@ impl GatewayError {
         for (name, value) in self.retry_headers() {
             h.insert(name, HeaderValue::from(value));
         }
+        if let GatewayError::RateLimited { limit, retry_after } = self {
+            h.insert("x-ratelimit-limit-requests", HeaderValue::from(limit));
+            h.insert("x-ratelimit-remaining-requests", HeaderValue::from(0));
+            let reset = format!("{:.3}s", retry_after.as_secs_f64());
+            h.insert(
+                "x-ratelimit-reset-requests",
+                HeaderValue::from_str(&reset).expect("ascii"),
+            );
+        }
         resp
     }
 

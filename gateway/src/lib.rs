@@ -8,6 +8,7 @@ mod admission;
 mod app;
 mod body;
 pub mod cli;
+mod dispatch;
 mod edge;
 mod error;
 mod exposition;

@@ -4,8 +4,8 @@
 //! prior knowledge (h2c) on the same port (told apart by peeking at the first bytes, so each
 //! connection runs hyper's own HTTP/1.1 or HTTP/2 server with nothing in between), gives hyper's own answers to unparseable requests
 //! (400, 414, 431) the envelope too, answers a request head that stalls past
-//! HEADER_READ_TIMEOUT with 408 (hyper would close silently), canonicalises every request path before routing, and on
-//! shutdown drains the open connections for at most DRAIN_TIMEOUT.
+//! HEADER_READ_TIMEOUT with 408 (hyper would close silently), hands every request to `dispatch`,
+//! and on shutdown drains the open connections for at most DRAIN_TIMEOUT.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -15,11 +15,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::extract::ConnectInfo;
-use axum::Router;
 use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::dispatch::Dispatch;
 use crate::error::GatewayError;
 
 /// What the loop needs from the configuration.
@@ -309,7 +308,7 @@ where
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
-    router: Router,
+    dispatch: Arc<Dispatch>,
     cfg: ListenConfig,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -320,14 +319,9 @@ async fn connection(
         _ = async { let _ = stop.wait_for(|s| *s).await; tokio::time::sleep(FRESH_GRACE).await } => None,
     };
     let Some(protocol) = protocol else { return };
-    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-        req.extensions_mut().insert(ConnectInfo(peer));
-        crate::routes::canonicalize(&mut req);
-        let router = router.clone();
-        async move {
-            use hyper::service::Service as _;
-            hyper_util::service::TowerToHyperService::new(router).call(req).await
-        }
+    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let dispatch = dispatch.clone();
+        async move { Ok::<_, std::convert::Infallible>(dispatch.call(req, peer).await) }
     });
     let handoff = Arc::new(Handoff::default());
     let io = hyper_util::rt::TokioIo::new(ClientIo {
@@ -392,12 +386,13 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// Accepts until `shutdown` resolves, then drains: in-flight requests get DRAIN_TIMEOUT, then
 /// whatever still runs is ended with an error (`ShutdownHooks`), then the connections close.
 pub(crate) async fn run(
-    router: Router,
+    dispatch: Dispatch,
     listener: TcpListener,
     cfg: ListenConfig,
     shutdown: impl Future<Output = ()> + Send,
     hooks: ShutdownHooks,
 ) {
+    let dispatch = Arc::new(dispatch);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let mut backoff = Backoff::default();
@@ -413,7 +408,7 @@ pub(crate) async fn run(
                         tokio::spawn(async move { answer(&stream, GatewayError::TooManyConnections { max }).await });
                         continue;
                     }
-                    connections.spawn(connection(stream, peer, router.clone(), cfg, stop_rx.clone()));
+                    connections.spawn(connection(stream, peer, dispatch.clone(), cfg, stop_rx.clone()));
                 }
                 Err(e) => tokio::time::sleep(backoff.failed(&e)).await,
             },

@@ -231,10 +231,8 @@ pub(crate) struct Usage {
 impl Usage {
     pub(crate) fn of(usage: &serde_json::Value) -> Usage {
         let count = |a: &str, b: &str| {
-            usage
-                .get(a)
-                .or_else(|| usage.get(b))
-                .and_then(serde_json::Value::as_u64)
+            let n = |k: &str| usage.get(k).and_then(serde_json::Value::as_u64);
+            n(a).or_else(|| n(b))
         };
         Usage {
             prompt: count("prompt_tokens", "input_tokens"),
@@ -257,16 +255,29 @@ impl Usage {
 
     fn of_usage_key(body: &[u8]) -> Option<Usage> {
         const KEY: &[u8] = b"\"usage\":";
-        let at = memchr::memmem::rfind(body, KEY)?;
+        // Built once: a finder's preprocessing costs more than the search in a small answer.
+        static FINDER: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(KEY));
+        let at = FINDER.rfind(body)?;
         let before = body[..at].iter().rev().find(|b| !b.is_ascii_whitespace())?;
         if !matches!(before, b',' | b'{') {
             return None;
         }
-        let mut values = serde_json::Deserializer::from_slice(&body[at + KEY.len()..]).into_iter::<serde_json::Value>();
+        // Read into the four counts, not a value tree; anything else (a count that is not an
+        // integer, an array that serde would read as the struct's fields) is left to the whole
+        // parse.
+        let rest = &body[at + KEY.len()..];
+        if !matches!(rest.iter().find(|b| !b.is_ascii_whitespace()), Some(b'{' | b'n')) {
+            return None;
+        }
+        let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<Option<Counts>>();
         match values.next()? {
-            Ok(v) if v.is_object() => Some(Usage::of(&v)),
-            Ok(serde_json::Value::Null) => Some(Usage::default()),
-            _ => None,
+            Ok(Some(c)) => Some(Usage {
+                prompt: c.prompt_tokens.or(c.input_tokens),
+                completion: c.completion_tokens.or(c.output_tokens),
+            }),
+            Ok(None) => Some(Usage::default()),
+            Err(_) => None,
         }
     }
 
@@ -280,6 +291,15 @@ impl Usage {
             .and_then(|w| w.usage)
             .map_or_else(Usage::default, |u| Usage::of(&u))
     }
+}
+
+/// The counts of a usage object under either API's names (other keys are skipped unread).
+#[derive(serde::Deserialize)]
+struct Counts {
+    prompt_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    output_tokens: Option<u64>,
 }
 
 /// Milliseconds to a tenth: what a log line needs, without float noise.
@@ -336,7 +356,7 @@ mod usage_tests {
 
     #[test]
     fn the_usage_key_is_read_alone_and_agrees_with_a_whole_parse() {
-        let bodies: [&[u8]; 6] = [
+        let bodies: [&[u8]; 9] = [
             br#"{"id":"c","choices":[{"message":{"content":"say \"usage\": {\"completion_tokens\": 99}"}}],"usage":{"prompt_tokens":3,"completion_tokens":7},"kv_transfer_params":null}"#,
             br#"{"id":"m","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":2,"output_tokens":9}}"#,
             br#"{"id":"c","choices":[{"text":"the \"usage\":{} key"}]}"#,
@@ -344,6 +364,9 @@ mod usage_tests {
             br#"{"id":"c","choices":[],
   "usage" : {"completion_tokens": 4}}"#,
             br#"not json "usage":{"completion_tokens":1}"#,
+            br#"{"id":"c","usage":[1,2,3,4]}"#,
+            br#"{"id":"c","usage":{"prompt_tokens":null,"input_tokens":3,"completion_tokens":1.5}}"#,
+            br#"{"id":"c","usage":{"prompt_tokens":null,"input_tokens":3,"completion_tokens":2,"details":{"x":[1]}}}"#,
         ];
         for body in bodies {
             assert_eq!(

@@ -5,8 +5,6 @@
 //! `//v1/./chat/completions/`) reaches the engine around admission. A path the table does not
 //! know is answered 404 by the gateway without reaching vLLM.
 
-use hyper::body::Incoming;
-
 use crate::normalize::Api;
 
 /// Which API a route speaks.
@@ -57,10 +55,22 @@ pub(crate) enum Methods {
     GetPost,
 }
 
+impl Methods {
+    /// Whether the route answers `method` (HEAD wherever GET is, as vLLM's Starlette does).
+    pub(crate) fn allow(self, method: &hyper::Method) -> bool {
+        use hyper::Method as M;
+        match self {
+            Methods::Get => matches!(*method, M::GET | M::HEAD),
+            Methods::Post => *method == M::POST,
+            Methods::GetPost => matches!(*method, M::GET | M::HEAD | M::POST),
+        }
+    }
+}
+
 /// One upstream route of vLLM 0.33's surface.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Route {
-    /// axum's path syntax (`{id}` for a segment).
+    /// The path (`{id}` stands for one segment).
     pub(crate) path: &'static str,
     pub(crate) methods: Methods,
     pub(crate) role: Role,
@@ -153,20 +163,14 @@ impl Route {
 }
 
 /// Rewrites the request's path to its canonical form (`routes::canonical`) before routing, so
-/// the route table sees — and the upstream receives — one spelling of every path.
-pub(crate) fn canonicalize(req: &mut hyper::Request<Incoming>) {
+/// the route table sees — and the upstream receives — one spelling of every path; the upstream
+/// route it belongs to (`None`: the gateway's own, or unknown).
+pub(crate) fn canonicalize<B>(req: &mut hyper::Request<B>) -> Option<&'static Route> {
     rewrite(req);
-    // The edge layers read the route from here: one lookup per request.
-    let route = Matched(lookup(req.uri().path()));
-    req.extensions_mut().insert(route);
+    lookup(req.uri().path())
 }
 
-/// The upstream route of a request, found once by `canonicalize` (`None`: not an upstream
-/// route — the gateway's own, or unknown).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Matched(pub(crate) Option<&'static Route>);
-
-fn rewrite(req: &mut hyper::Request<Incoming>) {
+fn rewrite<B>(req: &mut hyper::Request<B>) {
     let uri = req.uri();
     if is_canonical(uri.path()) {
         return;

@@ -1,6 +1,7 @@
-//! The HTTP server on PORT: routes, the generation path (parse → normalise → admit → proxy →
-//! relay), transparent proxying of the rest of `/v1/*`, `/health`, `/ready`, `/metrics`,
-//! `/admin/status`, and the connection loop (header read timeout, graceful drain).
+//! The HTTP server on PORT: the handlers of the upstream routes — the generation path (parse →
+//! normalise → admit → proxy → relay), the utilities, transparent proxying of the rest — the
+//! gateway's own routes (`/health`, `/ready`, `/metrics`, `/admin/*`), and `serve`, which starts
+//! the connection loop (`listen`) over `dispatch`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -8,12 +9,14 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{middleware, Extension, Router};
+use axum::Router;
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use metrics::counter;
 use sparkgate_config::Config;
 use sparkgate_supervisor::{GroupState, SupervisorHandle};
@@ -23,42 +26,42 @@ use crate::admin;
 use crate::admission::Permit;
 use crate::app::{status_json, App, Shared};
 use crate::body::{check_content_type, Prepared};
-use crate::edge::{self, RequestId};
+use crate::edge::RequestId;
 use crate::error::GatewayError;
 use crate::normalize::Api;
 use crate::observe;
 use crate::relay::{relay, RelayCtx};
-use crate::routes::{Framing, Methods, Role, Route, ROUTES};
+use crate::routes::{Framing, Role, Route};
 use crate::state::{GatewayControl, Lifecycle, UpstreamState};
 use crate::upstream::{is_hop_by_hop, UpstreamBody, UpstreamError};
 
-/// One upstream route's axum method router, from its table entry.
-fn route_service(r: &'static Route) -> axum::routing::MethodRouter<Shared> {
-    let handler = move |state: State<Shared>, id: Extension<RequestId>, req: Request| async move {
-        match r.role {
-            Role::Generate(api) => {
-                let (parts, body) = req.into_parts();
-                generate(state, id, parts.headers, body, api, r).await
-            }
-            Role::Utility => utility(state, id, req).await.unwrap_or_else(|e| e.render(r.family)),
-            Role::Forward => passthrough(state, id, req).await.unwrap_or_else(|e| e.render(r.family)),
-        }
-    };
-    match r.methods {
-        Methods::Get => get(handler),
-        Methods::Post => post(handler),
-        Methods::GetPost => get(handler).post(handler),
+/// A request on an upstream route (`routes::ROUTES`): the methods it answers, then its role's
+/// handler. Called by `dispatch` after the edge steps, without a router in between.
+pub(crate) async fn upstream_route(
+    app: &App,
+    route: &'static Route,
+    id: &RequestId,
+    req: hyper::Request<Incoming>,
+) -> Response {
+    if !route.methods.allow(req.method()) {
+        return GatewayError::MethodNotAllowed.render(route.family);
+    }
+    let (parts, body) = req.into_parts();
+    match route.role {
+        Role::Generate(api) => generate(app, id, parts.headers, body, api, route).await,
+        Role::Utility => utility(app, id, parts, body)
+            .await
+            .unwrap_or_else(|e| e.render(route.family)),
+        Role::Forward => passthrough(app, id, parts, body)
+            .await
+            .unwrap_or_else(|e| e.render(route.family)),
     }
 }
 
-/// The router with its layers (see `edge` for their order): every upstream route from the
-/// route table, the gateway's own routes, and 404 for everything else.
-pub(crate) fn router(app: Shared) -> Router {
-    let mut r = Router::new();
-    for route in ROUTES {
-        r = r.route(route.path, route_service(route));
-    }
-    let r = r
+/// The gateway's own routes (health, readiness, metrics, `/admin`), and 404 for every path that
+/// is neither one of them nor an upstream route.
+pub(crate) fn own_routes(app: Shared) -> Router {
+    Router::new()
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
@@ -69,21 +72,16 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/admin/logs", get(admin::logs))
         .route("/admin/spec", get(admin::spec).post(admin::set_spec))
         .fallback(|req: Request| async move { GatewayError::NotFound(req.uri().path().to_owned()) })
-        .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed });
-    // Without RATE_LIMIT_RPM the limiter's layer is not installed at all: a layer that only
-    // passes requests on still costs every request a boxed future.
-    let r = match app.limiter {
-        Some(_) => r.layer(middleware::from_fn_with_state(app.clone(), edge::rate_limit)),
-        None => r,
-    };
-    r.layer(middleware::from_fn_with_state(app.clone(), edge::authenticate))
-        .layer(middleware::from_fn(edge::access_log))
-        .layer(middleware::from_fn(edge::request_id))
+        .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         .with_state(app)
 }
 
 /// Reads the whole body, refusing more than `limit` bytes with 413.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
+async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, GatewayError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let limited = http_body_util::Limited::new(body, limit);
     match limited.collect().await {
         Ok(c) => Ok(c.to_bytes()),
@@ -205,16 +203,16 @@ where
 }
 
 async fn generate(
-    State(app): State<Shared>,
-    Extension(id): Extension<RequestId>,
+    app: &App,
+    id: &RequestId,
     headers: HeaderMap,
-    body: Body,
+    body: Incoming,
     api: Api,
     route: &'static Route,
 ) -> Response {
     let started = Instant::now();
     let label = route.label;
-    let result = generate_inner(&app, &id.0, headers, body, api, route, started).await;
+    let result = generate_inner(app, &id.0, headers, body, api, route, started).await;
     let (resp, whole) = match result {
         // A stream's line is written by the relay when the stream ends.
         Ok(Reply::Stream(resp)) => (resp, None),
@@ -265,7 +263,7 @@ async fn generate_inner(
     app: &App,
     request_id: &str,
     headers: HeaderMap,
-    body: Body,
+    body: Incoming,
     api: Api,
     route: &'static Route,
     started: Instant,
@@ -387,28 +385,18 @@ async fn generate_inner(
 }
 
 /// `/tokenize`, `/detokenize`: the model is resolved like a generation's; no admission.
-async fn utility(
-    State(app): State<Shared>,
-    Extension(id): Extension<RequestId>,
-    req: Request,
-) -> Result<Response, GatewayError> {
-    let (parts, body) = req.into_parts();
+async fn utility(app: &App, id: &RequestId, parts: Parts, body: Incoming) -> Result<Response, GatewayError> {
     check_content_type(&parts.headers)?;
     let bytes = read_body(body, app.max_body).await?;
     let Prepared { forward, .. } = crate::body::prepare(&app.normalizer, Api::Utility, bytes).await?;
-    forward_as_is(&app, &id.0, parts.method, parts.uri.path(), &parts.headers, forward).await
+    forward_as_is(app, &id.0, parts.method, parts.uri.path(), &parts.headers, forward).await
 }
 
 /// Any other `/v1/*` route: forwarded unchanged.
-async fn passthrough(
-    State(app): State<Shared>,
-    Extension(id): Extension<RequestId>,
-    req: Request,
-) -> Result<Response, GatewayError> {
-    let (parts, body) = req.into_parts();
+async fn passthrough(app: &App, id: &RequestId, parts: Parts, body: Incoming) -> Result<Response, GatewayError> {
     let bytes = read_body(body, app.max_body).await?;
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
-    forward_as_is(&app, &id.0, parts.method, &path, &parts.headers, bytes).await
+    forward_as_is(app, &id.0, parts.method, &path, &parts.headers, bytes).await
 }
 
 async fn forward_as_is(
@@ -545,7 +533,7 @@ pub async fn serve(
         draining: Box::new(move || drain.begin_drain()),
         closing: Box::new(move || close.close()),
     };
-    crate::listen::run(router(app), listener, cfg, shutdown, hooks).await;
+    crate::listen::run(crate::dispatch::Dispatch::new(app), listener, cfg, shutdown, hooks).await;
     Ok(())
 }
 

@@ -80,6 +80,25 @@ fn the_rate_limit_is_not_escaped_by_a_fresh_bearer_per_request() {
 }
 
 #[test]
+fn a_rate_limited_messages_request_is_refused_in_anthropics_envelope_with_the_limit_headers() {
+    let (_sim, gw) = ds_pair(&[], &[("RATE_LIMIT_RPM", "1"), ("RATE_LIMIT_BURST", "1")]);
+    let body = json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let first = request(gw.addr, "POST", "/v1/messages", &[JSON], body.as_bytes());
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(first.header("x-ratelimit-limit-requests"), Some("1"));
+    assert_eq!(first.header("x-ratelimit-remaining-requests"), Some("0"));
+    let second = request(gw.addr, "POST", "/v1/messages", &[JSON], body.as_bytes());
+    assert_eq!(second.status, 429, "{}", second.text());
+    assert_eq!(second.json()["type"], "error", "{}", second.text());
+    assert_eq!(second.json()["error"]["type"], "rate_limit_error", "{}", second.text());
+    assert_eq!(second.header("x-ratelimit-remaining-requests"), Some("0"));
+    assert!(second
+        .header("x-ratelimit-reset-requests")
+        .is_some_and(|v| v.ends_with('s')));
+    assert!(second.header("retry-after").is_some() && second.header("x-request-id").is_some());
+}
+
+#[test]
 fn tokenize_takes_chats_kwargs_rules_and_admin_refusals_name_the_admin_token() {
     let (_sim, gw) = ds_pair(&[], &[("ADMIN_TOKEN", "secret")]);
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],

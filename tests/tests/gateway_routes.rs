@@ -1,12 +1,13 @@
 //! The route table through the gateway: every engine route — Anthropic's `/v1/messages`, the
 //! batch route, `/invocations`, and every spelling of a path (`/v1/chat%2Fcompletions`,
 //! `/v1/%63hat/completions`, duplicate and trailing slashes) — is admitted under MAX_NUM_SEQS;
-//! the request checks apply to every spelling; unknown routes are the gateway's 404 envelope.
+//! the request checks apply to every spelling; unknown routes are the gateway's 404 envelope and
+//! a method a route does not answer its 405.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{post_json, request};
+use sparkgate_tests::harness::{post_json, request, Streaming};
 use sparkgate_tests::load::concurrent_streams;
 
 mod common;
@@ -126,6 +127,33 @@ fn unknown_routes_are_the_gateways_404_envelope() {
     for (path, status) in [("/ping", 200), ("/version", 200), ("/v1/models", 200), ("/load", 200)] {
         assert_eq!(request(gw.addr, "GET", path, &[], b"").status, status, "{path}");
     }
+}
+
+#[test]
+fn a_method_a_route_does_not_answer_is_405_in_the_routes_envelope_and_head_follows_get() {
+    let (_sim, gw) = ds_pair(&[], &[]);
+    for (method, path, family) in [
+        ("GET", "/v1/chat/completions", "openai"),
+        ("PUT", "/v1/chat%2Fcompletions", "openai"),
+        ("GET", "/v1/messages", "anthropic"),
+        ("POST", "/v1/models", "openai"),
+        ("DELETE", "/v1/responses/resp_1", "openai"),
+    ] {
+        let r = request(gw.addr, method, path, &[("Content-Type", "application/json")], b"{}");
+        assert_eq!(r.status, 405, "{method} {path}: {}", r.text());
+        let body = r.json();
+        match family {
+            "anthropic" => assert_eq!(body["type"], "error", "{method} {path}: {body}"),
+            _ => assert!(body["error"]["message"].is_string(), "{method} {path}: {body}"),
+        }
+    }
+    // HEAD wherever GET is, as vLLM's Starlette answers it: the head, no body.
+    let head = Streaming::open(gw.addr, "HEAD", "/v1/models", &[], b"");
+    assert_eq!(head.status, 200);
+    assert!(
+        head.header("content-type").is_some_and(|c| c.contains("json")),
+        "{head:?}"
+    );
 }
 
 #[test]
