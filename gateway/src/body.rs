@@ -6,10 +6,10 @@
 //! blocking thread so `/health` and running streams are not held up by a parse.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 use axum::http::{header, HeaderMap};
 use bytes::Bytes;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -46,35 +46,99 @@ pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), GatewayError
     }
 }
 
+/// A top-level key, borrowed from the body unless it holds an escape.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// The top-level object's entries in the body's order, values as raw text.
+struct Entries<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Entries<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Entries<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8).min(64));
+                while let Some((Key(k), v)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
+                    entries.push((k, v));
+                }
+                Ok(Entries(entries))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 /// The body split into normalised fields and raw ones (borrowed from the request's bytes: the
 /// raw text is never copied before it is written out).
 struct Split<'a> {
     fields: Map<String, Value>,
-    raw: BTreeMap<Cow<'a, str>, &'a RawValue>,
+    /// Every other entry, in the body's order.
+    raw: Vec<(Cow<'a, str>, &'a RawValue)>,
+    /// A key appears more than once: the body is rewritten with the last of each, which is the
+    /// one vLLM's JSON parser keeps.
+    repeated: bool,
 }
 
 fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
-    let mut raw: BTreeMap<Cow<'_, str>, &RawValue> = match serde_json::from_slice(bytes) {
-        Ok(m) => m,
+    let Entries(entries) = match serde_json::from_slice(bytes) {
+        Ok(e) => e,
         Err(e) if e.is_data() => return Err(GatewayError::InvalidJson("the body must be a JSON object".into())),
         Err(e) => return Err(GatewayError::InvalidJson(e.to_string())),
     };
+    let repeated = has_repeats(&entries);
     let mut fields = Map::new();
-    // A batch's permits are its conversations: the normaliser counts `messages` there.
-    let extra: &[&str] = if api == Api::Batch { &["messages"] } else { &[] };
-    for key in TOUCHED.iter().chain(extra) {
-        if let Some(v) = raw.remove(*key) {
+    let mut raw = Vec::with_capacity(entries.len());
+    for (key, v) in entries {
+        // A batch's permits are its conversations: the normaliser counts `messages` there.
+        if TOUCHED.contains(&key.as_ref()) || (api == Api::Batch && key == "messages") {
             let value = serde_json::from_str(v.get()).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
-            fields.insert((*key).to_owned(), value);
+            fields.insert(key.into_owned(), value);
+        } else {
+            raw.push((key, v));
         }
     }
-    Ok(Split { fields, raw })
+    Ok(Split { fields, raw, repeated })
 }
 
-/// The normalised fields and the raw ones as one JSON object (a normalised field wins over a
-/// raw one of the same name: `extra_body` may set any key).
-fn join(fields: &Map<String, Value>, raw: &BTreeMap<Cow<'_, str>, &RawValue>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(raw.values().map(|v| v.get().len() + 16).sum::<usize>() + 256);
+/// Whether any key appears twice (pairwise for the usual handful of keys; a set beyond that).
+fn has_repeats(entries: &[(Cow<'_, str>, &RawValue)]) -> bool {
+    if entries.len() <= 32 {
+        return entries
+            .iter()
+            .enumerate()
+            .any(|(i, (k, _))| entries[..i].iter().any(|(seen, _)| seen == k));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(entries.len());
+    !entries.iter().all(|(k, _)| seen.insert(k.as_ref()))
+}
+
+/// The normalised fields and the raw ones as one JSON object: a normalised field wins over a
+/// raw one of the same name (`extra_body` may set any key), and of a repeated raw key the last.
+fn join(fields: &Map<String, Value>, raw: &[(Cow<'_, str>, &RawValue)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.iter().map(|(_, v)| v.get().len() + 16).sum::<usize>() + 256);
     out.push(b'{');
     let mut first = true;
     let mut put = |out: &mut Vec<u8>, key: &str, value: &[u8]| {
@@ -88,8 +152,11 @@ fn join(fields: &Map<String, Value>, raw: &BTreeMap<Cow<'_, str>, &RawValue>) ->
     for (k, v) in fields {
         put(&mut out, k, &serde_json::to_vec(v).expect("a JSON value serialises"));
     }
-    for (k, v) in raw.iter().filter(|(k, _)| !fields.contains_key(k.as_ref())) {
-        put(&mut out, k, v.get().as_bytes());
+    for (i, (k, v)) in raw.iter().enumerate() {
+        let later = || raw[i + 1..].iter().any(|(other, _)| other == k);
+        if !fields.contains_key(k.as_ref()) && !later() {
+            put(&mut out, k, v.get().as_bytes());
+        }
     }
     out.push(b'}');
     out
@@ -102,12 +169,21 @@ pub(crate) struct Prepared {
     pub(crate) forward: Bytes,
 }
 
-pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &[u8]) -> Result<Prepared, GatewayError> {
-    let Split { fields, raw } = split(bytes, api)?;
+/// Parses and normalises `bytes`. What normalisation left as it was is forwarded as the client
+/// sent it — the same bytes, not a copy; a body it changed (or with a repeated key) is written
+/// anew.
+pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> Result<Prepared, GatewayError> {
+    let Split { fields, raw, repeated } = split(bytes, api)?;
     // `messages` stays raw here, so the dispatch reads the raw fields.
-    let api = api.for_body(raw.contains_key("messages"));
+    let has_messages = fields.contains_key("messages") || raw.iter().any(|(k, _)| k == "messages");
+    let api = api.for_body(has_messages);
+    // A batch's fields hold its conversations: too large to keep a second copy of to compare.
+    let before = (api != Api::Batch && !repeated).then(|| fields.clone());
     let mut norm = normalizer.normalize(api, fields)?;
-    let forward = Bytes::from(join(&norm.body, &raw));
+    let forward = match before {
+        Some(before) if before == norm.body => bytes.clone(),
+        _ => Bytes::from(join(&norm.body, &raw)),
+    };
     // The forwarded bytes are what stays alive while the request waits in the queue.
     norm.body = Map::new();
     Ok(Prepared { norm, forward })
@@ -137,7 +213,7 @@ mod tests {
     fn raw_fields_pass_unchanged_and_normalised_ones_win() {
         let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
         let body = br#"{"messages":[{"role":"user","content":"hi \u00e9"}],"model":null,"extra_body":{"messages":[],"top_k":3},"top_k":1}"#;
-        let p = prepare_now(&n, Api::Chat, body).unwrap();
+        let p = prepare_now(&n, Api::Chat, &Bytes::from_static(body)).unwrap();
         let out: Value = serde_json::from_slice(&p.forward).unwrap();
         assert_eq!(out["model"], "DS");
         assert_eq!(out["messages"], json!([]), "extra_body's key wins over the raw one");
@@ -146,7 +222,7 @@ mod tests {
         let plain = prepare_now(
             &n,
             Api::Chat,
-            br#"{"messages":[{"role":"user","content":"hi \u00e9"}]}"#,
+            &Bytes::from_static(br#"{"messages":[{"role":"user","content":"hi \u00e9"}]}"#),
         )
         .unwrap();
         assert!(
@@ -162,18 +238,55 @@ mod tests {
         let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
         for bad in [&b"[1]"[..], b"{\"a\":", b"\"x\""] {
             assert!(matches!(
-                prepare_now(&n, Api::Chat, bad),
+                prepare_now(&n, Api::Chat, &Bytes::from_static(bad)),
                 Err(GatewayError::InvalidJson(_))
             ));
         }
-        let batch = prepare_now(&n, Api::Batch, br#"{"messages":[[{"role":"user","content":"a"}],[]]}"#).unwrap();
+        let batch = prepare_now(
+            &n,
+            Api::Batch,
+            &Bytes::from_static(br#"{"messages":[[{"role":"user","content":"a"}],[]]}"#),
+        )
+        .unwrap();
         assert_eq!(batch.norm.n, 2);
         let chat_like = br#"{"messages":[],"chat_template_kwargs":{"chat_template":"x"}}"#;
-        let e = prepare_now(&n, Api::Invocations, chat_like).unwrap_err();
+        let e = prepare_now(&n, Api::Invocations, &Bytes::from_static(chat_like)).unwrap_err();
         assert_eq!(
             e.param(),
             Some("chat_template_kwargs"),
             "an /invocations chat body gets chat's rules"
         );
+    }
+
+    #[test]
+    fn a_body_normalisation_leaves_as_it_was_is_forwarded_as_sent_without_a_copy() {
+        let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
+        let sent = Bytes::from_static(
+            br#"{"model":"DS", "messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"x\u0079":1}"#,
+        );
+        let p = prepare_now(&n, Api::Chat, &sent).unwrap();
+        assert_eq!(p.forward, sent);
+        assert_eq!(p.forward.as_ptr(), sent.as_ptr(), "the same bytes, not a copy");
+        // A change anywhere is a rewrite, in the body's own key order.
+        let aliased = Bytes::from_static(br#"{"stream":false,"model":null,"messages":[],"top_k":2}"#);
+        let p = prepare_now(&n, Api::Chat, &aliased).unwrap();
+        let text = std::str::from_utf8(&p.forward).unwrap();
+        assert!(text.ends_with(r#""messages":[],"top_k":2}"#), "{text}");
+        assert_eq!(serde_json::from_slice::<Value>(&p.forward).unwrap()["model"], "DS");
+    }
+
+    #[test]
+    fn a_repeated_key_is_forwarded_once_with_its_last_value() {
+        let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
+        let body = Bytes::from_static(br#"{"model":"DS","top_k":1,"messages":[],"top_k":5,"model":"DS"}"#);
+        let p = prepare_now(&n, Api::Chat, &body).unwrap();
+        let text = std::str::from_utf8(&p.forward).unwrap();
+        assert_eq!(text.matches("top_k").count(), 1, "{text}");
+        assert_eq!(text.matches("model").count(), 1, "{text}");
+        let out: Value = serde_json::from_slice(&p.forward).unwrap();
+        assert_eq!((out["top_k"].clone(), out["model"].clone()), (json!(5), json!("DS")));
+        // As vLLM reads it: the last `stream` decides whether the answer streams.
+        let twice = Bytes::from_static(br#"{"messages":[],"stream":true,"stream":false}"#);
+        assert!(!prepare_now(&n, Api::Chat, &twice).unwrap().norm.stream);
     }
 }

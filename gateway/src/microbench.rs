@@ -1,6 +1,6 @@
 //! The hot path's pure parts as microbenchmark cases (`benches/hot_path.rs` runs them, timed
-//! and under callgrind for instruction counts): body preparation of a typical and a large
-//! request, the SSE tap per token frame, and an admission permit taken and returned.
+//! and under callgrind for instruction counts): body preparation of a typical request (as sent,
+//! and one that is rewritten) and a large one, the SSE tap per token frame, and an admission permit taken and returned.
 //!
 //! Hidden from the docs: a surface for the benchmark binary, not an API.
 
@@ -43,9 +43,15 @@ pub fn cases() -> &'static [Case] {
     &[
         Case {
             name: "prepare_chat_typical",
-            what: "parse, normalise and re-serialise a 4-message chat body (0.7 KiB)",
+            what: "parse and normalise a 4-message chat body (0.7 KiB) that needs no change",
             counted_iters: 2_000,
             run: prepare_typical,
+        },
+        Case {
+            name: "prepare_chat_rewritten",
+            what: "the same body without stream_options: usage is injected, the body rewritten",
+            counted_iters: 2_000,
+            run: prepare_rewritten,
         },
         Case {
             name: "prepare_chat_1mib",
@@ -77,7 +83,17 @@ const TYPICAL: &str = r#"{"model":"DeepSeek-v4.1-Flash-EXL3","messages":[{"role"
 fn prepare_typical(iters: u64) {
     let n = normalizer();
     for _ in 0..iters {
-        let p = prepare_now(&n, Api::Chat, black_box(TYPICAL.as_bytes())).expect("a valid body");
+        let p = prepare_now(&n, Api::Chat, black_box(&Bytes::from_static(TYPICAL.as_bytes()))).expect("a valid body");
+        black_box(p.forward.len());
+    }
+}
+
+fn prepare_rewritten(iters: u64) {
+    let n = normalizer();
+    let body = Bytes::from(TYPICAL.replace(r#","stream_options":{"include_usage":true}"#, ""));
+    for _ in 0..iters {
+        let p = prepare_now(&n, Api::Chat, black_box(&body)).expect("a valid body");
+        assert!(p.norm.usage_injected);
         black_box(p.forward.len());
     }
 }
@@ -85,11 +101,11 @@ fn prepare_typical(iters: u64) {
 fn prepare_large(iters: u64) {
     let n = normalizer();
     let text = "the gateway relays every token as it comes ".repeat((1 << 20) / 43);
-    let body = format!(
+    let body = Bytes::from(format!(
         r#"{{"model":"DeepSeek-v4.1-Flash-EXL3","messages":[{{"role":"user","content":"{text}"}}],"max_tokens":16}}"#
-    );
+    ));
     for _ in 0..iters {
-        let p = prepare_now(&n, Api::Chat, black_box(body.as_bytes())).expect("a valid body");
+        let p = prepare_now(&n, Api::Chat, black_box(&body)).expect("a valid body");
         black_box(p.forward.len());
     }
 }
