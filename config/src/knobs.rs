@@ -390,7 +390,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("HEADER_READ_TIMEOUT", Gateway, V("30"), "Seconds a client may take to send request headers.").rule(Int(1, 604_800)),
     k("MAX_CONNECTIONS", Gateway, V("10000"), "Open client connections the gateway serves; one more is answered 503 and closed (keep it under the file-descriptor limit).").rule(Int(1, 1_000_000)),
     k("DRAIN_TIMEOUT", Gateway, V("60"), "Seconds in-flight requests may finish on shutdown or before a restart.").rule(Int(0, 86_400)),
-    k("WORKER_THREADS", Gateway, V("1"), "Threads serving HTTP and supervising (tokio workers); 0 = one per CPU core. One thread proxies ~18k small requests/s with the least added latency and CPU (BENCHMARKS.md); raise it only for more.").rule(Int(0, 1024)),
+    k("WORKER_THREADS", Gateway, V("1"), "Threads serving HTTP and supervising: 1 runs everything on one thread (tokio's current-thread scheduler, the least added latency and CPU per request, BENCHMARKS.md); N > 1 is a multi-threaded runtime of N workers, 0 one per CPU core. Raise it only for more throughput than one core gives.").rule(Int(0, 1024)),
     k("LOG_FORMAT", Gateway, V("text"), "Access and event log format.").rule(OneOf(LogFormat::WORDS)),
     // === Secrets ===
     k("HF_TOKEN", Secrets, V(""), "Hugging Face token for downloads.").secret(),

@@ -34,10 +34,19 @@ pub(super) enum Logs {
 
 pub(super) fn serve(config: &Config, run: Mode) -> anyhow::Result<ExitCode> {
     let _log = crate::init_logging(config.gateway.log_format);
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if config.gateway.worker_threads > 0 {
-        builder.worker_threads(config.gateway.worker_threads);
-    }
+    // One thread (the default) is tokio's current-thread scheduler: the accept loop, the
+    // connections and the supervisor share the thread that runs them, with no hand-off to a
+    // worker and no cross-thread wake-up per request (a multi-threaded runtime with one worker
+    // runs `block_on` on a thread of its own beside it).
+    let mut builder = match config.gateway.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    };
     let runtime = builder.enable_all().build()?;
     runtime.block_on(async {
         let addr = std::net::SocketAddr::new(config.gateway.bind, config.ports.public);
