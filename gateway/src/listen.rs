@@ -319,9 +319,12 @@ async fn connection(
         _ = async { let _ = stop.wait_for(|s| *s).await; tokio::time::sleep(FRESH_GRACE).await } => None,
     };
     let Some(protocol) = protocol else { return };
+    // Boxed: hyper keeps the allocation of a connection's in-flight service future for as
+    // long as the connection lives, so inline, the generation path's whole state machine would
+    // be held by every idle connection; boxed, it is freed once the response head is sent.
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let dispatch = dispatch.clone();
-        async move { Ok::<_, std::convert::Infallible>(dispatch.call(req, peer).await) }
+        Box::pin(async move { Ok::<_, std::convert::Infallible>(dispatch.call(req, peer).await) })
     });
     let handoff = Arc::new(Handoff::default());
     let io = hyper_util::rt::TokioIo::new(ClientIo {
