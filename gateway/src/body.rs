@@ -95,7 +95,7 @@ impl<'de> Deserialize<'de> for Entries<'de> {
 /// raw text is never copied before it is written out).
 struct Split<'a> {
     fields: Map<String, Value>,
-    /// Every other entry, in the body's order.
+    /// Every other entry, in the body's order; of a repeated key only the last.
     raw: Vec<(Cow<'a, str>, &'a RawValue)>,
     /// A key appears more than once: the body is rewritten with the last of each, which is the
     /// one vLLM's JSON parser keeps.
@@ -114,13 +114,25 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
     for (key, v) in entries {
         // A batch's permits are its conversations: the normaliser counts `messages` there.
         if TOUCHED.contains(&key.as_ref()) || (api == Api::Batch && key == "messages") {
+            // A repeated field: the later value replaces the earlier one.
             let value = serde_json::from_str(v.get()).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
             fields.insert(key.into_owned(), value);
         } else {
             raw.push((key, v));
         }
     }
+    if repeated {
+        keep_last(&mut raw);
+    }
     Ok(Split { fields, raw, repeated })
+}
+
+/// Drops every raw entry whose key appears again later (the rare path: a repeated key).
+fn keep_last(raw: &mut Vec<(Cow<'_, str>, &RawValue)>) {
+    let mut seen = std::collections::HashSet::with_capacity(raw.len());
+    let mut kept: Vec<_> = raw.drain(..).rev().filter(|(k, _)| seen.insert(k.clone())).collect();
+    kept.reverse();
+    *raw = kept;
 }
 
 /// Whether any key appears twice (pairwise for the usual handful of keys; a set beyond that).
@@ -135,8 +147,8 @@ fn has_repeats(entries: &[(Cow<'_, str>, &RawValue)]) -> bool {
     !entries.iter().all(|(k, _)| seen.insert(k.as_ref()))
 }
 
-/// The normalised fields and the raw ones as one JSON object: a normalised field wins over a
-/// raw one of the same name (`extra_body` may set any key), and of a repeated raw key the last.
+/// The normalised fields and the raw ones as one JSON object (a normalised field wins over a
+/// raw one of the same name: `extra_body` may set any key).
 fn join(fields: &Map<String, Value>, raw: &[(Cow<'_, str>, &RawValue)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(raw.iter().map(|(_, v)| v.get().len() + 16).sum::<usize>() + 256);
     out.push(b'{');
@@ -152,11 +164,8 @@ fn join(fields: &Map<String, Value>, raw: &[(Cow<'_, str>, &RawValue)]) -> Vec<u
     for (k, v) in fields {
         put(&mut out, k, &serde_json::to_vec(v).expect("a JSON value serialises"));
     }
-    for (i, (k, v)) in raw.iter().enumerate() {
-        let later = || raw[i + 1..].iter().any(|(other, _)| other == k);
-        if !fields.contains_key(k.as_ref()) && !later() {
-            put(&mut out, k, v.get().as_bytes());
-        }
+    for (k, v) in raw.iter().filter(|(k, _)| !fields.contains_key(k.as_ref())) {
+        put(&mut out, k, v.get().as_bytes());
     }
     out.push(b'}');
     out

@@ -230,9 +230,7 @@ pub(crate) struct Allowance {
 
 impl Allowance {
     pub(crate) fn stamp(self, resp: &mut Response) {
-        let h = resp.headers_mut();
-        h.insert("x-ratelimit-limit-requests", HeaderValue::from(self.limit));
-        h.insert("x-ratelimit-remaining-requests", HeaderValue::from(self.remaining));
+        crate::error::rate_limit_headers(resp.headers_mut(), self.limit, self.remaining);
     }
 }
 

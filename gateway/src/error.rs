@@ -226,8 +226,7 @@ impl GatewayError {
             h.insert(name, HeaderValue::from(value));
         }
         if let GatewayError::RateLimited { limit, retry_after } = self {
-            h.insert("x-ratelimit-limit-requests", HeaderValue::from(limit));
-            h.insert("x-ratelimit-remaining-requests", HeaderValue::from(0));
+            rate_limit_headers(h, limit, 0);
             let reset = format!("{:.3}s", retry_after.as_secs_f64());
             h.insert(
                 "x-ratelimit-reset-requests",
@@ -312,6 +311,13 @@ impl GatewayError {
         head.push_str(&body);
         head.into_bytes()
     }
+}
+
+/// The rate limit's headers (OpenAI's names): on an admitted response (`edge::Allowance`) and on
+/// the 429 of a refused one.
+pub(crate) fn rate_limit_headers(h: &mut axum::http::HeaderMap, limit: u32, remaining: u32) {
+    h.insert("x-ratelimit-limit-requests", HeaderValue::from(limit));
+    h.insert("x-ratelimit-remaining-requests", HeaderValue::from(remaining));
 }
 
 impl IntoResponse for GatewayError {
