@@ -1,6 +1,6 @@
 //! sparkgate's front door and command line: the only crate that knows OpenAI JSON. The HTTP
 //! server (`server`), request normalisation (`normalize`), admission (`admission`), the upstream
-//! client and SSE relay (`upstream`, `relay`), edge layers (`edge`), errors (`error`) and
+//! client, its wire and the SSE relay (`upstream`, `wire`, `relay`), edge layers (`edge`), errors (`error`) and
 //! observability (`observe`).
 
 mod admin;
@@ -25,6 +25,7 @@ mod server;
 mod spec;
 mod state;
 mod upstream;
+mod wire;
 
 pub use admission::{AdmissionSnapshot, QueueLimits};
 pub use error::GatewayError;

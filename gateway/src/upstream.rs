@@ -1,30 +1,33 @@
-//! The HTTP/1.1 client to vLLM rank 0. Each connection is driven inline by the task that uses
-//! it: the request's own task polls the connection while it waits for the answer and while it
-//! reads the body, so a token crosses no task boundary on its way to the client (a pooled
-//! client runs every connection in a task of its own and hands each frame over a channel).
+//! The HTTP/1.1 client to vLLM rank 0, its own (the wire is `wire`): each connection is driven
+//! by the task that uses it — the request's own task writes the request, reads the answer and
+//! its body — so a token crosses no task boundary and no channel on its way to the client.
+//! A connection holds no buffer while it waits: reads go through one scratch buffer per thread
+//! and only the bytes that arrived are kept, so an idle stream costs its socket and little else.
 //! Idle connections wait in a pool and are dropped after 3 s, under vLLM's 5 s keep-alive, so
 //! the gateway never reuses a connection vLLM is closing; one that closed anyway is noticed
-//! before the request is written and the request goes out on a new one.
+//! before the request is written (a read without waiting), and a pooled connection that fails
+//! before any byte of the answer arrived is replaced and the request sent again.
 
-use std::future::Future;
+use std::cell::RefCell;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request};
-use bytes::Bytes;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response};
+use bytes::{Buf as _, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use sparkgate_config::Secret;
+use tokio::io::{AsyncRead, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
+
+use crate::wire::{self, Decoder, RequestHead, Step, WireError};
 
 const POOL_IDLE: Duration = Duration::from_secs(3);
 const POOL_MAX_IDLE: usize = 256;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The per-thread read buffer: one read takes at most this much.
+const SCRATCH: usize = 16 * 1024;
 
 /// Request headers that belong to one hop and are not forwarded.
 const HOP_BY_HOP: [&str; 9] = [
@@ -43,7 +46,7 @@ pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
 }
 
-/// Why a request got no answer from rank 0.
+/// Why a request got no (whole) answer from rank 0.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum UpstreamError {
     /// The connection could not be made: the request never reached vLLM.
@@ -53,9 +56,12 @@ pub(crate) enum UpstreamError {
         #[source]
         source: std::io::Error,
     },
-    /// Connected, but the exchange failed.
-    #[error("the request to rank 0 failed")]
-    Send(#[source] hyper::Error),
+    /// Connected, but writing or reading failed.
+    #[error("the exchange with rank 0 failed")]
+    Io(#[source] std::io::Error),
+    /// Rank 0's answer is not HTTP/1.1 the client can follow, or was cut.
+    #[error("rank 0's answer could not be read")]
+    Wire(#[source] WireError),
 }
 
 impl UpstreamError {
@@ -64,29 +70,45 @@ impl UpstreamError {
     }
 }
 
-type Driver = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+thread_local! {
+    static SCRATCH_BUF: RefCell<Vec<u8>> = RefCell::new(vec![0; SCRATCH]);
+}
 
-/// One connection: where requests go in, and the state machine that moves its bytes.
+/// One connection: the socket and the bytes read from it but not yet used.
 struct Conn {
-    send: http1::SendRequest<Full<Bytes>>,
-    driver: Driver,
-    /// The driver finished (the connection closed); the connection is not reused.
-    ended: bool,
+    io: TcpStream,
+    pending: BytesMut,
 }
 
 impl Conn {
-    /// Moves the connection's bytes as far as the socket allows, under `cx`.
-    fn drive(&mut self, cx: &mut Context<'_>) {
-        if !self.ended && Pin::new(&mut self.driver).poll(cx).is_ready() {
-            self.ended = true;
-        }
+    /// Reads what the socket has (at most `SCRATCH`) onto `pending`; `Ok(0)` at end of stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        SCRATCH_BUF.with_borrow_mut(|scratch| {
+            let mut rb = ReadBuf::new(scratch);
+            ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
+            self.pending.extend_from_slice(rb.filled());
+            Poll::Ready(Ok(rb.filled().len()))
+        })
     }
 
-    /// Whether an idle connection can take a request: open, and not closed by the peer
-    /// (polled once, without a waker, to read a pending close).
+    /// Whether an idle connection can take a request: nothing unread, and no close or stray
+    /// bytes waiting (a read that does not wait; tokio answers it without a system call when
+    /// the last read drained the socket).
     fn reusable(&mut self) -> bool {
-        self.drive(&mut Context::from_waker(Waker::noop()));
-        !self.ended && !self.send.is_closed() && self.send.is_ready()
+        if !self.pending.is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        let mut rb = ReadBuf::new(&mut probe);
+        let mut cx = Context::from_waker(Waker::noop());
+        Pin::new(&mut self.io).poll_read(&mut cx, &mut rb).is_pending()
+    }
+
+    /// Drops the allocation of `pending` once everything in it was used.
+    fn release(&mut self) {
+        if self.pending.is_empty() {
+            self.pending = BytesMut::new();
+        }
     }
 }
 
@@ -115,6 +137,7 @@ impl Pool {
         if !conn.reusable() {
             return;
         }
+        conn.release();
         let mut idle = self.idle.lock().expect("pool lock");
         idle.retain(|i| i.since.elapsed() < POOL_IDLE);
         if idle.len() < POOL_MAX_IDLE {
@@ -126,38 +149,82 @@ impl Pool {
     }
 }
 
-/// An upstream response body; reading it drives its connection, which goes back to the pool
-/// once the body has ended.
+/// An upstream response body; reading it reads its connection, which goes back to the pool
+/// as soon as the body has ended (and is closed when the body is dropped before that, which
+/// vLLM takes as an abort).
 pub(crate) struct UpstreamBody {
-    body: Incoming,
     conn: Option<Conn>,
+    decoder: Decoder,
+    keep_alive: bool,
     pool: Weak<Pool>,
+}
+
+impl UpstreamBody {
+    /// The body has ended: its connection goes back to the pool when it can carry another.
+    fn finish(&mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            conn.release();
+            if let (true, Some(pool)) = (self.keep_alive, self.pool.upgrade()) {
+                pool.checkin(conn);
+            }
+        }
+    }
+
+    fn fail(&mut self, err: UpstreamError) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        self.conn = None;
+        Poll::Ready(Some(Err(err)))
+    }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = UpstreamError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
         let this = self.get_mut();
-        if let Some(conn) = this.conn.as_mut() {
-            conn.drive(cx);
-        }
-        let frame = Pin::new(&mut this.body).poll_frame(cx);
-        if let Poll::Ready(None) = frame {
-            if let (Some(conn), Some(pool)) = (this.conn.take(), this.pool.upgrade()) {
-                pool.checkin(conn);
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match this.decoder.decode(&mut conn.pending) {
+                Err(e) => return this.fail(UpstreamError::Wire(e)),
+                Ok(Step::Data(data)) => {
+                    if this.decoder.is_done() {
+                        this.finish();
+                    } else {
+                        conn.release();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(Step::Done) => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Ok(Step::NeedMore) => {}
+            }
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) => {
+                    // Closed by the peer: never reused, whatever the answer said.
+                    this.keep_alive = false;
+                    if let Err(e) = this.decoder.at_eof() {
+                        return this.fail(UpstreamError::Wire(e));
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => return this.fail(UpstreamError::Io(e)),
             }
         }
-        frame
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.conn.is_none() || self.decoder.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match self.decoder.remaining() {
+            Some(n) => SizeHint::with_exact(n as u64),
+            None => SizeHint::default(),
+        }
     }
 }
 
@@ -167,12 +234,57 @@ impl std::fmt::Debug for UpstreamBody {
     }
 }
 
+/// How one exchange on one connection failed: `resend` when nothing of the answer arrived on
+/// a pooled connection, so vLLM did not take the request (it closed the connection first).
+struct Failed {
+    err: UpstreamError,
+    resend: bool,
+}
+
+/// Writes the request and reads the answer's head on `conn`.
+async fn exchange(conn: &mut Conn, head: &[u8], body: &Bytes, method: &Method) -> Result<wire::ResponseHead, Failed> {
+    let mut out = head.chain(body.clone());
+    if let Err(e) = conn.io.write_all_buf(&mut out).await {
+        return Err(Failed {
+            err: UpstreamError::Io(e),
+            resend: true,
+        });
+    }
+    let mut seen = false;
+    loop {
+        match wire::parse_response(&mut conn.pending, method) {
+            Ok(Some(head)) => return Ok(head),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(Failed {
+                    err: UpstreamError::Wire(e),
+                    resend: false,
+                })
+            }
+        }
+        let read = std::future::poll_fn(|cx| conn.poll_fill(cx)).await;
+        let err = match read {
+            Ok(0) => UpstreamError::Wire(WireError::Incomplete),
+            Ok(_) => {
+                seen = true;
+                continue;
+            }
+            Err(e) => UpstreamError::Io(e),
+        };
+        let quiet_close = matches!(&err, UpstreamError::Wire(_))
+            || matches!(&err, UpstreamError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionReset);
+        return Err(Failed {
+            err,
+            resend: !seen && quiet_close,
+        });
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct Upstream {
     base: String,
     /// `host:port` of `base`: what is dialled and sent as Host.
     authority: String,
-    host: HeaderValue,
     api_key: Option<HeaderValue>,
     pool: Arc<Pool>,
 }
@@ -207,7 +319,6 @@ impl Upstream {
             });
         Self {
             base: base.to_owned(),
-            host: HeaderValue::from_str(&authority).unwrap_or(HeaderValue::from_static("localhost")),
             authority,
             api_key,
             pool: Arc::new(Pool::default()),
@@ -223,44 +334,15 @@ impl Upstream {
             authority: self.authority.clone(),
             source,
         };
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.authority)).await {
+        let io = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.authority)).await {
             Err(_) => return Err(connect_err(std::io::ErrorKind::TimedOut.into())),
             Ok(r) => r.map_err(connect_err)?,
         };
-        stream.set_nodelay(true).map_err(connect_err)?;
-        let (send, driver) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(UpstreamError::Send)?;
+        io.set_nodelay(true).map_err(connect_err)?;
         Ok(Conn {
-            send,
-            driver,
-            ended: false,
+            io,
+            pending: BytesMut::new(),
         })
-    }
-
-    fn request(
-        &self,
-        method: Method,
-        path_and_query: &str,
-        headers: &HeaderMap,
-        request_id: &str,
-        body: Bytes,
-    ) -> Request<Full<Bytes>> {
-        let mut req = Request::builder().method(method).uri(path_and_query);
-        let h = req.headers_mut().expect("builder without errors");
-        for (name, value) in headers {
-            if !is_hop_by_hop(name) && name != header::CONTENT_LENGTH && name != "x-request-id" {
-                h.append(name.clone(), value.clone());
-            }
-        }
-        h.insert(header::HOST, self.host.clone());
-        if let Some(key) = &self.api_key {
-            h.insert(header::AUTHORIZATION, key.clone());
-        }
-        if let Ok(id) = HeaderValue::from_str(request_id) {
-            h.insert("x-request-id", id);
-        }
-        req.body(Full::new(body)).expect("valid request parts")
     }
 
     /// Sends one request; `headers` are the client's (hop-by-hop and length headers dropped).
@@ -271,38 +353,45 @@ impl Upstream {
         headers: &HeaderMap,
         request_id: &str,
         body: Bytes,
-    ) -> Result<hyper::Response<UpstreamBody>, UpstreamError> {
-        let mut req = self.request(method, path_and_query, headers, request_id, body);
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let mut head = Vec::with_capacity(256 + 64 * headers.len());
+        let req = RequestHead {
+            method: &method,
+            path: path_and_query,
+            host: &self.authority,
+            headers,
+            authorization: self.api_key.as_ref(),
+            request_id,
+            body_len: body.len(),
+        };
+        wire::encode_request(&mut head, &req, is_hop_by_hop);
         loop {
             let (mut conn, pooled) = match self.pool.checkout() {
                 Some(conn) => (conn, true),
                 None => (self.connect().await?, false),
             };
-            let answer = {
-                let mut answer = std::pin::pin!(conn.send.try_send_request(req));
-                std::future::poll_fn(|cx| {
-                    conn.drive(cx);
-                    answer.as_mut().poll(cx)
-                })
-                .await
-            };
-            match answer {
-                Ok(resp) => {
-                    let pool = Arc::downgrade(&self.pool);
-                    return Ok(resp.map(|body| UpstreamBody {
-                        body,
-                        conn: Some(conn),
-                        pool,
-                    }));
-                }
-                // A pooled connection that closed before the request was written: the request
-                // never left, so it goes out again on a fresh connection.
-                Err(mut e) if pooled && e.message().is_some() => {
-                    req = e.take_message().expect("checked");
-                }
-                Err(e) => return Err(UpstreamError::Send(e.into_error())),
+            match exchange(&mut conn, &head, &body, &method).await {
+                Ok(answer) => return Ok(self.response(answer, conn)),
+                Err(f) if pooled && f.resend => continue,
+                Err(f) => return Err(f.err),
             }
         }
+    }
+
+    fn response(&self, answer: wire::ResponseHead, conn: Conn) -> Response<UpstreamBody> {
+        let mut body = UpstreamBody {
+            conn: Some(conn),
+            decoder: answer.body,
+            keep_alive: answer.keep_alive,
+            pool: Arc::downgrade(&self.pool),
+        };
+        if body.decoder.is_done() {
+            body.finish();
+        }
+        let mut resp = Response::new(body);
+        *resp.status_mut() = answer.status;
+        *resp.headers_mut() = answer.headers;
+        resp
     }
 
     /// `GET /health` with a short timeout: true on 200. The body is read, so the connection

@@ -118,3 +118,154 @@ async fn a_body_dropped_unread_closes_its_connection() {
     assert_eq!(get(&up).await.unwrap(), "unread");
     assert_eq!(accepted.load(Ordering::SeqCst), 2, "the dropped one was not reused");
 }
+
+/// A server on 127.0.0.1:0 that runs `script` on each connection it accepts (with the
+/// connection's number, from 0); returns its base URL and the count of accepted connections.
+async fn scripted<F, Fut>(script: F) -> (String, Arc<AtomicUsize>)
+where
+    F: Fn(tokio::net::TcpStream, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let a = accepted.clone();
+    let script = Arc::new(script);
+    tokio::spawn(async move {
+        loop {
+            let (sock, _) = listener.accept().await.unwrap();
+            let n = a.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(script(sock, n));
+        }
+    });
+    (base, accepted)
+}
+
+/// Reads one request head (and nothing after it) from `sock`; false at end of stream.
+async fn read_head(sock: &mut tokio::net::TcpStream) -> bool {
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !seen.ends_with(b"\r\n\r\n") {
+        if sock.read(&mut byte).await.unwrap_or(0) == 0 {
+            return false;
+        }
+        seen.push(byte[0]);
+    }
+    true
+}
+
+#[tokio::test]
+async fn a_chunked_answer_arrives_frame_by_frame_holding_no_read_buffer_and_its_connection_is_reused() {
+    let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+    let (base, accepted) = scripted(move |mut sock, _| {
+        let mut go = go_rx.clone();
+        async move {
+            while read_head(&mut sock).await {
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                sock.write_all(format!("{head}9\r\ndata: a\n\n\r\n").as_bytes())
+                    .await
+                    .unwrap();
+                go.wait_for(|g| *g).await.unwrap();
+                sock.write_all(b"9\r\ndata: b\n\n\r\n0\r\n\r\n").await.unwrap();
+            }
+        }
+    })
+    .await;
+    let up = Upstream::new(&base, None);
+    let r = up
+        .send(Method::POST, "/x", &HeaderMap::new(), "t", Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let mut body = r.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first, "data: a\n\n", "the first event comes before the rest was sent");
+    let pending = body.conn.as_ref().map(|c| c.pending.capacity());
+    assert_eq!(
+        pending,
+        Some(0),
+        "a stream waiting for its next event holds no read buffer"
+    );
+    go_tx.send(true).unwrap();
+    assert_eq!(body.collect().await.unwrap().to_bytes(), "data: b\n\n");
+    let again = up
+        .send(Method::POST, "/x", &HeaderMap::new(), "t", Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        again.into_body().collect().await.unwrap().to_bytes(),
+        "data: a\n\ndata: b\n\n"
+    );
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_answer_that_says_connection_close_is_not_reused() {
+    let (base, accepted) = scripted(|mut sock, _| async move {
+        while read_head(&mut sock).await {
+            let answer = "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok";
+            sock.write_all(answer.as_bytes()).await.unwrap();
+        }
+    })
+    .await;
+    let up = Upstream::new(&base, None);
+    assert_eq!(get(&up).await.unwrap(), "ok");
+    assert_eq!(get(&up).await.unwrap(), "ok");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_pooled_connection_closed_after_the_request_was_written_is_replaced_once() {
+    // The first connection answers once, then takes the next request and closes without a
+    // word (vLLM's idle timeout meeting the request); the second answers.
+    let (base, accepted) = scripted(|mut sock, n| async move {
+        let mut answered = 0;
+        while read_head(&mut sock).await {
+            if n == 0 && answered == 1 {
+                return;
+            }
+            let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n{n}");
+            sock.write_all(answer.as_bytes()).await.unwrap();
+            answered += 1;
+        }
+    })
+    .await;
+    let up = Upstream::new(&base, None);
+    assert_eq!(get(&up).await.unwrap(), "0");
+    assert_eq!(get(&up).await.unwrap(), "1");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_fresh_connection_closed_without_an_answer_is_an_error_not_a_retry_loop() {
+    let (base, accepted) = scripted(|mut sock, _| async move {
+        read_head(&mut sock).await;
+    })
+    .await;
+    let up = Upstream::new(&base, None);
+    let err = get(&up).await.unwrap_err();
+    assert!(matches!(err, super::UpstreamError::Wire(_)), "{err:?}");
+    assert!(!err.is_connect());
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_body_cut_short_is_an_error_for_its_reader() {
+    let (base, _) = scripted(|mut sock, _| async move {
+        read_head(&mut sock).await;
+        sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf")
+            .await
+            .unwrap();
+    })
+    .await;
+    let up = Upstream::new(&base, None);
+    let r = up
+        .send(Method::GET, "/x", &HeaderMap::new(), "t", Bytes::new())
+        .await
+        .unwrap();
+    let err = r.into_body().collect().await.unwrap_err();
+    assert!(
+        matches!(err, super::UpstreamError::Wire(crate::wire::WireError::Incomplete)),
+        "{err:?}"
+    );
+}
