@@ -7,10 +7,13 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::future::Future as _;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http_body_util::BodyExt;
+use http_body::{Body as _, Frame};
 use metrics::counter;
 use serde_json::Value;
 use sparkgate_config::SpecMethod;
@@ -19,7 +22,7 @@ use crate::error::GatewayError;
 use crate::observe;
 use crate::routes::Framing;
 use crate::state::{GatewayControl, Lifecycle};
-use crate::upstream::UpstreamBody;
+use crate::upstream::{UpstreamBody, UpstreamError};
 
 /// What a relay needs to know about its request.
 #[derive(Debug)]
@@ -38,7 +41,28 @@ pub(crate) struct RelayCtx {
     pub(crate) drain_timeout: Duration,
 }
 
+/// Resolves once the gateway's shutdown reaches `Closing` (never, if its sender is gone).
+type ClosingWatch = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+fn closing_watch(mut rx: tokio::sync::watch::Receiver<Lifecycle>) -> ClosingWatch {
+    Box::pin(async move {
+        if rx.wait_for(|l| *l == Lifecycle::Closing).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    })
+}
+
+/// What woke a waiting relay: the one input of `Relay::on_woke`.
 #[derive(Debug)]
+enum Woke {
+    /// The upstream body's next frame, its end (`None`) or its failure.
+    Frame(Option<Result<Frame<Bytes>, UpstreamError>>),
+    /// The gateway shut down past DRAIN_TIMEOUT.
+    Closing,
+    /// The first-token or idle deadline passed.
+    Deadline,
+}
+
 struct Relay {
     body: Option<UpstreamBody>,
     buf: BytesMut,
@@ -55,8 +79,9 @@ struct Relay {
     /// The inter-token histogram, looked up once per stream rather than per token.
     itl: metrics::Histogram,
     usage: observe::Usage,
-    /// The gateway's shutdown: at `Closing` the stream ends with the route's error.
-    closing: tokio::sync::watch::Receiver<Lifecycle>,
+    /// The gateway's shutdown: at `Closing` the stream ends with the route's error. Made once
+    /// per stream and polled only while the stream waits, so a token costs no registration.
+    closing: ClosingWatch,
     saw_done: bool,
     done: bool,
     outcome: &'static str,
@@ -173,7 +198,18 @@ impl Relay {
         }
     }
 
-    fn on_data(&mut self, data: Bytes) {
+    fn on_data(&mut self, mut data: Bytes) {
+        if self.buf.is_empty() {
+            // The usual frame holds whole events: they are cut from it without a copy, and only
+            // an unfinished tail waits in `buf`.
+            while let Some(pos) = find_blank_line(&data, 0) {
+                let event = data.split_to(pos + 2);
+                self.on_event(event);
+            }
+            self.buf.extend_from_slice(&data);
+            self.scanned = self.buf.len().saturating_sub(1);
+            return;
+        }
         self.buf.extend_from_slice(&data);
         while let Some(pos) = find_blank_line(&self.buf, self.scanned) {
             let event = self.buf.split_to(pos + 2).freeze();
@@ -181,44 +217,52 @@ impl Relay {
             self.on_event(event);
         }
         self.scanned = self.buf.len().saturating_sub(1);
+        if self.buf.is_empty() {
+            // Nothing unfinished: the buffer's allocation goes with the events cut from it.
+            self.buf = BytesMut::new();
+        }
     }
 
-    async fn step(&mut self) {
+    /// Polls the upstream body, then the gateway's shutdown, then the stream's deadline (the
+    /// timer is re-armed lazily when it fires before the deadline moved by the last token).
+    fn poll_woke(&mut self, cx: &mut Context<'_>) -> Poll<Woke> {
         let Some(body) = self.body.as_mut() else {
-            self.done = true;
-            return;
+            return Poll::Ready(Woke::Frame(None));
         };
-        let closing = &mut self.closing;
-        let frame = loop {
-            tokio::select! {
-                biased;
-                frame = body.frame() => break Some(frame),
-                // The gateway shut down past DRAIN_TIMEOUT: this stream ends with an error.
-                _ = closing.wait_for(|l| *l == Lifecycle::Closing) => break None,
-                () = self.timer.as_mut() => {
-                    let deadline = match self.first_at {
-                        None => self.ctx.started + self.ctx.first_token_timeout,
-                        Some(_) => self.last_at + self.ctx.idle_timeout,
-                    };
-                    if Instant::now() >= deadline {
-                        break None;
-                    }
-                    self.timer.as_mut().reset(deadline.into());
-                }
+        if let Poll::Ready(frame) = Pin::new(body).poll_frame(cx) {
+            return Poll::Ready(Woke::Frame(frame));
+        }
+        if self.closing.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Woke::Closing);
+        }
+        loop {
+            ready!(self.timer.as_mut().poll(cx));
+            let deadline = match self.first_at {
+                None => self.ctx.started + self.ctx.first_token_timeout,
+                Some(_) => self.last_at + self.ctx.idle_timeout,
+            };
+            if Instant::now() >= deadline {
+                return Poll::Ready(Woke::Deadline);
             }
-        };
+            self.timer.as_mut().reset(deadline.into());
+        }
+    }
+
+    /// One step of the relay: what the wake-up means for the stream.
+    fn on_woke(&mut self, woke: Woke) {
         let first = self.first_at.is_none();
-        match frame {
-            None if *self.closing.borrow() == Lifecycle::Closing => self.error_event(GatewayError::DrainTimeout {
+        match woke {
+            Woke::Closing => self.error_event(GatewayError::DrainTimeout {
                 drain: self.ctx.drain_timeout,
             }),
-            None if first => self.error_event(GatewayError::FirstTokenTimeout {
+            Woke::Deadline if first => self.error_event(GatewayError::FirstTokenTimeout {
                 after: self.ctx.first_token_timeout,
             }),
-            None => self.error_event(GatewayError::StreamIdle {
+            Woke::Deadline => self.error_event(GatewayError::StreamIdle {
                 after: self.ctx.idle_timeout,
             }),
-            Some(None) => {
+            Woke::Frame(None) if self.body.is_none() => self.done = true,
+            Woke::Frame(None) => {
                 if self.saw_done || self.ctx.framing == Framing::Responses {
                     for h in std::mem::take(&mut self.held) {
                         self.out.push_back(Bytes::from(h));
@@ -228,8 +272,8 @@ impl Relay {
                     self.error_event(GatewayError::UpstreamTruncated);
                 }
             }
-            Some(Some(Err(_))) => self.error_event(GatewayError::UpstreamBroke),
-            Some(Some(Ok(frame))) => {
+            Woke::Frame(Some(Err(_))) => self.error_event(GatewayError::UpstreamBroke),
+            Woke::Frame(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     self.on_data(data);
                 }
@@ -240,6 +284,15 @@ impl Relay {
                 }
             }
         }
+    }
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("request_id", &self.ctx.request_id)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
     }
 }
 
@@ -281,14 +334,14 @@ impl Relay {
     fn new(body: Option<UpstreamBody>, ctx: RelayCtx) -> Self {
         Relay {
             body,
-            buf: BytesMut::with_capacity(4096),
+            buf: BytesMut::new(),
             scanned: 0,
             out: VecDeque::new(),
             held: Vec::new(),
             last_at: ctx.started,
             timer: Box::pin(tokio::time::sleep_until((ctx.started + ctx.first_token_timeout).into())),
             itl: observe::itl(),
-            closing: ctx.control.lifecycle(),
+            closing: closing_watch(ctx.control.lifecycle()),
             ctx,
             first_at: None,
             usage: observe::Usage::default(),
@@ -299,24 +352,37 @@ impl Relay {
     }
 }
 
-/// The client-facing event stream for one upstream SSE response.
+/// The client-facing event stream for one upstream SSE response, as a response body: each poll
+/// sends what is queued (everything ready as one frame: one write for events that arrived
+/// together), else waits for the next wake-up (`Woke`).
 pub(crate) fn relay(
     upstream: UpstreamBody,
     ctx: RelayCtx,
-) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
-    let relay = Relay::new(Some(upstream), ctx);
-    futures_util::stream::unfold(relay, |mut r| async move {
+) -> impl http_body::Body<Data = Bytes, Error = Infallible> + Send + Unpin {
+    Relay::new(Some(upstream), ctx)
+}
+
+impl http_body::Body for Relay {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
         loop {
-            // Everything ready goes out as one frame: one write for events that arrived together.
-            if let Some(b) = coalesce(&mut r.out) {
-                return Some((Ok(b), r));
+            if let Some(b) = coalesce(&mut this.out) {
+                return Poll::Ready(Some(Ok(Frame::data(b))));
             }
-            if r.done {
-                return None;
+            if this.done {
+                return Poll::Ready(None);
             }
-            r.step().await;
+            let woke = ready!(this.poll_woke(cx));
+            this.on_woke(woke);
         }
-    })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.out.is_empty()
+    }
 }
 
 /// All queued events as one buffer (none when the queue is empty).
@@ -357,6 +423,54 @@ mod tests {
         q.extend([Bytes::from_static(b"data: a\n\n"), Bytes::from_static(b"data: b\n\n")]);
         assert_eq!(coalesce(&mut q).as_deref(), Some(&b"data: a\n\ndata: b\n\n"[..]));
         assert!(q.is_empty());
+    }
+
+    fn tap() -> (tokio::runtime::Runtime, Tap) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let tap = {
+            let _entered = rt.enter();
+            let limits = crate::admission::QueueLimits {
+                depth: 8,
+                bytes: 1 << 20,
+                timeout: Duration::from_secs(60),
+            };
+            Tap::new(RelayCtx {
+                started: Instant::now(),
+                usage_injected: false,
+                framing: Framing::Chat,
+                first_token_timeout: Duration::from_secs(900),
+                idle_timeout: Duration::from_secs(120),
+                mode: SpecMethod::Dspark,
+                control: GatewayControl::new(2, limits, SpecMethod::Dspark),
+                request_id: "t".into(),
+                route: "chat",
+                model: None,
+                drain_timeout: Duration::from_secs(60),
+            })
+        };
+        (rt, tap)
+    }
+
+    #[test]
+    fn whole_events_are_cut_from_their_frame_and_only_an_unfinished_tail_is_kept() {
+        let (_rt, mut tap) = tap();
+        let frame = Bytes::from_static(b"data: a\n\ndata: b\n\ndata: c");
+        let out = tap.feed(frame.clone()).unwrap();
+        assert_eq!(out, "data: a\n\ndata: b\n\n");
+        assert_eq!(&tap.0.buf[..], b"data: c");
+        // The tail's end arrives split over two frames, the blank line across them.
+        assert_eq!(tap.feed(Bytes::from_static(b"\n")), None);
+        assert_eq!(
+            tap.feed(Bytes::from_static(b"\ndata: d\n\n")).unwrap(),
+            "data: c\n\ndata: d\n\n"
+        );
+        assert_eq!(tap.0.buf.capacity(), 0, "nothing unfinished: no buffer kept");
+        // One event alone is passed on as the very bytes that arrived.
+        let one = Bytes::from_static(b"data: e\n\n");
+        assert_eq!(tap.feed(one.clone()).unwrap().as_ptr(), one.as_ptr());
     }
 
     #[test]

@@ -344,7 +344,7 @@ async fn generate_inner(
             model: norm.model.clone(),
             drain_timeout: app.drain_timeout,
         };
-        let events = Body::from_stream(relay(upstream.into_body(), ctx));
+        let events = relay(upstream.into_body(), ctx);
         return Ok(Reply::Stream(
             head.body(Body::new(HoldPermit::new(events, permit)))
                 .expect("valid response parts"),
