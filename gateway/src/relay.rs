@@ -91,18 +91,34 @@ fn find_blank_line(buf: &[u8], from: usize) -> Option<usize> {
     memchr::memmem::find(&buf[from..], b"\n\n").map(|p| from + p)
 }
 
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    memchr::memmem::find(hay, needle).is_some()
+/// Whether `hay` holds the literal `needle`. Each needle's searcher is built once: building
+/// one (`memmem::find` does it on every call) cost more than searching a token's event.
+macro_rules! contains {
+    ($hay:expr, $needle:literal) => {{
+        static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new($needle));
+        FINDER.find($hay).is_some()
+    }};
 }
 
 /// Inserts `,"system_fingerprint":FP` before the closing brace of a held `data: {…}\n\n` chunk.
 fn splice_fingerprint(chunk: &mut Vec<u8>, fingerprint: &Value) {
-    if contains(chunk, b"\"system_fingerprint\"") || !chunk.ends_with(b"}\n\n") {
+    if contains!(chunk, b"\"system_fingerprint\"") || !chunk.ends_with(b"}\n\n") {
         return;
     }
     let at = chunk.len() - 3;
     let insert = format!(",\"system_fingerprint\":{fingerprint}");
     chunk.splice(at..at, insert.into_bytes());
+}
+
+/// The `system_fingerprint` of a chunk (null when absent or unreadable); other keys skipped.
+fn fingerprint_of(payload: &[u8]) -> Value {
+    #[derive(serde::Deserialize)]
+    struct Fingerprint {
+        #[serde(default)]
+        system_fingerprint: Value,
+    }
+    serde_json::from_slice::<Fingerprint>(payload).map_or(Value::Null, |f| f.system_fingerprint)
 }
 
 impl Relay {
@@ -152,11 +168,11 @@ impl Relay {
             self.out.push_back(event);
             return;
         }
-        if contains(payload, b"\"choices\":[]") && contains(payload, b"\"usage\":") {
-            let v: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
-            self.usage.update(observe::Usage::of(&v["usage"]));
+        if contains!(payload, b"\"choices\":[]") && contains!(payload, b"\"usage\":") {
+            // The usage key read alone, as for a complete answer: no value tree of the chunk.
+            self.usage.update(observe::Usage::of_body(payload));
             if self.ctx.usage_injected {
-                let fingerprint = v.get("system_fingerprint").cloned().unwrap_or(Value::Null);
+                let fingerprint = fingerprint_of(payload);
                 for mut h in std::mem::take(&mut self.held) {
                     if !fingerprint.is_null() {
                         splice_fingerprint(&mut h, &fingerprint);
@@ -168,7 +184,7 @@ impl Relay {
             self.out.push_back(event);
             return;
         }
-        if self.ctx.usage_injected && contains(payload, b"\"finish_reason\":\"") {
+        if self.ctx.usage_injected && contains!(payload, b"\"finish_reason\":\"") {
             self.held.push(event.to_vec());
             return;
         }
@@ -184,13 +200,13 @@ impl Relay {
                 .and_then(|d| serde_json::from_slice(d).ok())
                 .unwrap_or(Value::Null)
         };
-        if contains(event, b"event: response.completed") || contains(event, b"event: response.incomplete") {
+        if contains!(event, b"event: response.completed") || contains!(event, b"event: response.incomplete") {
             self.usage.update(observe::Usage::of(&data()["response"]["usage"]));
-        } else if contains(event, b"event: message_start") {
+        } else if contains!(event, b"event: message_start") {
             self.usage.update(observe::Usage::of(&data()["message"]["usage"]));
-        } else if contains(event, b"event: message_delta") {
+        } else if contains!(event, b"event: message_delta") {
             self.usage.update(observe::Usage::of(&data()["usage"]));
-        } else if contains(event, b"event: message_stop") {
+        } else if contains!(event, b"event: message_stop") {
             self.saw_done = true;
         } else if event.starts_with(b"event: error") {
             counter!(observe::STREAM_ERRORS, "reason" => "upstream_error_event").increment(1);
@@ -414,6 +430,14 @@ mod tests {
             String::from_utf8(chunk).unwrap(),
             "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"finish_reason\":\"stop\"}],\"system_fingerprint\":\"fp-1\"}\n\n"
         );
+    }
+
+    #[test]
+    fn the_usage_chunks_fingerprint_is_read_and_its_absence_is_null() {
+        let chunk = br#"{"id":"x","choices":[],"usage":{"completion_tokens":3},"system_fingerprint":"fp-9"}"#;
+        assert_eq!(fingerprint_of(chunk), json!("fp-9"));
+        assert_eq!(fingerprint_of(br#"{"id":"x","choices":[]}"#), Value::Null);
+        assert_eq!(fingerprint_of(b"not json"), Value::Null);
     }
 
     #[test]
