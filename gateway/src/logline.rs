@@ -163,13 +163,22 @@ impl Visit for Fields<'_> {
 
     fn record_u64(&mut self, field: &Field, value: u64) {
         if self.begin(field) {
-            let _ = write!(self.out, "{value}");
+            push_u64(self.out, value);
         }
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
         if self.begin(field) {
-            let _ = write!(self.out, "{value}");
+            if value < 0 {
+                self.out.push('-');
+            }
+            push_u64(self.out, value.unsigned_abs());
+        }
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        if self.begin(field) && !push_tenths(self.out, value) {
+            let _ = write!(self.out, "{value:?}");
         }
     }
 
@@ -199,6 +208,36 @@ impl Visit for Fields<'_> {
             let _ = write!(self.out, "{value:?}");
         }
     }
+}
+
+/// `value` in decimal, without the formatting machinery.
+fn push_u64(out: &mut String, mut value: u64) {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    out.extend(buf[at..].iter().map(|&b| char::from(b)));
+}
+
+/// A value with at most one decimal (the log's milliseconds, `observe::ms`) as `Debug` writes
+/// it (`3.0`, `12.5`): the shortest decimal that reads back as the same double is then that
+/// one-decimal number. False for anything else, which `Debug` writes.
+fn push_tenths(out: &mut String, value: f64) -> bool {
+    let tenths = (value * 10.0).round();
+    if value.is_sign_negative() || !(0.0..1e15).contains(&tenths) || tenths / 10.0 != value {
+        return false;
+    }
+    let tenths = tenths as u64;
+    push_u64(out, tenths / 10);
+    out.push('.');
+    out.push(char::from(b'0' + (tenths % 10) as u8));
+    true
 }
 
 fn needs_escaping(text: &str) -> bool {

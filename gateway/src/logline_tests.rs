@@ -40,6 +40,23 @@ fn events() {
         "odd strings"
     );
     tracing::error!(state = ?Some(vec![1, 2]), "debug value {}", 7);
+    // Integers and the floats the fast path writes itself, and those it leaves to `Debug`.
+    tracing::info!(
+        a = 0u64,
+        b = u64::MAX,
+        c = i64::MIN,
+        d = -7i64,
+        e = 0.0,
+        f = 0.1,
+        g = 123_456_789.9,
+        h = 0.15,
+        i = -2.5,
+        j = 1e16,
+        k = f64::NAN,
+        l = 2.0 / 3.0,
+        m = -0.0,
+        "numbers"
+    );
     tracing::info!("control \x1b[31m in the message \u{85}");
     tracing::info!(error = &error as &(dyn std::error::Error + 'static), "an error value");
 }
@@ -65,7 +82,7 @@ fn lines(fast: bool) -> Vec<String> {
 #[test]
 fn every_line_reads_as_the_default_format_writes_it() {
     let (fast, default) = (lines(true), lines(false));
-    assert_eq!(fast.len(), 5, "{fast:#?}");
+    assert_eq!(fast.len(), 6, "{fast:#?}");
     assert_eq!(fast, default);
     assert_eq!(
         fast[0],

@@ -158,13 +158,22 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     s
 }
 
-/// Upstream response headers the client gets (hop-by-hop and length dropped; hyper re-frames).
-fn response_head(upstream: &hyper::Response<UpstreamBody>) -> axum::http::response::Builder {
+/// The client's response head from rank 0's: the headers are moved, not copied. The wire has
+/// consumed the framing headers (hyper frames the answer anew); any other hop-by-hop header is
+/// dropped here.
+fn response_head(upstream: &mut hyper::Response<UpstreamBody>) -> axum::http::response::Builder {
+    let mut headers = std::mem::take(upstream.headers_mut());
+    let forwarded = |k: &axum::http::HeaderName| !is_hop_by_hop(k) && k != header::CONTENT_LENGTH;
+    if !headers.keys().all(forwarded) {
+        headers = headers
+            .iter()
+            .filter(|(k, _)| forwarded(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+    }
     let mut b = Response::builder().status(upstream.status());
-    for (k, v) in upstream.headers() {
-        if !is_hop_by_hop(k) && k != header::CONTENT_LENGTH {
-            b = b.header(k, v);
-        }
+    if let Some(h) = b.headers_mut() {
+        *h = headers;
     }
     b
 }
@@ -298,7 +307,7 @@ async fn generate_inner(
     };
     // When an attempt first failed to reach a rank: requeued attempts end after REQUEST_TIMEOUT.
     let mut refused_at: Option<Instant> = None;
-    let upstream = loop {
+    let mut upstream = loop {
         let dispatched_to = app.supervisor.as_ref().map(|s| s.status().epoch);
         let send = app
             .upstream
@@ -329,7 +338,7 @@ async fn generate_inner(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    let head = response_head(&upstream);
+    let head = response_head(&mut upstream);
     if norm.stream && is_sse && upstream.status().is_success() {
         let ctx = RelayCtx {
             started,
@@ -408,7 +417,7 @@ async fn forward_as_is(
     body: Bytes,
 ) -> Result<Response, GatewayError> {
     let send = app.upstream.send(method, path, headers, request_id, body);
-    let upstream = match tokio::time::timeout(app.request_timeout, send).await {
+    let mut upstream = match tokio::time::timeout(app.request_timeout, send).await {
         Err(_) => {
             return Err(GatewayError::UpstreamTimeout {
                 after: app.request_timeout,
@@ -417,7 +426,7 @@ async fn forward_as_is(
         Ok(Err(e)) => return Err(unreachable(app, &e)),
         Ok(Ok(r)) => r,
     };
-    let head = response_head(&upstream);
+    let head = response_head(&mut upstream);
     Ok(head
         .body(Body::new(upstream.into_body()))
         .expect("valid response parts"))

@@ -120,7 +120,10 @@ pub(crate) struct ResponseHead {
 
 /// Parses one response head from the front of `buf`, consuming it: `None` while incomplete.
 /// Informational answers (1xx) are consumed and skipped: the request is sent whole, so a
-/// `100 Continue` carries nothing for the gateway.
+/// `100 Continue` carries nothing for the gateway. The header values share the head's bytes
+/// (no copy), and the framing headers (length, transfer-encoding, connection, keep-alive) are
+/// consumed into `ResponseHead::body` and `keep_alive` rather than passed on: whoever sends
+/// the answer on frames it anew.
 pub(crate) fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<ResponseHead>, WireError> {
     loop {
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -138,28 +141,37 @@ pub(crate) fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Opti
             buf.advance(len);
             continue;
         }
-        let head = response_head(status, resp.version == Some(1), resp.headers, method)?;
-        buf.advance(len);
-        return Ok(Some(head));
+        let http11 = resp.version == Some(1);
+        // Where each header sits in the head, so the values can be cut from it once it is frozen.
+        let base = buf.as_ptr() as usize;
+        let mut raw = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
+        let count = resp.headers.len();
+        for (slot, h) in raw.iter_mut().zip(resp.headers.iter()) {
+            let at = |s: &[u8]| s.as_ptr() as usize - base;
+            *slot = (at(h.name.as_bytes()), h.name.len(), at(h.value), h.value.len());
+        }
+        let head = buf.split_to(len).freeze();
+        return response_head(status, http11, &head, &raw[..count], method).map(Some);
     }
 }
 
 fn response_head(
     status: StatusCode,
     http11: bool,
-    raw: &[httparse::Header<'_>],
+    head: &Bytes,
+    raw: &[(usize, usize, usize, usize)],
     method: &Method,
 ) -> Result<ResponseHead, WireError> {
     let mut headers = HeaderMap::with_capacity(raw.len());
     let mut length: Option<usize> = None;
     let mut chunked = false;
     let mut keep_alive = http11;
-    for h in raw {
-        let name =
-            HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| WireError::Head("a header name is invalid"))?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| WireError::Head("a header value is invalid"))?;
+    for &(name_at, name_len, value_at, value_len) in raw {
+        let name = HeaderName::from_bytes(&head[name_at..name_at + name_len])
+            .map_err(|_| WireError::Head("a header name is invalid"))?;
+        let value = &head[value_at..value_at + value_len];
         if name == header::CONTENT_LENGTH {
-            let n = std::str::from_utf8(h.value)
+            let n = std::str::from_utf8(value)
                 .ok()
                 .and_then(|s| s.trim().parse::<usize>().ok())
                 .ok_or(WireError::Head("content-length is not a number"))?;
@@ -168,14 +180,17 @@ fn response_head(
             }
             length = Some(n);
         } else if name == header::TRANSFER_ENCODING {
-            chunked = last_token(h.value).eq_ignore_ascii_case(b"chunked");
+            chunked = last_token(value).eq_ignore_ascii_case(b"chunked");
             if !chunked {
                 keep_alive = false;
             }
         } else if name == header::CONNECTION {
-            keep_alive = connection_keeps(h.value, keep_alive);
+            keep_alive = connection_keeps(value, keep_alive);
+        } else if name != "keep-alive" {
+            let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_at + value_len))
+                .map_err(|_| WireError::Head("a header value is invalid"))?;
+            headers.append(name, value);
         }
-        headers.append(name, value);
     }
     let bodiless = method == Method::HEAD
         || status == StatusCode::NO_CONTENT

@@ -84,6 +84,10 @@ fn a_length_body_is_parsed_and_its_head_consumed() {
     let h = r.unwrap().unwrap();
     assert_eq!(h.status, StatusCode::OK);
     assert_eq!(h.headers[header::CONTENT_TYPE], "application/json");
+    assert!(
+        !h.headers.contains_key(header::CONTENT_LENGTH),
+        "framing is consumed, not passed on"
+    );
     assert!(h.keep_alive);
     assert_eq!(h.body.remaining(), Some(5));
     assert_eq!(&rest[..], b"hello");
@@ -173,6 +177,7 @@ fn a_chunked_body_decodes_whole_and_split_at_every_byte() {
     let h = r.unwrap().unwrap();
     assert!(h.keep_alive);
     assert_eq!(h.body.remaining(), None);
+    assert_eq!(h.headers.len(), 1, "only content-type is passed on: {:?}", h.headers);
     for bytewise in [false, true] {
         let (body, ended) = decode_all(h.body.clone(), &rest, bytewise).unwrap();
         assert_eq!(String::from_utf8(body).unwrap(), "data: {\"a\":1}\n\n\n\ndata");
