@@ -48,9 +48,10 @@ fn generate_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
+    // Read once: `process::id` is a system call on every call (glibc keeps no copy).
+    static PID: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| u64::from(std::process::id()));
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mixed = (nanos ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id()))
-        .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    let mixed = (nanos ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ *PID).wrapping_mul(0xff51_afd7_ed55_8ccd);
     // Written by hand: `format!` with hex widths cost more than the rest of the edge steps.
     let mut id = String::with_capacity(27);
     id.push_str("sg-");
