@@ -169,6 +169,8 @@ impl Normalizer {
     /// Aliases become the served name; absent, null or empty means the served name.
     fn resolve_model(&self, body: &mut Map<String, Value>) -> Result<(), GatewayError> {
         match body.get("model") {
+            // Already the served name: nothing to write.
+            Some(Value::String(m)) if *m == self.served => return Ok(()),
             None | Some(Value::Null) => {}
             Some(Value::String(m))
                 if m.is_empty() || *m == self.served || self.aliases.iter().any(|a| alias_matches(a, m)) => {}
