@@ -180,11 +180,37 @@ fn http2_with_prior_knowledge_is_served_beside_http1() {
     assert!(text.contains("\"323\""), "{text}");
 }
 
+/// A keep-alive connection the gateway accepted and answered once, so it is known to count
+/// toward MAX_CONNECTIONS. One refused because an earlier connection (the readiness probe's)
+/// was still counted — its close not yet seen by the gateway — is made again.
+fn served_connection(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    use std::io::{Read as _, Write as _};
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+        if head.starts_with(b"HTTP/1.1 200") {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a connection under the cap is served: {}",
+            String::from_utf8_lossy(&head)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn connections_over_max_connections_get_a_503_envelope() {
     let (_sim, gw) = ds_pair(&[], &[("MAX_CONNECTIONS", "2")]);
     // Two idle keep-alive connections hold the cap.
-    let held: Vec<std::net::TcpStream> = (0..2).map(|_| std::net::TcpStream::connect(gw.addr).unwrap()).collect();
+    let held: Vec<std::net::TcpStream> = (0..2).map(|_| served_connection(gw.addr)).collect();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let refused = loop {
         let r = request(gw.addr, "GET", "/v1/models", &[], b"");
