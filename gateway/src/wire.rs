@@ -144,32 +144,45 @@ pub(crate) fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Opti
         let http11 = resp.version == Some(1);
         // Where each header sits in the head, so the values can be cut from it once it is frozen.
         let base = buf.as_ptr() as usize;
-        let mut raw = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
+        let at = |s: &[u8]| {
+            let start = s.as_ptr() as usize - base;
+            start..start + s.len()
+        };
+        let mut spans: [HeaderSpan; MAX_HEADERS] = std::array::from_fn(|_| HeaderSpan::default());
         let count = resp.headers.len();
-        for (slot, h) in raw.iter_mut().zip(resp.headers.iter()) {
-            let at = |s: &[u8]| s.as_ptr() as usize - base;
-            *slot = (at(h.name.as_bytes()), h.name.len(), at(h.value), h.value.len());
+        for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
+            *span = HeaderSpan {
+                name: at(h.name.as_bytes()),
+                value: at(h.value),
+            };
         }
         let head = buf.split_to(len).freeze();
-        return response_head(status, http11, &head, &raw[..count], method).map(Some);
+        return response_head(status, http11, &head, &spans[..count], method).map(Some);
     }
+}
+
+/// Where one header's name and value sit in the response head.
+#[derive(Debug, Default, Clone)]
+struct HeaderSpan {
+    name: std::ops::Range<usize>,
+    value: std::ops::Range<usize>,
 }
 
 fn response_head(
     status: StatusCode,
     http11: bool,
     head: &Bytes,
-    raw: &[(usize, usize, usize, usize)],
+    spans: &[HeaderSpan],
     method: &Method,
 ) -> Result<ResponseHead, WireError> {
-    let mut headers = HeaderMap::with_capacity(raw.len());
+    let mut headers = HeaderMap::with_capacity(spans.len());
     let mut length: Option<usize> = None;
     let mut chunked = false;
     let mut keep_alive = http11;
-    for &(name_at, name_len, value_at, value_len) in raw {
-        let name = HeaderName::from_bytes(&head[name_at..name_at + name_len])
+    for span in spans {
+        let name = HeaderName::from_bytes(&head[span.name.clone()])
             .map_err(|_| WireError::Head("a header name is invalid"))?;
-        let value = &head[value_at..value_at + value_len];
+        let value = &head[span.value.clone()];
         if name == header::CONTENT_LENGTH {
             let n = std::str::from_utf8(value)
                 .ok()
@@ -187,7 +200,7 @@ fn response_head(
         } else if name == header::CONNECTION {
             keep_alive = connection_keeps(value, keep_alive);
         } else if name != "keep-alive" {
-            let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_at + value_len))
+            let value = HeaderValue::from_maybe_shared(head.slice(span.value.clone()))
                 .map_err(|_| WireError::Head("a header value is invalid"))?;
             headers.append(name, value);
         }
