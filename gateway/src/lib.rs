@@ -8,6 +8,7 @@ mod admission;
 mod app;
 mod body;
 pub mod cli;
+mod decimal;
 mod dispatch;
 mod edge;
 mod error;

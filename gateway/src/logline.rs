@@ -15,6 +15,8 @@ use tracing_subscriber::fmt::format::{Format, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
+use crate::decimal::Decimal;
+
 /// The fast text format, with the default one (same layout) for what it leaves to it.
 pub(crate) struct TextLine {
     default: Format,
@@ -163,7 +165,7 @@ impl Visit for Fields<'_> {
 
     fn record_u64(&mut self, field: &Field, value: u64) {
         if self.begin(field) {
-            push_u64(self.out, value);
+            self.out.push_str(Decimal::of(value).as_str());
         }
     }
 
@@ -172,7 +174,7 @@ impl Visit for Fields<'_> {
             if value < 0 {
                 self.out.push('-');
             }
-            push_u64(self.out, value.unsigned_abs());
+            self.out.push_str(Decimal::of(value.unsigned_abs()).as_str());
         }
     }
 
@@ -210,21 +212,6 @@ impl Visit for Fields<'_> {
     }
 }
 
-/// `value` in decimal, without the formatting machinery.
-fn push_u64(out: &mut String, mut value: u64) {
-    let mut buf = [0u8; 20];
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    out.extend(buf[at..].iter().map(|&b| char::from(b)));
-}
-
 /// A value with at most one decimal (the log's milliseconds, `observe::ms`) as `Debug` writes
 /// it (`3.0`, `12.5`): the shortest decimal that reads back as the same double is then that
 /// one-decimal number. False for anything else, which `Debug` writes.
@@ -234,7 +221,7 @@ fn push_tenths(out: &mut String, value: f64) -> bool {
         return false;
     }
     let tenths = tenths as u64;
-    push_u64(out, tenths / 10);
+    out.push_str(Decimal::of(tenths / 10).as_str());
     out.push('.');
     out.push(char::from(b'0' + (tenths % 10) as u8));
     true

@@ -6,6 +6,8 @@
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use bytes::{Buf, Bytes, BytesMut};
 
+use crate::decimal::Decimal;
+
 /// Most response headers accepted from rank 0 (uvicorn sends about five).
 const MAX_HEADERS: usize = 64;
 /// Longest response head, and longest chunk-size or trailer line, before the answer is refused.
@@ -57,7 +59,7 @@ pub(crate) fn encode_request(out: &mut Vec<u8>, req: &RequestHead<'_>, skip: imp
         &Method::GET | &Method::HEAD | &Method::DELETE | &Method::OPTIONS
     );
     if bodied || req.body_len > 0 {
-        line(out, b"content-length", itoa_buf(req.body_len).as_bytes());
+        line(out, b"content-length", Decimal::of(req.body_len as u64).as_bytes());
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -67,33 +69,6 @@ fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
-}
-
-/// A `usize` in decimal without the formatting machinery.
-struct Digits {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl Digits {
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
-}
-
-fn itoa_buf(mut n: usize) -> Digits {
-    let mut d = Digits {
-        buf: [0; 20],
-        start: 20,
-    };
-    loop {
-        d.start -= 1;
-        d.buf[d.start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return d;
-        }
-    }
 }
 
 /// What `encode_request` writes.
