@@ -8,7 +8,7 @@ use std::future::Future;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::task::{Context, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use sparkgate_config::{ProfileId, SpecMethod};
@@ -16,8 +16,7 @@ use sparkgate_config::{ProfileId, SpecMethod};
 use crate::admission::{Admission, QueueLimits};
 use crate::body::prepare_now;
 use crate::normalize::{Api, Normalizer};
-use crate::relay::{RelayCtx, Tap};
-use crate::routes::Framing;
+use crate::relay::Tap;
 use crate::state::GatewayControl;
 
 /// One case: a name, what one iteration does, and the loop that runs it `iters` times.
@@ -130,19 +129,7 @@ fn sse_tap(iters: u64) {
         },
         SpecMethod::Dspark,
     );
-    let mut tap = Tap::new(RelayCtx {
-        started: Instant::now(),
-        usage_injected: false,
-        framing: Framing::Chat,
-        first_token_timeout: Duration::from_secs(900),
-        idle_timeout: Duration::from_secs(120),
-        mode: SpecMethod::Dspark,
-        control,
-        request_id: "bench".into(),
-        route: "/v1/chat/completions",
-        model: None,
-        drain_timeout: Duration::from_secs(60),
-    });
+    let mut tap = Tap::chat(control);
     let frame = Bytes::from_static(FRAME);
     for _ in 0..iters {
         let out = tap.feed(black_box(frame.clone()));

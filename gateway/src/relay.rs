@@ -335,7 +335,22 @@ impl Drop for Relay {
 pub(crate) struct Tap(Relay);
 
 impl Tap {
-    pub(crate) fn new(ctx: RelayCtx) -> Self {
+    /// The tap of a chat stream without injected usage, at the default timeouts. Made inside a
+    /// runtime: the stream's timer is armed on it.
+    pub(crate) fn chat(control: GatewayControl) -> Self {
+        let ctx = RelayCtx {
+            started: Instant::now(),
+            usage_injected: false,
+            framing: Framing::Chat,
+            first_token_timeout: Duration::from_secs(900),
+            idle_timeout: Duration::from_secs(120),
+            mode: SpecMethod::Dspark,
+            control,
+            request_id: "tap".into(),
+            route: "chat",
+            model: None,
+            drain_timeout: Duration::from_secs(60),
+        };
         Self(Relay::new(None, ctx))
     }
 
@@ -461,19 +476,7 @@ mod tests {
                 bytes: 1 << 20,
                 timeout: Duration::from_secs(60),
             };
-            Tap::new(RelayCtx {
-                started: Instant::now(),
-                usage_injected: false,
-                framing: Framing::Chat,
-                first_token_timeout: Duration::from_secs(900),
-                idle_timeout: Duration::from_secs(120),
-                mode: SpecMethod::Dspark,
-                control: GatewayControl::new(2, limits, SpecMethod::Dspark),
-                request_id: "t".into(),
-                route: "chat",
-                model: None,
-                drain_timeout: Duration::from_secs(60),
-            })
+            Tap::chat(GatewayControl::new(2, limits, SpecMethod::Dspark))
         };
         (rt, tap)
     }
