@@ -172,8 +172,7 @@ impl Normalizer {
             // Already the served name: nothing to write.
             Some(Value::String(m)) if *m == self.served => return Ok(()),
             None | Some(Value::Null) => {}
-            Some(Value::String(m))
-                if m.is_empty() || *m == self.served || self.aliases.iter().any(|a| alias_matches(a, m)) => {}
+            Some(Value::String(m)) if m.is_empty() || self.aliases.iter().any(|a| alias_matches(a, m)) => {}
             Some(Value::String(m)) => {
                 let mut valid = vec![self.served.clone()];
                 valid.extend(self.aliases.iter().cloned());

@@ -162,8 +162,7 @@ pub(crate) struct UpstreamBody {
 impl UpstreamBody {
     /// The body has ended: its connection goes back to the pool when it can carry another.
     fn finish(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            conn.release();
+        if let Some(conn) = self.conn.take() {
             if let (true, Some(pool)) = (self.keep_alive, self.pool.upgrade()) {
                 pool.checkin(conn);
             }
