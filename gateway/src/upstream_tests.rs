@@ -269,3 +269,36 @@ async fn a_body_cut_short_is_an_error_for_its_reader() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn connections_idle_past_the_pool_limit_are_dropped_and_not_reused() {
+    let (base, accepted, eof) = server("hi", false).await;
+    let up = Upstream::new(&base, None);
+    assert_eq!(get(&up).await.unwrap(), "hi");
+    // The pooled connection has idled past POOL_IDLE (its clock set back instead of waited).
+    let aged = |up: &Upstream| {
+        for i in up.pool.idle.lock().unwrap().iter_mut() {
+            i.since -= super::POOL_IDLE;
+        }
+    };
+    aged(&up);
+    assert_eq!(get(&up).await.unwrap(), "hi");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2, "the expired one was not taken");
+    // Two connections in the pool, the older expired: the next checkin drops it, keeps the other.
+    let (a, b) = (get(&up), get(&up));
+    let (a, b) = tokio::join!(a, b);
+    assert_eq!((a.unwrap(), b.unwrap()), (Bytes::from("hi"), Bytes::from("hi")));
+    assert_eq!(up.pool.idle.lock().unwrap().len(), 2);
+    let oldest = up.pool.idle.lock().unwrap().front().map(|i| i.since).unwrap();
+    up.pool.idle.lock().unwrap().front_mut().unwrap().since = oldest - super::POOL_IDLE;
+    assert_eq!(get(&up).await.unwrap(), "hi");
+    assert_eq!(up.pool.idle.lock().unwrap().len(), 1, "the expired one went at checkin");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while eof.load(Ordering::SeqCst) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both expired connections are closed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}

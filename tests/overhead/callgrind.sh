@@ -4,6 +4,7 @@
 # by a keep-alive Python client (4 connections), N and 2N requests, the difference over N.
 #
 # usage: bash tests/overhead/callgrind.sh [N=2000] [stream]   (needs valgrind; release binaries)
+#        CALLGRIND_KEEP=DIR keeps the callgrind files (callgrind_annotate DIR/cg.N) in DIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 n="${1:-2000}"
@@ -11,11 +12,15 @@ stream="${2:-}"
 bin="${SPARKGATE_BIN:-target/release/sparkgate}"
 sim="target/release/vllm-sim"
 work="$(mktemp -d)"
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; [ -n "${CALLGRIND_KEEP:-}" ] && cp -r "$work/." "$CALLGRIND_KEEP"; rm -rf "$work"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 sim_port=$(free_port)
 SIM_SPEED=instant "$sim" serve /model --served-model-name DeepSeek-v4.1-Flash-EXL3 --max-num-seqs 20000 --port "$sim_port" >"$work/sim.log" 2>&1 &
-until curl -sf "http://127.0.0.1:$sim_port/health" >/dev/null; do sleep 0.1; done
+sim_pid=$!
+until curl -sf "http://127.0.0.1:$sim_port/health" >/dev/null; do
+  kill -0 "$sim_pid" 2>/dev/null || { echo "vllm-sim exited:"; cat "$work/sim.log"; exit 1; }
+  sleep 0.1
+done
 cat >"$work/load.py" <<'PY'
 import http.client, json, sys, threading
 n, port, stream = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "stream"
@@ -38,7 +43,10 @@ run() {
     valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" serve --upstream "http://127.0.0.1:$sim_port" --port "$port" \
     >"$work/gw.$count.log" 2>&1 &
   local pid=$!
-  until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do sleep 0.2; done
+  until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { echo "sparkgate exited:" >&2; cat "$work/gw.$count.log" >&2; exit 1; }
+    sleep 0.2
+  done
   python3 "$work/load.py" "$count" "$port" "${stream:-whole}"
   kill -TERM "$pid"
   wait "$pid" || true

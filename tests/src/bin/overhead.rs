@@ -145,7 +145,8 @@ fn main() {
                 let client = client();
                 let mut cells = json!({});
                 for c in CONCURRENCIES {
-                    cells[c.to_string()] = runtime.block_on(non_streaming(&client, &front.base, c, o.seconds));
+                    let cpu = || front.usage().map(|u| u.cpu_s);
+                    cells[c.to_string()] = runtime.block_on(non_streaming(&client, &front.base, c, o.seconds, &cpu));
                 }
                 eprintln!("   (a) round {} {}: {cells}", round + 1, front.kind.name());
                 rounds[i].push(cells);
@@ -260,10 +261,12 @@ fn median_cells(rounds: &[Value]) -> Value {
     for c in CONCURRENCIES {
         let key = c.to_string();
         let mut cell = json!({});
-        for field in ["rps", "p50_ms", "p99_ms", "errors", "requests"] {
+        for field in ["rps", "p50_ms", "p99_ms", "errors", "requests", "cpu_us_per_req"] {
             let mut v: Vec<f64> = rounds.iter().filter_map(|r| r[&key][field].as_f64()).collect();
             v.sort_by(f64::total_cmp);
-            cell[field] = json!(percentile(&v, 0.5));
+            if !v.is_empty() {
+                cell[field] = json!(percentile(&v, 0.5));
+            }
         }
         cell["rps_rounds"] = json!(rounds.iter().map(|r| r[&key]["rps"].clone()).collect::<Vec<_>>());
         out[key] = cell;
@@ -311,7 +314,14 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 
 /// (a) `concurrency` closed-loop clients sending small non-streaming chats for `seconds`
 /// (after a one-second warm-up that is not counted).
-async fn non_streaming(client: &HttpClient, base: &str, concurrency: usize, seconds: f64) -> Value {
+/// `cpu` reads the front's CPU seconds so far (none for the simulator alone).
+async fn non_streaming(
+    client: &HttpClient,
+    base: &str,
+    concurrency: usize,
+    seconds: f64,
+    cpu: &dyn Fn() -> Option<f64>,
+) -> Value {
     let stop = Arc::new(AtomicBool::new(false));
     let counting = Arc::new(AtomicBool::new(false));
     let tasks: Vec<_> = (0..concurrency)
@@ -342,10 +352,10 @@ async fn non_streaming(client: &HttpClient, base: &str, concurrency: usize, seco
         .collect();
     tokio::time::sleep(Duration::from_secs(1)).await;
     counting.store(true, Ordering::Relaxed);
-    let began = Instant::now();
+    let (began, cpu_before) = (Instant::now(), cpu());
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
     counting.store(false, Ordering::Relaxed);
-    let elapsed = began.elapsed().as_secs_f64();
+    let (elapsed, cpu_after) = (began.elapsed().as_secs_f64(), cpu());
     stop.store(true, Ordering::Relaxed);
     let (mut all, mut errors) = (Vec::new(), 0);
     for t in tasks {
@@ -354,9 +364,15 @@ async fn non_streaming(client: &HttpClient, base: &str, concurrency: usize, seco
         errors += e;
     }
     all.sort_by(f64::total_cmp);
+    // The front's CPU per request while counted: what its throughput on shared cores costs.
+    let cpu_us = match (cpu_before, cpu_after) {
+        (Some(b), Some(a)) if !all.is_empty() => json!((a - b) / all.len() as f64 * 1e6),
+        _ => Value::Null,
+    };
     json!({
         "requests": all.len(),
         "rps": all.len() as f64 / elapsed,
+        "cpu_us_per_req": cpu_us,
         "p50_ms": percentile(&all, 0.5) * 1e3,
         "p99_ms": percentile(&all, 0.99) * 1e3,
         "errors": errors,
@@ -499,14 +515,14 @@ fn report(results: &[Value], o: &Options) {
     let find = |name: &str| results.iter().find(|r| r["front"] == name);
     let num = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     println!("\n### (a) non-streaming chat, 16 output tokens: req/s and latency (ms)\n");
-    println!("| front | c=1 req/s | c=16 req/s | c=64 req/s | c=64 vs direct | c=64 vs sparkgate | c=1 p50 | c=1 added p50 | c=64 p50 | c=64 p99 | errors |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| front | c=1 req/s | c=16 req/s | c=64 req/s | c=64 vs direct | c=64 vs sparkgate | c=1 p50 | c=1 added p50 | c=64 p50 | c=64 p99 | c=64 front CPU µs/req | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let direct = find("direct");
     let sparkgate = find("sparkgate");
     for r in results {
         if let Some(e) = r["error"].as_str() {
             println!(
-                "| {} | not run: {} |||||||||| ",
+                "| {} | not run: {} ||||||||||| ",
                 r["front"].as_str().unwrap_or("?"),
                 e.lines().next().unwrap_or("")
             );
@@ -520,7 +536,7 @@ fn report(results: &[Value], o: &Options) {
         });
         let errors: f64 = ["1", "16", "64"].iter().map(|c| num(&a[*c]["errors"])).sum();
         println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.2}× | {:.2}× | {:.3} | {:+.3} | {:.3} | {:.3} | {} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.2}× | {:.2}× | {:.3} | {:+.3} | {:.3} | {:.3} | {:.1} | {} |",
             r["front"].as_str().unwrap_or("?"),
             num(&a["1"]["rps"]),
             num(&a["16"]["rps"]),
@@ -531,6 +547,7 @@ fn report(results: &[Value], o: &Options) {
             added,
             num(&a["64"]["p50_ms"]),
             num(&a["64"]["p99_ms"]),
+            num(&a["64"]["cpu_us_per_req"]),
             errors
         );
     }
