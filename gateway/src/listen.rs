@@ -59,10 +59,14 @@ impl Backoff {
 /// The envelope for a response hyper writes itself (a request it could not parse: 400, 414,
 /// 431): hyper sends those with an empty body; clients get vLLM's error envelope instead.
 fn envelope_for(head: &[u8]) -> Option<Vec<u8>> {
+    // Every write to a client passes here: anything but a 4xx head is let through at once,
+    // before a search.
+    if !head.starts_with(b"HTTP/1.1 4") {
+        return None;
+    }
     let end = memchr::memmem::find(head, b"\r\n\r\n")?;
     let headers = &head[..end];
-    let bare = head.starts_with(b"HTTP/1.1 4")
-        && memchr::memmem::find(headers, b"\r\ncontent-length: 0").is_some()
+    let bare = memchr::memmem::find(headers, b"\r\ncontent-length: 0").is_some()
         && memchr::memmem::find(headers, b"content-type").is_none()
         && end + 4 == head.len();
     if !bare {

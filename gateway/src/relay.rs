@@ -87,18 +87,25 @@ struct Relay {
     outcome: &'static str,
 }
 
-fn find_blank_line(buf: &[u8], from: usize) -> Option<usize> {
-    memchr::memmem::find(&buf[from..], b"\n\n").map(|p| from + p)
-}
-
-/// Whether `hay` holds the literal `needle`. Each needle's searcher is built once: building
+/// Where the literal `needle` first is in `hay`. Each needle's searcher is built once: building
 /// one (`memmem::find` does it on every call) cost more than searching a token's event.
-macro_rules! contains {
+macro_rules! find {
     ($hay:expr, $needle:literal) => {{
         static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
             std::sync::LazyLock::new(|| memchr::memmem::Finder::new($needle));
-        FINDER.find($hay).is_some()
+        FINDER.find($hay)
     }};
+}
+
+/// Whether `hay` holds the literal `needle` (a searcher built once, as `find!`).
+macro_rules! contains {
+    ($hay:expr, $needle:literal) => {
+        find!($hay, $needle).is_some()
+    };
+}
+
+fn find_blank_line(buf: &[u8], from: usize) -> Option<usize> {
+    find!(&buf[from..], b"\n\n").map(|p| from + p)
 }
 
 /// Inserts `,"system_fingerprint":FP` before the closing brace of a held `data: {…}\n\n` chunk.
