@@ -365,6 +365,16 @@ choice! {
 }
 
 choice! {
+    /// QUEUE_POLICY: the order in which waiting generation requests are admitted.
+    pub enum QueuePolicy {
+        /// A weighted fair queue over clients; each client's own requests in their order.
+        Fair = "fair",
+        /// One line for every client.
+        Fifo = "fifo",
+    }
+}
+
+choice! {
     /// LOG_FORMAT: how access and event lines are written.
     pub enum LogFormat {
         Text = "text",
@@ -417,6 +427,10 @@ pub struct Gateway {
     /// Body bytes the queue may hold.
     pub queue_max_bytes: usize,
     pub queue_timeout: Duration,
+    pub queue_policy: QueuePolicy,
+    /// CLIENT_WEIGHTS: a client's share of the fair queue (the client may be an API key, hence
+    /// a secret); unlisted clients weigh 1.
+    pub client_weights: Vec<(Secret, u32)>,
     pub first_token_timeout: Duration,
     pub stream_idle_timeout: Duration,
     pub request_timeout: Duration,

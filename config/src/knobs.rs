@@ -7,7 +7,7 @@
 
 use Def::{Derived as D, Unused as NA, Value as V};
 
-use crate::config::{Gpus, ImageShip, KnownHosts, LogFormat, Runtime, SpecPolicy, WeightSync};
+use crate::config::{Gpus, ImageShip, KnownHosts, LogFormat, QueuePolicy, Runtime, SpecPolicy, WeightSync};
 use crate::profile::ProfileId;
 use crate::rule::Rule::{self, *};
 
@@ -379,6 +379,8 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("REASONING_EFFORT_MAP", Gateway, V("minimal=low,medium=high,xhigh=max"), "How OpenAI effort names the template lacks are mapped (from=to, comma-separated).").rule(EffortMap),
     k("QUEUE_DEPTH", Gateway, V("256"), "Generation requests that may wait for a MAX_NUM_SEQS slot; more get 429.").rule(Int(0, 1_000_000)),
     k("QUEUE_TIMEOUT", Gateway, V("600"), "Seconds a request may wait for a slot before 503.").rule(Int(0, 86_400)),
+    k("QUEUE_POLICY", Gateway, V("fair"), "How waiting generation requests are ordered: `fair` is a weighted fair queue over clients (each client's requests in their order; a client's burst does not hold another client's request behind it), `fifo` one line for everyone. A client is its validated API key, else the `x-sparkgate-client` header, else the body's `user`, else its address.").rule(OneOf(QueuePolicy::WORDS)),
+    k("CLIENT_WEIGHTS", Gateway, V(""), "Shares of the fair queue (QUEUE_POLICY=fair): client=weight pairs, the client as the queue names it (an API key, an `x-sparkgate-client` value, a body `user` or an address); a client of weight 4 is served four requests for one of a weight-1 client while both wait. Unlisted clients weigh 1.").secret().rule(ClientWeights),
     k("QUEUE_MAX_BYTES", Gateway, V("268435456"), "Bytes of request bodies the queue may hold (256 MiB: several 600k-token prompts); more get 429 with Retry-After.").rule(Int(0, 68_719_476_736)),
     k("FIRST_TOKEN_TIMEOUT", Gateway, V("900"), "Seconds a stream may wait for its first event (long prefills take minutes).").rule(Int(1, 604_800)),
     k("STREAM_IDLE_TIMEOUT", Gateway, V("120"), "Seconds without an upstream event before a stream ends with an error.").rule(Int(1, 604_800)),

@@ -23,8 +23,8 @@ mod spec;
 pub use choice::UnknownWord;
 pub use config::{
     AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, Gpus, HostNccl, ImageShip, KnownHosts, LoadOptions,
-    LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, RankEnvValue, Runtime, Secrets, Serving, Setting, SpecPolicy,
-    Speculation, SshSettings, Storage, Supervision, WeightSync, Weights, ZfsDatasets,
+    LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, QueuePolicy, RankEnvValue, Runtime, Secrets, Serving, Setting,
+    SpecPolicy, Speculation, SshSettings, Storage, Supervision, WeightSync, Weights, ZfsDatasets,
 };
 pub use error::{ConfigError, InvalidValue};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};

@@ -38,6 +38,8 @@ pub(crate) enum Rule {
     EnvPairs,
     /// Comma-separated `from=to` pairs: an OpenAI effort name to one the profile's template takes.
     EffortMap,
+    /// Comma-separated `client=weight` pairs, each weight an integer 1..=1000.
+    ClientWeights,
     /// One of the profile's speculation modes.
     SpecMode,
     /// Empty (unset), or the inner rule.
@@ -67,6 +69,11 @@ impl Rule {
                 .map(|p| format!("`{p}` must be NAME=value"))
                 .collect(),
             EffortMap => pairs(raw).filter_map(|p| effort_pair(p, profile).err()).collect(),
+            // By position: a client may be an API key, which an error must not show.
+            ClientWeights => pairs(raw)
+                .enumerate()
+                .filter_map(|(i, p)| weight_pair(p).err().map(|e| format!("pair {} {e}", i + 1)))
+                .collect(),
             _ => self.check_one(raw, profile).err().into_iter().collect(),
         }
     }
@@ -97,7 +104,7 @@ impl Rule {
                 Ok(serde_json::Value::Object(_))
             ),
             SpecMode => spec::mode_defs(profile).iter().any(|d| d.method.as_str() == raw),
-            EnvPairs | EffortMap | Optional(_) | Because(..) => unreachable!("handled by check"),
+            EnvPairs | EffortMap | ClientWeights | Optional(_) | Because(..) => unreachable!("handled by check"),
         };
         if ok {
             Ok(())
@@ -126,7 +133,9 @@ impl Rule {
                            (LIMIT_MM='{\"image\":4}'), as bash drops unquoted double quotes"
                 .into(),
             SpecMode => format!("must be one of: {}", mode_words(profile).join(", ")),
-            Text | EnvPairs | EffortMap | Optional(_) | Because(..) => unreachable!("never fails alone"),
+            Text | EnvPairs | EffortMap | ClientWeights | Optional(_) | Because(..) => {
+                unreachable!("never fails alone")
+            }
         }
     }
 
@@ -150,6 +159,7 @@ impl Rule {
             JsonObject => "JSON object".into(),
             EnvPairs => "NAME=value,…".into(),
             EffortMap => "from=to,…".into(),
+            ClientWeights => "client=weight,… (weight 1..1000)".into(),
             SpecMode => ticked(&mode_words(profile)),
             Optional(inner) => format!("empty, or {}", inner.describe(profile)),
             Because(inner, _) => inner.describe(profile),
@@ -200,6 +210,23 @@ pub(crate) fn decimal(raw: &str) -> Option<f64> {
 }
 
 /// One `from=to` pair of REASONING_EFFORT_MAP, or why it is refused.
+/// The largest weight a client may have (its share against a weight-1 client).
+pub(crate) const MAX_WEIGHT: u32 = 1000;
+
+/// One `client=weight` pair of CLIENT_WEIGHTS; the error names neither (the client may be a key).
+pub(crate) fn weight_pair(pair: &str) -> Result<(&str, u32), String> {
+    let Some((client, weight)) = pair.rsplit_once('=').map(|(c, w)| (c.trim(), w.trim())) else {
+        return Err("must be client=weight".into());
+    };
+    if client.is_empty() {
+        return Err("must name a client before `=`".into());
+    }
+    match weight.parse::<u32>() {
+        Ok(w) if (1..=MAX_WEIGHT).contains(&w) => Ok((client, w)),
+        _ => Err(format!("must have a weight between 1 and {MAX_WEIGHT}")),
+    }
+}
+
 pub(crate) fn effort_pair(pair: &str, profile: ProfileId) -> Result<(&str, &str), String> {
     let Some((from, to)) = pair.split_once('=').map(|(f, t)| (f.trim(), t.trim())) else {
         return Err(format!("`{pair}` must be from=to"));
@@ -290,6 +317,16 @@ mod tests {
             ["`b c=2` must be NAME=value", "`=3` must be NAME=value"]
         );
         assert_eq!(OneOf(&["", "low"]).check("x", DS), ["must be one of: (empty), low"]);
+        assert!(ClientWeights.check("sk-a=4, 10.0.0.7=1,", DS).is_empty());
+        assert_eq!(
+            ClientWeights.check("sk-secret=0,b,=2,c=x", DS),
+            [
+                "pair 1 must have a weight between 1 and 1000",
+                "pair 2 must be client=weight",
+                "pair 3 must name a client before `=`",
+                "pair 4 must have a weight between 1 and 1000"
+            ]
+        );
         assert!(SpecMode.check("dspark", DS).is_empty());
         assert_eq!(SpecMode.check("mtp", DS), ["must be one of: dspark, none"]);
         assert_eq!(Word.check("", DS), ["must not be empty"]);

@@ -1,16 +1,18 @@
 //! Admission = MAX_NUM_SEQS: a generation holds `n` permits of the current capacity until its
-//! response body ends. Waiters queue FIFO with a deadline; the queue is bounded in entries and
+//! response body ends. Waiters queue with a deadline, in the order `fairq` gives them (a
+//! weighted fair queue over clients, or FIFO); the queue is bounded in entries and
 //! in the bytes of the bodies it holds (so the gateway's memory is bounded by its limits, not its
 //! clients); capacity can change at run time and admission can pause (ranks restarting) —
 //! waiters are then held, not failed, until their deadline.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use crate::error::GatewayError;
+use crate::fairq::{Client, FairQueue, Place};
 
 /// A point-in-time view for `/ready`, `/admin/status` and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +41,7 @@ pub struct QueueLimits {
 struct Waiter {
     n: u32,
     bytes: usize,
+    place: Place,
     slot: Slot,
     wake: Option<oneshot::Sender<()>>,
 }
@@ -51,7 +54,7 @@ struct State {
     holds: u8,
     /// The gateway is shutting down: nobody is admitted again.
     closed: bool,
-    order: VecDeque<u64>,
+    order: FairQueue,
     waiters: HashMap<u64, Waiter>,
     next_id: u64,
     /// Body bytes of the requests still waiting.
@@ -59,15 +62,16 @@ struct State {
 }
 
 impl State {
-    /// Grants waiters from the front while they fit (strict FIFO: a large head blocks).
+    /// Grants waiters in the queue's order while they fit (a large head blocks: nobody
+    /// overtakes it).
     fn dispatch(&mut self) {
         while self.holds == 0 && !self.closed {
-            let Some(&id) = self.order.front() else { break };
+            let Some(id) = self.order.first() else { break };
             let w = self.waiters.get_mut(&id).expect("queued ids have waiters");
             if self.in_use + w.n > self.capacity {
                 break;
             }
-            self.order.pop_front();
+            self.order.pop_first();
             self.in_use += w.n;
             self.queued_bytes -= w.bytes;
             w.slot = Slot::Granted;
@@ -114,7 +118,7 @@ impl Drop for Queued<'_> {
         if let Some(w) = s.waiters.remove(&self.id) {
             match w.slot {
                 Slot::Waiting => {
-                    s.order.retain(|id| *id != self.id);
+                    s.order.remove(w.place);
                     s.queued_bytes -= w.bytes;
                 }
                 Slot::Granted => {
@@ -136,11 +140,14 @@ pub enum Hold {
     Drain = 2,
 }
 
-/// Where a waiter joins the queue.
+/// How a waiter joins the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Place {
-    Back,
-    Front,
+enum Entry<'a> {
+    /// A new request: its client's place in the queue's order.
+    New(&'a Client),
+    /// Admitted once, back because its group went down: first (its client was charged when
+    /// it first came).
+    Requeued,
 }
 
 impl Admission {
@@ -151,7 +158,7 @@ impl Admission {
                 in_use: 0,
                 holds: 0,
                 closed: false,
-                order: VecDeque::new(),
+                order: FairQueue::default(),
                 waiters: HashMap::new(),
                 next_id: 0,
                 queued_bytes: 0,
@@ -160,21 +167,21 @@ impl Admission {
         })
     }
 
-    /// Waits FIFO for `n` slots with a body of `bytes` held meanwhile. Errors: `n` above
-    /// capacity (400), queue full in entries or bytes (429), deadline passed (503). Dropping the
-    /// future leaves the queue at once.
-    pub async fn acquire(self: &Arc<Self>, n: u32, bytes: usize) -> Result<Permit, GatewayError> {
-        self.enter(n, bytes, Place::Back).await
+    /// Waits for `n` slots, in `client`'s place in the queue, with a body of `bytes` held
+    /// meanwhile. Errors: `n` above capacity (400), queue full in entries or bytes (429),
+    /// deadline passed (503). Dropping the future leaves the queue at once.
+    pub async fn acquire(self: &Arc<Self>, n: u32, bytes: usize, client: &Client) -> Result<Permit, GatewayError> {
+        self.enter(n, bytes, Entry::New(client)).await
     }
 
     /// A request that was admitted but never reached a rank (its group went down) waits again
     /// at the head of the queue: it was in line before everyone now queued, and it is never
     /// refused for a full queue.
     pub async fn requeue(self: &Arc<Self>, n: u32, bytes: usize) -> Result<Permit, GatewayError> {
-        self.enter(n, bytes, Place::Front).await
+        self.enter(n, bytes, Entry::Requeued).await
     }
 
-    async fn enter(self: &Arc<Self>, n: u32, bytes: usize, place: Place) -> Result<Permit, GatewayError> {
+    async fn enter(self: &Arc<Self>, n: u32, bytes: usize, entry: Entry<'_>) -> Result<Permit, GatewayError> {
         let started = Instant::now();
         let (id, rx) = {
             let mut s = self.state.lock().expect("admission lock");
@@ -190,23 +197,29 @@ impl Admission {
             if s.closed {
                 return Err(GatewayError::ShuttingDown);
             }
-            if s.holds == 0 && s.order.is_empty() && s.in_use + n <= s.capacity {
+            let at_once = s.holds == 0 && s.order.is_empty() && s.in_use + n <= s.capacity;
+            if !at_once && entry != Entry::Requeued && s.order.len() >= self.limits.depth {
+                return Err(GatewayError::QueueFull {
+                    depth: self.limits.depth,
+                });
+            }
+            if !at_once && entry != Entry::Requeued && s.queued_bytes + bytes > self.limits.bytes {
+                return Err(GatewayError::QueueBytesFull {
+                    limit: self.limits.bytes,
+                });
+            }
+            if at_once {
+                // Nobody waits: there is no order to take a place in.
                 s.in_use += n;
                 return Ok(Permit {
                     admission: self.clone(),
                     n,
                 });
             }
-            if place == Place::Back && s.order.len() >= self.limits.depth {
-                return Err(GatewayError::QueueFull {
-                    depth: self.limits.depth,
-                });
-            }
-            if place == Place::Back && s.queued_bytes + bytes > self.limits.bytes {
-                return Err(GatewayError::QueueBytesFull {
-                    limit: self.limits.bytes,
-                });
-            }
+            let place = match entry {
+                Entry::New(client) => s.order.tag(client, n),
+                Entry::Requeued => s.order.back(),
+            };
             s.queued_bytes += bytes;
             let id = s.next_id;
             s.next_id += 1;
@@ -216,14 +229,12 @@ impl Admission {
                 Waiter {
                     n,
                     bytes,
+                    place,
                     slot: Slot::Waiting,
                     wake: Some(tx),
                 },
             );
-            match place {
-                Place::Back => s.order.push_back(id),
-                Place::Front => s.order.push_front(id),
-            }
+            s.order.push(place, id);
             (id, rx)
         };
         let mut queued = Queued {
@@ -308,6 +319,11 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// The one client of the tests that are not about fairness.
+    fn c() -> Client {
+        Client::new("t", 1)
+    }
+
     fn limits(depth: usize, timeout_s: u64) -> QueueLimits {
         QueueLimits {
             depth,
@@ -328,14 +344,14 @@ mod tests {
     fn grants_up_to_capacity_then_queues_fifo() {
         rt().block_on(async {
             let a = Admission::new(2, limits(10, 60));
-            let p1 = a.acquire(1, 10).await.unwrap();
-            let _p2 = a.acquire(1, 10).await.unwrap();
+            let p1 = a.acquire(1, 10, &c()).await.unwrap();
+            let _p2 = a.acquire(1, 10, &c()).await.unwrap();
             let order = Arc::new(Mutex::new(Vec::new()));
             let mut tasks = Vec::new();
             for i in 0..3 {
                 let (a, order) = (a.clone(), order.clone());
                 tasks.push(tokio::spawn(async move {
-                    let p = a.acquire(1, 10).await.unwrap();
+                    let p = a.acquire(1, 10, &c()).await.unwrap();
                     order.lock().unwrap().push(i);
                     p
                 }));
@@ -356,20 +372,20 @@ mod tests {
     fn full_queue_and_deadline_and_oversized_n() {
         rt().block_on(async {
             let a = Admission::new(1, limits(1, 5));
-            let _p = a.acquire(1, 10).await.unwrap();
+            let _p = a.acquire(1, 10, &c()).await.unwrap();
             let waiter = tokio::spawn({
                 let a = a.clone();
-                async move { a.acquire(1, 10).await }
+                async move { a.acquire(1, 10, &c()).await }
             });
             tokio::task::yield_now().await;
             assert!(matches!(
-                a.acquire(1, 10).await,
+                a.acquire(1, 10, &c()).await,
                 Err(GatewayError::QueueFull { depth: 1 })
             ));
             let e = waiter.await.unwrap().unwrap_err();
             assert!(matches!(e, GatewayError::QueueTimeout { .. }), "{e}");
             assert_eq!(a.snapshot().queued, 0, "a timed-out waiter leaves the queue");
-            assert_eq!(a.acquire(2, 10).await.unwrap_err().param(), Some("n"));
+            assert_eq!(a.acquire(2, 10, &c()).await.unwrap_err().param(), Some("n"));
         });
     }
 
@@ -377,20 +393,20 @@ mod tests {
     fn the_queue_holds_at_most_its_byte_budget() {
         rt().block_on(async {
             let a = Admission::new(1, limits(10, 60));
-            let _running = a.acquire(1, 900).await.unwrap();
+            let _running = a.acquire(1, 900, &c()).await.unwrap();
             let first = tokio::spawn({
                 let a = a.clone();
-                async move { a.acquire(1, 600).await }
+                async move { a.acquire(1, 600, &c()).await }
             });
             tokio::task::yield_now().await;
-            let e = a.acquire(1, 500).await.unwrap_err();
+            let e = a.acquire(1, 500, &c()).await.unwrap_err();
             assert!(matches!(e, GatewayError::QueueBytesFull { limit: 1000 }), "{e}");
             assert!(e.retry_after().is_some(), "429 with Retry-After");
             first.abort();
             let _ = first.await;
             let second = tokio::spawn({
                 let a = a.clone();
-                async move { a.acquire(1, 900).await }
+                async move { a.acquire(1, 900, &c()).await }
             });
             tokio::task::yield_now().await;
             assert_eq!(a.snapshot().queued, 1, "a departed waiter's bytes are free again");
@@ -402,10 +418,10 @@ mod tests {
     fn a_waiter_that_goes_away_frees_its_place() {
         rt().block_on(async {
             let a = Admission::new(1, limits(10, 60));
-            let p = a.acquire(1, 10).await.unwrap();
+            let p = a.acquire(1, 10, &c()).await.unwrap();
             let gone = tokio::spawn({
                 let a = a.clone();
-                async move { a.acquire(1, 10).await }
+                async move { a.acquire(1, 10, &c()).await }
             });
             tokio::task::yield_now().await;
             assert_eq!(a.snapshot().queued, 1);
@@ -414,7 +430,7 @@ mod tests {
             assert_eq!(a.snapshot().queued, 0);
             drop(p);
             assert_eq!(a.snapshot().in_use, 0, "nothing was granted to the departed waiter");
-            let _p = a.acquire(1, 10).await.unwrap();
+            let _p = a.acquire(1, 10, &c()).await.unwrap();
         });
     }
 
@@ -430,7 +446,7 @@ mod tests {
             for _ in 0..4 {
                 let (a, g) = (a.clone(), granted.clone());
                 tasks.push(tokio::spawn(async move {
-                    let p = a.acquire(1, 10).await.unwrap();
+                    let p = a.acquire(1, 10, &c()).await.unwrap();
                     g.fetch_add(1, Ordering::SeqCst);
                     p
                 }));
@@ -452,7 +468,7 @@ mod tests {
     fn a_requeued_request_goes_first_even_into_a_full_queue() {
         rt().block_on(async {
             let a = Admission::new(1, limits(1, 60));
-            let running = a.acquire(1, 10).await.unwrap();
+            let running = a.acquire(1, 10, &c()).await.unwrap();
             let order = Arc::new(std::sync::Mutex::new(Vec::new()));
             let waiter = |name: &'static str, requeued: bool| {
                 let (a, order) = (a.clone(), order.clone());
@@ -460,7 +476,7 @@ mod tests {
                     let p = if requeued {
                         a.requeue(1, 10).await
                     } else {
-                        a.acquire(1, 10).await
+                        a.acquire(1, 10, &c()).await
                     };
                     order.lock().unwrap().push(name);
                     drop(p);
@@ -468,7 +484,7 @@ mod tests {
             };
             let queued = waiter("queued", false);
             tokio::task::yield_now().await;
-            assert!(a.acquire(1, 10).await.is_err(), "the queue (depth 1) is full");
+            assert!(a.acquire(1, 10, &c()).await.is_err(), "the queue (depth 1) is full");
             let back = waiter("requeued", true);
             tokio::task::yield_now().await;
             assert_eq!(a.snapshot().queued, 2, "a requeue is never refused for a full queue");
@@ -483,10 +499,10 @@ mod tests {
     fn closing_answers_the_queue_at_once_and_refuses_newcomers() {
         rt().block_on(async {
             let a = Admission::new(1, limits(10, 600));
-            let running = a.acquire(1, 10).await.unwrap();
+            let running = a.acquire(1, 10, &c()).await.unwrap();
             let queued = tokio::spawn({
                 let a = a.clone();
-                async move { a.acquire(1, 10).await }
+                async move { a.acquire(1, 10, &c()).await }
             });
             tokio::task::yield_now().await;
             let before = tokio::time::Instant::now();
@@ -498,7 +514,7 @@ mod tests {
                 "at once, not after the queue timeout"
             );
             assert!(e.retry_after().is_some(), "503 with Retry-After");
-            assert!(matches!(a.acquire(1, 10).await, Err(GatewayError::ShuttingDown)));
+            assert!(matches!(a.acquire(1, 10, &c()).await, Err(GatewayError::ShuttingDown)));
             assert_eq!(a.snapshot().queued, 0);
             drop(running);
             assert_eq!(
@@ -506,6 +522,56 @@ mod tests {
                 0,
                 "the running request keeps its slot until it ends"
             );
+        });
+    }
+
+    #[test]
+    fn a_lone_client_is_served_before_another_clients_burst_drains() {
+        rt().block_on(async {
+            let a = Admission::new(4, limits(100, 600));
+            let (burst, lone) = (Client::new("burst", 1), Client::new("lone", 1));
+            let served = Arc::new(Mutex::new(Vec::new()));
+            let mut tasks = Vec::new();
+            let mut spawn = |who: &'static str, client: Client| {
+                let (a, served) = (a.clone(), served.clone());
+                tasks.push(tokio::spawn(async move {
+                    let p = a.acquire(1, 10, &client).await.unwrap();
+                    served.lock().unwrap().push(who);
+                    p
+                }));
+            };
+            for _ in 0..16 {
+                spawn("burst", burst.clone());
+            }
+            tokio::task::yield_now().await;
+            assert_eq!((a.snapshot().in_use, a.snapshot().queued), (4, 12));
+            spawn("lone", lone);
+            tokio::task::yield_now().await;
+            // The running requests end one at a time; each time the next in the queue's order
+            // takes the freed slot (and records itself) before the next one ends.
+            let mut held: Vec<Permit> = Vec::new();
+            while !tasks.is_empty() || !held.is_empty() {
+                let mut i = 0;
+                while i < tasks.len() {
+                    if tasks[i].is_finished() {
+                        held.push(tasks.remove(i).await.unwrap());
+                    } else {
+                        i += 1;
+                    }
+                }
+                drop(held.pop());
+                tokio::task::yield_now().await;
+            }
+            let order = served.lock().unwrap().clone();
+            let lone_at = order
+                .iter()
+                .position(|w| *w == "lone")
+                .expect("the lone client was served");
+            assert_eq!(
+                lone_at, 5,
+                "one burst request after the four running, then the lone one: {order:?}"
+            );
+            assert_eq!(order.len(), 17);
         });
     }
 }

@@ -36,6 +36,8 @@ pub(crate) struct App {
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
     pub(crate) spec_policy: Arc<crate::spec::ModePolicy>,
     pub(crate) upstream_metrics: crate::exposition::UpstreamMetrics,
+    /// Who a generation is for in the admission queue.
+    pub(crate) clients: crate::clients::Clients,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -66,6 +68,7 @@ impl App {
             spec_modes: config.speculation.modes.clone(),
             spec_policy: crate::spec::ModePolicy::new(&config.speculation),
             upstream_metrics: Default::default(),
+            clients: crate::clients::Clients::new(g.queue_policy, &g.client_weights),
         })
     }
 }

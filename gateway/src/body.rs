@@ -100,6 +100,8 @@ struct Split<'a> {
     /// A key appears more than once: the body is rewritten with the last of each, which is the
     /// one vLLM's JSON parser keeps.
     repeated: bool,
+    /// The body's `user`, when it is a string: who the request is for in the fair queue.
+    user: Option<String>,
 }
 
 fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
@@ -111,7 +113,12 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
     let repeated = has_repeats(&entries);
     let mut fields = Map::new();
     let mut raw = Vec::with_capacity(entries.len());
+    let mut user = None;
     for (key, v) in entries {
+        if key == "user" {
+            // Stays raw: only read (the last one, as vLLM reads it), never rewritten.
+            user = serde_json::from_str::<String>(v.get()).ok();
+        }
         // A batch's permits are its conversations: the normaliser counts `messages` there.
         if TOUCHED.contains(&key.as_ref()) || (api == Api::Batch && key == "messages") {
             // A repeated field: the later value replaces the earlier one.
@@ -124,7 +131,12 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
     if repeated {
         keep_last(&mut raw);
     }
-    Ok(Split { fields, raw, repeated })
+    Ok(Split {
+        fields,
+        raw,
+        repeated,
+        user,
+    })
 }
 
 /// Drops every raw entry whose key appears again later (the rare path: a repeated key).
@@ -176,13 +188,20 @@ fn join(fields: &Map<String, Value>, raw: &[(Cow<'_, str>, &RawValue)]) -> Vec<u
 pub(crate) struct Prepared {
     pub(crate) norm: Normalized,
     pub(crate) forward: Bytes,
+    /// The body's `user` (a string), for the fair queue.
+    pub(crate) user: Option<String>,
 }
 
 /// Parses and normalises `bytes`. What normalisation left as it was is forwarded as the client
 /// sent it — the same bytes, not a copy; a body it changed (or with a repeated key) is written
 /// anew.
 pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> Result<Prepared, GatewayError> {
-    let Split { fields, raw, repeated } = split(bytes, api)?;
+    let Split {
+        fields,
+        raw,
+        repeated,
+        user,
+    } = split(bytes, api)?;
     // `messages` stays raw here, so the dispatch reads the raw fields.
     let has_messages = fields.contains_key("messages") || raw.iter().any(|(k, _)| k == "messages");
     let api = api.for_body(has_messages);
@@ -195,7 +214,7 @@ pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> R
     };
     // The forwarded bytes are what stays alive while the request waits in the queue.
     norm.body = Map::new();
-    Ok(Prepared { norm, forward })
+    Ok(Prepared { norm, forward, user })
 }
 
 /// Parses, normalises and re-serialises `bytes` (off the reactor thread when large).

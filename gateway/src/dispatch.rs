@@ -11,6 +11,7 @@ use axum::Router;
 use hyper::body::Incoming;
 
 use crate::app::Shared;
+use crate::clients::Caller;
 use crate::edge::{self, Head, RequestId};
 use crate::routes::{Family, Route};
 
@@ -39,13 +40,17 @@ impl Dispatch {
             peer,
         };
         let line = edge::AccessLine::begin(&head);
-        let admitted =
-            edge::authenticate(&self.app, &head).and_then(|key| edge::rate_limit(&self.app, &head, key.as_ref()));
+        let admitted = edge::authenticate(&self.app, &head)
+            .and_then(|key| Ok((edge::rate_limit(&self.app, &head, key.as_ref())?, key)));
         let mut resp = match admitted {
             // A refusal in the route's own envelope (vLLM's for the gateway's own paths).
             Err(refused) => refused.render(route.map_or(Family::OpenAi, |r| r.family)),
-            Ok(allowance) => {
-                let mut resp = self.handle(route, &id, req).await;
+            Ok((allowance, key)) => {
+                let caller = Caller {
+                    key: key.map(edge::ValidatedKey::into_string),
+                    addr: peer.ip(),
+                };
+                let mut resp = self.handle(route, &id, req, caller).await;
                 if let Some(a) = allowance {
                     a.stamp(&mut resp);
                 }
@@ -59,9 +64,15 @@ impl Dispatch {
         resp
     }
 
-    async fn handle(&self, route: Option<&'static Route>, id: &RequestId, req: hyper::Request<Incoming>) -> Response {
+    async fn handle(
+        &self,
+        route: Option<&'static Route>,
+        id: &RequestId,
+        req: hyper::Request<Incoming>,
+        caller: Caller,
+    ) -> Response {
         match route {
-            Some(r) => crate::server::upstream_route(&self.app, r, id, req).await,
+            Some(r) => crate::server::upstream_route(&self.app, r, id, req, caller).await,
             None => {
                 use hyper::service::Service as _;
                 let own = hyper_util::service::TowerToHyperService::new(self.own.clone());

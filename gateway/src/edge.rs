@@ -181,6 +181,12 @@ fn matches_any(token: Option<&str>, keys: &[Secret]) -> bool {
 #[derive(Debug, Clone)]
 pub(crate) struct ValidatedKey(String);
 
+impl ValidatedKey {
+    pub(crate) fn into_string(self) -> String {
+        self.0
+    }
+}
+
 /// Step 3: the request may pass (with the API key it was checked by, if any), or its refusal.
 pub(crate) fn authenticate(app: &App, head: &Head<'_>) -> Result<Option<ValidatedKey>, GatewayError> {
     let mut validated = None;

@@ -144,16 +144,17 @@ fn admission(iters: u64) {
         timeout: Duration::from_secs(60),
     };
     let admission = Admission::new(2, limits);
+    let client = crate::fairq::Client::new("bench", 1);
     let mut cx = Context::from_waker(Waker::noop());
     for _ in 0..iters {
-        let mut acquire = std::pin::pin!(admission_once(&admission));
+        let mut acquire = std::pin::pin!(admission_once(&admission, &client));
         // Uncontended, the permit is ready on the first poll: no runtime needed.
         assert!(acquire.as_mut().poll(&mut cx).is_ready(), "an uncontended permit");
     }
 }
 
-async fn admission_once(admission: &Arc<Admission>) {
-    let permit = admission.acquire(1, 512).await;
+async fn admission_once(admission: &Arc<Admission>, client: &crate::fairq::Client) {
+    let permit = admission.acquire(1, 512, client).await;
     black_box(permit.is_ok());
 }
 

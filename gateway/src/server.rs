@@ -26,6 +26,7 @@ use crate::admin;
 use crate::admission::Permit;
 use crate::app::{status_json, App, Shared};
 use crate::body::{check_content_type, Prepared};
+use crate::clients::Caller;
 use crate::edge::RequestId;
 use crate::error::GatewayError;
 use crate::normalize::Api;
@@ -42,13 +43,14 @@ pub(crate) async fn upstream_route(
     route: &'static Route,
     id: &RequestId,
     req: hyper::Request<Incoming>,
+    caller: Caller,
 ) -> Response {
     if !route.methods.allow(req.method()) {
         return GatewayError::MethodNotAllowed.render(route.family);
     }
     let (parts, body) = req.into_parts();
     match route.role {
-        Role::Generate(api) => generate(app, id, parts.headers, body, api, route).await,
+        Role::Generate(api) => generate(app, id, parts.headers, body, api, route, caller).await,
         Role::Utility => utility(app, id, parts, body)
             .await
             .unwrap_or_else(|e| e.render(route.family)),
@@ -218,10 +220,11 @@ async fn generate(
     body: Incoming,
     api: Api,
     route: &'static Route,
+    caller: Caller,
 ) -> Response {
     let started = Instant::now();
     let label = route.label;
-    let result = generate_inner(app, &id.0, headers, body, api, route, started).await;
+    let result = generate_inner(app, &id.0, headers, body, api, route, started, caller).await;
     let (resp, whole) = match result {
         // A stream's line is written by the relay when the stream ends.
         Ok(Reply::Stream(resp)) => (resp, None),
@@ -268,6 +271,7 @@ enum Reply {
     },
 }
 
+#[allow(clippy::too_many_arguments)] // one request's parts, each used once on the way down
 async fn generate_inner(
     app: &App,
     request_id: &str,
@@ -276,10 +280,11 @@ async fn generate_inner(
     api: Api,
     route: &'static Route,
     started: Instant,
+    caller: Caller,
 ) -> Result<Reply, GatewayError> {
     check_content_type(&headers)?;
     let bytes = read_body(body, app.max_body).await?;
-    let Prepared { norm, forward } = crate::body::prepare(&app.normalizer, api, bytes).await?;
+    let Prepared { norm, forward, user } = crate::body::prepare(&app.normalizer, api, bytes).await?;
     if norm.extra_body_repaired {
         counter!(observe::EXTRA_BODY_REPAIRS).increment(1);
     }
@@ -292,7 +297,8 @@ async fn generate_inner(
         _ => {}
     }
     let queued_at = Instant::now();
-    let mut permit = app.control.admission().acquire(norm.n, forward.len()).await?;
+    let client = app.clients.identify(&caller, &headers, user.as_deref());
+    let mut permit = app.control.admission().acquire(norm.n, forward.len(), &client).await?;
     let waited = queued_at.elapsed();
     observe::queue_wait(waited.as_secs_f64());
     let snap = app.control.snapshot();

@@ -1,4 +1,5 @@
-//! Gateway admission against vllm-sim: MAX_NUM_SEQS upstream at most, FIFO order, 429 on a full
+//! Gateway admission against vllm-sim: MAX_NUM_SEQS upstream at most, FIFO order within a client
+//! and a fair queue across clients (a lone client before another's burst drains), 429 on a full
 //! queue, 503 at the deadline, disconnects while queued or mid-stream freeing their slots.
 
 use std::time::Duration;
@@ -199,4 +200,55 @@ fn n_above_capacity_is_refused() {
         json!({"messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 3}),
     );
     assert_eq!(r.json()["choices"].as_array().unwrap().len(), 2);
+}
+
+/// Eight streams of client `burst`, then one of client `lone` (each admitted or queued before
+/// the next is sent), MAX_NUM_SEQS 2: the clients in the order their streams began.
+fn burst_then_lone(policy: &str) -> Vec<&'static str> {
+    let (_sim, gw) = ds_pair(&[("SIM_SPEED", "4")], &[("QUEUE_POLICY", policy)]);
+    let addr = gw.addr;
+    let mut workers = Vec::new();
+    let clients = std::iter::repeat_n("burst", 8).chain(["lone"]);
+    for (i, who) in clients.enumerate() {
+        let body = json!({"messages": [{"role": "user", "content": format!("stream {i}")}], "max_tokens": 30,
+                          "ignore_eos": true, "stream": true, "chat_template_kwargs": {"enable_thinking": false}});
+        workers.push(std::thread::spawn(move || {
+            let headers = [("Content-Type", "application/json"), ("x-sparkgate-client", who)];
+            let mut s = Streaming::open(
+                addr,
+                "POST",
+                "/v1/chat/completions",
+                &headers,
+                body.to_string().as_bytes(),
+            );
+            let _ = s.next_chunk();
+            let first_byte = std::time::Instant::now();
+            assert_eq!(sse_data(&s.read_all()).last().map(String::as_str), Some("[DONE]"));
+            (who, first_byte)
+        }));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = request(addr, "GET", "/ready", &[], b"").json();
+            let seen =
+                ready["admission"]["in_flight"].as_u64().unwrap() + ready["admission"]["queued"].as_u64().unwrap();
+            if seen as usize > i {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "request {i} reached admission");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let mut began: Vec<(&str, std::time::Instant)> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    began.sort_by_key(|b| b.1);
+    began.into_iter().map(|b| b.0).collect()
+}
+
+#[test]
+fn a_lone_client_is_served_before_another_clients_burst_drains() {
+    let order = burst_then_lone("fair");
+    let lone = order.iter().position(|w| *w == "lone").unwrap();
+    // Two burst streams run, six wait; the lone client takes the second slot that frees.
+    assert!(lone <= 3, "the lone stream began {}th of 9: {order:?}", lone + 1);
+    let order = burst_then_lone("fifo");
+    assert_eq!(order.last(), Some(&"lone"), "FIFO: behind the whole burst: {order:?}");
 }

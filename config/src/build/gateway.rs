@@ -4,6 +4,7 @@
 use super::Builder;
 use crate::config::Gateway;
 use crate::rule;
+use crate::secret::Secret;
 
 impl Builder<'_> {
     pub(super) fn gateway(&mut self) -> Gateway {
@@ -16,6 +17,8 @@ impl Builder<'_> {
             queue_depth: self.num("QUEUE_DEPTH"),
             queue_max_bytes: self.num("QUEUE_MAX_BYTES"),
             queue_timeout: self.seconds("QUEUE_TIMEOUT"),
+            queue_policy: self.choice("QUEUE_POLICY"),
+            client_weights: self.client_weights(),
             first_token_timeout: self.seconds("FIRST_TOKEN_TIMEOUT"),
             stream_idle_timeout: self.seconds("STREAM_IDLE_TIMEOUT"),
             request_timeout: self.seconds("REQUEST_TIMEOUT"),
@@ -29,6 +32,15 @@ impl Builder<'_> {
             log_format: self.choice("LOG_FORMAT"),
             worker_threads: self.num("WORKER_THREADS"),
         }
+    }
+
+    /// `client=weight,…` with the pairs the knob's rule refused left out (they were reported).
+    fn client_weights(&self) -> Vec<(Secret, u32)> {
+        self.list("CLIENT_WEIGHTS")
+            .iter()
+            .filter_map(|pair| rule::weight_pair(pair).ok())
+            .map(|(client, weight)| (Secret::new(client), weight))
+            .collect()
     }
 
     /// `from=to,…` with the pairs the knob's rule refused left out (they were reported).
