@@ -1,6 +1,7 @@
-//! vllm-sim as a two-rank tensor-parallel group of processes: readiness waits for every rank, a
-//! lost rank makes rank 0 fail its next step and exit, rank 1 exits without rank 0; and the
-//! scheduler and fault injection the gateway and supervisor tests rely on.
+//! vllm-sim as a tensor-parallel group of processes (two ranks, and three and four): readiness
+//! waits for every rank, a lost rank makes rank 0 fail its next step and exit, the other ranks
+//! exit without rank 0; and the scheduler and fault injection the gateway and supervisor tests
+//! rely on.
 
 use std::time::Duration;
 
@@ -10,6 +11,11 @@ use sparkgate_tests::harness::{addr_in, post_json, request, sse_data, try_reques
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
 fn rank_args(rank: u32, master_port: u16) -> Vec<String> {
+    ranks_args(rank, 2, master_port)
+}
+
+/// One rank's argv in a group of `nnodes` (TP = nnodes, one GPU per node, as the siblings run).
+fn ranks_args(rank: u32, nnodes: u32, master_port: u16) -> Vec<String> {
     let mut a: Vec<String> = [
         "serve",
         "/model",
@@ -18,14 +24,14 @@ fn rank_args(rank: u32, master_port: u16) -> Vec<String> {
         "--reasoning-parser",
         "deepseek_v41",
         "--tensor-parallel-size",
-        "2",
     ]
     .map(String::from)
     .to_vec();
+    a.push(nnodes.to_string());
     a.extend(
         [
             "--nnodes",
-            "2",
+            &nnodes.to_string(),
             "--node-rank",
             &rank.to_string(),
             "--master-addr",
@@ -140,6 +146,43 @@ fn in_flight_non_streaming_requests_get_500_when_the_group_breaks() {
     assert_eq!(r.status, 500);
     assert_eq!(r.json()["error"]["type"], "InternalServerError");
     r0.wait_exit(Duration::from_secs(30));
+}
+
+#[test]
+fn three_and_four_rank_groups_serve_only_once_every_rank_joined_and_break_on_any_loss() {
+    for nnodes in [3u32, 4] {
+        let mut rank0 = Proc::spawn(SIM, &ranks_args(0, nnodes, 0), FAST);
+        let master = addr_in(&rank0.wait_for("torch.distributed rendezvous listening on"));
+        let mut others: Vec<Proc> = (1..nnodes - 1)
+            .map(|r| Proc::spawn(SIM, &ranks_args(r, nnodes, master.port()), FAST))
+            .collect();
+        for r in 1..nnodes - 1 {
+            rank0.wait_for(&format!("Rank {r} joined"));
+        }
+        assert!(
+            !rank0.has_line("Starting vLLM server"),
+            "{nnodes} ranks: not ready while rank {} is missing",
+            nnodes - 1
+        );
+        others.push(Proc::spawn(SIM, &ranks_args(nnodes - 1, nnodes, master.port()), FAST));
+        let http = addr_in(&rank0.wait_for("Starting vLLM server on http://"));
+        rank0.wait_for("Application startup complete.");
+        let b = post_json(http, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "What is 17*19? Reply with the integer only."}], "chat_template_kwargs": {"enable_thinking": false}})).json();
+        assert_eq!(b["choices"][0]["message"]["content"], "323", "{nnodes} ranks serve");
+        // A middle rank lost: the next step fails and rank 0 exits; the rest follow rank 0.
+        others[0].kill();
+        let r = post_json(
+            http,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}),
+        );
+        assert_eq!(r.status, 500, "{nnodes} ranks: a lost rank fails the step");
+        assert_eq!(rank0.wait_exit(Duration::from_secs(30)).code(), Some(1));
+        for rank in others.iter_mut().skip(1) {
+            assert_eq!(rank.wait_exit(Duration::from_secs(30)).code(), Some(1));
+            assert!(rank.has_line("Head node connection lost"));
+        }
+    }
 }
 
 #[test]
