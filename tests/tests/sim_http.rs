@@ -555,3 +555,49 @@ fn the_template_sees_exactly_the_effort_each_profile_receives() {
     assert!(len("max") > 4 * len("high"), "reasoning grows with effort");
     assert!(len("high") > len("low"));
 }
+
+/// The value of one unlabelled-but-model sample of `/metrics`.
+fn metric_value(sim: &Sim, name: &str) -> f64 {
+    let text = String::from_utf8(request(sim.addr(), "GET", "/metrics", &[], b"").body).unwrap();
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in /metrics"))
+}
+
+#[test]
+fn a_shared_prompt_prefix_is_served_from_the_prefix_cache_in_whole_blocks() {
+    let sim = ds(&["--enable-prompt-tokens-details"], &[]);
+    let system = "You are a careful assistant. ".repeat(40);
+    let chat = |question: &str| {
+        let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+                          "max_tokens": 4, "chat_template_kwargs": {"enable_thinking": false}});
+        post_json(sim.addr(), "/v1/chat/completions", &body).json()["usage"].clone()
+    };
+    let first = chat("What is 17*19?");
+    assert_eq!(
+        first["prompt_tokens_details"]["cached_tokens"], 0,
+        "a cold cache: {first}"
+    );
+    let second = chat("And what is 23*29?");
+    let cached = second["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let prompt = second["prompt_tokens"].as_u64().unwrap();
+    assert!(cached >= 200, "the shared system prompt is cached: {second}");
+    assert!(
+        cached < prompt && cached % 16 == 0,
+        "whole blocks, never the whole prompt: {second}"
+    );
+    assert_eq!(metric_value(&sim, "vllm:prefix_cache_hits_total"), cached as f64);
+    let queried = first["prompt_tokens"].as_u64().unwrap() + prompt;
+    assert_eq!(metric_value(&sim, "vllm:prefix_cache_queries_total"), queried as f64);
+    let off = ds(&["--enable-prompt-tokens-details", "--no-enable-prefix-caching"], &[]);
+    for _ in 0..2 {
+        let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}], "max_tokens": 4});
+        let u = post_json(off.addr(), "/v1/chat/completions", &body).json()["usage"].clone();
+        assert_eq!(
+            u["prompt_tokens_details"]["cached_tokens"], 0,
+            "prefix caching off: {u}"
+        );
+    }
+}

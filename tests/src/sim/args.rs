@@ -218,6 +218,10 @@ pub struct ServeArgs {
     pub enable_force_include_usage: bool,
     pub enable_prompt_tokens_details: bool,
     pub max_num_queued_reqs: Option<u64>,
+    /// `--block-size`: tokens per KV cache block (vLLM's default 16).
+    pub block_size: usize,
+    /// Automatic prefix caching, on unless `--no-enable-prefix-caching`.
+    pub prefix_caching: bool,
     /// Every flag as given (canonical name → raw values), for the "non-default args" log line.
     pub given: Vec<(String, Vec<String>)>,
 }
@@ -437,6 +441,8 @@ pub fn parse(argv: &[String]) -> Result<ServeArgs, ArgError> {
         enable_force_include_usage: flag("enable-force-include-usage"),
         enable_prompt_tokens_details: flag("enable-prompt-tokens-details"),
         max_num_queued_reqs: one("max-num-queued-reqs").and_then(|v| v.parse().ok()),
+        block_size: int("block-size", 16).clamp(1, 1024) as usize,
+        prefix_caching: one("enable-prefix-caching").as_deref() != Some("false"),
         given,
     })
 }

@@ -127,6 +127,7 @@ impl Engine {
     pub(crate) fn submit(
         &self,
         prompt_tokens: usize,
+        cached_tokens: usize,
         total: usize,
         finish: Finished,
         index: usize,
@@ -146,7 +147,7 @@ impl Engine {
             }
             waiting.push_back(Seq {
                 prompt_tokens,
-                prefill_left: prompt_tokens,
+                prefill_left: prompt_tokens.saturating_sub(cached_tokens),
                 total,
                 produced: 0,
                 finish,

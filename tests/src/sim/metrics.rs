@@ -86,6 +86,8 @@ pub(crate) struct Metrics {
     pub(crate) running: AtomicU64,
     pub(crate) waiting: AtomicU64,
     prompt_tokens: AtomicU64,
+    prefix_queries: AtomicU64,
+    prefix_hits: AtomicU64,
     generation_tokens: AtomicU64,
     finished: [AtomicU64; 4],
     drafts: AtomicU64,
@@ -110,6 +112,8 @@ impl Metrics {
             running: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
+            prefix_queries: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             finished: Default::default(),
             drafts: AtomicU64::new(0),
@@ -141,6 +145,12 @@ impl Metrics {
     pub(crate) fn prompt(&self, tokens: u64, queue_s: f64) {
         self.prompt_tokens.fetch_add(tokens, Relaxed);
         self.queue_time.observe(queue_s);
+    }
+
+    /// A request's prompt met the prefix cache: `queried` tokens, `hits` of them cached.
+    pub(crate) fn prefix(&self, queried: u64, hits: u64) {
+        self.prefix_queries.fetch_add(queried, Relaxed);
+        self.prefix_hits.fetch_add(hits, Relaxed);
     }
 
     pub(crate) fn first_token(&self, ttft_s: f64) {
@@ -221,6 +231,8 @@ impl Metrics {
             }
             "vllm:prompt_tokens_total" => Some(value(self.prompt_tokens.load(Relaxed))),
             "vllm:generation_tokens_total" => Some(value(self.generation_tokens.load(Relaxed))),
+            "vllm:prefix_cache_queries_total" => Some(value(self.prefix_queries.load(Relaxed))),
+            "vllm:prefix_cache_hits_total" => Some(value(self.prefix_hits.load(Relaxed))),
             "vllm:spec_decode_num_drafts_total" => Some(value(self.drafts.load(Relaxed))),
             "vllm:spec_decode_num_draft_tokens_total" => Some(value(self.draft_tokens.load(Relaxed))),
             "vllm:spec_decode_num_accepted_tokens_total" => Some(value(self.accepted.load(Relaxed))),

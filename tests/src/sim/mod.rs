@@ -13,6 +13,7 @@ mod group;
 mod log;
 mod metric_families;
 mod metrics;
+mod prefix;
 mod structured;
 mod text;
 mod tools;
@@ -290,6 +291,16 @@ async fn run(args: ServeArgs) -> i32 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
+    // The KV cache's blocks: 1M tokens' worth (a Spark's share of it, about), none when
+    // prefix caching is off.
+    let prefix = prefix::PrefixCache::new(
+        args.block_size,
+        if args.prefix_caching {
+            (1 << 20) / args.block_size
+        } else {
+            0
+        },
+    );
     let app = Arc::new(api::App {
         args,
         template,
@@ -297,6 +308,7 @@ async fn run(args: ServeArgs) -> i32 {
         metrics,
         created,
         fingerprint,
+        prefix,
     });
 
     log::info("APIServer", "api_server.py:1925", "Supported tasks: ['generate']");

@@ -82,7 +82,8 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value
     let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let n = request::n_choices(&req)?;
     let rendering = app.template.render(&kwargs);
-    let prompt_tokens = text::count_tokens(&text::render_prompt(&messages, &rendering));
+    let prompt = text::render_prompt(&messages, &rendering);
+    let prompt_tokens = text::count_tokens(&prompt);
     request::check_prompt_length(app, prompt_tokens)?;
     let budget = (app.args.max_model_len as usize - prompt_tokens).min(max_tokens.map_or(usize::MAX, |m| m as usize));
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
@@ -106,7 +107,7 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value
         })
         .collect();
     let request_id = request::request_id(headers, &req);
-    let job = Job::start(app, prompt_tokens, choices)?;
+    let job = Job::start(app, &[&prompt], choices)?;
     Ok((
         job,
         Ctx {
@@ -132,12 +133,13 @@ fn tool_call_json(call: &ToolCall, id: &str) -> Value {
 pub(crate) fn usage(app: &App, job: &Job, streamed: bool) -> Value {
     let (prompt, completion) = (job.prompt_tokens, job.completion_tokens());
     let mut u = json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion});
+    let cached = job.cached_tokens;
     match (app.args.enable_prompt_tokens_details, streamed) {
         (true, false) => {
             u["prompt_tokens_details"] =
-                json!({"cached_tokens": 0, "created_cache_tokens": 0, "multimodal_tokens": null})
+                json!({"cached_tokens": cached, "created_cache_tokens": 0, "multimodal_tokens": null})
         }
-        (true, true) => u["prompt_tokens_details"] = json!({"cached_tokens": 0, "created_cache_tokens": 0}),
+        (true, true) => u["prompt_tokens_details"] = json!({"cached_tokens": cached, "created_cache_tokens": 0}),
         (false, false) => u["prompt_tokens_details"] = Value::Null,
         (false, true) => {}
     }

@@ -44,7 +44,6 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let stream = request::stream_options(&app, &req)?;
     let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
     let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);
-    let prompt_tokens: usize = prompts.iter().map(|p| text::count_tokens(p)).sum();
     request::check_prompt_length(&app, prompts.iter().map(|p| text::count_tokens(p)).max().unwrap_or(0))?;
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let choices: Vec<ChoicePlan> = prompts
@@ -59,7 +58,9 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         })
         .collect();
     let request_id = request::request_id(&headers, &req);
-    let mut job = Job::start(&app, prompt_tokens, choices)?;
+    let texts: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    let mut job = Job::start(&app, &texts, choices)?;
+    let prompt_tokens = job.prompt_tokens;
     let id = format!("cmpl-{request_id}");
     let model = app.args.served_name().to_owned();
     let created = now_secs();
@@ -83,7 +84,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
             "id": id, "object": "text_completion", "created": created, "model": model, "choices": choices,
             "service_tier": null, "system_fingerprint": app.fingerprint,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion, "completion_tokens": completion,
-                "prompt_tokens_details": details(&app, false).unwrap_or(Value::Null), "completion_tokens_details": null},
+                "prompt_tokens_details": details(&app, job.cached_tokens, false).unwrap_or(Value::Null), "completion_tokens_details": null},
             "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null
         });
         return Ok(with_request_id(&app, &request_id, json_response(StatusCode::OK, &body)));
@@ -134,7 +135,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
                             let completion = job.completion_tokens();
                             let mut c = chunk(json!([]));
                             c["usage"] = json!({"prompt_tokens": job.prompt_tokens, "total_tokens": job.prompt_tokens + completion, "completion_tokens": completion});
-                            if let Some(d) = details(&app2, true) {
+                            if let Some(d) = details(&app2, job.cached_tokens, true) {
                                 c["usage"]["prompt_tokens_details"] = d;
                             }
                             c["system_fingerprint"] = Value::String(fingerprint.clone());
@@ -152,10 +153,12 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
 
 /// `prompt_tokens_details` as vLLM's completions render it: with `--enable-prompt-tokens-details`
 /// the full object (the usage chunk only `cached_tokens`), else null (absent in the chunk).
-fn details(app: &App, streamed: bool) -> Option<Value> {
+fn details(app: &App, cached: usize, streamed: bool) -> Option<Value> {
     match (app.args.enable_prompt_tokens_details, streamed) {
-        (true, false) => Some(json!({"cached_tokens": 0, "created_cache_tokens": null, "multimodal_tokens": null})),
-        (true, true) => Some(json!({"cached_tokens": 0})),
+        (true, false) => {
+            Some(json!({"cached_tokens": cached, "created_cache_tokens": null, "multimodal_tokens": null}))
+        }
+        (true, true) => Some(json!({"cached_tokens": cached})),
         (false, _) => None,
     }
 }

@@ -151,6 +151,8 @@ impl ChoicePlan {
 pub(crate) struct Job {
     pub(crate) choices: Vec<ChoicePlan>,
     pub(crate) prompt_tokens: usize,
+    /// Prompt tokens the prefix cache held (not prefilled again).
+    pub(crate) cached_tokens: usize,
     rx: mpsc::UnboundedReceiver<(usize, Event)>,
     open: usize,
 }
@@ -163,12 +165,22 @@ pub(crate) enum Step {
 }
 
 impl Job {
-    /// Submits every choice. Refusals become vLLM's responses: 500 when the engine is dead, 503
-    /// when `--max-num-queued-reqs` is reached.
-    pub(crate) fn start(app: &App, prompt_tokens: usize, choices: Vec<ChoicePlan>) -> Result<Job, ApiError> {
+    /// Submits every choice of the rendered `prompts`, each prefilled but for what the prefix
+    /// cache holds. Refusals become vLLM's responses: 500 when the engine is dead, 503 when
+    /// `--max-num-queued-reqs` is reached.
+    pub(crate) fn start(app: &App, prompts: &[&str], choices: Vec<ChoicePlan>) -> Result<Job, ApiError> {
+        let prompt_tokens: usize = prompts.iter().map(|p| crate::sim::text::count_tokens(p)).sum();
+        let cached_tokens: usize = prompts
+            .iter()
+            .map(|p| app.prefix.admit(&crate::sim::text::tokenize(p)))
+            .sum();
+        app.metrics.prefix(prompt_tokens as u64, cached_tokens as u64);
         let (tx, rx) = mpsc::unbounded_channel();
         for (index, c) in choices.iter().enumerate() {
-            match app.engine.submit(prompt_tokens, c.total(), c.metric_finish(), index, &tx) {
+            match app
+                .engine
+                .submit(prompt_tokens, cached_tokens, c.total(), c.metric_finish(), index, &tx)
+            {
                 Ok(()) => {}
                 Err(Refused::Dead) => return Err(error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", ENGINE_DEAD, None)),
                 Err(Refused::QueueFull) => {
@@ -185,6 +197,7 @@ impl Job {
         Ok(Job {
             choices,
             prompt_tokens,
+            cached_tokens,
             rx,
             open,
         })

@@ -39,6 +39,7 @@ pub(crate) struct App {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) created: u64,
     pub(crate) fingerprint: String,
+    pub(crate) prefix: crate::sim::prefix::PrefixCache,
 }
 
 pub(crate) type Shared = Arc<App>;

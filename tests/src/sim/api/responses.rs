@@ -119,9 +119,9 @@ fn response_object(turn: &Turn, status: &str, output: Vec<Value>, usage: Value) 
     o
 }
 
-fn usage(prompt: usize, completion: usize, reasoning: usize) -> Value {
+fn usage(prompt: usize, cached: usize, completion: usize, reasoning: usize) -> Value {
     json!({"input_tokens": prompt,
-           "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0, "input_tokens_per_turn": [], "cached_tokens_per_turn": []},
+           "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0, "input_tokens_per_turn": [], "cached_tokens_per_turn": []},
            "output_tokens": completion,
            "output_tokens_details": {"reasoning_tokens": reasoning, "tool_output_tokens": 0, "output_tokens_per_turn": [], "tool_output_tokens_per_turn": []},
            "total_tokens": prompt + completion})
@@ -193,7 +193,8 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         .filter(|t| !t.is_empty())
         .cloned();
     let rendering = app.template.render(&kwargs);
-    let prompt_tokens = text::count_tokens(&text::render_prompt(&msgs, &rendering));
+    let prompt = text::render_prompt(&msgs, &rendering);
+    let prompt_tokens = text::count_tokens(&prompt);
     request::check_prompt_length(&app, prompt_tokens)?;
     let budget =
         (app.args.max_model_len as usize - prompt_tokens).min(max_output_tokens.map_or(usize::MAX, |m| m as usize));
@@ -216,7 +217,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     }
     let plan = ChoicePlan::new(out, budget, false, 0);
     let request_id = request::request_id(&headers, &req);
-    let mut job = Job::start(&app, prompt_tokens, vec![plan])?;
+    let mut job = Job::start(&app, &[&prompt], vec![plan])?;
     let turn = Turn {
         id: format!("resp_{request_id}"),
         created: now_secs(),
@@ -253,7 +254,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
             &turn,
             status,
             final_output(&turn, plan, false),
-            usage(prompt_tokens, job.completion_tokens(), reasoning),
+            usage(prompt_tokens, job.cached_tokens, job.completion_tokens(), reasoning),
         );
         return Ok(with_request_id(&app, &request_id, json_response(StatusCode::OK, &body)));
     }
@@ -402,7 +403,12 @@ fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util
                     let plan = &s.job.choices[0];
                     let reasoning = plan.reasoning_text().map_or(0, |r| text::count_tokens(&r));
                     let output = final_output(&s.turn, plan, true);
-                    let u = usage(s.prompt_tokens, s.job.completion_tokens(), reasoning);
+                    let u = usage(
+                        s.prompt_tokens,
+                        s.job.cached_tokens,
+                        s.job.completion_tokens(),
+                        reasoning,
+                    );
                     let (kind, status) = if finish == "length" {
                         ("response.incomplete", "incomplete")
                     } else {
