@@ -209,7 +209,6 @@ pub(crate) fn decimal(raw: &str) -> Option<f64> {
     plain.then(|| raw.parse().ok()).flatten()
 }
 
-/// One `from=to` pair of REASONING_EFFORT_MAP, or why it is refused.
 /// The largest weight a client may have (its share against a weight-1 client).
 pub(crate) const MAX_WEIGHT: u32 = 1000;
 
@@ -227,6 +226,7 @@ pub(crate) fn weight_pair(pair: &str) -> Result<(&str, u32), String> {
     }
 }
 
+/// One `from=to` pair of REASONING_EFFORT_MAP, or why it is refused.
 pub(crate) fn effort_pair(pair: &str, profile: ProfileId) -> Result<(&str, &str), String> {
     let Some((from, to)) = pair.split_once('=').map(|(f, t)| (f.trim(), t.trim())) else {
         return Err(format!("`{pair}` must be from=to"));

@@ -145,8 +145,7 @@ pub enum Hold {
 enum Entry<'a> {
     /// A new request: its client's place in the queue's order.
     New(&'a Client),
-    /// Admitted once, back because its group went down: first (its client was charged when
-    /// it first came).
+    /// Admitted once, back because its group went down: first, uncharged.
     Requeued,
 }
 
@@ -541,7 +540,7 @@ mod tests {
                 }));
             };
             for _ in 0..16 {
-                spawn("burst", burst.clone());
+                spawn("burst", burst);
             }
             tokio::task::yield_now().await;
             assert_eq!((a.snapshot().in_use, a.snapshot().queued), (4, 12));

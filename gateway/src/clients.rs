@@ -1,7 +1,10 @@
 //! Who a generation request is for the admission queue (QUEUE_POLICY, CLIENT_WEIGHTS): its
 //! validated API key, else the `x-sparkgate-client` header, else the body's `user`, else the
 //! address it came from; under `fifo` everyone is one client. The weights are looked up by that
-//! same name; unlisted clients weigh 1.
+//! same name; unlisted clients weigh 1. Without API_KEYS the header and `user` are the client's
+//! own word: a client may name itself as it likes (and so claim a listed weight, or split its
+//! burst over many names); with API_KEYS the key decides. Names are kept only as keyed hashes
+//! (`fairq::name_hash`), never as text.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -9,23 +12,33 @@ use std::net::IpAddr;
 use axum::http::HeaderMap;
 use sparkgate_config::{QueuePolicy, Secret};
 
-use crate::fairq::Client;
+use crate::fairq::{name_hash, Client};
 
 /// The header a client may name itself by (when no API key names it).
 pub(crate) const CLIENT_HEADER: &str = "x-sparkgate-client";
 
 /// What the edge knows of a request's sender.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Caller {
     /// The API key the request was checked by (when API_KEYS is set).
     pub(crate) key: Option<String>,
     pub(crate) addr: IpAddr,
 }
 
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caller")
+            .field("key", &self.key.as_ref().map(|_| sparkgate_config::REDACTED))
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Clients {
     policy: QueuePolicy,
-    weights: HashMap<String, u32>,
+    /// By `name_hash` of the client's name.
+    weights: HashMap<u64, u32>,
     /// The one client of `fifo`.
     everyone: Client,
 }
@@ -34,7 +47,7 @@ impl Clients {
     pub(crate) fn new(policy: QueuePolicy, weights: &[(Secret, u32)]) -> Clients {
         Clients {
             policy,
-            weights: weights.iter().map(|(c, w)| (c.expose().to_owned(), *w)).collect(),
+            weights: weights.iter().map(|(c, w)| (name_hash(c.expose()), *w)).collect(),
             everyone: Client::new("", 1),
         }
     }
@@ -42,7 +55,7 @@ impl Clients {
     /// The queue's client for a request from `caller` with `headers` and the body's `user`.
     pub(crate) fn identify(&self, caller: &Caller, headers: &HeaderMap, user: Option<&str>) -> Client {
         if self.policy == QueuePolicy::Fifo {
-            return self.everyone.clone();
+            return self.everyone;
         }
         let named = caller
             .key
@@ -51,11 +64,10 @@ impl Clients {
             .filter(|n| !n.is_empty())
             .or(user.filter(|u| !u.is_empty()));
         let id = match named {
-            Some(n) => n.to_owned(),
-            None => caller.addr.to_string(),
+            Some(n) => name_hash(n),
+            None => name_hash(&caller.addr.to_string()),
         };
-        let weight = self.weights.get(&id).copied().unwrap_or(1);
-        Client::new(id, weight)
+        Client::hashed(id, self.weights.get(&id).copied().unwrap_or(1))
     }
 }
 
@@ -96,5 +108,7 @@ mod tests {
         );
         let fifo = Clients::new(QueuePolicy::Fifo, &[(Secret::new("sk-a"), 4)]);
         assert_eq!(fifo.identify(&caller(Some("sk-a")), &named, None), Client::new("", 1));
+        let shown = format!("{:?} {clients:?}", caller(Some("sk-a")));
+        assert!(!shown.contains("sk-a") && !shown.contains("team-b"), "{shown}");
     }
 }

@@ -8,38 +8,49 @@
 //! With one shared client for everyone (QUEUE_POLICY=fifo) the tags rise with arrival: FIFO.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::hash::BuildHasher;
+use std::sync::LazyLock;
 
 /// Virtual time one sequence of a weight-1 client takes; a multiple of every weight up to
 /// 1000 would be exact, this is close enough (a weight-1000 client is charged 1048 per
 /// sequence, not 1048.576).
 const UNIT: u64 = 1 << 20;
 
-/// A finish tag map this long is swept of clients whose tags the virtual time passed (they
-/// would start at the virtual time anyway), and cleared if that was not enough: memory stays
-/// bounded when many distinct clients arrive during one long backlog, at the price of their
-/// history.
+/// Clients remembered past which those without a waiting request are forgotten (their debt
+/// with them): memory stays bounded when many distinct clients pass during one long backlog,
+/// and no client's own waiting requests are ever reordered.
 const SWEEP_AT: usize = 4096;
 
+/// Client names are kept as keyed hashes: a name can be long (a body's `user`) or secret (an
+/// API key), and a per-process key keeps anyone from choosing a name that collides with
+/// another client's.
+static NAMES: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+
+/// The keyed hash a client name is known by (`CLIENT_WEIGHTS` is looked up by it too).
+pub(crate) fn name_hash(name: &str) -> u64 {
+    NAMES.hash_one(name)
+}
+
 /// Who a request is for the queue, and its share.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Client {
-    id: Arc<str>,
+    id: u64,
     weight: u32,
 }
 
 impl Client {
-    /// A client of `weight` (at least 1).
-    pub fn new(id: impl Into<Arc<str>>, weight: u32) -> Client {
-        Client {
-            id: id.into(),
-            weight: weight.max(1),
-        }
+    /// The client `name` with `weight` (at least 1).
+    pub fn new(name: &str, weight: u32) -> Client {
+        Client::hashed(name_hash(name), weight)
     }
 
-    pub fn id(&self) -> &str {
-        &self.id
+    pub(crate) fn hashed(id: u64, weight: u32) -> Client {
+        Client {
+            id,
+            weight: weight.max(1),
+        }
     }
 }
 
@@ -48,40 +59,75 @@ impl Client {
 pub(crate) enum Place {
     /// Admitted once and back: before every tagged waiter, the last one back first.
     Back(Reverse<u64>),
-    /// A start tag, then the arrival number.
-    Tagged { start: u64, seq: u64 },
+    /// A start tag, then the arrival number (unique; the client only says whose it is).
+    Tagged { start: u64, seq: u64, client: u64 },
 }
 
+/// What the queue remembers of a client.
 #[derive(Debug, Default)]
+struct Tally {
+    /// Where its next request starts at the earliest.
+    finish: u64,
+    /// Its requests waiting now.
+    waiting: u32,
+}
+
+#[derive(Debug)]
 pub(crate) struct FairQueue {
     /// Waiting ids by place.
     order: BTreeMap<Place, u64>,
     /// The start tag of the last request admitted.
     vtime: u64,
-    /// Each client's finish tag: where its next request starts at the earliest.
-    finish: HashMap<Arc<str>, u64>,
+    clients: HashMap<u64, Tally>,
+    /// The size at which `clients` is swept next.
+    sweep_at: usize,
     seq: u64,
 }
 
+impl Default for FairQueue {
+    fn default() -> Self {
+        FairQueue {
+            order: BTreeMap::new(),
+            vtime: 0,
+            clients: HashMap::new(),
+            sweep_at: SWEEP_AT,
+            seq: 0,
+        }
+    }
+}
+
 impl FairQueue {
-    /// Charges `client` for `n` sequences and returns the place its request takes.
+    /// Charges `client` for `n` sequences and returns the place its request takes in the
+    /// queue (`push` it there).
     pub(crate) fn tag(&mut self, client: &Client, n: u32) -> Place {
         if self.order.is_empty() {
             // Nobody waits: there is no order to keep, and history would only be a debt.
-            self.finish.clear();
-        } else if self.finish.len() >= SWEEP_AT {
-            let now = self.vtime;
-            self.finish.retain(|_, f| *f > now);
-            if self.finish.len() >= SWEEP_AT {
-                self.finish.clear();
-            }
+            self.clients.clear();
+        } else if self.clients.len() >= self.sweep_at {
+            self.sweep();
         }
-        let last = self.finish.get(&client.id).copied().unwrap_or(0);
-        let start = last.max(self.vtime);
         let cost = u64::from(n.max(1)) * UNIT / u64::from(client.weight);
-        self.finish.insert(client.id.clone(), start + cost);
+        let tally = self.clients.entry(client.id).or_default();
+        let start = tally.finish.max(self.vtime);
+        tally.finish = start + cost;
+        tally.waiting += 1;
         self.seq += 1;
-        Place::Tagged { start, seq: self.seq }
+        Place::Tagged {
+            start,
+            seq: self.seq,
+            client: client.id,
+        }
+    }
+
+    /// Forgets clients the virtual time passed, then, if that was not enough, every client
+    /// with nothing waiting; the next sweep comes at twice what is left.
+    fn sweep(&mut self) {
+        let now = self.vtime;
+        self.clients.retain(|_, t| t.waiting > 0 || t.finish > now);
+        if self.clients.len() >= SWEEP_AT / 2 {
+            self.clients.retain(|_, t| t.waiting > 0);
+        }
+        self.sweep_at = SWEEP_AT.max(self.clients.len() * 2);
     }
 
     /// The place of a request that was admitted and came back.
@@ -102,21 +148,27 @@ impl FairQueue {
     /// Takes the first waiter out: it is admitted, and the virtual time moves to its tag.
     pub(crate) fn pop_first(&mut self) {
         if let Some((place, _)) = self.order.pop_first() {
-            self.admitted(place);
-        }
-    }
-
-    /// The request at `place` was admitted.
-    fn admitted(&mut self, place: Place) {
-        if let Place::Tagged { start, .. } = place {
-            self.vtime = self.vtime.max(start);
+            if let Place::Tagged { start, .. } = place {
+                self.vtime = self.vtime.max(start);
+            }
+            self.left(place);
         }
     }
 
     /// A waiter left without being admitted (its deadline, or its client went away); what it
     /// was charged stays charged.
     pub(crate) fn remove(&mut self, place: Place) {
-        self.order.remove(&place);
+        if self.order.remove(&place).is_some() {
+            self.left(place);
+        }
+    }
+
+    fn left(&mut self, place: Place) {
+        if let Place::Tagged { client, .. } = place {
+            if let Some(t) = self.clients.get_mut(&client) {
+                t.waiting = t.waiting.saturating_sub(1);
+            }
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -206,18 +258,28 @@ mod tests {
         q.push(p, 1);
         q.remove(p);
         assert_eq!(q.first(), None);
-        for i in 0..10 {
-            let place = q.tag(&Client::new(format!("idle{i}"), 1), 1);
-            q.admitted(place);
+        // Nobody waiting: history is forgotten at the next tag.
+        let p = q.tag(&Client::new("later", 1), 1);
+        q.push(p, 2);
+        assert_eq!(q.clients.len(), 1);
+        // One client keeps two requests waiting while many others pass through.
+        let (w1, w2) = (q.tag(&c, 1), q.tag(&c, 1));
+        q.push(w1, 3);
+        q.push(w2, 4);
+        for i in 0..(3 * SWEEP_AT) {
+            let place = q.tag(&Client::new(&format!("c{i}"), 1), 1);
+            q.push(place, 100 + i as u64);
+            q.remove(place);
         }
-        assert_eq!(q.finish.len(), 1, "with nobody waiting, history is forgotten");
-        let waiting = q.tag(&c, 1);
-        q.push(waiting, 2);
-        for i in 0..(SWEEP_AT + 10) {
-            let place = q.tag(&Client::new(format!("c{i}"), 1), 1);
-            q.admitted(place);
-        }
-        assert!(q.finish.len() <= SWEEP_AT, "{}", q.finish.len());
-        assert_eq!(q.first(), Some(2), "the waiter keeps its place");
+        assert!(q.clients.len() <= SWEEP_AT, "{}", q.clients.len());
+        assert_eq!(q.clients[&c.id].waiting, 2, "a client with waiters is never forgotten");
+        assert_eq!(drain(&mut q), [2, 3, 4], "its requests keep their order");
+    }
+
+    #[test]
+    fn names_are_known_by_a_keyed_hash() {
+        assert_eq!(Client::new("sk-a", 2), Client::new("sk-a", 2));
+        assert_ne!(Client::new("sk-a", 1).id, Client::new("sk-b", 1).id);
+        assert_eq!(name_hash("x"), Client::new("x", 1).id);
     }
 }

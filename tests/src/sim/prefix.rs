@@ -4,7 +4,7 @@
 //! blocks from the start — never the whole prompt, as vLLM always computes the last token — and
 //! only the rest is prefilled. Queries and hits count tokens, as vLLM's
 //! `prefix_cache_queries_total` and `prefix_cache_hits_total` do. Blocks are known from the
-//! moment a request is admitted (vLLM caches them as they are computed: two identical
+//! moment the engine takes a request (vLLM caches them as they are computed: two identical
 //! requests at the same instant both miss there; here the second hits).
 
 use std::collections::{BTreeMap, HashMap};
@@ -69,26 +69,58 @@ impl PrefixCache {
             .collect()
     }
 
-    /// How many of `tokens` are cached (a whole number of blocks, less than all of them); the
-    /// prompt's blocks are known from now on.
-    pub(crate) fn admit(&self, tokens: &[u32]) -> usize {
-        if self.capacity == 0 || tokens.is_empty() {
-            return 0;
+    /// Whether the cache is on (a KV cache of any blocks).
+    pub(crate) fn enabled(&self) -> bool {
+        self.capacity > 0
+    }
+
+    /// How many of `tokens` are cached (a whole number of blocks, less than all of them), and
+    /// the blocks to `keep` once the engine took the request. Nothing changes yet: a refused
+    /// request leaves no trace.
+    pub(crate) fn lookup(&self, tokens: &[u32]) -> Lookup {
+        if !self.enabled() || tokens.is_empty() {
+            return Lookup::default();
         }
-        let hashes = self.hashes(tokens);
+        let blocks = self.hashes(tokens);
+        let lru = self.blocks.lock().expect("prefix cache lock");
+        let hit_blocks = blocks.iter().take_while(|h| lru.used.contains_key(h)).count();
+        let computable = (tokens.len() - 1) / self.block_size * self.block_size;
+        Lookup {
+            cached: (hit_blocks * self.block_size).min(computable),
+            blocks,
+        }
+    }
+
+    /// The prompt's blocks are known from now on; its first block is the most recently used,
+    /// so eviction takes a prompt's tail before its head (a head evicted first would leave
+    /// the blocks after it unreachable).
+    pub(crate) fn keep(&self, lookup: &Lookup) {
         let mut lru = self.blocks.lock().expect("prefix cache lock");
-        let hit_blocks = hashes.iter().take_while(|h| lru.used.contains_key(h)).count();
-        for h in &hashes {
+        for h in lookup.blocks.iter().rev() {
             lru.touch(*h, self.capacity);
         }
-        let computable = (tokens.len() - 1) / self.block_size * self.block_size;
-        (hit_blocks * self.block_size).min(computable)
     }
+}
+
+/// What the cache holds of one prompt.
+#[derive(Debug, Default)]
+pub(crate) struct Lookup {
+    pub(crate) cached: usize,
+    blocks: Vec<u64>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl PrefixCache {
+        /// Looks `tokens` up and keeps them, as an accepted request does.
+        fn admit(&self, tokens: &[u32]) -> usize {
+            let l = self.lookup(tokens);
+            self.keep(&l);
+            l.cached
+        }
+    }
 
     #[test]
     fn a_shared_prefix_is_cached_in_whole_blocks_and_never_the_last_token() {
@@ -113,6 +145,11 @@ mod tests {
         cache.admit(&a);
         cache.admit(&b);
         assert_eq!(cache.admit(&a), 0, "b's three blocks pushed a's out");
+        // A prompt's head outlives its tail: with room for two blocks, a 3-block prompt keeps
+        // its first two.
+        let small = PrefixCache::new(2, 2);
+        small.admit(&a);
+        assert_eq!(small.admit(&a), 4, "the head blocks stayed");
         let off = PrefixCache::new(16, 0);
         off.admit(&a);
         assert_eq!(off.admit(&a), 0);

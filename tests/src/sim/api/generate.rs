@@ -170,11 +170,11 @@ impl Job {
     /// `--max-num-queued-reqs` is reached.
     pub(crate) fn start(app: &App, prompts: &[&str], choices: Vec<ChoicePlan>) -> Result<Job, ApiError> {
         let prompt_tokens: usize = prompts.iter().map(|p| crate::sim::text::count_tokens(p)).sum();
-        let cached_tokens: usize = prompts
+        let lookups: Vec<_> = prompts
             .iter()
-            .map(|p| app.prefix.admit(&crate::sim::text::tokenize(p)))
-            .sum();
-        app.metrics.prefix(prompt_tokens as u64, cached_tokens as u64);
+            .map(|p| app.prefix.lookup(&crate::sim::text::tokenize(p)))
+            .collect();
+        let cached_tokens: usize = lookups.iter().map(|l| l.cached).sum();
         let (tx, rx) = mpsc::unbounded_channel();
         for (index, c) in choices.iter().enumerate() {
             match app
@@ -192,6 +192,15 @@ impl Job {
                     ))
                 }
             }
+        }
+        // Taken: its blocks are cached from now on, and each choice queried the cache (vLLM
+        // counts per sequence; nothing when prefix caching is off).
+        for l in &lookups {
+            app.prefix.keep(l);
+        }
+        if app.prefix.enabled() {
+            let n = choices.len() as u64;
+            app.metrics.prefix(prompt_tokens as u64 * n, cached_tokens as u64 * n);
         }
         let open = choices.len();
         Ok(Job {
