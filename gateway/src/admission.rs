@@ -141,7 +141,7 @@ pub enum Hold {
 }
 
 /// How a waiter joins the queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 enum Entry<'a> {
     /// A new request: its client's place in the queue's order.
     New(&'a Client),
@@ -196,18 +196,7 @@ impl Admission {
             if s.closed {
                 return Err(GatewayError::ShuttingDown);
             }
-            let at_once = s.holds == 0 && s.order.is_empty() && s.in_use + n <= s.capacity;
-            if !at_once && entry != Entry::Requeued && s.order.len() >= self.limits.depth {
-                return Err(GatewayError::QueueFull {
-                    depth: self.limits.depth,
-                });
-            }
-            if !at_once && entry != Entry::Requeued && s.queued_bytes + bytes > self.limits.bytes {
-                return Err(GatewayError::QueueBytesFull {
-                    limit: self.limits.bytes,
-                });
-            }
-            if at_once {
+            if s.holds == 0 && s.order.is_empty() && s.in_use + n <= s.capacity {
                 // Nobody waits: there is no order to take a place in.
                 s.in_use += n;
                 return Ok(Permit {
@@ -216,7 +205,19 @@ impl Admission {
                 });
             }
             let place = match entry {
-                Entry::New(client) => s.order.tag(client, n),
+                Entry::New(client) => {
+                    if s.order.len() >= self.limits.depth {
+                        return Err(GatewayError::QueueFull {
+                            depth: self.limits.depth,
+                        });
+                    }
+                    if s.queued_bytes + bytes > self.limits.bytes {
+                        return Err(GatewayError::QueueBytesFull {
+                            limit: self.limits.bytes,
+                        });
+                    }
+                    s.order.tag(client, n)
+                }
                 Entry::Requeued => s.order.back(),
             };
             s.queued_bytes += bytes;

@@ -15,7 +15,7 @@ use sparkgate_config::{QueuePolicy, Secret};
 use crate::fairq::{name_hash, Client};
 
 /// The header a client may name itself by (when no API key names it).
-pub(crate) const CLIENT_HEADER: &str = "x-sparkgate-client";
+const CLIENT_HEADER: &str = "x-sparkgate-client";
 
 /// What the edge knows of a request's sender.
 #[derive(Clone)]
