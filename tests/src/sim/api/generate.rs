@@ -169,11 +169,10 @@ impl Job {
     /// cache holds. Refusals become vLLM's responses: 500 when the engine is dead, 503 when
     /// `--max-num-queued-reqs` is reached.
     pub(crate) fn start(app: &App, prompts: &[&str], choices: Vec<ChoicePlan>) -> Result<Job, ApiError> {
-        let prompt_tokens: usize = prompts.iter().map(|p| crate::sim::text::count_tokens(p)).sum();
-        let lookups: Vec<_> = prompts
-            .iter()
-            .map(|p| app.prefix.lookup(&crate::sim::text::tokenize(p)))
-            .collect();
+        // Tokenised once: its length is the prompt's token count, its blocks the cache's key.
+        let tokens: Vec<Vec<u32>> = prompts.iter().map(|p| crate::sim::text::tokenize(p)).collect();
+        let prompt_tokens: usize = tokens.iter().map(Vec::len).sum();
+        let lookups: Vec<_> = tokens.iter().map(|t| app.prefix.lookup(t)).collect();
         let cached_tokens: usize = lookups.iter().map(|l| l.cached).sum();
         let (tx, rx) = mpsc::unbounded_channel();
         for (index, c) in choices.iter().enumerate() {
