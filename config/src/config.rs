@@ -83,19 +83,15 @@ pub enum RankEnvValue {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Nodes {
     pub head_ip: IpAddr,
-    pub worker_ip: IpAddr,
-    pub worker_user: String,
-    pub worker_home: String,
-    pub worker_ssh: String,
     pub ssh: SshSettings,
     pub head_nic: Nic,
-    pub worker_nic: Nic,
+    /// Rank r ≥ 1 runs on `workers[r - 1]`; empty when NNODES is 1.
+    pub workers: Vec<Worker>,
 }
 
-/// How the worker is reached over SSH.
+/// How every worker is reached over SSH (the port is each worker's own).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SshSettings {
-    pub port: u16,
     pub keyfile: Option<PathBuf>,
     /// `accept-new`, `strict` or `accept`.
     pub known_hosts: KnownHosts,
@@ -105,10 +101,52 @@ pub struct SshSettings {
     pub worker_docker_socket: String,
 }
 
-impl Nodes {
+/// One worker node: where it is, how SSH reaches it, and its CX7 pins.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Worker {
+    /// The rank it runs (1 for the first worker).
+    pub rank: u32,
+    pub ip: IpAddr,
+    pub user: String,
+    /// The user's home there; directories configured under WORKER_HOME move under it.
+    pub home: String,
+    /// SSH destination, `user@address`.
+    pub ssh: String,
+    pub ssh_port: u16,
+    pub nic: Nic,
+    /// How messages name it: `worker` when it is the only one, else `worker <rank>`.
+    pub label: String,
+    /// WORKER_HOME, the home the worker directory knobs were written against.
+    pub(crate) configured_home: String,
+}
+
+impl Worker {
     /// The worker is another machine (reached over SSH) unless it has the head's address.
-    pub fn worker_is_remote(&self) -> bool {
-        self.worker_ip != self.head_ip
+    pub fn is_remote(&self, nodes: &Nodes) -> bool {
+        self.ip != nodes.head_ip
+    }
+
+    /// A worker directory knob's value on this worker: a path under WORKER_HOME moves under
+    /// this worker's home (workers may log in as different users); any other stays as written.
+    pub fn path(&self, configured: &str) -> String {
+        match configured.strip_prefix(self.configured_home.trim_end_matches('/')) {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+                format!("{}{rest}", self.home.trim_end_matches('/'))
+            }
+            _ => configured.to_owned(),
+        }
+    }
+}
+
+impl Nodes {
+    /// The worker that runs `rank` (none for rank 0).
+    pub fn worker(&self, rank: u32) -> Option<&Worker> {
+        self.workers.iter().find(|w| w.rank == rank)
+    }
+
+    /// The workers on other machines, reached over SSH.
+    pub fn remote_workers(&self) -> impl Iterator<Item = &Worker> + '_ {
+        self.workers.iter().filter(|w| w.is_remote(self))
     }
 }
 
@@ -135,6 +173,7 @@ pub struct Serving {
     pub served_model_name: String,
     pub image: String,
     pub tp: u32,
+    pub pp: u32,
     pub nnodes: u32,
     pub quantization: Option<String>,
     pub max_model_len: u32,

@@ -24,7 +24,7 @@ pub use choice::UnknownWord;
 pub use config::{
     AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, Gpus, HostNccl, ImageShip, KnownHosts, LoadOptions,
     LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, QueuePolicy, RankEnvValue, Runtime, Secrets, Serving, Setting,
-    SpecPolicy, Speculation, SshSettings, Storage, Supervision, WeightSync, Weights, ZfsDatasets,
+    SpecPolicy, Speculation, SshSettings, Storage, Supervision, WeightSync, Weights, Worker, ZfsDatasets,
 };
 pub use error::{ConfigError, InvalidValue};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};

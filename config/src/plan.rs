@@ -206,15 +206,11 @@ impl Config {
             rank,
             node,
             container: ContainerSpec {
-                name: if rank == 0 {
-                    c.head_name.clone()
-                } else {
-                    c.worker_name.clone()
-                },
+                name: self.container_name(rank),
                 image: self.serving.image.clone(),
                 labels,
-                env: self.rank_env(node),
-                mounts: self.mounts(node),
+                env: self.rank_env(rank),
+                mounts: self.mounts(rank),
                 entrypoint: vec!["vllm".into()],
                 cmd: self.vllm_argv(rank, mode),
                 network_mode: "host",
@@ -236,7 +232,18 @@ impl Config {
         format!("{}.{}", self.profile, self.serving.served_model_name)
     }
 
-    fn rank_env(&self, node: NodeRole) -> Vec<(String, RankEnvValue)> {
+    /// Rank 0 runs as CONTAINER_HEAD, rank 1 as CONTAINER_WORKER, rank r > 1 as
+    /// `CONTAINER_WORKER-r` (several workers may share a daemon when they run on the head).
+    fn container_name(&self, rank: u32) -> String {
+        let c = &self.containers;
+        match rank {
+            0 => c.head_name.clone(),
+            1 => c.worker_name.clone(),
+            r => format!("{}-{r}", c.worker_name),
+        }
+    }
+
+    fn rank_env(&self, rank: u32) -> Vec<(String, RankEnvValue)> {
         let plain = |k: &str, v: String| (k.to_owned(), RankEnvValue::Plain(v));
         let mut env = self.rank_env.clone();
         env.push(plain(
@@ -253,9 +260,9 @@ impl Config {
         if let Some(nccl) = &self.serving.host_nccl {
             env.push(plain("LD_PRELOAD", format!("/nccl/{}", nccl.so_name)));
         }
-        let (nic, ip) = match node {
-            NodeRole::Head => (&self.nodes.head_nic, self.nodes.head_ip),
-            NodeRole::Worker => (&self.nodes.worker_nic, self.nodes.worker_ip),
+        let (nic, ip) = match self.nodes.worker(rank) {
+            None => (&self.nodes.head_nic, self.nodes.head_ip),
+            Some(w) => (&w.nic, w.ip),
         };
         env.push(plain("NCCL_SOCKET_IFNAME", nic.ifname.clone()));
         env.push(plain("GLOO_SOCKET_IFNAME", nic.ifname.clone()));
@@ -265,7 +272,7 @@ impl Config {
         env
     }
 
-    fn mounts(&self, node: NodeRole) -> Vec<Mount> {
+    fn mounts(&self, rank: u32) -> Vec<Mount> {
         let bind = |source: &str, target: &str, read_only| Mount::Bind {
             source: source.into(),
             target: target.into(),
@@ -277,7 +284,10 @@ impl Config {
             read_only: true,
         };
         let s = &self.storage;
-        let head = node == NodeRole::Head;
+        let worker = self.nodes.worker(rank);
+        let head = worker.is_none();
+        // A worker directory as it is on this rank's worker (WORKER_HOME moved to its home).
+        let on_worker = |dir: &str| worker.map_or_else(|| dir.to_owned(), |w| w.path(dir));
         let mut mounts = Vec::new();
         match &s.weights {
             Weights::DeepSeek {
@@ -296,8 +306,8 @@ impl Config {
                     mounts.push(volume(nfs_volume_model, "/model"));
                     mounts.push(volume(nfs_volume_engram, "/engram-src"));
                 } else {
-                    mounts.push(bind(worker_model_dir, "/model", true));
-                    mounts.push(bind(worker_engram_dir, "/engram-src", true));
+                    mounts.push(bind(&on_worker(worker_model_dir), "/model", true));
+                    mounts.push(bind(&on_worker(worker_engram_dir), "/engram-src", true));
                 }
             }
             Weights::Glm {
@@ -305,11 +315,8 @@ impl Config {
                 worker_hf_home,
                 ..
             } => {
-                mounts.push(bind(
-                    if head { hf_home } else { worker_hf_home },
-                    "/root/.cache/huggingface",
-                    false,
-                ));
+                let source = if head { hf_home.clone() } else { on_worker(worker_hf_home) };
+                mounts.push(bind(&source, "/root/.cache/huggingface", false));
             }
         }
         let (vllm_cache, triton, tilelang) = if head {
@@ -319,7 +326,7 @@ impl Config {
                 s.tilelang_host_cache.clone(),
             )
         } else {
-            let w = &s.worker_vllm_cache;
+            let w = &on_worker(&s.worker_vllm_cache);
             (w.clone(), format!("{w}/triton"), format!("{w}/tilelang"))
         };
         mounts.push(bind(&vllm_cache, "/root/.cache/vllm", false));
@@ -330,16 +337,13 @@ impl Config {
             let source = if head {
                 template.display().to_string()
             } else {
-                format!("{}/chat_template.jinja", s.worker_vllm_cache)
+                format!("{}/chat_template.jinja", on_worker(&s.worker_vllm_cache))
             };
             mounts.push(bind(&source, &self.chat_template_target(), true));
         }
         if let Some(nccl) = &self.serving.host_nccl {
-            mounts.push(bind(
-                if head { &nccl.head_dir } else { &nccl.worker_dir },
-                "/nccl",
-                true,
-            ));
+            let source = if head { nccl.head_dir.clone() } else { on_worker(&nccl.worker_dir) };
+            mounts.push(bind(&source, "/nccl", true));
         }
         mounts
     }
@@ -444,6 +448,9 @@ impl Config {
         push(&["serve", &model, "--served-model-name", &s.served_model_name]);
         push(&["--host", "127.0.0.1", "--port", &port]);
         push(&["--tensor-parallel-size", &s.tp.to_string()]);
+        if s.pp > 1 {
+            push(&["--pipeline-parallel-size", &s.pp.to_string()]);
+        }
         if s.nnodes > 1 {
             let head = self.nodes.head_ip.to_string();
             let master = self.ports.master.to_string();

@@ -164,17 +164,23 @@ impl<'a> Resolver<'a> {
         out
     }
 
+    /// A user's home on a worker: this process's $HOME for the local user, else /home/<user>.
+    pub(crate) fn home_of(&self, user: &str) -> String {
+        if user == self.layers.host("USER", "root") {
+            self.layers.host("HOME", "/root")
+        } else {
+            format!("/home/{user}")
+        }
+    }
+
     fn derive(&self, name: &str) -> String {
         match name {
             "DEPLOY_DIR" => self.layers.deploy_dir.clone(),
-            "WORKER_HOME" => {
-                let user = self.value("WORKER_USER");
-                if user == self.layers.host("USER", "root") {
-                    self.layers.host("HOME", "/root")
-                } else {
-                    format!("/home/{user}")
-                }
-            }
+            "WORKER_HOME" => self.home_of(&self.value("WORKER_USER")),
+            "NNODES" => match pairs_of(&self.value("WORKERS")) {
+                0 => "2".into(),
+                n => (n + 1).to_string(),
+            },
             "MAX_NUM_SEQS" => {
                 let modes = spec::mode_defs(self.profile);
                 let active = self.value("SPEC_METHOD").parse::<SpecMethod>().ok();
@@ -190,6 +196,11 @@ impl<'a> Resolver<'a> {
             other => unreachable!("no derivation for {other}"),
         }
     }
+}
+
+/// How many comma-separated items a list value has (empty items dropped).
+fn pairs_of(raw: &str) -> usize {
+    raw.split(',').filter(|item| !item.trim().is_empty()).count()
 }
 
 /// `org/name` → `models--org--name`, the Hugging Face cache directory of a repository.

@@ -40,6 +40,9 @@ pub(crate) enum Rule {
     EffortMap,
     /// Comma-separated `client=weight` pairs, each weight an integer 1..=1000.
     ClientWeights,
+    /// Comma-separated workers, each `[user@]address[:ssh-port]` (an IPv6 address in brackets
+    /// when a port follows).
+    Workers,
     /// One of the profile's speculation modes.
     SpecMode,
     /// Empty (unset), or the inner rule.
@@ -74,6 +77,7 @@ impl Rule {
                 .enumerate()
                 .filter_map(|(i, p)| weight_pair(p).err().map(|e| format!("pair {} {e}", i + 1)))
                 .collect(),
+            Workers => pairs(raw).filter_map(|w| worker_entry(w).err()).collect(),
             _ => self.check_one(raw, profile).err().into_iter().collect(),
         }
     }
@@ -104,7 +108,7 @@ impl Rule {
                 Ok(serde_json::Value::Object(_))
             ),
             SpecMode => spec::mode_defs(profile).iter().any(|d| d.method.as_str() == raw),
-            EnvPairs | EffortMap | ClientWeights | Optional(_) | Because(..) => unreachable!("handled by check"),
+            EnvPairs | EffortMap | ClientWeights | Workers | Optional(_) | Because(..) => unreachable!("handled by check"),
         };
         if ok {
             Ok(())
@@ -133,7 +137,7 @@ impl Rule {
                            (LIMIT_MM='{\"image\":4}'), as bash drops unquoted double quotes"
                 .into(),
             SpecMode => format!("must be one of: {}", mode_words(profile).join(", ")),
-            Text | EnvPairs | EffortMap | ClientWeights | Optional(_) | Because(..) => {
+            Text | EnvPairs | EffortMap | ClientWeights | Workers | Optional(_) | Because(..) => {
                 unreachable!("never fails alone")
             }
         }
@@ -160,6 +164,7 @@ impl Rule {
             EnvPairs => "NAME=value,…".into(),
             EffortMap => "from=to,…".into(),
             ClientWeights => "client=weight,… (weight 1..1000)".into(),
+            Workers => "[user@]address[:ssh-port],…".into(),
             SpecMode => ticked(&mode_words(profile)),
             Optional(inner) => format!("empty, or {}", inner.describe(profile)),
             Because(inner, _) => inner.describe(profile),
@@ -224,6 +229,45 @@ pub(crate) fn weight_pair(pair: &str) -> Result<(&str, u32), String> {
         Ok(w) if (1..=MAX_WEIGHT).contains(&w) => Ok((client, w)),
         _ => Err(format!("must have a weight between 1 and {MAX_WEIGHT}")),
     }
+}
+
+/// One entry of WORKERS: `[user@]address[:port]`, `[v6]:port` when an IPv6 address has a port.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct WorkerEntry {
+    pub user: Option<String>,
+    pub ip: std::net::IpAddr,
+    pub port: Option<u16>,
+}
+
+/// Parses one WORKERS entry, or says why it is refused (naming it: an address is no secret).
+pub(crate) fn worker_entry(entry: &str) -> Result<WorkerEntry, String> {
+    let refuse = |why: &str| Err(format!("`{entry}` {why}"));
+    let (user, host) = match entry.rsplit_once('@') {
+        Some((u, h)) if !u.is_empty() && !u.contains(char::is_whitespace) => (Some(u.to_owned()), h),
+        Some(_) => return refuse("must name a user before `@`"),
+        None => (None, entry),
+    };
+    let (addr, port) = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((a, "")) => (a, None),
+            Some((a, p)) if p.starts_with(':') => (a, Some(&p[1..])),
+            _ => return refuse("must close its `[` with `]` (and `:port` after it)"),
+        }
+    } else if host.matches(':').count() == 1 {
+        let (a, p) = host.split_once(':').expect("one colon");
+        (a, Some(p))
+    } else {
+        (host, None)
+    };
+    let Ok(ip) = addr.parse() else {
+        return refuse("must be [user@]address[:ssh-port] with an IP address");
+    };
+    let port = match port.map(|p| p.parse::<u16>()) {
+        None => None,
+        Some(Ok(p)) if p > 0 => Some(p),
+        Some(_) => return refuse("must have an SSH port between 1 and 65535"),
+    };
+    Ok(WorkerEntry { user, ip, port })
 }
 
 /// One `from=to` pair of REASONING_EFFORT_MAP, or why it is refused.
@@ -343,5 +387,25 @@ mod tests {
         assert_eq!(Float(0.0, 1.0).describe(DS), "decimal in (0, 1]");
         assert_eq!(SpecMode.describe(ProfileId::Glm53Flash), "`dflash`, `mtp`, `none`");
         assert_eq!(WordOrInt("stock", 1, 1000).describe(DS), "`stock` or integer 1..1000");
+    }
+
+    #[test]
+    fn worker_entries_take_a_user_an_address_and_a_port() {
+        let e = worker_entry("ops@10.0.0.3:2222").unwrap();
+        assert_eq!((e.user.as_deref(), e.ip.to_string(), e.port), (Some("ops"), "10.0.0.3".into(), Some(2222)));
+        let e = worker_entry("10.0.0.4").unwrap();
+        assert_eq!((e.user, e.port), (None, None));
+        assert_eq!(worker_entry("[fd00::4]:22").unwrap().port, Some(22));
+        assert_eq!(worker_entry("fd00::4").unwrap().ip.to_string(), "fd00::4");
+        assert!(Workers.check("10.0.0.2, ops@10.0.0.3:22,", DS).is_empty());
+        assert_eq!(
+            Workers.check("spark-3,@10.0.0.4,10.0.0.5:0,[fd00::1", DS),
+            [
+                "`spark-3` must be [user@]address[:ssh-port] with an IP address",
+                "`@10.0.0.4` must name a user before `@`",
+                "`10.0.0.5:0` must have an SSH port between 1 and 65535",
+                "`[fd00::1` must close its `[` with `]` (and `:port` after it)",
+            ]
+        );
     }
 }

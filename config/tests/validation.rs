@@ -171,7 +171,20 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "deepseek-v4.1-flash",
         "NNODES",
         "3",
-        "must be an integer between 1 and 2",
+        "must be 1 or 2 without WORKERS: list every worker in WORKERS for more nodes",
+    ),
+    ("deepseek-v4.1-flash", "NNODES", "65", "must be an integer between 1 and 64"),
+    (
+        "glm-5.3-flash",
+        "WORKERS",
+        "10.0.0.2,spark-3",
+        "`spark-3` must be [user@]address[:ssh-port] with an IP address",
+    ),
+    (
+        "glm-5.3-flash",
+        "WORKERS",
+        "10.0.0.2,10.0.0.3,10.0.0.2",
+        "must list each worker once: 10.0.0.2 is listed twice",
     ),
     ("deepseek-v4.1-flash", "ENFORCE_EAGER", "yes", "must be 0 or 1"),
     (

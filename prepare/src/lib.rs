@@ -126,43 +126,52 @@ pub fn download(config: &Config, cli: &HfCli, token: Option<&str>) -> Result<Vec
 
 /// What the nodes need before the first start with RUNTIME=docker, in order: the head's weights
 /// complete (downloaded when AUTO_DOWNLOAD=1; SKIP_DOWNLOAD=1 skips), IMAGE on the head (present,
-/// pulled or built), the same image on the worker (shipped unless SKIP_SHIP=1), and the worker's
-/// weights (WEIGHT_SYNC: rsync by marker, nfs volumes; SKIP_SYNC=1 skips). Each step is a no-op
-/// when its work is done already, so a second start costs a few round trips.
+/// pulled or built), then for each worker on another machine, in rank order: the same image
+/// (shipped unless SKIP_SHIP=1) and its weights (WEIGHT_SYNC: rsync by marker, nfs volumes;
+/// SKIP_SYNC=1 skips). Each step is a no-op when its work is done already, so a second start
+/// costs a few round trips.
 pub async fn for_start(
     config: &Config,
     head: &sparkgate_docker::Node,
-    worker: Option<&sparkgate_docker::Node>,
+    remotes: &[verify::Remote],
     report: &dyn progress::Report,
 ) -> Result<(), PrepareError> {
-    let p = &config.preparation;
-    if !p.skip_download {
+    if !config.preparation.skip_download {
         weights_gate(config, report).await?;
     }
     let id = image::ensure_on_head(config, head, report).await?;
-    let Some(worker) = worker else {
-        return Ok(());
-    };
-    ship::ship(config, head, worker, &id, report).await?;
-    if p.skip_sync {
-        return Ok(());
+    for remote in remotes {
+        if remotes.len() > 1 {
+            report.line(&format!("{} ({}):", remote.worker.label, remote.worker.ssh));
+        }
+        ship::ship(config, head, &remote.node, &remote.worker, &id, report).await?;
+        if !config.preparation.skip_sync {
+            worker_weights(config, remote, report).await?;
+        }
     }
+    Ok(())
+}
+
+/// One worker's weights as WEIGHT_SYNC says: rsync by marker, or its NFS volumes.
+async fn worker_weights(config: &Config, remote: &verify::Remote, report: &dyn progress::Report) -> Result<(), PrepareError> {
     match config.storage.weight_sync {
         sparkgate_config::WeightSync::Rsync => {
-            for plan in sync::plans(config) {
-                let (c, force) = (config.clone(), config.storage.force_sync);
+            for plan in sync::plans(config, &remote.worker) {
+                let (c, w, force) = (config.clone(), remote.worker.clone(), config.storage.force_sync);
                 let name = plan.name;
-                let done = tokio::task::spawn_blocking(move || sync::sync(&c, &plan, force))
+                let done = tokio::task::spawn_blocking(move || sync::sync(&c, &w, &plan, force))
                     .await
                     .map_err(|e| PrepareError::Local(e.to_string()))??;
-                report.line(&format!("weights {name}: {done:?} on the worker"));
+                report.line(&format!("weights {name}: {done:?} on the {}", remote.worker.label));
             }
         }
         sparkgate_config::WeightSync::Nfs => {
+            let p = &config.preparation;
             let server = p.nfs.as_ref().map(|n| n.server_ip.to_string()).unwrap_or_default();
-            for (v, created) in share::ensure_worker_volumes(config, worker).await? {
+            for (v, created) in share::ensure_worker_volumes(config, &remote.node).await? {
                 report.line(&format!(
-                    "weights: worker volume {} {} (NFS {server}:/{})",
+                    "weights: {} volume {} {} (NFS {server}:/{})",
+                    remote.worker.label,
                     v.name,
                     if created { "created" } else { "up to date" },
                     v.export

@@ -9,6 +9,7 @@ use sparkgate_docker::Node;
 
 use crate::progress::Report;
 use crate::sync::quote;
+use crate::verify::Remote;
 use crate::PrepareError;
 
 /// What [`pack`] did for one rank.
@@ -31,11 +32,12 @@ fn in_progress(dir: &str, rank: u32, tp: u32) -> String {
     format!("{}/.sparkgate-packing-r{rank}of{tp}", dir.trim_end_matches('/'))
 }
 
-fn packed_dir(config: &Config, node: NodeRole) -> Option<&str> {
+/// Where `rank`'s packed files live: HEAD_PACKED_DIR for rank 0, WORKER_PACKED_DIR on its worker.
+fn packed_dir(config: &Config, rank: u32) -> Option<String> {
     let pack = config.preparation.pack.as_ref()?;
-    Some(match node {
-        NodeRole::Head => &pack.head_dir,
-        NodeRole::Worker => &pack.worker_dir,
+    Some(match config.nodes.worker(rank) {
+        None => pack.head_dir.clone(),
+        Some(w) => w.path(&pack.worker_dir),
     })
 }
 
@@ -55,11 +57,14 @@ async fn is_packed(node: &Node, dir: &str, rank: u32, tp: u32) -> Result<bool, P
     Ok(out.trim() == "yes")
 }
 
-/// Each rank with its role and the node it runs on: rank 0 on the head, rank 1 on the worker —
-/// or on the head too when the worker is this machine (no remote worker).
-pub fn rank_nodes<'a>(config: &Config, head: &'a Node, worker: Option<&'a Node>) -> Vec<(u32, NodeRole, &'a Node)> {
-    let mut nodes = vec![(0, NodeRole::Head, head), (1, NodeRole::Worker, worker.unwrap_or(head))];
-    nodes.truncate(config.serving.nnodes as usize);
+/// Each rank with its role and the node it runs on: rank 0 on the head, rank r on its worker's
+/// daemon (`remotes`) — or on the head too when that worker is this machine.
+pub fn rank_nodes<'a>(config: &Config, head: &'a Node, remotes: &'a [Remote]) -> Vec<(u32, NodeRole, &'a Node)> {
+    let mut nodes = vec![(0, NodeRole::Head, head)];
+    for w in &config.nodes.workers {
+        let node = remotes.iter().find(|r| r.worker.rank == w.rank).map_or(head, |r| &r.node);
+        nodes.push((w.rank, NodeRole::Worker, node));
+    }
     nodes
 }
 
@@ -69,10 +74,10 @@ pub async fn packed_ranks(
     nodes: &[(u32, NodeRole, &Node)],
 ) -> Result<Vec<(u32, String)>, PrepareError> {
     let mut out = Vec::new();
-    for (rank, role, node) in nodes {
-        if let Some(dir) = packed_dir(config, *role) {
-            if is_packed(node, dir, *rank, config.serving.tp).await? {
-                out.push((*rank, dir.to_owned()));
+    for (rank, _, node) in nodes {
+        if let Some(dir) = packed_dir(config, *rank) {
+            if is_packed(node, &dir, *rank, config.serving.tp).await? {
+                out.push((*rank, dir));
             }
         }
     }
@@ -95,7 +100,7 @@ pub async fn pack(
     let plan = &config.plan();
     let tp = config.serving.tp;
     let jobs = nodes.iter().map(|(rank, role, node)| async move {
-        let dir = packed_dir(config, *role).expect("pack is configured");
+        let dir = &packed_dir(config, *rank).expect("pack is configured");
         if is_packed(node, dir, *rank, tp).await? {
             report.line(&format!(
                 "pack rank {rank} ({}): {} exists; skipped",
@@ -137,7 +142,7 @@ pub async fn pack(
             ]
             .map(str::to_owned),
         );
-        let source = engram_source(config, *role)
+        let source = engram_source(config, *rank)
             .ok_or_else(|| PrepareError::Local(format!("profile {} has no Engram shards", config.profile)))?;
         spec.mounts = vec![
             source,
@@ -190,7 +195,7 @@ pub async fn pack(
 }
 
 /// The Engram shards as the node's packer reads them at /models.
-fn engram_source(config: &Config, role: NodeRole) -> Option<Mount> {
+fn engram_source(config: &Config, rank: u32) -> Option<Mount> {
     let Weights::DeepSeek {
         engram_src,
         nfs_volume_engram,
@@ -200,19 +205,19 @@ fn engram_source(config: &Config, role: NodeRole) -> Option<Mount> {
     else {
         return None;
     };
-    Some(match role {
-        NodeRole::Head => Mount::Bind {
+    Some(match config.nodes.worker(rank) {
+        None => Mount::Bind {
             source: engram_src.clone(),
             target: "/models".into(),
             read_only: true,
         },
-        NodeRole::Worker if config.storage.weight_sync == WeightSync::Nfs => Mount::Volume {
+        Some(_) if config.storage.weight_sync == WeightSync::Nfs => Mount::Volume {
             name: nfs_volume_engram.clone(),
             target: "/models".into(),
             read_only: true,
         },
-        NodeRole::Worker => Mount::Bind {
-            source: worker_engram_dir.clone(),
+        Some(w) => Mount::Bind {
+            source: w.path(worker_engram_dir),
             target: "/models".into(),
             read_only: true,
         },

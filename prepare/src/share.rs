@@ -75,11 +75,23 @@ pub fn nfs_exports(config: &Config, export_root: &str) -> Vec<String> {
     let Some(nfs) = &config.preparation.nfs else {
         return Vec::new();
     };
-    let mut lines = vec![format!("{export_root} {}({NFS_EXPORT_OPTS})", nfs.clients)];
+    // One `client(options)` per NFS_CLIENTS item: exports(5) gives each client its own options.
+    let each = |opts: &str| -> String {
+        let items: Vec<String> = nfs
+            .clients
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(|c| format!("{c}({opts})"))
+            .collect();
+        items.join(" ")
+    };
+    let mut lines = vec![format!("{export_root} {}", each(NFS_EXPORT_OPTS))];
     for v in nfs_volumes(config) {
         lines.push(format!(
-            "{export_root}/{} {}(ro,sync,no_subtree_check,no_root_squash,insecure)",
-            v.export, nfs.clients
+            "{export_root}/{} {}",
+            v.export,
+            each("ro,sync,no_subtree_check,no_root_squash,insecure")
         ));
     }
     lines
@@ -92,13 +104,16 @@ pub fn zfs_commands(config: &Config, snapshot: &str, previous: Option<&str>) -> 
         return Vec::new();
     };
     let incremental = previous.map_or(String::new(), |p| format!("-i @{p} "));
-    vec![
-        format!("zfs snapshot {}@{snapshot}", zfs.head_model),
-        format!(
-            "zfs send -c {incremental}{}@{snapshot} | ssh {} zfs receive -F {}",
-            zfs.head_model, config.nodes.worker_ssh, zfs.worker_model
-        ),
-    ]
+    let mut commands = vec![format!("zfs snapshot {}@{snapshot}", zfs.head_model)];
+    // One send per worker: each receives the same snapshot into its own dataset.
+    for w in &config.nodes.workers {
+        let port = if w.ssh_port == 22 { String::new() } else { format!("-p {} ", w.ssh_port) };
+        commands.push(format!(
+            "zfs send -c {incremental}{}@{snapshot} | ssh {port}{} zfs receive -F {}",
+            zfs.head_model, w.ssh, zfs.worker_model
+        ));
+    }
+    commands
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Instant;
 
 use futures_util::StreamExt;
-use sparkgate_config::{Config, ImageShip};
+use sparkgate_config::{Config, ImageShip, Worker};
 use sparkgate_docker::{ImageIdentity, Node};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -38,11 +38,13 @@ pub enum Shipped {
     },
 }
 
-/// Ships IMAGE (whose head identity is `head_id`) to the worker unless it has the same image.
+/// Ships IMAGE (whose head identity is `head_id`) to a worker (`w`, whose daemon is `worker`)
+/// unless it has the same image.
 pub async fn ship(
     config: &Config,
     head: &Node,
     worker: &Node,
+    w: &Worker,
     head_id: &ImageIdentity,
     report: &dyn Report,
 ) -> Result<Shipped, PrepareError> {
@@ -109,7 +111,7 @@ pub async fn ship(
         },
     };
     let shipped = match staging {
-        Some(staging) => staged(config, head, worker, head_id, staging.resumed_from, report).await?,
+        Some(staging) => staged(config, head, (worker, w), head_id, staging.resumed_from, report).await?,
         None => stream(head, worker, image, head_id, report).await?,
     };
     match worker.image_identity(image).await? {
@@ -346,7 +348,7 @@ fn worker_tar(config: &Config, id: &ImageIdentity) -> String {
 async fn staged(
     config: &Config,
     head: &Node,
-    worker: &Node,
+    (worker, w): (&Node, &Worker),
     id: &ImageIdentity,
     resumed_from: u64,
     report: &dyn Report,
@@ -367,10 +369,10 @@ async fn staged(
         report.line(&format!(
             "image {image}: copying {} to {}:{remote}",
             human_bytes(size),
-            config.nodes.worker_ssh
+            w.ssh
         ));
     }
-    let sent = rsync(config, &local, &remote, size, report).await?;
+    let sent = rsync(config, w, &local, &remote, size, report).await?;
     report.line(&format!("image {image}: loading on the worker"));
     let load = format!(
         "docker -H {} load -i {}",
@@ -456,6 +458,7 @@ async fn export_tar(
 /// into `report`; returns the bytes rsync sent.
 async fn rsync(
     config: &Config,
+    w: &Worker,
     local: &Path,
     remote: &str,
     size: u64,
@@ -471,13 +474,13 @@ async fn rsync(
         // A link that dies without a reset must fail the transfer (so a rerun resumes), not hang.
         "--timeout=120".to_owned(),
         "-e".to_owned(),
-        ssh_argv(config).join(" "),
+        ssh_argv(config, w).join(" "),
     ];
     if bwlimit > 0 {
         argv.push(format!("--bwlimit={bwlimit}"));
     }
     argv.push(local.display().to_string());
-    argv.push(format!("{}:{remote}", config.nodes.worker_ssh));
+    argv.push(format!("{}:{remote}", w.ssh));
     let command = format!("rsync {}", argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "));
     let mut child = tokio::process::Command::new("rsync")
         .args(&argv)

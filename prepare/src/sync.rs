@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use sparkgate_config::{Config, KnownHosts, Weights};
+use sparkgate_config::{Config, KnownHosts, Weights, Worker};
 
 use crate::PrepareError;
 
@@ -29,8 +29,8 @@ pub enum Synced {
     Copied,
 }
 
-/// The trees the profile mirrors, with their markers computed from the head's copy.
-pub fn plans(config: &Config) -> Vec<SyncPlan> {
+/// The trees the profile mirrors onto `worker`, with their markers computed from the head's copy.
+pub fn plans(config: &Config, worker: &Worker) -> Vec<SyncPlan> {
     match &config.storage.weights {
         Weights::DeepSeek {
             model_host,
@@ -43,14 +43,14 @@ pub fn plans(config: &Config) -> Vec<SyncPlan> {
                 name: "model",
                 marker: file_list_marker(Path::new(model_host)),
                 src: model_host.into(),
-                dest: worker_model_dir.clone(),
+                dest: worker.path(worker_model_dir),
                 marker_file: ".dsv41-exl3-synced",
             },
             SyncPlan {
                 name: "engram",
                 marker: file_list_marker(Path::new(engram_dir)),
                 src: engram_dir.into(),
-                dest: worker_engram_dir.clone(),
+                dest: worker.path(worker_engram_dir),
                 marker_file: ".dsv41-engram-synced",
             },
         ],
@@ -63,7 +63,7 @@ pub fn plans(config: &Config) -> Vec<SyncPlan> {
         } => vec![SyncPlan {
             name: "model",
             src: Path::new(hf_home).join("hub").join(cache_name),
-            dest: format!("{worker_hf_home}/hub/{cache_name}"),
+            dest: format!("{}/hub/{cache_name}", worker.path(worker_hf_home)),
             marker_file: ".glm53-exl3-synced",
             marker: revision.clone(),
         }],
@@ -92,10 +92,11 @@ fn file_list_marker(dir: &Path) -> String {
     entries.join("|")
 }
 
-/// `ssh` with the configured port, key, host-key policy and timeout, non-interactive.
-pub fn ssh_argv(config: &Config) -> Vec<String> {
+/// `ssh` with the worker's port and the configured key, host-key policy and timeout,
+/// non-interactive.
+pub fn ssh_argv(config: &Config, worker: &Worker) -> Vec<String> {
     let s = &config.nodes.ssh;
-    let mut a: Vec<String> = vec!["ssh".into(), "-p".into(), s.port.to_string()];
+    let mut a: Vec<String> = vec!["ssh".into(), "-p".into(), worker.ssh_port.to_string()];
     if let Some(k) = &s.keyfile {
         a.extend(["-i".into(), k.display().to_string()]);
     }
@@ -128,9 +129,9 @@ pub(crate) fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-fn remote(config: &Config, script: &str) -> Result<String, PrepareError> {
-    let argv = ssh_argv(config);
-    let target = &config.nodes.worker_ssh;
+fn remote(config: &Config, worker: &Worker, script: &str) -> Result<String, PrepareError> {
+    let argv = ssh_argv(config, worker);
+    let target = &worker.ssh;
     let out = Command::new(&argv[0])
         .args(&argv[1..])
         .arg(target)
@@ -154,18 +155,17 @@ const NOT_WRITABLE: &str = "SPARKGATE_NOT_WRITABLE";
 
 /// Mirrors one tree unless the worker's marker says it is current (`force` copies anyway).
 /// The destination must be writable by the SSH user; otherwise the error carries the fix.
-pub fn sync(config: &Config, plan: &SyncPlan, force: bool) -> Result<Synced, PrepareError> {
+pub fn sync(config: &Config, worker: &Worker, plan: &SyncPlan, force: bool) -> Result<Synced, PrepareError> {
     let dest = quote(&plan.dest);
     let marker_path = quote(&format!("{}/{}", plan.dest, plan.marker_file));
     let probe = format!(
         "mkdir -p {dest} 2>/dev/null; if [ ! -w {dest} ]; then echo {NOT_WRITABLE}; exit 0; fi; cat {marker_path} 2>/dev/null || true"
     );
-    let seen = remote(config, &probe)?;
+    let seen = remote(config, worker, &probe)?;
     if seen.trim() == NOT_WRITABLE {
-        let user = config.nodes.worker_ssh.split('@').next().unwrap_or("$USER").to_owned();
         return Err(PrepareError::NotWritable {
-            target: config.nodes.worker_ssh.clone(),
-            fix: format!("sudo mkdir -p {dest} && sudo chown -R {user} {dest}"),
+            target: worker.ssh.clone(),
+            fix: format!("sudo mkdir -p {dest} && sudo chown -R {} {dest}", worker.user),
             dest: plan.dest.clone(),
         });
     }
@@ -178,13 +178,13 @@ pub fn sync(config: &Config, plan: &SyncPlan, force: bool) -> Result<Synced, Pre
         "--info=progress2".to_owned(),
         "--timeout=120".to_owned(),
         "-e".to_owned(),
-        ssh_argv(config).join(" "),
+        ssh_argv(config, worker).join(" "),
         format!("{}/", plan.src.display()),
-        format!("{}:{}/", config.nodes.worker_ssh, plan.dest),
+        format!("{}:{}/", worker.ssh, plan.dest),
     ];
     let rsync = format!("rsync {}", argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "));
     crate::run_to_success(Command::new("rsync").args(&argv), &rsync)?;
-    remote(config, &format!("printf %s {} > {marker_path}", quote(&plan.marker)))?;
+    remote(config, worker, &format!("printf %s {} > {marker_path}", quote(&plan.marker)))?;
     Ok(Synced::Copied)
 }
 

@@ -4,37 +4,52 @@
 use std::path::Path;
 
 use futures_util::StreamExt;
-use sparkgate_config::{Config, RankPlan};
+use sparkgate_config::{Config, RankPlan, Worker};
 use sparkgate_docker::{Node, SshTarget};
 
 use crate::PrepareError;
 
-/// How to reach the worker when it is another machine (its address differs from the head's).
-pub fn ssh_target(config: &Config) -> Option<SshTarget> {
-    if config.serving.nnodes < 2 || !config.nodes.worker_is_remote() {
-        return None;
-    }
+/// How SSH reaches `worker` (its Docker socket forwarded for RUNTIME=docker).
+pub fn ssh_target(config: &Config, worker: &Worker) -> SshTarget {
     let ssh = &config.nodes.ssh;
-    Some(SshTarget {
-        destination: config.nodes.worker_ssh.clone(),
-        port: ssh.port,
+    SshTarget {
+        destination: worker.ssh.clone(),
+        port: worker.ssh_port,
         keyfile: ssh.keyfile.clone(),
         known_hosts: ssh.known_hosts,
         known_hosts_file: ssh.known_hosts_file.clone(),
         connect_timeout: ssh.connect_timeout,
         remote_socket: ssh.worker_docker_socket.clone(),
         control_dir: ssh.control_dir.clone(),
-    })
+    }
 }
 
-/// The head's Docker daemon and, when the worker is another machine, its daemon over SSH.
-pub async fn connect(config: &Config) -> Result<(Node, Option<Node>), PrepareError> {
+/// A worker on another machine and its Docker daemon, reached over SSH.
+#[derive(Clone)]
+pub struct Remote {
+    pub worker: Worker,
+    pub node: Node,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote").field("worker", &self.worker).finish_non_exhaustive()
+    }
+}
+
+/// The head's Docker daemon and the daemon of every worker on another machine (its address
+/// differs from the head's), in rank order.
+pub async fn connect(config: &Config) -> Result<(Node, Vec<Remote>), PrepareError> {
     let head = Node::local("head", &config.supervision.docker_socket).await?;
-    let worker = match ssh_target(config) {
-        Some(t) => Some(Node::over_ssh("worker", &t).await?),
-        None => None,
-    };
-    Ok((head, worker))
+    let mut remotes = Vec::new();
+    for w in config.nodes.remote_workers() {
+        let node = Node::over_ssh(&w.label, &ssh_target(config, w)).await?;
+        remotes.push(Remote {
+            worker: w.clone(),
+            node,
+        });
+    }
+    Ok((head, remotes))
 }
 
 /// The image's self-check: `argv` in a throwaway container made from rank 0's spec (same image,

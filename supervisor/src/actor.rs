@@ -304,11 +304,13 @@ impl Actor {
     }
 
     async fn watch(&mut self, epoch: u64) {
-        let worker = match self.starter.backend.worker() {
-            Some(link) => link.node().await.ok(),
-            None => None,
-        };
-        let sampler = Sampler::start(self.starter.probe.clone(), self.setup.meminfo.clone(), worker);
+        let mut workers = Vec::new();
+        for link in self.starter.backend.workers() {
+            if let Ok(node) = link.node().await {
+                workers.push((link.label.clone(), node));
+            }
+        }
+        let sampler = Sampler::start(self.starter.probe.clone(), self.setup.meminfo.clone(), workers);
         self.watching = Some(Watching {
             epoch,
             sampler,

@@ -33,17 +33,22 @@ pub use status::{GroupState, LastRestart, NodeMemory, RankStatus, Status};
 
 use sparkgate_prepare::verify::ssh_target;
 
-/// Preflight on the worker over SSH: enough MemAvailable for a rank (weights + boot margin).
-async fn check_worker_memory(config: &Config, worker: &sparkgate_docker::Node) -> Result<(), SupervisorError> {
+/// Preflight on a worker over SSH: enough MemAvailable for a rank (weights + boot margin).
+async fn check_worker_memory(
+    config: &Config,
+    w: &sparkgate_config::Worker,
+    worker: &sparkgate_docker::Node,
+) -> Result<(), SupervisorError> {
     let s = &config.supervision;
     let (Some(weights), Some(margin)) = (s.weights_gib_per_rank, s.boot_margin_gib) else {
         return Ok(());
     };
     match worker.mem_available_gib(&s.meminfo_path).await {
         Some(avail) if avail < weights + margin => Err(SupervisorError::Preflight(format!(
-            "worker: MemAvailable is {avail:.1} GiB but a rank needs {:.1} GiB ({weights} GiB of weights + BOOT_MARGIN_GIB {margin}); \
-             stop other workloads on the worker, or set BOOT_MARGIN_GIB= to skip this check",
-            weights + margin
+            "{label}: MemAvailable is {avail:.1} GiB but a rank needs {:.1} GiB ({weights} GiB of weights + BOOT_MARGIN_GIB {margin}); \
+             stop other workloads on the {label}, or set BOOT_MARGIN_GIB= to skip this check",
+            weights + margin,
+            label = w.label
         ))),
         _ => Ok(()),
     }
@@ -69,38 +74,35 @@ impl SupervisorHandle {
                 // What an earlier gateway left running would fail the port checks.
                 leftovers::remove(&config.supervision.log_dir);
                 preflight::check(config)?;
-                let worker = match ssh_target(config) {
-                    Some(target) => {
-                        let node = sparkgate_docker::Node::ssh_only("worker", &target).await?;
-                        check_worker_memory(config, &node).await?;
-                        Some(std::sync::Arc::new(rank::WorkerLink::new(target, node, false)))
-                    }
-                    None => None,
-                };
+                let mut workers = Vec::new();
+                for w in config.nodes.remote_workers() {
+                    let target = ssh_target(config, w);
+                    let node = sparkgate_docker::Node::ssh_only(&w.label, &target).await?;
+                    check_worker_memory(config, w, &node).await?;
+                    workers.push(std::sync::Arc::new(rank::WorkerLink::new(w, target, node, false)));
+                }
                 rank::Backend::Process {
                     bin: config.supervision.vllm_bin.clone(),
-                    worker,
+                    workers,
                 }
             }
             Runtime::Docker => {
                 let head = sparkgate_docker::Node::local("head", &config.supervision.docker_socket).await?;
-                let worker = match ssh_target(config) {
-                    Some(target) => {
-                        let node = sparkgate_docker::Node::over_ssh("worker", &target).await?;
-                        Some((target, node))
-                    }
-                    None => None,
-                };
+                let mut remotes = Vec::new();
+                for w in config.nodes.remote_workers() {
+                    let node = sparkgate_docker::Node::over_ssh(&w.label, &ssh_target(config, w)).await?;
+                    remotes.push(sparkgate_prepare::verify::Remote { worker: w.clone(), node });
+                }
                 sparkgate_prepare::image::obtainable_on_head(config, &head)
                     .await
                     .map_err(|e| SupervisorError::Preflight(format!("head: {e}")))?;
                 // Packed Engram files present on a node are mounted into its rank (DeepSeek).
-                let nodes = sparkgate_prepare::pack::rank_nodes(config, &head, worker.as_ref().map(|(_, w)| w));
+                let nodes = sparkgate_prepare::pack::rank_nodes(config, &head, &remotes);
                 packed = sparkgate_prepare::pack::packed_ranks(config, &nodes)
                     .await
                     .map_err(|e| SupervisorError::Preflight(e.to_string()))?;
-                if let Some((_, w)) = &worker {
-                    check_worker_memory(config, w).await?;
+                for r in &remotes {
+                    check_worker_memory(config, &r.worker, &r.node).await?;
                 }
                 // A running group of ours holds the ports: adoption decides, not preflight.
                 if head
@@ -110,10 +112,14 @@ impl SupervisorHandle {
                 {
                     preflight::check(config)?;
                 }
-                rank::Backend::Docker {
-                    head,
-                    worker: worker.map(|(t, n)| std::sync::Arc::new(rank::WorkerLink::new(t, n, true))),
-                }
+                let workers = remotes
+                    .into_iter()
+                    .map(|r| {
+                        let target = ssh_target(config, &r.worker);
+                        std::sync::Arc::new(rank::WorkerLink::new(&r.worker, target, r.node, true))
+                    })
+                    .collect();
+                rank::Backend::Docker { head, workers }
             }
         };
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);

@@ -10,11 +10,11 @@ use sparkgate_config::RankPlan;
 /// node, so the GPU driver sees the memory as free (unified memory counts page cache as used).
 /// Needs root on the node; otherwise it is skipped with a note.
 pub(crate) async fn drop_page_cache(backend: &crate::rank::Backend) {
-    let crate::rank::Backend::Docker { head, worker } = backend else {
+    let crate::rank::Backend::Docker { head, workers } = backend else {
         return;
     };
     let mut nodes = vec![head.clone()];
-    if let Some(w) = worker {
+    for w in workers {
         nodes.extend(w.node().await.ok());
     }
     const SCRIPT: &str = "if [ \"$(id -u)\" != 0 ]; then echo 'skipped: not root'; \
@@ -39,14 +39,16 @@ pub(crate) async fn prepare_nodes(
     log_dir: &Path,
     report: &dyn sparkgate_prepare::progress::Report,
 ) -> Result<(), String> {
-    let crate::rank::Backend::Docker { head, worker } = backend else {
+    let crate::rank::Backend::Docker { head, workers } = backend else {
         return Ok(());
     };
-    let worker = match worker {
-        Some(w) => Some(w.node().await.map_err(|e| e.to_string())?),
-        None => None,
-    };
-    sparkgate_prepare::for_start(config, head, worker.as_ref(), report)
+    let mut remotes = Vec::new();
+    for link in workers {
+        let worker = config.nodes.worker(link.rank).expect("a link per configured worker").clone();
+        let node = link.node().await.map_err(|e| e.to_string())?;
+        remotes.push(sparkgate_prepare::verify::Remote { worker, node });
+    }
+    sparkgate_prepare::for_start(config, head, &remotes, report)
         .await
         .map_err(|e| format!("node preparation: {e}"))?;
     if let (false, Some(rank0)) = (self_check_cmd.is_empty(), rank0) {

@@ -353,9 +353,14 @@ fn which_setpriv() -> Option<&'static str> {
     })
 }
 
-/// The worker's Docker daemon over SSH, reconnected when the session has died.
+/// A remote worker's Docker daemon (or command channel) over SSH, reconnected when the session
+/// has died.
 #[derive(Debug)]
 pub(crate) struct WorkerLink {
+    /// The rank the worker runs.
+    pub(crate) rank: u32,
+    /// How logs and status name it (`worker`, `worker 2`).
+    pub(crate) label: String,
     target: SshTarget,
     node: tokio::sync::Mutex<Option<Node>>,
     /// Forward the worker's Docker socket (docker runtime) or only run commands (process).
@@ -363,8 +368,10 @@ pub(crate) struct WorkerLink {
 }
 
 impl WorkerLink {
-    pub(crate) fn new(target: SshTarget, node: Node, docker: bool) -> Self {
+    pub(crate) fn new(worker: &sparkgate_config::Worker, target: SshTarget, node: Node, docker: bool) -> Self {
         Self {
+            rank: worker.rank,
+            label: worker.label.clone(),
             target,
             node: tokio::sync::Mutex::new(Some(node)),
             docker,
@@ -377,13 +384,13 @@ impl WorkerLink {
             if n.connected().await {
                 return Ok(n.clone());
             }
-            tracing::warn!(destination = %self.target.destination, "the worker's SSH session is gone; reconnecting");
+            tracing::warn!(node = %self.label, destination = %self.target.destination, "the worker's SSH session is gone; reconnecting");
         }
         *guard = None;
         let n = if self.docker {
-            Node::over_ssh("worker", &self.target).await?
+            Node::over_ssh(&self.label, &self.target).await?
         } else {
-            Node::ssh_only("worker", &self.target).await?
+            Node::ssh_only(&self.label, &self.target).await?
         };
         *guard = Some(n.clone());
         Ok(n)
@@ -393,15 +400,16 @@ impl WorkerLink {
 /// How ranks are started.
 #[derive(Debug)]
 pub(crate) enum Backend {
-    /// Local child processes; workers over SSH when `worker` is set.
+    /// Local child processes; the ranks of remote workers (`workers`) over SSH.
     Process {
         bin: String,
-        worker: Option<Arc<WorkerLink>>,
+        workers: Vec<Arc<WorkerLink>>,
     },
-    /// Rank 0 on the head's daemon; workers on `worker` (over SSH) or, without it, the head's.
+    /// Rank 0 on the head's daemon; each remote worker's rank on its daemon (`workers`, over
+    /// SSH), a worker on the head's address on the head's daemon.
     Docker {
         head: Node,
-        worker: Option<Arc<WorkerLink>>,
+        workers: Vec<Arc<WorkerLink>>,
     },
 }
 
@@ -414,32 +422,34 @@ impl Backend {
     }
 
     pub(crate) async fn start(&self, plan: &RankPlan, to: Reporting<'_>) -> Result<Rank, SupervisorError> {
-        match self {
-            Backend::Process { bin, worker: Some(w) } if plan.rank > 0 => Rank::spawn_remote(w, bin, plan, to).await,
-            Backend::Process { bin, .. } => Rank::spawn_process(bin, plan, to).await,
-            Backend::Docker { head, worker } => {
-                let node = match worker {
-                    Some(w) if plan.rank > 0 => w.node().await?,
-                    _ => head.clone(),
-                };
+        match (self, self.link(plan.rank)) {
+            (Backend::Process { bin, .. }, Some(w)) => Rank::spawn_remote(w, bin, plan, to).await,
+            (Backend::Process { bin, .. }, None) => Rank::spawn_process(bin, plan, to).await,
+            (Backend::Docker { .. }, _) => {
+                let node = self.node_for(plan.rank).await.expect("docker runtime")?;
                 Rank::start_container(&node, plan, to, None).await
             }
         }
     }
 
-    /// The SSH link to a remote worker, whichever runtime runs ranks there.
-    pub(crate) fn worker(&self) -> Option<&WorkerLink> {
+    /// The SSH links to the remote workers, in rank order, whichever runtime runs ranks there.
+    pub(crate) fn workers(&self) -> &[Arc<WorkerLink>] {
         match self {
-            Backend::Process { worker, .. } | Backend::Docker { worker, .. } => worker.as_deref(),
+            Backend::Process { workers, .. } | Backend::Docker { workers, .. } => workers,
         }
+    }
+
+    /// The link to the remote worker that runs `rank`, if that worker is another machine.
+    fn link(&self, rank: u32) -> Option<&Arc<WorkerLink>> {
+        self.workers().iter().find(|w| w.rank == rank)
     }
 
     /// The Docker node that runs `rank` (docker runtime only).
     pub(crate) async fn node_for(&self, rank: u32) -> Option<Result<Node, SupervisorError>> {
-        match self {
-            Backend::Docker { worker: Some(w), .. } if rank > 0 => Some(w.node().await),
-            Backend::Docker { head, .. } => Some(Ok(head.clone())),
-            Backend::Process { .. } => None,
+        match (self, self.link(rank)) {
+            (Backend::Docker { .. }, Some(w)) => Some(w.node().await),
+            (Backend::Docker { head, .. }, None) => Some(Ok(head.clone())),
+            (Backend::Process { .. }, _) => None,
         }
     }
 }

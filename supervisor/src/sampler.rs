@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sparkgate_config::NodeRole;
 use sparkgate_docker::Node;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -28,7 +27,9 @@ impl Drop for Sampler {
 }
 
 impl Sampler {
-    pub(crate) fn start(probe: Probe, meminfo: PathBuf, worker: Option<Node>) -> Sampler {
+    /// Samples rank 0's health and progress, and the memory of the head and of `workers` (each
+    /// named as its node is, over SSH).
+    pub(crate) fn start(probe: Probe, meminfo: PathBuf, workers: Vec<(String, Node)>) -> Sampler {
         let (tx, samples) = mpsc::channel(1);
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -38,7 +39,7 @@ impl Sampler {
                 // At once, so a round takes one probe's time at most; every round reads the
                 // engine heartbeat, which must be seen within seconds.
                 let (memory, healthy, progress) = tokio::join!(
-                    sample_memory(&meminfo, worker.as_ref()),
+                    sample_memory(&meminfo, &workers),
                     probe.healthy(),
                     probe.progress()
                 );
@@ -56,17 +57,18 @@ impl Sampler {
     }
 }
 
-/// MemAvailable of the head (MEMINFO_PATH) and, for a worker over SSH, the worker.
-pub(crate) async fn sample_memory(meminfo: &std::path::Path, worker: Option<&Node>) -> Vec<NodeMemory> {
+/// MemAvailable of the head (MEMINFO_PATH) and of each worker over SSH, read at once.
+pub(crate) async fn sample_memory(meminfo: &std::path::Path, workers: &[(String, Node)]) -> Vec<NodeMemory> {
     let mut out = vec![NodeMemory {
-        node: NodeRole::Head,
+        node: "head".into(),
         mem_available_gib: crate::preflight::mem_available_gib(meminfo),
     }];
-    if let Some(node) = worker {
-        out.push(NodeMemory {
-            node: NodeRole::Worker,
+    let reads = workers.iter().map(|(name, node)| async move {
+        NodeMemory {
+            node: name.clone(),
             mem_available_gib: node.mem_available_gib(meminfo).await,
-        });
-    }
+        }
+    });
+    out.extend(futures_util::future::join_all(reads).await);
     out
 }

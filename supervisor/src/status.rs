@@ -94,7 +94,8 @@ pub struct Status {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodeMemory {
-    pub node: NodeRole,
+    /// `head`, `worker`, or `worker <rank>` when the group has several workers.
+    pub node: String,
     pub mem_available_gib: Option<f64>,
 }
 

@@ -233,7 +233,7 @@ mod tests {
     fn sample(avail: f64, healthy: bool, progress: Option<(f64, f64)>) -> Sample {
         Sample {
             memory: vec![NodeMemory {
-                node: sparkgate_config::NodeRole::Worker,
+                node: "worker".into(),
                 mem_available_gib: Some(avail),
             }],
             healthy,

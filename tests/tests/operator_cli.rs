@@ -357,3 +357,44 @@ fn two_demos_run_side_by_side_and_each_removes_its_logs_on_exit() {
         line("VLLM_PORT")
     );
 }
+
+#[test]
+fn the_plan_of_a_four_node_group_gives_each_worker_its_rank_pins_and_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(sparkgate())
+        .args(["plan", "--profile", "glm-5.3-flash"])
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs([
+            ("HOME", "/home/op"),
+            ("USER", "op"),
+            ("HEAD_IP", "127.0.0.1"),
+            ("WORKERS", "127.0.0.2,ops@127.0.0.3:2222,127.0.0.4"),
+            ("WORKER_CX7_IF", "enp1s0f0np0"),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    // Workers first, rank 0 last; one rank per node, each with its own place in the group.
+    let order: Vec<&str> = text.lines().filter(|l| l.starts_with("# rank") && l.contains(" on ")).collect();
+    assert_eq!(
+        order,
+        [
+            "# rank 3 on worker 3 (ssh op@127.0.0.4 port 22)",
+            "# rank 2 on worker 2 (ssh ops@127.0.0.3 port 2222)",
+            "# rank 1 on worker 1 (ssh op@127.0.0.2 port 22)",
+            "# rank 0 on head (local Docker)",
+        ]
+    );
+    for rank in 1..=3 {
+        assert!(text.contains(&format!("--nnodes 4 --node-rank {rank}")), "{text}");
+        assert!(text.contains(&format!("VLLM_HOST_IP=127.0.0.{}", rank + 1)), "{text}");
+    }
+    assert!(text.contains("--tensor-parallel-size 4"), "TP follows NNODES: {text}");
+    assert!(text.contains("/home/ops/.cache/vllm-glm53-flash:/root/.cache/vllm"), "worker 2's home: {text}");
+    assert_eq!(text.matches("--headless").count(), 3 * 2, "each worker's docker run and vLLM command: {text}");
+    let deploy = dir.path().display().to_string();
+    assert_snapshot("operator/plan-four-nodes", &text, &[(deploy.as_str(), "deploy-dir")]);
+}

@@ -228,14 +228,9 @@ impl Builder<'_> {
             hca: b.text(&format!("{side}_CX7_IB")),
             gid_index: b.num(&format!("{side}_GID")),
         };
-        Nodes {
+        let mut nodes = Nodes {
             head_ip: self.ip("HEAD_IP"),
-            worker_ip: self.ip("WORKER_IP"),
-            worker_user: self.text("WORKER_USER"),
-            worker_home: self.text("WORKER_HOME"),
-            worker_ssh: self.text("WORKER_SSH"),
             ssh: SshSettings {
-                port: self.num("WORKER_SSH_PORT"),
                 keyfile: self.opt_text("WORKER_SSH_KEY").map(PathBuf::from),
                 known_hosts: self.choice("SSH_KNOWN_HOSTS"),
                 known_hosts_file: self.opt_text("SSH_KNOWN_HOSTS_FILE").map(PathBuf::from),
@@ -244,8 +239,71 @@ impl Builder<'_> {
                 worker_docker_socket: self.text("WORKER_DOCKER_SOCKET"),
             },
             head_nic: nic(self, "HEAD"),
-            worker_nic: nic(self, "WORKER"),
+            workers: Vec::new(),
+        };
+        let one = Worker {
+            rank: 1,
+            ip: self.ip("WORKER_IP"),
+            user: self.text("WORKER_USER"),
+            home: self.text("WORKER_HOME"),
+            ssh: self.text("WORKER_SSH"),
+            ssh_port: self.num("WORKER_SSH_PORT"),
+            nic: nic(self, "WORKER"),
+            label: "worker".into(),
+            configured_home: self.text("WORKER_HOME"),
+        };
+        nodes.workers = self.workers(one, nodes.head_ip);
+        nodes
+    }
+
+    /// Ranks 1..NNODES: the entries of WORKERS, each inheriting `one` (the WORKER_* knobs) where
+    /// it says nothing; without WORKERS, `one` itself when NNODES is 2.
+    fn workers(&mut self, one: Worker, head_ip: IpAddr) -> Vec<Worker> {
+        let nnodes: usize = self.num("NNODES");
+        let entries: Vec<rule::WorkerEntry> =
+            self.list("WORKERS").iter().filter_map(|e| rule::worker_entry(e).ok()).collect();
+        if entries.is_empty() {
+            if nnodes > 2 {
+                self.fail("NNODES", "must be 1 or 2 without WORKERS: list every worker in WORKERS for more nodes");
+            }
+            return if nnodes >= 2 { vec![one] } else { Vec::new() };
         }
+        for set_too in ["WORKER_IP", "WORKER_SSH"] {
+            if !matches!(self.r.get(set_too).source, crate::source::Source::Profile { .. }) {
+                self.fail(set_too, "must not be set with WORKERS: list the worker in WORKERS instead");
+            }
+        }
+        if nnodes != entries.len() + 1 {
+            self.fail("NNODES", format!("must be 1 + the {} WORKERS ({})", entries.len(), entries.len() + 1));
+        }
+        let mut workers: Vec<Worker> = Vec::new();
+        for (i, e) in entries.into_iter().enumerate() {
+            let port = e.port.unwrap_or(one.ssh_port);
+            if e.ip != head_ip && workers.iter().any(|w| w.ip == e.ip && w.ssh_port == port) {
+                self.fail("WORKERS", format!("must list each worker once: {} is listed twice", e.ip));
+            }
+            let user = e.user.unwrap_or_else(|| one.user.clone());
+            let home = if user == one.user {
+                one.home.clone()
+            } else {
+                self.r.home_of(&user)
+            };
+            workers.push(Worker {
+                rank: i as u32 + 1,
+                ssh: format!("{user}@{}", e.ip),
+                ip: e.ip,
+                user,
+                home,
+                ssh_port: port,
+                label: String::new(),
+                ..one.clone()
+            });
+        }
+        let many = workers.len() > 1;
+        for w in &mut workers {
+            w.label = if many { format!("worker {}", w.rank) } else { "worker".into() };
+        }
+        workers
     }
 
     fn ports(&mut self) -> Ports {

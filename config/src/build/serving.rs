@@ -8,7 +8,10 @@ use crate::profile::ProfileId;
 use crate::spec::{self, SpecMethod};
 
 /// `vllm serve` flags sparkgate derives from its own variables; EXTRA_ARGS may not set them.
-const OWNED_FLAGS: [&str; 8] = [
+const OWNED_FLAGS: [&str; 11] = [
+    "--tensor-parallel-size",
+    "--pipeline-parallel-size",
+    "-tp",
     "--host",
     "--port",
     "--served-model-name",
@@ -27,9 +30,12 @@ impl Builder<'_> {
             self.warn_long_prefill(t, max_num_batched_tokens);
         }
         let tp: u32 = self.num("TP");
+        let pp: u32 = self.num("PP");
         let nnodes: u32 = self.num("NNODES");
-        if tp % nnodes.max(1) != 0 {
+        if pp == 1 && tp % nnodes.max(1) != 0 {
             self.fail("TP", format!("must be a multiple of NNODES ({nnodes})"));
+        } else if (tp * pp) % nnodes.max(1) != 0 {
+            self.fail("TP", format!("× PP ({}) must be a multiple of NNODES ({nnodes})", tp * pp));
         }
         let extra_args = self.words("EXTRA_ARGS");
         for owned in OWNED_FLAGS {
@@ -52,6 +58,7 @@ impl Builder<'_> {
             served_model_name: self.text("SERVED_MODEL_NAME"),
             image: self.text("IMAGE"),
             tp,
+            pp,
             nnodes,
             quantization: self.opt_text("QUANTIZATION").filter(|q| q != "none"),
             max_model_len: self.num("MAX_MODEL_LEN"),

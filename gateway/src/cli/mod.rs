@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use sparkgate_config::{Config, LoadOptions, NodeRole};
+use sparkgate_config::{Config, LoadOptions};
 
 /// sparkgate — OpenAI gateway and supervisor for vLLM across two DGX Spark machines.
 #[derive(Debug, Parser)]
@@ -353,9 +353,10 @@ fn render_plan(config: &Config, json: bool, only: Option<u32>) -> anyhow::Result
     )?;
     // Start order: workers first, then rank 0.
     for r in plan.ranks.iter().rev() {
-        let place = match r.node {
-            NodeRole::Head => "head (local Docker)".to_owned(),
-            NodeRole::Worker => format!("worker (ssh {})", config.nodes.worker_ssh),
+        let place = match config.nodes.worker(r.rank) {
+            None => "head (local Docker)".to_owned(),
+            Some(w) if w.is_remote(&config.nodes) => format!("{} (ssh {} port {})", w.label, w.ssh, w.ssh_port),
+            Some(w) => format!("{} (on the head, local Docker)", w.label),
         };
         writeln!(out, "\n# rank {} on {place}\n{}", r.rank, r.docker_run_command())?;
         writeln!(

@@ -61,7 +61,6 @@ pub(super) fn download(config: &Config, dry_run: bool) -> anyhow::Result<ExitCod
 /// worker's copy is current (`--force` or FORCE_SYNC=1 copies anyway).
 pub(super) fn sync(config: &Config, force: bool) -> anyhow::Result<ExitCode> {
     use sparkgate_config::WeightSync;
-    use sparkgate_prepare::sync::{self, Synced};
     match config.storage.weight_sync {
         WeightSync::Rsync => {}
         WeightSync::None => {
@@ -86,16 +85,21 @@ pub(super) fn sync(config: &Config, force: bool) -> anyhow::Result<ExitCode> {
         }
     }
     let force = force || config.storage.force_sync;
-    for plan in sync::plans(config) {
+    for w in &config.nodes.workers {
+        if !sync_worker(config, w, force) {
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Mirrors each tree onto one worker; false when one failed (the error printed).
+fn sync_worker(config: &Config, w: &sparkgate_config::Worker, force: bool) -> bool {
+    use sparkgate_prepare::sync::{self, Synced};
+    for plan in sync::plans(config, w) {
         let started = std::time::Instant::now();
-        println!(
-            "sync {}: {} → {}:{}",
-            plan.name,
-            plan.src.display(),
-            config.nodes.worker_ssh,
-            plan.dest
-        );
-        match sync::sync(config, &plan, force) {
+        println!("sync {}: {} → {}:{}", plan.name, plan.src.display(), w.ssh, plan.dest);
+        match sync::sync(config, w, &plan, force) {
             Ok(Synced::Unchanged) => println!(
                 "sync {}: unchanged (marker {} matches), skipped in {:.2} s",
                 plan.name,
@@ -104,12 +108,12 @@ pub(super) fn sync(config: &Config, force: bool) -> anyhow::Result<ExitCode> {
             ),
             Ok(Synced::Copied) => println!("sync {}: copied in {:.1} s", plan.name, started.elapsed().as_secs_f64()),
             Err(e) => {
-                eprintln!("sparkgate: sync {}: {e}", plan.name);
-                return Ok(ExitCode::FAILURE);
+                eprintln!("sparkgate: sync {} to the {}: {e}", plan.name, w.label);
+                return false;
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    true
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -128,19 +132,21 @@ fn nfs(config: &Config) -> anyhow::Result<ExitCode> {
         println!("  # /export/{} is {}", v.export, v.head_dir);
     }
     runtime()?.block_on(async {
-        let (_, worker) = sparkgate_prepare::verify::connect(config).await?;
-        let Some(worker) = worker else {
-            println!("the worker is this machine (WORKER_IP = HEAD_IP): no volumes to create");
-            return Ok(ExitCode::SUCCESS);
-        };
-        for (v, created) in sparkgate_prepare::share::ensure_worker_volumes(config, &worker).await? {
-            let opts: Vec<String> = v.driver_opts.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!(
-                "worker volume {}: {} ({})",
-                v.name,
-                if created { "created" } else { "up to date" },
-                opts.join(" ")
-            );
+        let (_, remotes) = sparkgate_prepare::verify::connect(config).await?;
+        if remotes.is_empty() {
+            println!("every worker is this machine (its address is HEAD_IP): no volumes to create");
+        }
+        for r in &remotes {
+            for (v, created) in sparkgate_prepare::share::ensure_worker_volumes(config, &r.node).await? {
+                let opts: Vec<String> = v.driver_opts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!(
+                    "{} volume {}: {} ({})",
+                    r.worker.label,
+                    v.name,
+                    if created { "created" } else { "up to date" },
+                    opts.join(" ")
+                );
+            }
         }
         Ok(ExitCode::SUCCESS)
     })
@@ -160,22 +166,23 @@ pub(super) fn ship(config: &Config, mode: Option<&str>) -> anyhow::Result<ExitCo
     }
     let report = sparkgate_prepare::progress::Terminal::new();
     runtime()?.block_on(async {
-        let (head, worker) = sparkgate_prepare::verify::connect(&config).await?;
+        let (head, remotes) = sparkgate_prepare::verify::connect(&config).await?;
         let id = sparkgate_prepare::image::ensure_on_head(&config, &head, &report).await?;
-        let Some(worker) = worker else {
-            println!("the worker is this machine (WORKER_IP = HEAD_IP): nothing to ship");
-            return Ok(ExitCode::SUCCESS);
-        };
-        match sparkgate_prepare::ship::ship(&config, &head, &worker, &id, &report).await {
-            Ok(shipped) => {
-                println!("ship: {shipped:?}");
-                Ok(ExitCode::SUCCESS)
-            }
-            Err(e) => {
-                eprintln!("sparkgate: ship: {e}");
-                Ok(ExitCode::FAILURE)
+        if remotes.is_empty() {
+            println!("every worker is this machine (its address is HEAD_IP): nothing to ship");
+        }
+        let many = remotes.len() > 1;
+        for r in &remotes {
+            let to = if many { format!(" to the {}", r.worker.label) } else { String::new() };
+            match sparkgate_prepare::ship::ship(&config, &head, &r.node, &r.worker, &id, &report).await {
+                Ok(shipped) => println!("ship{to}: {shipped:?}"),
+                Err(e) => {
+                    eprintln!("sparkgate: ship{to}: {e}");
+                    return Ok(ExitCode::FAILURE);
+                }
             }
         }
+        Ok(ExitCode::SUCCESS)
     })
 }
 
@@ -190,8 +197,8 @@ pub(super) fn pack(config: &Config) -> anyhow::Result<ExitCode> {
     }
     let report = sparkgate_prepare::progress::Terminal::new();
     runtime()?.block_on(async {
-        let (head, worker) = sparkgate_prepare::verify::connect(config).await?;
-        let nodes = sparkgate_prepare::pack::rank_nodes(config, &head, worker.as_ref());
+        let (head, remotes) = sparkgate_prepare::verify::connect(config).await?;
+        let nodes = sparkgate_prepare::pack::rank_nodes(config, &head, &remotes);
         match sparkgate_prepare::pack::pack(config, &nodes, &report).await {
             Ok(done) => {
                 for (rank, p) in done {
@@ -227,7 +234,7 @@ pub(super) fn verify(config: &Config) -> anyhow::Result<ExitCode> {
         );
     }
     runtime()?.block_on(async {
-        let (head, worker) = sparkgate_prepare::verify::connect(config).await?;
+        let (head, remotes) = sparkgate_prepare::verify::connect(config).await?;
         let head_id = head.image_identity(image).await?;
         check(
             head_id.is_some(),
@@ -238,12 +245,14 @@ pub(super) fn verify(config: &Config) -> anyhow::Result<ExitCode> {
                     .map_or(String::new(), |i| format!(" (identity {})", i.key()))
             ),
         );
-        if let (Some(worker), Some(h)) = (&worker, &head_id) {
-            let w = worker.image_identity(image).await?;
+        for r in remotes.iter().filter(|_| head_id.is_some()) {
+            let h = head_id.as_ref().expect("filtered");
+            let w = r.node.image_identity(image).await?;
             check(
                 w.as_ref().is_some_and(|w| w.same_image(h)),
                 format!(
-                    "image on the worker {}",
+                    "image on the {} {}",
+                    r.worker.label,
                     match &w {
                         None => "missing (run `sparkgate ship`)".to_owned(),
                         Some(w) if w.same_image(h) => "has the head's layers".to_owned(),
