@@ -315,7 +315,11 @@ impl Config {
                 worker_hf_home,
                 ..
             } => {
-                let source = if head { hf_home.clone() } else { on_worker(worker_hf_home) };
+                let source = if head {
+                    hf_home.clone()
+                } else {
+                    on_worker(worker_hf_home)
+                };
                 mounts.push(bind(&source, "/root/.cache/huggingface", false));
             }
         }
@@ -342,7 +346,11 @@ impl Config {
             mounts.push(bind(&source, &self.chat_template_target(), true));
         }
         if let Some(nccl) = &self.serving.host_nccl {
-            let source = if head { nccl.head_dir.clone() } else { on_worker(&nccl.worker_dir) };
+            let source = if head {
+                nccl.head_dir.clone()
+            } else {
+                on_worker(&nccl.worker_dir)
+            };
             mounts.push(bind(&source, "/nccl", true));
         }
         mounts

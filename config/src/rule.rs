@@ -108,7 +108,9 @@ impl Rule {
                 Ok(serde_json::Value::Object(_))
             ),
             SpecMode => spec::mode_defs(profile).iter().any(|d| d.method.as_str() == raw),
-            EnvPairs | EffortMap | ClientWeights | Workers | Optional(_) | Because(..) => unreachable!("handled by check"),
+            EnvPairs | EffortMap | ClientWeights | Workers | Optional(_) | Because(..) => {
+                unreachable!("handled by check")
+            }
         };
         if ok {
             Ok(())
@@ -392,7 +394,10 @@ mod tests {
     #[test]
     fn worker_entries_take_a_user_an_address_and_a_port() {
         let e = worker_entry("ops@10.0.0.3:2222").unwrap();
-        assert_eq!((e.user.as_deref(), e.ip.to_string(), e.port), (Some("ops"), "10.0.0.3".into(), Some(2222)));
+        assert_eq!(
+            (e.user.as_deref(), e.ip.to_string(), e.port),
+            (Some("ops"), "10.0.0.3".into(), Some(2222))
+        );
         let e = worker_entry("10.0.0.4").unwrap();
         assert_eq!((e.user, e.port), (None, None));
         assert_eq!(worker_entry("[fd00::4]:22").unwrap().port, Some(22));

@@ -115,7 +115,16 @@ fn workers_list_the_ranks_and_inherit_the_one_worker_settings() {
     let w = &config.nodes.workers;
     let seen: Vec<(u32, String, u16, &str, &str, &str)> = w
         .iter()
-        .map(|w| (w.rank, w.ip.to_string(), w.ssh_port, w.ssh.as_str(), w.home.as_str(), w.label.as_str()))
+        .map(|w| {
+            (
+                w.rank,
+                w.ip.to_string(),
+                w.ssh_port,
+                w.ssh.as_str(),
+                w.home.as_str(),
+                w.label.as_str(),
+            )
+        })
         .collect();
     assert_eq!(
         seen,
@@ -125,17 +134,31 @@ fn workers_list_the_ranks_and_inherit_the_one_worker_settings() {
             (3, "10.0.0.4".into(), 2200, "op@10.0.0.4", "/home/op", "worker 3"),
         ]
     );
-    assert!(w.iter().all(|w| w.nic.ifname == "enp9"), "the CX7 pins apply to every worker");
-    assert_eq!((config.serving.nnodes, config.serving.tp, config.serving.pp), (4, 4, 1), "NNODES = 1 + workers, TP = NNODES");
+    assert!(
+        w.iter().all(|w| w.nic.ifname == "enp9"),
+        "the CX7 pins apply to every worker"
+    );
+    assert_eq!(
+        (config.serving.nnodes, config.serving.tp, config.serving.pp),
+        (4, 4, 1),
+        "NNODES = 1 + workers, TP = NNODES"
+    );
     assert_eq!(
         w[1].path("/home/op/.cache/vllm-dsv41-flash-exl3"),
         "/home/ops/.cache/vllm-dsv41-flash-exl3",
         "a directory under WORKER_HOME follows the worker's home"
     );
-    assert_eq!(w[1].path("/home/opx/x"), "/home/opx/x", "only whole path components move");
+    assert_eq!(
+        w[1].path("/home/opx/x"),
+        "/home/opx/x",
+        "only whole path components move"
+    );
     assert_eq!(w[1].path("/srv/models"), "/srv/models");
     let nfs = config.preparation.nfs.as_ref().expect("deepseek shares over NFS");
-    assert_eq!(nfs.clients, "10.0.0.2,10.0.0.3,10.0.0.4", "every worker may mount the share");
+    assert_eq!(
+        nfs.clients, "10.0.0.2,10.0.0.3,10.0.0.4",
+        "every worker may mount the share"
+    );
     let pp = f.with("PP", "2");
     assert_eq!((pp.serving.tp, pp.serving.pp), (4, 2));
     let one = Fixture::new(Some("NNODES=1\n")).config();
@@ -145,7 +168,9 @@ fn workers_list_the_ranks_and_inherit_the_one_worker_settings() {
 
 #[test]
 fn workers_refuse_a_second_one_worker_form_and_a_wrong_node_count() {
-    let f = Fixture::new(Some("WORKERS=10.0.0.2,10.0.0.3\nWORKER_IP=10.0.0.9\nNNODES=4\nTP=3\nPP=1\n"));
+    let f = Fixture::new(Some(
+        "WORKERS=10.0.0.2,10.0.0.3\nWORKER_IP=10.0.0.9\nNNODES=4\nTP=3\nPP=1\n",
+    ));
     let err = f.load().expect_err("refused").to_string();
     for expected in [
         "WORKER_IP=\"10.0.0.9\" (from env file",
@@ -156,9 +181,7 @@ fn workers_refuse_a_second_one_worker_form_and_a_wrong_node_count() {
         assert!(err.contains(expected), "{expected}\n{err}");
     }
     let pp = Fixture::new(Some("WORKERS=10.0.0.2,10.0.0.3,10.0.0.4\nTP=2\nPP=3\n")).load();
-    assert!(
-        pp.expect_err("6 ranks over 4 nodes").to_string().contains("TP=\"2\"") ,
-    );
+    assert!(pp.expect_err("6 ranks over 4 nodes").to_string().contains("TP=\"2\""),);
     let ok = Fixture::new(Some("WORKERS=10.0.0.2,10.0.0.3,10.0.0.4\nTP=2\nPP=2\n")).config();
     assert_eq!(ok.serving.nnodes, 4);
 }

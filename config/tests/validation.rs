@@ -173,7 +173,12 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "3",
         "must be 1 or 2 without WORKERS: list every worker in WORKERS for more nodes",
     ),
-    ("deepseek-v4.1-flash", "NNODES", "65", "must be an integer between 1 and 64"),
+    (
+        "deepseek-v4.1-flash",
+        "NNODES",
+        "65",
+        "must be an integer between 1 and 64",
+    ),
     (
         "glm-5.3-flash",
         "WORKERS",

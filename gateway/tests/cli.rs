@@ -105,7 +105,7 @@ fn plan_prints_pasteable_commands_and_json() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let worker = stdout
-        .find("# rank 1 on worker (ssh op@127.0.0.2)")
+        .find("# rank 1 on worker (ssh op@127.0.0.2 port 22)")
         .expect("worker section");
     let head = stdout.find("# rank 0 on head").expect("head section");
     assert!(worker < head, "workers are listed (and started) first");

@@ -153,7 +153,11 @@ pub async fn for_start(
 }
 
 /// One worker's weights as WEIGHT_SYNC says: rsync by marker, or its NFS volumes.
-async fn worker_weights(config: &Config, remote: &verify::Remote, report: &dyn progress::Report) -> Result<(), PrepareError> {
+async fn worker_weights(
+    config: &Config,
+    remote: &verify::Remote,
+    report: &dyn progress::Report,
+) -> Result<(), PrepareError> {
     match config.storage.weight_sync {
         sparkgate_config::WeightSync::Rsync => {
             for plan in sync::plans(config, &remote.worker) {

@@ -62,7 +62,10 @@ async fn is_packed(node: &Node, dir: &str, rank: u32, tp: u32) -> Result<bool, P
 pub fn rank_nodes<'a>(config: &Config, head: &'a Node, remotes: &'a [Remote]) -> Vec<(u32, NodeRole, &'a Node)> {
     let mut nodes = vec![(0, NodeRole::Head, head)];
     for w in &config.nodes.workers {
-        let node = remotes.iter().find(|r| r.worker.rank == w.rank).map_or(head, |r| &r.node);
+        let node = remotes
+            .iter()
+            .find(|r| r.worker.rank == w.rank)
+            .map_or(head, |r| &r.node);
         nodes.push((w.rank, NodeRole::Worker, node));
     }
     nodes

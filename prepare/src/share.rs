@@ -107,7 +107,11 @@ pub fn zfs_commands(config: &Config, snapshot: &str, previous: Option<&str>) -> 
     let mut commands = vec![format!("zfs snapshot {}@{snapshot}", zfs.head_model)];
     // One send per worker: each receives the same snapshot into its own dataset.
     for w in &config.nodes.workers {
-        let port = if w.ssh_port == 22 { String::new() } else { format!("-p {} ", w.ssh_port) };
+        let port = if w.ssh_port == 22 {
+            String::new()
+        } else {
+            format!("-p {} ", w.ssh_port)
+        };
         commands.push(format!(
             "zfs send -c {incremental}{}@{snapshot} | ssh {port}{} zfs receive -F {}",
             zfs.head_model, w.ssh, zfs.worker_model

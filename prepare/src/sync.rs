@@ -184,7 +184,11 @@ pub fn sync(config: &Config, worker: &Worker, plan: &SyncPlan, force: bool) -> R
     ];
     let rsync = format!("rsync {}", argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "));
     crate::run_to_success(Command::new("rsync").args(&argv), &rsync)?;
-    remote(config, worker, &format!("printf %s {} > {marker_path}", quote(&plan.marker)))?;
+    remote(
+        config,
+        worker,
+        &format!("printf %s {} > {marker_path}", quote(&plan.marker)),
+    )?;
     Ok(Synced::Copied)
 }
 

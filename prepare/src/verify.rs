@@ -33,7 +33,9 @@ pub struct Remote {
 
 impl std::fmt::Debug for Remote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Remote").field("worker", &self.worker).finish_non_exhaustive()
+        f.debug_struct("Remote")
+            .field("worker", &self.worker)
+            .finish_non_exhaustive()
     }
 }
 

@@ -54,6 +54,69 @@ async fn check_worker_memory(
     }
 }
 
+/// Connects to every node the runtime uses and runs preflight: the backend that starts ranks,
+/// and (docker) the ranks whose packed Engram files are on their node.
+async fn backend(config: &Config) -> Result<(rank::Backend, Vec<(u32, String)>), SupervisorError> {
+    let mut packed = Vec::new();
+    let backend = match config.supervision.runtime {
+        Runtime::Process => {
+            // What an earlier gateway left running would fail the port checks.
+            leftovers::remove(&config.supervision.log_dir);
+            preflight::check(config)?;
+            let mut workers = Vec::new();
+            for w in config.nodes.remote_workers() {
+                let target = ssh_target(config, w);
+                let node = sparkgate_docker::Node::ssh_only(&w.label, &target).await?;
+                check_worker_memory(config, w, &node).await?;
+                workers.push(std::sync::Arc::new(rank::WorkerLink::new(w, target, node, false)));
+            }
+            rank::Backend::Process {
+                bin: config.supervision.vllm_bin.clone(),
+                workers,
+            }
+        }
+        Runtime::Docker => {
+            let head = sparkgate_docker::Node::local("head", &config.supervision.docker_socket).await?;
+            let mut remotes = Vec::new();
+            for w in config.nodes.remote_workers() {
+                let node = sparkgate_docker::Node::over_ssh(&w.label, &ssh_target(config, w)).await?;
+                remotes.push(sparkgate_prepare::verify::Remote {
+                    worker: w.clone(),
+                    node,
+                });
+            }
+            sparkgate_prepare::image::obtainable_on_head(config, &head)
+                .await
+                .map_err(|e| SupervisorError::Preflight(format!("head: {e}")))?;
+            // Packed Engram files present on a node are mounted into its rank (DeepSeek).
+            let nodes = sparkgate_prepare::pack::rank_nodes(config, &head, &remotes);
+            packed = sparkgate_prepare::pack::packed_ranks(config, &nodes)
+                .await
+                .map_err(|e| SupervisorError::Preflight(e.to_string()))?;
+            for r in &remotes {
+                check_worker_memory(config, &r.worker, &r.node).await?;
+            }
+            // A running group of ours holds the ports: adoption decides, not preflight.
+            if head
+                .list(&[(sparkgate_config::labels::GROUP, &config.group_name())])
+                .await?
+                .is_empty()
+            {
+                preflight::check(config)?;
+            }
+            let workers = remotes
+                .into_iter()
+                .map(|r| {
+                    let target = ssh_target(config, &r.worker);
+                    std::sync::Arc::new(rank::WorkerLink::new(&r.worker, target, r.node, true))
+                })
+                .collect();
+            rank::Backend::Docker { head, workers }
+        }
+    };
+    Ok((backend, packed))
+}
+
 /// Commands that may wait for the actor; one more is answered `Busy`.
 const COMMAND_QUEUE: usize = 32;
 
@@ -68,60 +131,7 @@ impl SupervisorHandle {
     /// Checks what a start needs (preflight), then starts the supervisor task, which adopts a
     /// running group of this configuration or starts the rank group.
     pub async fn spawn(config: &Config) -> Result<SupervisorHandle, SupervisorError> {
-        let mut packed = Vec::new();
-        let backend = match config.supervision.runtime {
-            Runtime::Process => {
-                // What an earlier gateway left running would fail the port checks.
-                leftovers::remove(&config.supervision.log_dir);
-                preflight::check(config)?;
-                let mut workers = Vec::new();
-                for w in config.nodes.remote_workers() {
-                    let target = ssh_target(config, w);
-                    let node = sparkgate_docker::Node::ssh_only(&w.label, &target).await?;
-                    check_worker_memory(config, w, &node).await?;
-                    workers.push(std::sync::Arc::new(rank::WorkerLink::new(w, target, node, false)));
-                }
-                rank::Backend::Process {
-                    bin: config.supervision.vllm_bin.clone(),
-                    workers,
-                }
-            }
-            Runtime::Docker => {
-                let head = sparkgate_docker::Node::local("head", &config.supervision.docker_socket).await?;
-                let mut remotes = Vec::new();
-                for w in config.nodes.remote_workers() {
-                    let node = sparkgate_docker::Node::over_ssh(&w.label, &ssh_target(config, w)).await?;
-                    remotes.push(sparkgate_prepare::verify::Remote { worker: w.clone(), node });
-                }
-                sparkgate_prepare::image::obtainable_on_head(config, &head)
-                    .await
-                    .map_err(|e| SupervisorError::Preflight(format!("head: {e}")))?;
-                // Packed Engram files present on a node are mounted into its rank (DeepSeek).
-                let nodes = sparkgate_prepare::pack::rank_nodes(config, &head, &remotes);
-                packed = sparkgate_prepare::pack::packed_ranks(config, &nodes)
-                    .await
-                    .map_err(|e| SupervisorError::Preflight(e.to_string()))?;
-                for r in &remotes {
-                    check_worker_memory(config, &r.worker, &r.node).await?;
-                }
-                // A running group of ours holds the ports: adoption decides, not preflight.
-                if head
-                    .list(&[(sparkgate_config::labels::GROUP, &config.group_name())])
-                    .await?
-                    .is_empty()
-                {
-                    preflight::check(config)?;
-                }
-                let workers = remotes
-                    .into_iter()
-                    .map(|r| {
-                        let target = ssh_target(config, &r.worker);
-                        std::sync::Arc::new(rank::WorkerLink::new(&r.worker, target, r.node, true))
-                    })
-                    .collect();
-                rank::Backend::Docker { head, workers }
-            }
-        };
+        let (backend, packed) = backend(config).await?;
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let s = &config.supervision;
         let mode = config.speculation.active;

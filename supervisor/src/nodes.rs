@@ -44,7 +44,11 @@ pub(crate) async fn prepare_nodes(
     };
     let mut remotes = Vec::new();
     for link in workers {
-        let worker = config.nodes.worker(link.rank).expect("a link per configured worker").clone();
+        let worker = config
+            .nodes
+            .worker(link.rank)
+            .expect("a link per configured worker")
+            .clone();
         let node = link.node().await.map_err(|e| e.to_string())?;
         remotes.push(sparkgate_prepare::verify::Remote { worker, node });
     }

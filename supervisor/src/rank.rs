@@ -401,16 +401,10 @@ impl WorkerLink {
 #[derive(Debug)]
 pub(crate) enum Backend {
     /// Local child processes; the ranks of remote workers (`workers`) over SSH.
-    Process {
-        bin: String,
-        workers: Vec<Arc<WorkerLink>>,
-    },
+    Process { bin: String, workers: Vec<Arc<WorkerLink>> },
     /// Rank 0 on the head's daemon; each remote worker's rank on its daemon (`workers`, over
     /// SSH), a worker on the head's address on the head's daemon.
-    Docker {
-        head: Node,
-        workers: Vec<Arc<WorkerLink>>,
-    },
+    Docker { head: Node, workers: Vec<Arc<WorkerLink>> },
 }
 
 impl Backend {

@@ -38,11 +38,8 @@ impl Sampler {
                 tick.tick().await;
                 // At once, so a round takes one probe's time at most; every round reads the
                 // engine heartbeat, which must be seen within seconds.
-                let (memory, healthy, progress) = tokio::join!(
-                    sample_memory(&meminfo, &workers),
-                    probe.healthy(),
-                    probe.progress()
-                );
+                let (memory, healthy, progress) =
+                    tokio::join!(sample_memory(&meminfo, &workers), probe.healthy(), probe.progress());
                 let sample = Sample {
                     memory,
                     healthy,

@@ -30,18 +30,25 @@ pub fn kill_pid(pid: u64) {
         .status();
 }
 
-/// A real sshd on 127.0.0.2 (a "worker host" on loopback) with a throwaway host key and a client
-/// key allowed to log in as the current user.
+/// A real sshd on a loopback address (a "worker host": 127.0.0.2 unless told otherwise) with a
+/// throwaway host key and a client key allowed to log in as the current user.
 #[derive(Debug)]
 pub struct Sshd {
     pub proc: Option<Proc>,
     pub port: u16,
+    /// The loopback address it listens on.
+    pub addr: &'static str,
     pub dir: tempfile::TempDir,
     config: std::path::PathBuf,
 }
 
 impl Sshd {
     pub fn start() -> Sshd {
+        Self::start_on("127.0.0.2")
+    }
+
+    /// An sshd listening on `addr` (one of 127.0.0.0/8): another worker host.
+    pub fn start_on(addr: &'static str) -> Sshd {
         let dir = tempfile::Builder::new()
             .prefix("sgs")
             .tempdir_in("/tmp")
@@ -59,8 +66,8 @@ impl Sshd {
             );
         }
         std::fs::copy(dir.path().join("id_ed25519.pub"), dir.path().join("authorized_keys")).expect("authorized_keys");
-        let port = std::net::TcpListener::bind("127.0.0.2:0")
-            .expect("bind 127.0.0.2")
+        let port = std::net::TcpListener::bind((addr, 0))
+            .expect("bind a loopback address")
             .local_addr()
             .expect("addr")
             .port();
@@ -71,7 +78,7 @@ impl Sshd {
         std::fs::write(
             &config,
             format!(
-                "Port {port}\nListenAddress 127.0.0.2\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\n\
+                "Port {port}\nListenAddress {addr}\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\n\
                  PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
                  StrictModes no\nAllowStreamLocalForwarding yes\nMaxSessions 64\nPidFile {d}/sshd.pid\n\
                  SetEnv PYENV_REHASH_TIMEOUT=0\n"
@@ -82,6 +89,7 @@ impl Sshd {
         let mut s = Sshd {
             proc: None,
             port,
+            addr,
             dir,
             config,
         };
@@ -93,7 +101,7 @@ impl Sshd {
     pub fn run(&mut self) {
         let args: Vec<String> = vec!["-D".into(), "-e".into(), "-f".into(), self.config.display().to_string()];
         let proc = Proc::spawn("/usr/sbin/sshd", &args, &[]);
-        proc.wait_for(&format!("Server listening on 127.0.0.2 port {}", self.port));
+        proc.wait_for(&format!("Server listening on {} port {}", self.addr, self.port));
         self.proc = Some(proc);
     }
 
@@ -135,6 +143,29 @@ impl Sshd {
         .map(|(k, v)| (k.to_owned(), v))
         .collect()
     }
+}
+
+/// sparkgate's settings for one worker per sshd (WORKERS, in the given order) and, after them,
+/// `local` more workers on the head's own address. Every sshd accepts the first one's client
+/// key, which is the one WORKER_SSH_KEY names.
+pub fn workers_env(sshds: &[&Sshd], local: usize, control: &std::path::Path) -> Vec<(String, String)> {
+    let first = sshds[0];
+    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    let public = std::fs::read(first.dir.path().join("id_ed25519.pub")).expect("the first sshd's client key");
+    let mut workers = Vec::new();
+    for sshd in sshds {
+        let mut keys = std::fs::OpenOptions::new()
+            .append(true)
+            .open(sshd.dir.path().join("authorized_keys"))
+            .expect("authorized_keys");
+        std::io::Write::write_all(&mut keys, &public).expect("trust the first key");
+        workers.push(format!("{user}@{}:{}", sshd.addr, sshd.port));
+    }
+    workers.extend(std::iter::repeat_n("127.0.0.1".to_owned(), local));
+    let mut env = first.worker_env(control);
+    env.retain(|(k, _)| k != "WORKER_IP" && k != "WORKER_SSH_PORT");
+    env.push(("WORKERS".into(), workers.join(",")));
+    env
 }
 
 impl Drop for Sshd {

@@ -71,6 +71,10 @@ impl Gateway {
             ("WEIGHTS_GIB_PER_RANK", ""),
             ("SPARKGATE_LOG", "info"),
         ];
+        // WORKERS lists the workers itself: the one-worker form may not be set beside it.
+        if env.iter().any(|(k, _)| *k == "WORKERS") {
+            full.retain(|(k, _)| *k != "WORKER_IP");
+        }
         full.extend_from_slice(env);
         // The ranks get only the plan's environment: the simulator's settings go by RANK_ENV.
         let mut sim: Vec<(&str, &str)> = Vec::new();

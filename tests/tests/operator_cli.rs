@@ -378,7 +378,10 @@ fn the_plan_of_a_four_node_group_gives_each_worker_its_rank_pins_and_directories
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     // Workers first, rank 0 last; one rank per node, each with its own place in the group.
-    let order: Vec<&str> = text.lines().filter(|l| l.starts_with("# rank") && l.contains(" on ")).collect();
+    let order: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("# rank") && l.contains(" on "))
+        .collect();
     assert_eq!(
         order,
         [
@@ -393,10 +396,25 @@ fn the_plan_of_a_four_node_group_gives_each_worker_its_rank_pins_and_directories
         assert!(text.contains(&format!("VLLM_HOST_IP=127.0.0.{}", rank + 1)), "{text}");
     }
     assert!(text.contains("--tensor-parallel-size 4"), "TP follows NNODES: {text}");
-    assert!(text.contains("/home/ops/.cache/vllm-glm53-flash:/root/.cache/vllm"), "worker 2's home: {text}");
-    assert_eq!(text.matches("--headless").count(), 3 * 2, "each worker's docker run and vLLM command: {text}");
+    assert!(
+        text.contains("/home/ops/.cache/vllm-glm53-flash:/root/.cache/vllm"),
+        "worker 2's home: {text}"
+    );
+    assert_eq!(
+        text.matches("--headless").count(),
+        3 * 2,
+        "each worker's docker run and vLLM command: {text}"
+    );
     // The deployment directory (rank 0's template) and so the hash differ from run to run.
     let deploy = dir.path().display().to_string();
-    let hash = text.split("config hash ").nth(1).and_then(|t| t.lines().next()).unwrap_or_default();
-    assert_snapshot("operator/plan-four-nodes", &text, &[(deploy.as_str(), "deploy-dir"), (hash, "hash")]);
+    let hash = text
+        .split("config hash ")
+        .nth(1)
+        .and_then(|t| t.lines().next())
+        .unwrap_or_default();
+    assert_snapshot(
+        "operator/plan-four-nodes",
+        &text,
+        &[(deploy.as_str(), "deploy-dir"), (hash, "hash")],
+    );
 }

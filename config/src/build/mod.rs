@@ -260,27 +260,42 @@ impl Builder<'_> {
     /// it says nothing; without WORKERS, `one` itself when NNODES is 2.
     fn workers(&mut self, one: Worker, head_ip: IpAddr) -> Vec<Worker> {
         let nnodes: usize = self.num("NNODES");
-        let entries: Vec<rule::WorkerEntry> =
-            self.list("WORKERS").iter().filter_map(|e| rule::worker_entry(e).ok()).collect();
+        let entries: Vec<rule::WorkerEntry> = self
+            .list("WORKERS")
+            .iter()
+            .filter_map(|e| rule::worker_entry(e).ok())
+            .collect();
         if entries.is_empty() {
             if nnodes > 2 {
-                self.fail("NNODES", "must be 1 or 2 without WORKERS: list every worker in WORKERS for more nodes");
+                self.fail(
+                    "NNODES",
+                    "must be 1 or 2 without WORKERS: list every worker in WORKERS for more nodes",
+                );
             }
             return if nnodes >= 2 { vec![one] } else { Vec::new() };
         }
         for set_too in ["WORKER_IP", "WORKER_SSH"] {
             if !matches!(self.r.get(set_too).source, crate::source::Source::Profile { .. }) {
-                self.fail(set_too, "must not be set with WORKERS: list the worker in WORKERS instead");
+                self.fail(
+                    set_too,
+                    "must not be set with WORKERS: list the worker in WORKERS instead",
+                );
             }
         }
         if nnodes != entries.len() + 1 {
-            self.fail("NNODES", format!("must be 1 + the {} WORKERS ({})", entries.len(), entries.len() + 1));
+            self.fail(
+                "NNODES",
+                format!("must be 1 + the {} WORKERS ({})", entries.len(), entries.len() + 1),
+            );
         }
         let mut workers: Vec<Worker> = Vec::new();
         for (i, e) in entries.into_iter().enumerate() {
             let port = e.port.unwrap_or(one.ssh_port);
             if e.ip != head_ip && workers.iter().any(|w| w.ip == e.ip && w.ssh_port == port) {
-                self.fail("WORKERS", format!("must list each worker once: {} is listed twice", e.ip));
+                self.fail(
+                    "WORKERS",
+                    format!("must list each worker once: {} is listed twice", e.ip),
+                );
             }
             let user = e.user.unwrap_or_else(|| one.user.clone());
             let home = if user == one.user {
@@ -301,7 +316,11 @@ impl Builder<'_> {
         }
         let many = workers.len() > 1;
         for w in &mut workers {
-            w.label = if many { format!("worker {}", w.rank) } else { "worker".into() };
+            w.label = if many {
+                format!("worker {}", w.rank)
+            } else {
+                "worker".into()
+            };
         }
         workers
     }

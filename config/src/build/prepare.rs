@@ -16,12 +16,10 @@ impl Builder<'_> {
             },
             export_model: self.text("NFS_EXPORT_MODEL"),
             export_engram: self.text("NFS_EXPORT_ENGRAM"),
-            clients: self
-                .opt_text("NFS_CLIENTS")
-                .unwrap_or_else(|| {
-                    let ips: Vec<String> = nodes.workers.iter().map(|w| w.ip.to_string()).collect();
-                    ips.join(",")
-                }),
+            clients: self.opt_text("NFS_CLIENTS").unwrap_or_else(|| {
+                let ips: Vec<String> = nodes.workers.iter().map(|w| w.ip.to_string()).collect();
+                ips.join(",")
+            }),
         });
         let zfs = self.used("ZFS_HEAD_MODEL_DS").then(|| ZfsDatasets {
             head_model: self.text("ZFS_HEAD_MODEL_DS"),

@@ -35,7 +35,10 @@ impl Builder<'_> {
         if pp == 1 && tp % nnodes.max(1) != 0 {
             self.fail("TP", format!("must be a multiple of NNODES ({nnodes})"));
         } else if (tp * pp) % nnodes.max(1) != 0 {
-            self.fail("TP", format!("× PP ({}) must be a multiple of NNODES ({nnodes})", tp * pp));
+            self.fail(
+                "TP",
+                format!("× PP ({}) must be a multiple of NNODES ({nnodes})", tp * pp),
+            );
         }
         let extra_args = self.words("EXTRA_ARGS");
         for owned in OWNED_FLAGS {

@@ -173,7 +173,11 @@ pub(super) fn ship(config: &Config, mode: Option<&str>) -> anyhow::Result<ExitCo
         }
         let many = remotes.len() > 1;
         for r in &remotes {
-            let to = if many { format!(" to the {}", r.worker.label) } else { String::new() };
+            let to = if many {
+                format!(" to the {}", r.worker.label)
+            } else {
+                String::new()
+            };
             match sparkgate_prepare::ship::ship(&config, &head, &r.node, &r.worker, &id, &report).await {
                 Ok(shipped) => println!("ship{to}: {shipped:?}"),
                 Err(e) => {
