@@ -20,6 +20,7 @@ mod probe;
 mod rank;
 mod sampler;
 pub mod spec_policy;
+pub mod spec_split;
 mod start;
 mod status;
 mod watchdog;

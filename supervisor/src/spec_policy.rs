@@ -132,6 +132,8 @@ pub struct Decision {
     pub at_s: f64,
     pub from: SpecMethod,
     pub to: SpecMethod,
+    /// `to`'s index in the policy's modes (two modes may share a name: a split across groups).
+    pub to_index: usize,
     /// The smoothed demand width the decision used.
     pub width: f64,
     /// Tokens gained over the expected duration by running `to` instead of `from`.
@@ -167,6 +169,9 @@ pub struct AutoPolicy {
     switched_at: f64,
     /// The last declined candidate, so a decline is reported once per regime, not every second.
     declined: Option<(usize, &'static str)>,
+    /// `[from][to]`: the share of the current rate a switch loses while it restarts (1: all of
+    /// it, as when the whole group restarts; less when only some groups of a split restart).
+    lost_share: Option<Vec<Vec<f64>>>,
 }
 
 impl AutoPolicy {
@@ -194,7 +199,16 @@ impl AutoPolicy {
             past_regimes: vec![VecDeque::new(); modes_len],
             switched_at: now_s,
             declined: None,
+            lost_share: None,
         }
+    }
+
+    /// Prices each switch at `share[from][to]` of the current rate for the restart's length
+    /// instead of all of it.
+    pub fn with_lost_share(mut self, share: Vec<Vec<f64>>) -> Self {
+        assert!(share.len() == self.modes.len() && share.iter().all(|row| row.len() == self.modes.len()));
+        self.lost_share = Some(share);
+        self
     }
 
     pub fn current(&self) -> usize {
@@ -311,15 +325,19 @@ impl AutoPolicy {
             }
         }
         let best = self.best();
-        if best != self.best {
+        // A regime is a stretch in which the current mode is beaten; with three or more modes
+        // two near-equal challengers may trade the lead without ending it (with two it cannot
+        // happen: there is one challenger).
+        let challenger_swap = best != self.current && self.best != self.current;
+        if best != self.best && !challenger_swap {
             let past = &mut self.past_regimes[self.best];
             if past.len() == REMEMBERED_REGIMES {
                 past.pop_front();
             }
             past.push_back(now_s - self.regime_since);
-            self.best = best;
             self.regime_since = now_s;
         }
+        self.best = best;
         if best == self.current {
             self.declined = None;
             return None;
@@ -330,7 +348,8 @@ impl AutoPolicy {
         let expected_s = lasted_s.max(median(&self.past_regimes[best])).min(s.max_horizon_s);
         let rate_now = self.rates[self.current];
         let gain_tokens = (self.rates[best] - rate_now) * expected_s;
-        let cost_tokens = s.restart_s * rate_now;
+        let share = self.lost_share.as_ref().map_or(1.0, |m| m[self.current][best]);
+        let cost_tokens = s.restart_s * rate_now * share;
         let why: &'static str = if lasted_s < s.hold_s {
             "hold: the other mode has not been best for long enough"
         } else if now_s - self.switched_at < s.min_dwell_s {
@@ -344,6 +363,7 @@ impl AutoPolicy {
             at_s: now_s,
             from: from.name,
             to: to.name,
+            to_index: best,
             width: level,
             gain_tokens,
             cost_tokens,

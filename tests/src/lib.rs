@@ -12,4 +12,5 @@ pub mod registry;
 pub mod sim;
 pub mod snapshot;
 pub mod spec_eval;
+pub mod spec_split_eval;
 pub mod supervised;

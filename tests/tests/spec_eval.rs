@@ -58,3 +58,44 @@ fn an_oscillating_load_does_not_flap() {
     }
     assert!(auto.tokens >= 0.98 * best, "{auto:?} vs {best}");
 }
+
+/// Two DeepSeek groups on a trace with widths × `scale`: the split policy, the single-group
+/// policy (every group in one mode, switched together by auto) and the single-group oracle.
+fn two_groups(name_starts: &str, scale: u8) -> (Outcome, Outcome, Outcome) {
+    use sparkgate_tests::spec_split_eval as split;
+    let modes = modes(ProfileId::DeepSeekV41Flash);
+    let settings = PolicySettings::for_restart(300.0);
+    let trace = split::scaled(&trace(name_starts), scale);
+    let uniform = split::uniform(&modes, 2);
+    (
+        split::policy(&modes, 2, split::all_splits(&modes, 2), &settings, &trace),
+        split::policy(&modes, 2, uniform.clone(), &settings, &trace),
+        split::oracle(&modes, 2, &uniform, settings.restart_s, &trace),
+    )
+}
+
+#[test]
+fn two_groups_split_on_a_working_day_at_least_match_the_single_group_policy() {
+    for scale in [2, 3] {
+        let (split, single, oracle) = two_groups("working day", scale);
+        assert!(split.tokens >= single.tokens, "× {scale}: {split:?} vs {single:?}");
+        assert!(
+            split.tokens >= 0.98 * oracle.tokens,
+            "× {scale}: {split:?} vs {oracle:?}"
+        );
+        assert!(split.restarts <= single.restarts, "× {scale}: {split:?} vs {single:?}");
+    }
+}
+
+#[test]
+fn two_groups_in_different_modes_route_a_lone_stream_to_the_speculating_one() {
+    use sparkgate_tests::spec_split_eval as split;
+    let modes = modes(ProfileId::DeepSeekV41Flash);
+    let one = trace("steady 1");
+    // dspark+none serves one stream exactly as two dspark groups do: it goes to the dspark one.
+    let mixed = split::fixed(&modes, &[0, 1], &one);
+    let dspark = split::fixed(&modes, &[0, 0], &one);
+    let none = split::fixed(&modes, &[1, 1], &one);
+    assert_eq!(mixed.tokens, dspark.tokens);
+    assert!(mixed.tokens > none.tokens * 1.3, "{mixed:?} vs {none:?}");
+}

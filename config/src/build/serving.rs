@@ -8,10 +8,11 @@ use crate::profile::ProfileId;
 use crate::spec::{self, SpecMethod};
 
 /// `vllm serve` flags sparkgate derives from its own variables; EXTRA_ARGS may not set them.
-const OWNED_FLAGS: [&str; 11] = [
+const OWNED_FLAGS: [&str; 12] = [
     "--tensor-parallel-size",
     "--pipeline-parallel-size",
     "-tp",
+    "-pp",
     "--host",
     "--port",
     "--served-model-name",
