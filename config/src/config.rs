@@ -404,6 +404,17 @@ choice! {
 }
 
 choice! {
+    /// GROUP_ROUTING: how a generation picks among groups with room.
+    pub enum GroupRouting {
+        /// The group that served the same conversation prefix recently, else the least loaded.
+        Affinity = "affinity",
+        LeastLoaded = "least-loaded",
+        /// In turn, whatever the load or the prefix (a baseline for measurements).
+        RoundRobin = "round-robin",
+    }
+}
+
+choice! {
     /// QUEUE_POLICY: the order in which waiting generation requests are admitted.
     pub enum QueuePolicy {
         /// A weighted fair queue over clients; each client's own requests in their order.
@@ -467,6 +478,9 @@ pub struct Gateway {
     pub queue_max_bytes: usize,
     pub queue_timeout: Duration,
     pub queue_policy: QueuePolicy,
+    /// GROUPS_FILE, resolved against DEPLOY_DIR; `None`: one group.
+    pub groups_file: Option<PathBuf>,
+    pub group_routing: GroupRouting,
     /// CLIENT_WEIGHTS: a client's share of the fair queue (the client may be an API key, hence
     /// a secret); unlisted clients weigh 1.
     pub client_weights: Vec<(Secret, u32)>,
@@ -514,6 +528,11 @@ pub struct Setting {
 impl Config {
     /// Loads, layers and validates. Every invalid value is reported, not just the first.
     pub fn load(options: &LoadOptions) -> Result<Config, ConfigError> {
+        Self::load_in(options, None)
+    }
+
+    /// Loads with one group's section of GROUPS_FILE as the highest layer.
+    pub(crate) fn load_in(options: &LoadOptions, group: Option<&DotEnv>) -> Result<Config, ConfigError> {
         let env_file = match &options.env_file {
             Some(path) => Some(absolute(&options.working_dir, path)),
             None => Some(options.working_dir.join(".env")).filter(|p| p.is_file()),
@@ -530,6 +549,7 @@ impl Config {
             command_line.insert("PROFILE".to_owned(), profile.clone());
         }
         let layers = Layers {
+            group,
             command_line: &command_line,
             process: &options.process_env,
             dotenv: dotenv.as_ref(),

@@ -7,7 +7,9 @@
 
 use Def::{Derived as D, Unused as NA, Value as V};
 
-use crate::config::{Gpus, ImageShip, KnownHosts, LogFormat, QueuePolicy, Runtime, SpecPolicy, WeightSync};
+use crate::config::{
+    Gpus, GroupRouting, ImageShip, KnownHosts, LogFormat, QueuePolicy, Runtime, SpecPolicy, WeightSync,
+};
 use crate::profile::ProfileId;
 use crate::rule::Rule::{self, *};
 
@@ -376,6 +378,8 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MIN_FREE_DISK_GIB", Supervision, V("2"), "Free space LOG_DIR's filesystem must have before a start (rank logs and diagnostics grow per epoch); empty: no check.").rule(Optional(&Float(0.0, 1_000_000.0))),
     // === Gateway ===
     k("BIND_ADDR", Gateway, V("0.0.0.0"), "Address the gateway listens on (with PORT).").rule(Ip),
+    k("GROUPS_FILE", Gateway, V(""), "Several rank groups behind this gateway: a file of `[name]` sections, each holding env lines (HEAD_IP, WORKERS, VLLM_PORT, MASTER_PORT, SPEC_METHOD, …) that override the rest of the configuration for that group (docs/operations.md, Groups). Relative to DEPLOY_DIR. Empty: one group."),
+    k("GROUP_ROUTING", Gateway, V("affinity"), "How a generation picks a group when several have room: `affinity` (the group that served the same conversation prefix — model, system prompt, first user turn — within the last 10 minutes, else the least loaded), `least-loaded`, or `round-robin` (for comparison).").rule(OneOf(GroupRouting::WORDS)),
     k("UPSTREAM_URL", Gateway, V("http://127.0.0.1:${VLLM_PORT}"), "vLLM rank 0's base URL; `sparkgate serve --upstream URL` fronts an already running vLLM.").rule(HttpUrl),
     k("MODEL_ALIASES", Gateway, V(""), "Comma-separated extra model names accepted and rewritten to SERVED_MODEL_NAME; one `*` matches any run of characters (`claude-*` for Claude Code)."),
     k("REASONING_EFFORT_MAP", Gateway, V("minimal=low,medium=high,xhigh=max"), "How OpenAI effort names the template lacks are mapped (from=to, comma-separated).").rule(EffortMap),

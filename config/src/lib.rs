@@ -8,6 +8,7 @@ mod choice;
 mod config;
 mod dotenv;
 mod error;
+mod groups;
 mod knobs;
 mod passthrough;
 mod plan;
@@ -22,11 +23,13 @@ mod spec;
 
 pub use choice::UnknownWord;
 pub use config::{
-    AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, Gpus, HostNccl, ImageShip, KnownHosts, LoadOptions,
-    LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, QueuePolicy, RankEnvValue, Runtime, Secrets, Serving, Setting,
-    SpecPolicy, Speculation, SshSettings, Storage, Supervision, WeightSync, Weights, Worker, ZfsDatasets,
+    AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, Gpus, GroupRouting, HostNccl, ImageShip,
+    KnownHosts, LoadOptions, LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, QueuePolicy, RankEnvValue, Runtime,
+    Secrets, Serving, Setting, SpecPolicy, Speculation, SshSettings, Storage, Supervision, WeightSync, Weights, Worker,
+    ZfsDatasets,
 };
 pub use error::{ConfigError, InvalidValue};
+pub use groups::{GroupConfig, SINGLE_GROUP};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};
 pub use profile::{ProfileId, ReasoningFacts};
 pub use reference::{reference_markdown, settings_table};

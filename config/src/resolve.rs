@@ -22,6 +22,8 @@ pub(crate) struct Resolved {
 /// The raw inputs, before any default applies.
 #[derive(Debug)]
 pub(crate) struct Layers<'a> {
+    /// One group's section of GROUPS_FILE: above every other layer, for that group only.
+    pub(crate) group: Option<&'a DotEnv>,
     pub(crate) command_line: &'a BTreeMap<String, String>,
     pub(crate) process: &'a BTreeMap<String, String>,
     pub(crate) dotenv: Option<&'a DotEnv>,
@@ -35,6 +37,16 @@ impl Layers<'_> {
     fn explicit(&self, knob: &'static Knob) -> Option<Resolved> {
         let names = std::iter::once(knob.name).chain(knob.aliases.iter().copied());
         let alias_of = |n: &'static str| (n != knob.name).then_some(n);
+        if let Some(a) = self.group.and_then(|g| g.find(knob.name)) {
+            return Some(Resolved {
+                value: a.value.clone(),
+                source: Source::EnvFile {
+                    path: self.group.expect("found in it").path.clone(),
+                    line: a.line,
+                },
+                alias: None,
+            });
+        }
         for name in names.clone() {
             if let Some(v) = self.command_line.get(name) {
                 return Some(Resolved {

@@ -363,3 +363,97 @@ fn gateway_settings_default_to_the_local_rank_and_parse_maps() {
     );
     assert_eq!(limited.gateway.upstream, "http://127.0.0.1:8000");
 }
+
+#[test]
+fn a_groups_file_gives_each_group_its_own_nodes_ports_logs_and_containers() {
+    let f = Fixture::new(Some(
+        "GROUPS_FILE=groups.env\nLOG_DIR=/var/log/sg\nSPEC_METHOD=dspark\n",
+    ));
+    std::fs::write(
+        f.dir.path().join("groups.env"),
+        "# two groups of two Sparks\n[a]\nHEAD_IP=10.0.0.1\nWORKER_IP=10.0.0.2\n\n[b]\nHEAD_IP=10.0.0.3\nWORKERS=10.0.0.4\nSPEC_METHOD=none\n",
+    )
+    .unwrap();
+    let groups = sparkgate_config::Config::load_groups(&f.options()).unwrap();
+    let seen: Vec<(&str, String, String, String, String)> = groups
+        .iter()
+        .map(|g| {
+            let c = &g.config;
+            (
+                g.name.as_str(),
+                c.nodes.head_ip.to_string(),
+                c.nodes.workers[0].ip.to_string(),
+                c.supervision.log_dir.display().to_string(),
+                c.containers.head_name.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                "a",
+                "10.0.0.1".into(),
+                "10.0.0.2".into(),
+                "/var/log/sg/a".into(),
+                "dsv41-exl3-head-a".into()
+            ),
+            (
+                "b",
+                "10.0.0.3".into(),
+                "10.0.0.4".into(),
+                "/var/log/sg/b".into(),
+                "dsv41-exl3-head-b".into()
+            ),
+        ]
+    );
+    assert_eq!(groups[0].config.speculation.active.to_string(), "dspark");
+    assert_eq!(
+        groups[1].config.speculation.active.to_string(),
+        "none",
+        "a section wins over the env file"
+    );
+    let single = sparkgate_config::Config::load_groups(&Fixture::new(None).options()).unwrap();
+    assert_eq!(
+        (single.len(), single[0].name.as_str()),
+        (1, sparkgate_config::SINGLE_GROUP)
+    );
+}
+
+#[test]
+fn a_groups_file_refuses_shared_settings_unknown_names_and_clashing_ports() {
+    let f = Fixture::new(Some("GROUPS_FILE=groups.env\n"));
+    std::fs::write(
+        f.dir.path().join("groups.env"),
+        "[a]\nPORT=9000\nHEAD_IPP=10.0.0.1\n[b]\nWORKER_IP=10.0.0.9\n",
+    )
+    .unwrap();
+    let err = sparkgate_config::Config::load_groups(&f.options())
+        .unwrap_err()
+        .to_string();
+    for expected in [
+        "[a] PORT=\"9000\" (from env file",
+        "groups.env:2): must be the same for every group: set it outside GROUPS_FILE",
+        "[a] HEAD_IPP=\"10.0.0.1\"",
+        "is not a sparkgate variable",
+        "[b] VLLM_PORT=\"18888\"",
+        "must differ from every other group on head 10.0.0.1",
+    ] {
+        assert!(err.contains(expected), "{expected}\n{err}");
+    }
+    for (text, expected) in [
+        (
+            "HEAD_IP=10.0.0.1\n[a]\n",
+            "groups.env:1: a line before the first `[group]` section",
+        ),
+        ("[a]\n[a]\n", "groups.env:2: group `a` appears twice"),
+        ("[a b]\n", "a group name is letters, digits, - and _"),
+        ("# nothing\n", "no `[group]` section"),
+    ] {
+        std::fs::write(f.dir.path().join("groups.env"), text).unwrap();
+        let err = sparkgate_config::Config::load_groups(&f.options())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expected), "{expected}\n{err}");
+    }
+}

@@ -18,6 +18,10 @@ impl Builder<'_> {
             queue_max_bytes: self.num("QUEUE_MAX_BYTES"),
             queue_timeout: self.seconds("QUEUE_TIMEOUT"),
             queue_policy: self.choice("QUEUE_POLICY"),
+            groups_file: self
+                .opt_text("GROUPS_FILE")
+                .map(|f| std::path::Path::new(&self.r.layers.deploy_dir).join(f)),
+            group_routing: self.choice("GROUP_ROUTING"),
             client_weights: self.client_weights(),
             first_token_timeout: self.seconds("FIRST_TOKEN_TIMEOUT"),
             stream_idle_timeout: self.seconds("STREAM_IDLE_TIMEOUT"),

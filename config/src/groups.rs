@@ -1,0 +1,193 @@
+//! GROUPS_FILE: several rank groups behind one gateway. The file holds `[name]` sections of env
+//! lines (the `.env` syntax); each section is the highest layer of its group's configuration,
+//! over the command line, the environment and the env file, so a group differs from the others
+//! only where its section says so. Each group is then built and validated like any
+//! configuration; what the groups must not share (a head's ports, container names) is checked
+//! across them.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use crate::config::{Config, LoadOptions};
+use crate::dotenv::{Assignment, DotEnv};
+use crate::error::{ConfigError, InvalidValue};
+use crate::knobs::{self, Group};
+use crate::source::Source;
+
+/// One rank group: its name (the section's) and its whole configuration.
+#[derive(Debug, Clone)]
+pub struct GroupConfig {
+    pub name: String,
+    pub config: Config,
+}
+
+/// The name of the one group of a configuration without GROUPS_FILE.
+pub const SINGLE_GROUP: &str = "main";
+
+/// Variables one group may not set apart from the others: the gateway is shared, and every
+/// group serves the same model.
+const SHARED: &[&str] = &["PROFILE", "SERVED_MODEL_NAME", "PORT", "DEPLOY_DIR", "MODEL", "IMAGE"];
+
+impl Config {
+    /// Every group of the deployment: one named [`SINGLE_GROUP`] without GROUPS_FILE, else one
+    /// per section of the file, in file order.
+    pub fn load_groups(options: &LoadOptions) -> Result<Vec<GroupConfig>, ConfigError> {
+        let base = Config::load(options)?;
+        let Some(path) = base.gateway.groups_file.clone() else {
+            return Ok(vec![GroupConfig {
+                name: SINGLE_GROUP.into(),
+                config: base,
+            }]);
+        };
+        let process = |name: &str| options.process_env.get(name).cloned();
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::EnvFileUnreadable {
+            path: path.clone(),
+            source,
+        })?;
+        let sections = sections(&path, &text, &process)?;
+        let mut errors = Vec::new();
+        let mut groups = Vec::new();
+        for (name, header, mut env) in sections {
+            errors.extend(refused(&name, &env));
+            defaults(&base, &name, header, &mut env);
+            match Config::load_in(options, Some(&env)) {
+                Ok(config) => groups.push(GroupConfig { name, config }),
+                Err(ConfigError::Invalid(list)) => errors.extend(list.into_iter().map(|mut e| {
+                    e.name = format!("[{name}] {}", e.name);
+                    e
+                })),
+                Err(other) => return Err(other),
+            }
+        }
+        errors.extend(clashes(&groups));
+        if errors.is_empty() {
+            Ok(groups)
+        } else {
+            Err(ConfigError::Invalid(errors))
+        }
+    }
+}
+
+/// The file's `[name]` sections, each parsed as an env file with the file's own line numbers.
+fn sections(
+    path: &Path,
+    text: &str,
+    process: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, usize, DotEnv)>, ConfigError> {
+    let syntax = |line: usize, message: String| ConfigError::EnvFileSyntax {
+        path: path.to_path_buf(),
+        line,
+        message,
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let mut heads: Vec<(usize, String)> = Vec::new();
+    for (i, raw) in lines.iter().enumerate() {
+        let t = raw.trim();
+        let Some(name) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) else {
+            let assignment = !t.is_empty() && !t.starts_with('#');
+            if assignment && heads.is_empty() {
+                return Err(syntax(i + 1, "a line before the first `[group]` section".into()));
+            }
+            continue;
+        };
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(syntax(
+                i + 1,
+                format!("`[{name}]`: a group name is letters, digits, - and _"),
+            ));
+        }
+        if heads.iter().any(|(_, n)| n == name) {
+            return Err(syntax(i + 1, format!("group `{name}` appears twice")));
+        }
+        heads.push((i, name.to_owned()));
+    }
+    if heads.is_empty() {
+        return Err(syntax(
+            1,
+            "no `[group]` section: name each group as `[name]` above its lines".into(),
+        ));
+    }
+    let mut out = Vec::new();
+    for (k, (start, name)) in heads.iter().enumerate() {
+        let end = heads.get(k + 1).map_or(lines.len(), |(s, _)| *s);
+        // Blank lines outside the section keep the file's line numbers in messages.
+        let mut body = "\n".repeat(start + 1);
+        body.push_str(&lines[start + 1..end].join("\n"));
+        out.push((name.clone(), start + 1, DotEnv::parse(path, &body, process)?));
+    }
+    Ok(out)
+}
+
+/// The section's variables that a group may not set, or that sparkgate does not know.
+fn refused(group: &str, env: &DotEnv) -> Vec<InvalidValue> {
+    env.assignments
+        .iter()
+        .filter_map(|a| {
+            let rule = match knobs::knob(&a.key) {
+                None => "is not a sparkgate variable".to_owned(),
+                Some(k) if k.group == Group::Gateway || k.group == Group::Secrets || SHARED.contains(&k.name) => {
+                    "must be the same for every group: set it outside GROUPS_FILE".to_owned()
+                }
+                Some(_) => return None,
+            };
+            Some(InvalidValue {
+                name: format!("[{group}] {}", a.key),
+                value: a.value.clone(),
+                source: Source::EnvFile {
+                    path: env.path.clone(),
+                    line: a.line,
+                },
+                rule,
+            })
+        })
+        .collect()
+}
+
+/// What a group gets unless its section says otherwise: its own log directory and container
+/// names (groups may share a head), given as set on the section's `[name]` line.
+fn defaults(base: &Config, name: &str, header: usize, env: &mut DotEnv) {
+    let own = [
+        ("LOG_DIR", base.supervision.log_dir.join(name).display().to_string()),
+        ("CONTAINER_HEAD", format!("{}-{name}", base.containers.head_name)),
+        ("CONTAINER_WORKER", format!("{}-{name}", base.containers.worker_name)),
+    ];
+    for (key, value) in own {
+        if env.find(key).is_none() {
+            env.assignments.push(Assignment {
+                key: key.to_owned(),
+                value,
+                line: header,
+            });
+        }
+    }
+}
+
+/// Groups whose heads share an address must not share a port or a container name.
+fn clashes(groups: &[GroupConfig]) -> Vec<InvalidValue> {
+    let mut seen: BTreeSet<(String, &'static str, String)> = BTreeSet::new();
+    let mut out = Vec::new();
+    for g in groups {
+        let c = &g.config;
+        let head = c.nodes.head_ip.to_string();
+        let taken = [
+            ("VLLM_PORT", c.ports.vllm.to_string()),
+            ("MASTER_PORT", c.ports.master.to_string()),
+            ("CONTAINER_HEAD", c.containers.head_name.clone()),
+        ];
+        for (key, value) in taken {
+            if !seen.insert((head.clone(), key, value.clone())) {
+                out.push(InvalidValue {
+                    name: format!("[{}] {key}", g.name),
+                    source: c
+                        .settings()
+                        .iter()
+                        .find(|s| s.name == key)
+                        .map_or(Source::Profile { profile: c.profile }, |s| s.source.clone()),
+                    value,
+                    rule: format!("must differ from every other group on head {head}"),
+                });
+            }
+        }
+    }
+    out
+}
