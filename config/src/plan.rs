@@ -158,6 +158,14 @@ pub mod labels {
 }
 
 const SHM_SIZE_BYTES: u64 = 32 << 30;
+
+fn bind(source: &str, target: &str, read_only: bool) -> Mount {
+    Mount::Bind {
+        source: source.into(),
+        target: target.into(),
+        read_only,
+    }
+}
 const STACK_BYTES: i64 = 64 << 20;
 
 impl Config {
@@ -273,56 +281,12 @@ impl Config {
     }
 
     fn mounts(&self, rank: u32) -> Vec<Mount> {
-        let bind = |source: &str, target: &str, read_only| Mount::Bind {
-            source: source.into(),
-            target: target.into(),
-            read_only,
-        };
-        let volume = |name: &str, target: &str| Mount::Volume {
-            name: name.into(),
-            target: target.into(),
-            read_only: true,
-        };
         let s = &self.storage;
         let worker = self.nodes.worker(rank);
         let head = worker.is_none();
         // A worker directory as it is on this rank's worker (WORKER_HOME moved to its home).
         let on_worker = |dir: &str| worker.map_or_else(|| dir.to_owned(), |w| w.path(dir));
-        let mut mounts = Vec::new();
-        match &s.weights {
-            Weights::DeepSeek {
-                model_host,
-                engram_src,
-                nfs_volume_model,
-                nfs_volume_engram,
-                worker_model_dir,
-                worker_engram_dir,
-                ..
-            } => {
-                if head {
-                    mounts.push(bind(model_host, "/model", true));
-                    mounts.push(bind(engram_src, "/engram-src", true));
-                } else if s.weight_sync == WeightSync::Nfs {
-                    mounts.push(volume(nfs_volume_model, "/model"));
-                    mounts.push(volume(nfs_volume_engram, "/engram-src"));
-                } else {
-                    mounts.push(bind(&on_worker(worker_model_dir), "/model", true));
-                    mounts.push(bind(&on_worker(worker_engram_dir), "/engram-src", true));
-                }
-            }
-            Weights::Glm {
-                hf_home,
-                worker_hf_home,
-                ..
-            } => {
-                let source = if head {
-                    hf_home.clone()
-                } else {
-                    on_worker(worker_hf_home)
-                };
-                mounts.push(bind(&source, "/root/.cache/huggingface", false));
-            }
-        }
+        let mut mounts = self.weight_mounts(worker);
         let (vllm_cache, triton, tilelang) = if head {
             (
                 s.cache_root.clone(),
@@ -354,6 +318,51 @@ impl Config {
             mounts.push(bind(&source, "/nccl", true));
         }
         mounts
+    }
+
+    /// The weights as a rank sees them: the head's trees for rank 0; on a worker its NFS volumes
+    /// or its own copies (under its home).
+    fn weight_mounts(&self, worker: Option<&crate::config::Worker>) -> Vec<Mount> {
+        let volume = |name: &str, target: &str| Mount::Volume {
+            name: name.into(),
+            target: target.into(),
+            read_only: true,
+        };
+        let s = &self.storage;
+        match (&s.weights, worker) {
+            (
+                Weights::DeepSeek {
+                    model_host, engram_src, ..
+                },
+                None,
+            ) => vec![bind(model_host, "/model", true), bind(engram_src, "/engram-src", true)],
+            (
+                Weights::DeepSeek {
+                    nfs_volume_model,
+                    nfs_volume_engram,
+                    ..
+                },
+                Some(_),
+            ) if s.weight_sync == WeightSync::Nfs => vec![
+                volume(nfs_volume_model, "/model"),
+                volume(nfs_volume_engram, "/engram-src"),
+            ],
+            (
+                Weights::DeepSeek {
+                    worker_model_dir,
+                    worker_engram_dir,
+                    ..
+                },
+                Some(w),
+            ) => vec![
+                bind(&w.path(worker_model_dir), "/model", true),
+                bind(&w.path(worker_engram_dir), "/engram-src", true),
+            ],
+            (Weights::Glm { hf_home, .. }, None) => vec![bind(hf_home, "/root/.cache/huggingface", false)],
+            (Weights::Glm { worker_hf_home, .. }, Some(w)) => {
+                vec![bind(&w.path(worker_hf_home), "/root/.cache/huggingface", false)]
+            }
+        }
     }
 
     fn chat_template_target(&self) -> String {

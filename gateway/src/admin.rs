@@ -11,79 +11,17 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use sparkgate_config::SpecPolicy;
-use sparkgate_supervisor::{Answer, GroupState, SupervisorHandle};
+use sparkgate_supervisor::{Answer, SupervisorHandle};
 
 use crate::admission::Hold;
 use crate::app::{status_json, Shared};
 use crate::error::GatewayError;
-use crate::state::{GatewayControl, UpstreamState};
-
-/// Mirrors the supervisor's state into the gateway: admission pauses while the ranks start or
-/// restart (queued requests wait instead of failing) and resumes when rank 0 is ready.
-pub(crate) fn mirror(control: GatewayControl, supervisor: SupervisorHandle) {
-    let mut rx = supervisor.subscribe();
-    tokio::spawn(async move {
-        // Applied only when the state changes: the supervisor republishes the same state every
-        // second (memory samples), and re-applying Ready would undo an operator drain's pause.
-        let mut applied = None;
-        loop {
-            let status = rx.borrow_and_update().clone();
-            let key = (
-                status.state.clone(),
-                status.mode,
-                status.max_num_seqs,
-                status.stalled_s.is_some(),
-            );
-            if applied.as_ref() == Some(&key) {
-                if rx.changed().await.is_err() {
-                    return;
-                }
-                continue;
-            }
-            applied = Some(key);
-            match &status.state {
-                // Work pending and no engine step: hold admission rather than send more into
-                // an engine that may be hung; a step lifts it, STALL_TIMEOUT restarts the group.
-                GroupState::Ready { .. } if status.stalled_s.is_some() => {
-                    control.admission().pause(Hold::Group);
-                    control.set_upstream(UpstreamState::Stalled(format!(
-                        "no engine step for {}s with requests pending",
-                        status.stalled_s.unwrap_or_default()
-                    )));
-                }
-                GroupState::Ready { .. } => {
-                    // A mode switch changes the concurrency limit with the group.
-                    control.admission().set_capacity(status.max_num_seqs);
-                    control.set_mode(status.mode);
-                    control.set_upstream(UpstreamState::Ready);
-                    control.admission().resume(Hold::Group);
-                }
-                GroupState::Starting { epoch } => {
-                    control.admission().pause(Hold::Group);
-                    control.set_upstream(UpstreamState::Restarting(format!("starting epoch {epoch}")));
-                }
-                GroupState::Restarting { reason, .. } => {
-                    control.admission().pause(Hold::Group);
-                    control.set_upstream(UpstreamState::Restarting(reason.clone()));
-                }
-                GroupState::Failed { reason } => {
-                    control.admission().pause(Hold::Group);
-                    control.set_upstream(UpstreamState::Failed(reason.clone()));
-                }
-                GroupState::Stopped | GroupState::Stopping | GroupState::ShuttingDown => {
-                    control.admission().pause(Hold::Group);
-                    control.set_upstream(UpstreamState::Stopped);
-                }
-            }
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
-    });
-}
+use crate::groups::Group;
+use crate::state::UpstreamState;
+use std::sync::Arc;
 
 fn supervisor(app: &Shared) -> Result<&SupervisorHandle, GatewayError> {
-    app.supervisor.as_ref().ok_or(GatewayError::NotFound(
+    app.groups.first().supervisor.as_ref().ok_or(GatewayError::NotFound(
         "/admin: this gateway supervises no ranks (gateway-only mode)".into(),
     ))
 }
@@ -99,14 +37,78 @@ fn accepted(body: serde_json::Value) -> Response {
 
 pub(crate) async fn status(State(app): State<Shared>) -> Response {
     let mut body = status_json(&app);
-    if let Some(s) = &app.supervisor {
+    if let Some(s) = &app.groups.first().supervisor {
         body["supervisor"] = serde_json::to_value(s.status()).unwrap_or_default();
     }
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
+/// The group `?group=NAME` names, if any; an unknown name is refused with the known ones.
+fn named_group(app: &Shared, q: &HashMap<String, String>) -> Result<Option<Arc<Group>>, GatewayError> {
+    let Some(name) = q.get("group") else { return Ok(None) };
+    match app.groups.named(name) {
+        Some(g) => Ok(Some(g.clone())),
+        None => {
+            let names: Vec<&str> = app.groups.all().iter().map(|g| g.name.as_str()).collect();
+            Err(GatewayError::bad_request(
+                format!("group {name:?} is not one of: {}", names.join(", ")),
+                "group",
+            ))
+        }
+    }
+}
+
+/// The supervisors an operator command acts on: the named group's, else every group's.
+fn supervisors(app: &Shared, q: &HashMap<String, String>) -> Result<Vec<SupervisorHandle>, GatewayError> {
+    supervisor(app)?;
+    Ok(match named_group(app, q)? {
+        Some(g) => g.supervisor.iter().cloned().collect(),
+        None => app.groups.all().iter().filter_map(|g| g.supervisor.clone()).collect(),
+    })
+}
+
+/// Drains one group (it takes no new requests; its in-flight ones finish within DRAIN_TIMEOUT,
+/// or at once when `force`) while the others serve, then hands its supervisor to `then`.
+fn drain_group_then<F>(
+    app: &Shared,
+    group: Arc<Group>,
+    force: bool,
+    then: impl FnOnce(SupervisorHandle) -> F + Send + 'static,
+) -> Result<Duration, GatewayError>
+where
+    F: std::future::Future<Output = Answer> + Send,
+{
+    let sup = group
+        .supervisor
+        .clone()
+        .ok_or(GatewayError::NotFound("/admin: no supervisor".into()))?;
+    let drain = if force { Duration::ZERO } else { app.drain_timeout };
+    let (control, groups) = (app.control.clone(), app.groups.clone());
+    tokio::spawn(async move {
+        group.set_drained(true);
+        crate::groups::apply(&control, &groups);
+        let before = sup.status().epoch;
+        let deadline = Instant::now() + drain;
+        while group.in_use() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let answer = then(sup.clone()).await;
+        tracing::info!(group = %group.name, ?answer, "supervisor answered");
+        if matches!(answer, Answer::Accepted | Answer::Queued) {
+            let mirrored = Instant::now() + Duration::from_secs(5);
+            while group.state() == UpstreamState::Ready && sup.status().epoch == before && Instant::now() < mirrored {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        group.set_drained(false);
+        crate::groups::apply(&control, &groups);
+    });
+    Ok(drain)
+}
+
 /// Drains (admission paused, in-flight requests finish within DRAIN_TIMEOUT, or at once when
-/// `force`), then hands the supervisor to `then` — in the background; the caller answers 202.
+/// `force`), then hands the first group's supervisor to `then` — in the background; the caller
+/// answers 202.
 fn drain_then<F>(
     app: &Shared,
     force: bool,
@@ -154,20 +156,32 @@ fn forced(q: &HashMap<String, String>) -> bool {
     q.get("force").is_some_and(|v| v == "1" || v == "true")
 }
 
-/// Drains, then restarts the group; `?force=1` restarts at once. Answers 202 immediately.
+/// Drains, then restarts the group; `?force=1` restarts at once, `?group=NAME` restarts that
+/// group alone while the others serve (without it, every group). Answers 202 immediately.
 pub(crate) async fn restart(
     State(app): State<Shared>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, GatewayError> {
     let force = forced(&q);
-    let drain = drain_then(&app, force, move |sup| async move {
-        sup.restart(if force {
-            "operator restart (forced)"
-        } else {
-            "operator restart"
-        })
-        .await
-    })?;
+    let reason = if force {
+        "operator restart (forced)"
+    } else {
+        "operator restart"
+    };
+    let targets: Vec<Arc<Group>> = match named_group(&app, &q)? {
+        Some(g) => vec![g],
+        None if app.groups.all().len() > 1 => app.groups.all().to_vec(),
+        None => {
+            let drain = drain_then(&app, force, move |sup| async move { sup.restart(reason).await })?;
+            return Ok(accepted(
+                json!({"restarting": true, "drain_timeout_s": drain.as_secs_f64()}),
+            ));
+        }
+    };
+    let mut drain = Duration::ZERO;
+    for g in targets {
+        drain = drain_group_then(&app, g, force, move |sup| async move { sup.restart(reason).await })?;
+    }
     Ok(accepted(
         json!({"restarting": true, "drain_timeout_s": drain.as_secs_f64()}),
     ))
@@ -296,16 +310,30 @@ pub(crate) async fn set_spec(
     })))
 }
 
-pub(crate) async fn stop(State(app): State<Shared>) -> Result<Response, GatewayError> {
-    let sup = supervisor(&app)?;
-    answered(sup.stop().await, "stopping", sup)
+pub(crate) async fn stop(
+    State(app): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, GatewayError> {
+    let mut last = None;
+    for sup in supervisors(&app, &q)? {
+        last = Some((sup.stop().await, sup));
+    }
+    let (answer, sup) = last.ok_or(GatewayError::NotFound("/admin: no supervisor".into()))?;
+    answered(answer, "stopping", &sup)
 }
 
 /// `POST /admin/start`: starts a stopped or failed group (202); a running one is left alone
 /// (200, `already_running`).
-pub(crate) async fn start(State(app): State<Shared>) -> Result<Response, GatewayError> {
-    let sup = supervisor(&app)?;
-    answered(sup.start().await, "starting", sup)
+pub(crate) async fn start(
+    State(app): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, GatewayError> {
+    let mut last = None;
+    for sup in supervisors(&app, &q)? {
+        last = Some((sup.start().await, sup));
+    }
+    let (answer, sup) = last.ok_or(GatewayError::NotFound("/admin: no supervisor".into()))?;
+    answered(answer, "starting", &sup)
 }
 
 /// The supervisor's answer as the admin API says it: 202 when something will happen, 200 when
@@ -335,7 +363,14 @@ pub(crate) async fn logs(
     State(app): State<Shared>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, GatewayError> {
-    let sup = supervisor(&app)?;
+    let group = named_group(&app, &q)?;
+    let sup = match &group {
+        Some(g) => g
+            .supervisor
+            .as_ref()
+            .ok_or(GatewayError::NotFound("/admin: no supervisor".into()))?,
+        None => supervisor(&app)?,
+    };
     let rank: u32 = q.get("rank").and_then(|r| r.parse().ok()).unwrap_or(0);
     let tail: usize = q.get("tail").and_then(|t| t.parse().ok()).unwrap_or(100);
     let follow = q.get("follow").is_some_and(|v| v == "1" || v == "true");

@@ -7,25 +7,24 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sparkgate_config::{Config, Secret};
-use sparkgate_supervisor::SupervisorHandle;
 
 use crate::edge::Limiter;
+use crate::groups::Groups;
 use crate::normalize::Normalizer;
 use crate::state::GatewayControl;
-use crate::upstream::Upstream;
 
 /// Everything the handlers share.
 #[derive(Debug)]
 pub(crate) struct App {
     pub(crate) normalizer: Arc<Normalizer>,
-    pub(crate) upstream: Upstream,
+    /// The rank groups (one without GROUPS_FILE), each with its upstream and supervisor.
+    pub(crate) groups: Arc<Groups>,
     pub(crate) control: GatewayControl,
     pub(crate) api_keys: Vec<Secret>,
     pub(crate) admin_token: Option<Secret>,
     /// `/metrics` answers without an API key (METRICS_PUBLIC).
     pub(crate) metrics_public: bool,
     pub(crate) limiter: Option<Arc<Limiter>>,
-    pub(crate) supervisor: Option<SupervisorHandle>,
     pub(crate) drain_timeout: Duration,
     pub(crate) first_token_timeout: Duration,
     pub(crate) idle_timeout: Duration,
@@ -43,7 +42,7 @@ pub(crate) struct App {
 pub(crate) type Shared = Arc<App>;
 
 impl App {
-    pub(crate) fn new(config: &Config, control: GatewayControl, supervisor: Option<SupervisorHandle>) -> Shared {
+    pub(crate) fn new(config: &Config, control: GatewayControl, groups: Arc<Groups>) -> Shared {
         let g = &config.gateway;
         Arc::new(App {
             normalizer: Arc::new(Normalizer::new(
@@ -52,13 +51,12 @@ impl App {
                 &g.model_aliases,
                 &g.effort_map,
             )),
-            upstream: Upstream::new(&g.upstream, config.secrets.vllm_api_key.as_ref()),
+            groups,
             control,
             api_keys: config.secrets.api_keys.clone(),
             admin_token: config.secrets.admin_token.clone(),
             metrics_public: g.metrics_public,
             limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
-            supervisor,
             drain_timeout: g.drain_timeout,
             first_token_timeout: g.first_token_timeout,
             idle_timeout: g.stream_idle_timeout,
@@ -79,11 +77,12 @@ pub(crate) fn status_json(app: &App) -> Value {
     json!({
         "ready": app.control.is_ready(),
         "upstream": upstream,
-        "upstream_url": app.upstream.base(),
+        "upstream_url": app.groups.first().upstream.base(),
         "profile": app.profile,
         "model": app.normalizer.served(),
         "mode": app.control.mode(),
         "tokens_per_s": (app.control.tokens_per_s() * 10.0).round() / 10.0,
         "admission": {"open": !snap.paused, "capacity": snap.capacity, "in_flight": snap.in_use, "queued": snap.queued},
+        "groups": app.groups.status_json(),
     })
 }

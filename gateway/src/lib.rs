@@ -15,6 +15,7 @@ mod edge;
 mod error;
 mod exposition;
 mod fairq;
+mod groups;
 mod listen;
 mod logline;
 mod logwriter;
@@ -32,7 +33,8 @@ mod wire;
 
 pub use admission::{AdmissionSnapshot, QueueLimits};
 pub use error::GatewayError;
+pub use groups::Upstreams;
 pub use logwriter::LogGuard;
 pub use observe::init_logging;
-pub use server::{local_addr, serve, Upstreams};
+pub use server::{local_addr, serve};
 pub use state::{GatewayControl, UpstreamState};

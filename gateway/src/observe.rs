@@ -24,6 +24,9 @@ pub(crate) const EFFORT_MAPPINGS: &str = "sparkgate_reasoning_effort_mappings_to
 pub(crate) const OVERHEAD_SECONDS: &str = "sparkgate_gateway_overhead_seconds";
 pub(crate) const STREAM_ERRORS: &str = "sparkgate_stream_errors_total";
 pub(crate) const UPSTREAM_ERRORS: &str = "sparkgate_upstream_errors_total";
+pub(crate) const GROUP_REQUESTS: &str = "sparkgate_group_requests_total";
+pub(crate) const GROUP_OPEN: &str = "sparkgate_group_open";
+pub(crate) const GROUP_IN_FLIGHT: &str = "sparkgate_group_in_flight_sequences";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
@@ -93,6 +96,9 @@ fn describe() {
         UPSTREAM_ERRORS,
         "Upstream requests that failed before headers, by kind."
     );
+    describe_counter!(GROUP_REQUESTS, "Generations routed to each rank group.");
+    describe_gauge!(GROUP_OPEN, "1 while a rank group takes new requests, by group.");
+    describe_gauge!(GROUP_IN_FLIGHT, "Sequences running on each rank group.");
     register();
 }
 

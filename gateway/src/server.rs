@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use metrics::counter;
 use sparkgate_config::Config;
-use sparkgate_supervisor::{GroupState, SupervisorHandle};
+use sparkgate_supervisor::GroupState;
 use tokio::net::TcpListener;
 
 use crate::admin;
@@ -29,6 +29,7 @@ use crate::body::{check_content_type, Prepared};
 use crate::clients::Caller;
 use crate::edge::RequestId;
 use crate::error::GatewayError;
+use crate::groups::{Group, Groups, Lease, Upstreams};
 use crate::normalize::Api;
 use crate::observe;
 use crate::relay::{relay, RelayCtx};
@@ -96,8 +97,8 @@ where
 
 /// The supervisor is (re)starting the group: read from its status directly, which changes
 /// before the ranks go down, so no request races the gateway's own mirror of it.
-fn restarting(app: &App) -> bool {
-    match &app.supervisor {
+fn restarting(group: &Group) -> bool {
+    match &group.supervisor {
         Some(s) => matches!(
             s.status().state,
             GroupState::Starting { .. } | GroupState::Restarting { .. }
@@ -125,8 +126,8 @@ fn never_reached(err: &UpstreamError) -> bool {
 /// Waits (at most a second) until the group a request was sent to is no longer the serving
 /// group of that epoch — the supervisor noticed its loss — so a retry is not sent into the same
 /// dead rank; whether it was lost.
-async fn group_verdict(app: &App, epoch: Option<u64>) -> bool {
-    let Some(sup) = &app.supervisor else { return false };
+async fn group_verdict(group: &Group, epoch: Option<u64>) -> bool {
+    let Some(sup) = &group.supervisor else { return false };
     let mut status = sup.subscribe();
     let changed = status.wait_for(|s| !(s.is_serving() && Some(s.epoch) == epoch));
     let lost = tokio::time::timeout(Duration::from_secs(1), changed)
@@ -136,14 +137,14 @@ async fn group_verdict(app: &App, epoch: Option<u64>) -> bool {
 }
 
 /// Maps a failure to reach the upstream: held-for-restart states answer 503, otherwise 502.
-fn unreachable(app: &App, err: &UpstreamError) -> GatewayError {
+fn unreachable(app: &App, group: &Group, err: &UpstreamError) -> GatewayError {
     let kind = observe::UPSTREAM_ERROR_KINDS[usize::from(!err.is_connect())];
     counter!(observe::UPSTREAM_ERRORS, "kind" => kind).increment(1);
     match app.control.upstream() {
         UpstreamState::Restarting(_) | UpstreamState::Starting => GatewayError::Restarting,
-        _ if restarting(app) => GatewayError::Restarting,
+        _ if restarting(group) => GatewayError::Restarting,
         _ => GatewayError::UpstreamUnreachable {
-            upstream: app.upstream.base().to_owned(),
+            upstream: group.upstream.base().to_owned(),
             detail: error_chain(err),
         },
     }
@@ -184,12 +185,16 @@ fn response_head(upstream: &mut hyper::Response<UpstreamBody>) -> axum::http::re
 /// one holder of a generation's permit, streamed (around the relay) or not.
 struct HoldPermit<B> {
     inner: B,
-    _permit: Permit,
+    /// The admission slot and the group's, released together.
+    _held: (Permit, Lease),
 }
 
 impl<B> HoldPermit<B> {
-    fn new(inner: B, permit: Permit) -> Self {
-        Self { inner, _permit: permit }
+    fn new(inner: B, permit: Permit, lease: Lease) -> Self {
+        Self {
+            inner,
+            _held: (permit, lease),
+        }
     }
 }
 
@@ -296,6 +301,11 @@ async fn generate_inner(
         UpstreamState::Stopped => return Err(GatewayError::NotRunning("the ranks were stopped by an operator".into())),
         _ => {}
     }
+    let prefix = app
+        .groups
+        .wants_prefix()
+        .then(|| crate::groups::prefix_key(&forward))
+        .flatten();
     let queued_at = Instant::now();
     let client = app.clients.identify(&caller, &headers, user.as_deref());
     let mut permit = app.control.admission().acquire(norm.n, forward.len(), &client).await?;
@@ -313,9 +323,16 @@ async fn generate_inner(
     };
     // When an attempt first failed to reach a rank: requeued attempts end after REQUEST_TIMEOUT.
     let mut refused_at: Option<Instant> = None;
-    let mut upstream = loop {
-        let dispatched_to = app.supervisor.as_ref().map(|s| s.status().epoch);
-        let send = app
+    let (mut upstream, lease) = loop {
+        // Admission counted the open groups' slots: one has room unless it closed just now.
+        let Some(lease) = app.groups.lease(prefix) else {
+            drop(permit);
+            permit = app.control.admission().requeue(norm.n, forward.len()).await?;
+            continue;
+        };
+        let group = lease.shared();
+        let dispatched_to = group.epoch();
+        let send = group
             .upstream
             .send(Method::POST, path, &headers, request_id, forward.clone());
         match until_closed(app, tokio::time::timeout(limit, send)).await? {
@@ -328,23 +345,28 @@ async fn generate_inner(
                 if dispatched_to.is_some()
                     && refused_at.get_or_insert_with(Instant::now).elapsed() < app.request_timeout =>
             {
-                drop(permit);
-                let lost = group_verdict(app, dispatched_to).await;
-                if !(lost || never_reached(&e) || restarting(app)) {
-                    return Err(unreachable(app, &e));
+                drop((permit, lease));
+                let lost = group_verdict(&group, dispatched_to).await;
+                if !(lost || never_reached(&e) || restarting(&group)) {
+                    return Err(unreachable(app, &group, &e));
                 }
                 permit = app.control.admission().requeue(norm.n, forward.len()).await?;
             }
-            Ok(Err(e)) => return Err(unreachable(app, &e)),
-            Ok(Ok(r)) => break r,
+            Ok(Err(e)) => return Err(unreachable(app, &group, &e)),
+            Ok(Ok(r)) => break (r, lease),
         }
     };
+    let mode = lease.group().mode();
     let is_sse = upstream
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    let head = response_head(&mut upstream);
+    let mut head = response_head(&mut upstream);
+    if app.groups.all().len() > 1 {
+        // Which group answered, for clients and operators that follow a conversation's group.
+        head = head.header("x-sparkgate-group", lease.group().name.as_str());
+    }
     if norm.stream && is_sse && upstream.status().is_success() {
         let ctx = RelayCtx {
             started,
@@ -352,7 +374,7 @@ async fn generate_inner(
             framing: Framing::of(route.family, api),
             first_token_timeout: app.first_token_timeout,
             idle_timeout: app.idle_timeout,
-            mode: app.control.mode(),
+            mode,
             control: app.control.clone(),
             request_id: request_id.to_owned(),
             route: route.label,
@@ -361,7 +383,7 @@ async fn generate_inner(
         };
         let events = relay(upstream.into_body(), ctx);
         return Ok(Reply::Stream(
-            head.body(Body::new(HoldPermit::new(events, permit)))
+            head.body(Body::new(HoldPermit::new(events, permit, lease)))
                 .expect("valid response parts"),
         ));
     }
@@ -381,7 +403,7 @@ async fn generate_inner(
         }
         Ok(Err(e)) => {
             return Err(GatewayError::UpstreamUnreachable {
-                upstream: app.upstream.base().to_owned(),
+                upstream: lease.group().upstream.base().to_owned(),
                 detail: error_chain(&e),
             })
         }
@@ -389,9 +411,9 @@ async fn generate_inner(
     };
     let usage = observe::Usage::of_body(&bytes);
     if let (true, Some(t)) = (status.is_success(), usage.completion) {
-        app.control.count_tokens(app.control.mode(), t);
+        app.control.count_tokens(mode, t);
     }
-    let body = HoldPermit::new(http_body_util::Full::new(bytes), permit);
+    let body = HoldPermit::new(http_body_util::Full::new(bytes), permit, lease);
     Ok(Reply::Whole {
         resp: head.body(Body::new(body)).expect("valid response parts"),
         usage,
@@ -422,14 +444,15 @@ async fn forward_as_is(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, GatewayError> {
-    let send = app.upstream.send(method, path, headers, request_id, body);
+    let group = app.groups.serving();
+    let send = group.upstream.send(method, path, headers, request_id, body);
     let mut upstream = match tokio::time::timeout(app.request_timeout, send).await {
         Err(_) => {
             return Err(GatewayError::UpstreamTimeout {
                 after: app.request_timeout,
             })
         }
-        Ok(Err(e)) => return Err(unreachable(app, &e)),
+        Ok(Err(e)) => return Err(unreachable(app, group, &e)),
         Ok(Ok(r)) => r,
     };
     let head = response_head(&mut upstream);
@@ -457,7 +480,7 @@ async fn ready(State(app): State<Shared>) -> Response {
 async fn metrics_text(State(app): State<Shared>) -> Response {
     let snap = app.control.snapshot();
     observe::admission(snap.queued, snap.in_use);
-    let upstream = app.upstream_metrics.get(&app.upstream).await;
+    let upstream = app.upstream_metrics.get(&app.groups.first().upstream).await;
     let body = crate::exposition::merge(&observe::metrics_handle().render(), upstream.as_deref());
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
@@ -468,24 +491,16 @@ async fn metrics_text(State(app): State<Shared>) -> Response {
 
 /// In gateway-only mode nobody supervises the upstream: probe its `/health` every second.
 async fn probe_upstream(app: Shared) {
+    let upstream = &app.groups.first().upstream;
     loop {
-        let state = if app.upstream.healthy().await {
+        let state = if upstream.healthy().await {
             UpstreamState::Ready
         } else {
-            UpstreamState::Unreachable(format!("{}/health does not answer 200", app.upstream.base()))
+            UpstreamState::Unreachable(format!("{}/health does not answer 200", upstream.base()))
         };
         app.control.set_upstream(state);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-}
-
-/// Who keeps the gateway informed about its upstream.
-#[derive(Debug, Clone)]
-pub enum Upstreams {
-    /// Gateway-only mode: probe the upstream's `/health` every second.
-    Probe,
-    /// The supervisor's state drives admission and readiness; `/admin` controls it.
-    Supervised(SupervisorHandle),
 }
 
 /// Serves the gateway on `listener` until `shutdown` resolves, then drains connections for at
@@ -498,17 +513,26 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     observe::metrics_handle();
-    let supervisor = match &upstreams {
-        Upstreams::Probe => None,
-        Upstreams::Supervised(h) => Some(h.clone()),
-    };
-    let app = App::new(config, control.clone(), supervisor.clone());
-    match supervisor {
-        None => {
+    let groups = std::sync::Arc::new(Groups::of(config, &upstreams));
+    let app = App::new(config, control.clone(), groups.clone());
+    match upstreams {
+        Upstreams::Probe => {
             tokio::spawn(probe_upstream(app.clone()));
         }
-        Some(h) => {
-            admin::mirror(control.clone(), h.clone());
+        Upstreams::Supervised(list) if list.len() > 1 => {
+            crate::groups::mirror(control.clone(), groups);
+            if list
+                .iter()
+                .any(|(g, _)| g.config.speculation.policy == sparkgate_config::SpecPolicy::Auto)
+            {
+                tracing::warn!(
+                    "SPEC_POLICY=auto runs with one group only; with GROUPS_FILE each group keeps its SPEC_METHOD"
+                );
+            }
+        }
+        Upstreams::Supervised(mut list) => {
+            crate::groups::mirror(control.clone(), groups);
+            let h = list.pop().expect("one group").1;
             let (for_switch, demand) = (app.clone(), control.clone());
             crate::spec::run(
                 app.spec_policy.clone(),

@@ -149,7 +149,7 @@ fn get_json(ep: &Endpoint, path: &str) -> anyhow::Result<serde_json::Value> {
 /// A command that changes the group.
 #[derive(Debug, Clone)]
 pub(super) enum Change {
-    Restart { force: bool },
+    Restart { force: bool, group: Option<String> },
     Stop,
     Start,
     Spec { mode: SpecMethod, force: bool },
@@ -157,12 +157,32 @@ pub(super) enum Change {
 
 /// Sends `change`, then (unless `--no-wait`) waits for its outcome, showing the phases.
 pub(super) fn change(ep: &Endpoint, change: Change, wait: &WaitArgs) -> anyhow::Result<ExitCode> {
-    let before = get_json(ep, "/admin/status")?;
+    // A group's restart is followed in that group's supervisor, shown where the group's is.
+    let group = match &change {
+        Change::Restart { group: Some(g), .. } => Some(g.clone()),
+        _ => None,
+    };
+    let group_status = || -> anyhow::Result<serde_json::Value> {
+        let mut s = get_json(ep, "/admin/status")?;
+        if let Some(name) = &group {
+            let found = s["groups"]
+                .as_array()
+                .and_then(|gs| gs.iter().find(|g| g["name"] == name.as_str()).cloned());
+            if let Some(g) = found {
+                s["supervisor"] = g["supervisor"].clone();
+            }
+        }
+        Ok(s)
+    };
+    let before = group_status()?;
     let epoch = before["supervisor"]["epoch"].as_u64().unwrap_or(0);
     let force = |f: bool| if f { "?force=1" } else { "" };
     let (path, body, goal) = match &change {
-        Change::Restart { force: f } => (
-            format!("/admin/restart{}", force(*f)),
+        Change::Restart { force: f, group } => (
+            match group {
+                Some(g) => format!("/admin/restart?group={g}{}", if *f { "&force=1" } else { "" }),
+                None => format!("/admin/restart{}", force(*f)),
+            },
             Bytes::new(),
             Goal::Ready { after: epoch },
         ),
@@ -192,7 +212,7 @@ pub(super) fn change(ep: &Endpoint, change: Change, wait: &WaitArgs) -> anyhow::
         }
         return Ok(ExitCode::SUCCESS);
     }
-    super::wait::wait(&goal, wait, || get_json(ep, "/admin/status"))
+    super::wait::wait(&goal, wait, group_status)
 }
 
 /// What the gateway said to a change it took, or why nothing needed doing.
@@ -282,6 +302,25 @@ pub(super) fn status_table(v: &serde_json::Value) -> String {
     );
     if let Some(rate) = v["tokens_per_s"].as_f64() {
         let _ = writeln!(out, "throughput {rate:.1} tokens/s over the last 10 s");
+    }
+    let groups: Vec<&serde_json::Value> = v["groups"].as_array().into_iter().flatten().collect();
+    if groups.len() > 1 {
+        // Several groups: one line each; `sparkgate status --json` has every group's ranks.
+        for g in groups {
+            let state = g["upstream"]["state"].as_str().unwrap_or("?");
+            let _ = writeln!(
+                out,
+                "group {:<4} {state} · mode {} · {} in flight of {} · epoch {} · {} routed · {}",
+                text(&g["name"]),
+                text(&g["mode"]),
+                g["in_flight"],
+                g["capacity"],
+                g["supervisor"]["epoch"],
+                g["routed"],
+                text(&g["upstream_url"])
+            );
+        }
+        return out;
     }
     let Some(s) = v.get("supervisor").filter(|s| !s.is_null()) else {
         let _ = writeln!(

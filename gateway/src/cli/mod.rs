@@ -75,6 +75,9 @@ pub enum Command {
         /// Keep the temporary log directory when the demo exits (a LOG_DIR you set is always kept).
         #[arg(long)]
         keep_logs: bool,
+        /// Simulated rank groups behind the one gateway (a GROUPS_FILE of N sections).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=8))]
+        groups: u8,
     },
     /// Show the running gateway's state: ranks, epoch, mode, admission.
     Status {
@@ -91,6 +94,9 @@ pub enum Command {
         /// Restart at once: in-flight requests end with an error instead of finishing.
         #[arg(long)]
         force: bool,
+        /// Restart this group (a GROUPS_FILE section) alone; the others keep serving.
+        #[arg(long)]
+        group: Option<String>,
         #[command(flatten)]
         wait: wait::WaitArgs,
     },
@@ -224,18 +230,22 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
     let demo = match &cli.command {
-        Command::Demo { port, keep_logs } => {
+        Command::Demo {
+            port,
+            keep_logs,
+            groups,
+        } => {
             if let Some(p) = port {
                 options.overrides.insert("PORT".to_owned(), p.to_string());
             }
-            Some((serve::Simulator::BuildIfMissing, *keep_logs))
+            Some((serve::Simulator::BuildIfMissing, *keep_logs, *groups))
         }
         Command::Config { demo: true, .. } | Command::Plan { demo: true, .. } => {
-            Some((serve::Simulator::NameOnly, true))
+            Some((serve::Simulator::NameOnly, true, 1))
         }
         _ => None,
     };
-    let logs = match demo.map(|(sim, keep)| serve::demo_defaults(&mut options, sim, keep)) {
+    let logs = match demo.map(|(sim, keep, groups)| serve::demo_defaults(&mut options, sim, keep, groups)) {
         Some(Err(e)) => {
             eprintln!("sparkgate demo: {e:#}");
             return Ok(ExitCode::FAILURE);
@@ -258,8 +268,20 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config { json: true, .. } => serde_json::to_string_pretty(&config.settings_json())? + "\n",
         Command::Config { .. } => sparkgate_config::settings_table(&config),
         Command::Plan { json, rank, .. } => render_plan(&config, json, rank)?,
-        Command::Serve { .. } => return serve::serve(&config, serve::Mode::Serve),
-        Command::Demo { .. } => return serve::serve(&config, serve::Mode::Demo(logs)),
+        Command::Serve { .. } | Command::Demo { .. } => {
+            let groups = match Config::load_groups(&options) {
+                Ok(groups) => groups,
+                Err(err) => {
+                    eprintln!("sparkgate: {err}");
+                    return Ok(ExitCode::from(EXIT_CONFIG));
+                }
+            };
+            let mode = match cli.command {
+                Command::Demo { .. } => serve::Mode::Demo(logs),
+                _ => serve::Mode::Serve,
+            };
+            return serve::serve(&config, groups, mode);
+        }
         Command::Status { ref target, .. }
         | Command::Restart { ref target, .. }
         | Command::Spec { ref target, .. }
@@ -303,7 +325,7 @@ fn admin_command(command: Command, ep: &admin::Endpoint) -> anyhow::Result<ExitC
     use admin::Change;
     match command {
         Command::Status { json, .. } => admin::status(ep, json),
-        Command::Restart { force, wait, .. } => admin::change(ep, Change::Restart { force }, &wait),
+        Command::Restart { force, group, wait, .. } => admin::change(ep, Change::Restart { force, group }, &wait),
         Command::Spec { mode: None, .. } => admin::show_spec(ep),
         Command::Spec {
             mode: Some(mode),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use sparkgate_config::{Config, LoadOptions, Source};
+use sparkgate_config::{Config, GroupConfig, LoadOptions, Source};
 use sparkgate_supervisor::SupervisorHandle;
 
 use crate::{GatewayControl, Upstreams};
@@ -32,7 +32,7 @@ pub(super) enum Logs {
     Keep,
 }
 
-pub(super) fn serve(config: &Config, run: Mode) -> anyhow::Result<ExitCode> {
+pub(super) fn serve(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> anyhow::Result<ExitCode> {
     let _log = crate::init_logging(config.gateway.log_format);
     // One thread (the default) is tokio's current-thread scheduler: the accept loop, the
     // connections and the supervisor share the thread that runs them, with no hand-off to a
@@ -61,16 +61,23 @@ pub(super) fn serve(config: &Config, run: Mode) -> anyhow::Result<ExitCode> {
             timeout: config.gateway.queue_timeout,
         };
         let control = GatewayControl::new(mode.max_num_seqs, limits, mode.method);
-        let supervisor = if gateway_only(config) {
-            None
-        } else {
-            Some(SupervisorHandle::spawn(config).await?)
-        };
+        let mut supervised = Vec::new();
+        if !gateway_only(config) {
+            // One supervisor per group, each with its own preflight; a group that cannot start
+            // stops the whole start here, before any port is served.
+            for g in groups {
+                let handle = SupervisorHandle::spawn(&g.config)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("group {}: {e}", g.name))?;
+                supervised.push((g, handle));
+            }
+        }
         tracing::info!(
             profile = %config.profile,
             model = %config.serving.served_model_name,
             upstream = %config.gateway.upstream,
-            supervised = supervisor.is_some(),
+            supervised = !supervised.is_empty(),
+            groups = supervised.len().max(1),
             max_num_seqs = mode.max_num_seqs,
             "sparkgate listening on http://{local}"
         );
@@ -86,16 +93,15 @@ pub(super) fn serve(config: &Config, run: Mode) -> anyhow::Result<ExitCode> {
                 config.serving.served_model_name
             );
         }
-        let upstreams = match &supervisor {
-            None => Upstreams::Probe,
-            Some(h) => Upstreams::Supervised(h.clone()),
+        let handles: Vec<SupervisorHandle> = supervised.iter().map(|(_, h)| h.clone()).collect();
+        let upstreams = match supervised.is_empty() {
+            true => Upstreams::Probe,
+            false => Upstreams::Supervised(supervised),
         };
         crate::serve(config, listener, control, upstreams, shutdown_signal()).await?;
-        if let Some(h) = supervisor {
-            // The supervisor decides: process ranks stop with the gateway (they cannot be
-            // adopted); containers stay for the next gateway unless STOP_RANKS_ON_EXIT=1.
-            h.shutdown().await;
-        }
+        // Each supervisor decides: process ranks stop with the gateway (they cannot be
+        // adopted); containers stay for the next gateway unless STOP_RANKS_ON_EXIT=1.
+        futures_util::future::join_all(handles.iter().map(|h| h.shutdown())).await;
         tracing::info!("sparkgate stopped");
         if let Mode::Demo(Logs::RemoveOnExit(dir)) = &run {
             // Only the directory the demo made: a LOG_DIR the operator set is theirs.
@@ -124,24 +130,59 @@ pub(super) enum Simulator {
     NameOnly,
 }
 
-/// Two free loopback ports, held until both are chosen so they differ.
-fn free_ports() -> anyhow::Result<(u16, u16)> {
-    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
+/// `n` free loopback ports, held until all are chosen so they differ.
+fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()?;
+    Ok(held
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<_, _>>()?)
+}
+
+/// `demo --groups N`: a GROUPS_FILE in the demo's log directory with N sections, each group's
+/// vLLM and rendezvous ports its own.
+fn demo_groups(log_dir: &std::path::Path, groups: u8) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(log_dir)?;
+    let ports = free_ports(2 * usize::from(groups))?;
+    let mut text = String::from("# sparkgate demo: simulated rank groups behind one gateway\n");
+    for (i, pair) in ports.chunks(2).enumerate() {
+        text.push_str(&format!(
+            "[g{}]\nVLLM_PORT={}\nMASTER_PORT={}\n",
+            i + 1,
+            pair[0],
+            pair[1]
+        ));
+    }
+    let path = log_dir.join("groups.env");
+    std::fs::write(&path, text)?;
+    Ok(path)
 }
 
 /// The demo's settings, as the layer just above the profile defaults (a flag, the environment
 /// or the env file wins): loopback addresses only, vLLM's and the rendezvous port picked free
 /// (so two demos never clash), ranks as vllm-sim processes at real speed, logs in a temporary
 /// directory.
-pub(super) fn demo_defaults(options: &mut LoadOptions, sim: Simulator, keep_logs: bool) -> anyhow::Result<Logs> {
+pub(super) fn demo_defaults(
+    options: &mut LoadOptions,
+    sim: Simulator,
+    keep_logs: bool,
+    groups: u8,
+) -> anyhow::Result<Logs> {
     let sim = match sim {
         Simulator::BuildIfMissing => locate_simulator()?,
         Simulator::NameOnly => std::env::current_exe()?.with_file_name("vllm-sim"),
     };
     let log_dir = std::env::temp_dir().join(format!("sparkgate-demo-{}", std::process::id()));
-    let (vllm_port, master_port) = free_ports()?;
+    let ports = free_ports(2)?;
+    let (vllm_port, master_port) = (ports[0], ports[1]);
+    if groups > 1 {
+        let file = demo_groups(&log_dir, groups)?;
+        options
+            .demo
+            .insert("GROUPS_FILE".to_owned(), file.display().to_string());
+    }
     let defaults = [
         ("HEAD_IP", "127.0.0.1".to_owned()),
         ("WORKER_IP", "127.0.0.1".to_owned()),

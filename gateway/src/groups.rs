@@ -1,0 +1,455 @@
+//! The rank groups behind the gateway (one, or one per GROUPS_FILE section) and how a
+//! generation picks one. Admission stays one shared queue: its capacity is the sum of the
+//! serving groups' MAX_NUM_SEQS, so an admitted request always finds a group with room. The
+//! request then takes a lease on a group — by prefix affinity (the group that served the same
+//! conversation prefix within [`AFFINITY_TTL`], so vLLM's prefix cache is reused), else the
+//! least loaded — and holds it until its answer is sent. Each group's supervisor state is
+//! mirrored into its own view; a group that restarts or fails only takes its capacity away.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sparkgate_config::{Config, GroupConfig, GroupRouting, SpecMethod, SINGLE_GROUP};
+use sparkgate_supervisor::{GroupState, Status, SupervisorHandle};
+
+use crate::admission::Hold;
+use crate::state::{GatewayControl, UpstreamState};
+use crate::upstream::Upstream;
+
+/// How long a conversation prefix stays bound to the group that served it.
+pub(crate) const AFFINITY_TTL: Duration = Duration::from_secs(600);
+/// Prefixes remembered at most (the oldest are forgotten first).
+const AFFINITY_MAX: usize = 65_536;
+
+/// What the gateway knows of one group: its supervisor's state as admission sees it.
+#[derive(Debug, Clone, PartialEq)]
+struct View {
+    state: UpstreamState,
+    mode: SpecMethod,
+    capacity: u32,
+}
+
+/// One rank group.
+#[derive(Debug)]
+pub(crate) struct Group {
+    pub(crate) name: String,
+    pub(crate) upstream: Upstream,
+    pub(crate) supervisor: Option<SupervisorHandle>,
+    view: RwLock<View>,
+    leases: AtomicU32,
+    routed: AtomicU64,
+    /// An operator drains it before restarting it alone: no new leases.
+    drained: AtomicBool,
+}
+
+impl Group {
+    /// A group; one without a supervisor (gateway-only mode) is always open to leases — its
+    /// health is probed into the gateway's state instead.
+    pub(crate) fn new(
+        name: &str,
+        upstream: Upstream,
+        supervisor: Option<SupervisorHandle>,
+        mode: SpecMethod,
+        capacity: u32,
+    ) -> Group {
+        let state = match supervisor {
+            Some(_) => UpstreamState::Starting,
+            None => UpstreamState::Ready,
+        };
+        Group {
+            name: name.to_owned(),
+            upstream,
+            supervisor,
+            view: RwLock::new(View { state, mode, capacity }),
+            leases: AtomicU32::new(0),
+            routed: AtomicU64::new(0),
+            drained: AtomicBool::new(false),
+        }
+    }
+
+    fn view(&self) -> View {
+        self.view.read().expect("group view").clone()
+    }
+
+    /// The speculation mode the group runs.
+    pub(crate) fn mode(&self) -> SpecMethod {
+        self.view().mode
+    }
+
+    pub(crate) fn state(&self) -> UpstreamState {
+        self.view().state
+    }
+
+    /// Serving and not drained: it takes new requests up to its capacity.
+    fn open(&self) -> bool {
+        !self.drained.load(Ordering::Relaxed) && self.view().state == UpstreamState::Ready
+    }
+
+    pub(crate) fn in_use(&self) -> u32 {
+        self.leases.load(Ordering::Relaxed)
+    }
+
+    /// The epoch its supervisor serves now (none without a supervisor).
+    pub(crate) fn epoch(&self) -> Option<u64> {
+        self.supervisor.as_ref().map(|s| s.status().epoch)
+    }
+
+    pub(crate) fn set_drained(&self, drained: bool) {
+        self.drained.store(drained, Ordering::Relaxed);
+    }
+
+    /// Takes one of its slots, unless it is closed or full.
+    fn try_lease(self: &Arc<Self>) -> Option<Lease> {
+        let capacity = self.view().capacity;
+        if !self.open() {
+            return None;
+        }
+        self.leases
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < capacity).then_some(n + 1))
+            .ok()?;
+        self.routed.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(crate::observe::GROUP_REQUESTS, "group" => self.name.clone()).increment(1);
+        Some(Lease { group: self.clone() })
+    }
+
+    /// Free slots as a share of its capacity (0 when closed).
+    fn room(&self) -> f64 {
+        let capacity = self.view().capacity;
+        if !self.open() || capacity == 0 {
+            return 0.0;
+        }
+        f64::from(capacity.saturating_sub(self.in_use())) / f64::from(capacity)
+    }
+}
+
+/// A request's hold on one slot of a group, released when dropped (with its answer).
+#[derive(Debug)]
+pub(crate) struct Lease {
+    group: Arc<Group>,
+}
+
+impl Lease {
+    pub(crate) fn group(&self) -> &Group {
+        &self.group
+    }
+
+    /// The group, to consult after the lease is given back (a retry's verdict).
+    pub(crate) fn shared(&self) -> Arc<Group> {
+        self.group.clone()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.group.leases.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Every group, and the routing between them.
+#[derive(Debug)]
+pub(crate) struct Groups {
+    list: Vec<Arc<Group>>,
+    routing: GroupRouting,
+    /// Conversation prefix → (group index, when it last went there).
+    recent: Mutex<HashMap<u64, (usize, Instant)>>,
+    turn: AtomicUsize,
+}
+
+impl Groups {
+    pub(crate) fn new(list: Vec<Group>, routing: GroupRouting) -> Groups {
+        assert!(!list.is_empty(), "at least one group");
+        Groups {
+            list: list.into_iter().map(Arc::new).collect(),
+            routing,
+            recent: Mutex::new(HashMap::new()),
+            turn: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn all(&self) -> &[Arc<Group>] {
+        &self.list
+    }
+
+    /// The first group: the only one without GROUPS_FILE.
+    pub(crate) fn first(&self) -> &Arc<Group> {
+        &self.list[0]
+    }
+
+    /// Where a request outside admission (tokenize, a passthrough) goes: the first open group,
+    /// else the first.
+    pub(crate) fn serving(&self) -> &Group {
+        self.list.iter().find(|g| g.open()).unwrap_or(&self.list[0])
+    }
+
+    pub(crate) fn named(&self, name: &str) -> Option<&Arc<Group>> {
+        self.list.iter().find(|g| g.name == name)
+    }
+
+    /// Whether routing uses a request's conversation prefix (several groups, affinity).
+    pub(crate) fn wants_prefix(&self) -> bool {
+        self.list.len() > 1 && self.routing == GroupRouting::Affinity
+    }
+
+    /// A group for an admitted request: the prefix's recent group when it has room, else the
+    /// one with the most room (round-robin: the next with room). `None` only in the moment a
+    /// group closes under an admitted request.
+    pub(crate) fn lease(&self, prefix: Option<u64>) -> Option<Lease> {
+        if self.list.len() == 1 {
+            return self.list[0].try_lease();
+        }
+        let now = Instant::now();
+        let preferred = match (self.routing, prefix) {
+            (GroupRouting::Affinity, Some(key)) => self.recent_group(key, now),
+            (GroupRouting::RoundRobin, _) => Some(self.turn.fetch_add(1, Ordering::Relaxed) % self.list.len()),
+            _ => None,
+        };
+        let mut order: Vec<usize> = (0..self.list.len()).collect();
+        if self.routing != GroupRouting::RoundRobin {
+            // Most room first; ties keep configuration order.
+            order.sort_by(|&a, &b| self.list[b].room().total_cmp(&self.list[a].room()));
+        } else if let Some(p) = preferred {
+            order.rotate_left(p);
+        }
+        if let Some(p) = preferred {
+            order.retain(|&i| i != p);
+            order.insert(0, p);
+        }
+        let (index, lease) = order.into_iter().find_map(|i| Some((i, self.list[i].try_lease()?)))?;
+        if let (GroupRouting::Affinity, Some(key)) = (self.routing, prefix) {
+            self.remember(key, index, now);
+        }
+        Some(lease)
+    }
+
+    fn recent_group(&self, key: u64, now: Instant) -> Option<usize> {
+        let recent = self.recent.lock().expect("affinity map");
+        recent
+            .get(&key)
+            .filter(|(_, at)| now.duration_since(*at) < AFFINITY_TTL)
+            .map(|(i, _)| *i)
+    }
+
+    fn remember(&self, key: u64, index: usize, now: Instant) {
+        let mut recent = self.recent.lock().expect("affinity map");
+        if recent.len() >= AFFINITY_MAX {
+            recent.retain(|_, (_, at)| now.duration_since(*at) < AFFINITY_TTL);
+            if recent.len() >= AFFINITY_MAX {
+                recent.clear();
+            }
+        }
+        recent.insert(key, (index, now));
+    }
+
+    /// Sequences the open groups take at once.
+    fn open_capacity(&self) -> u32 {
+        self.list.iter().filter(|g| g.open()).map(|g| g.view().capacity).sum()
+    }
+
+    /// The gateway's state: ready while any group serves; otherwise the first held group's
+    /// (starting, restarting, stalled: requests wait), else the first group's.
+    fn summary(&self) -> UpstreamState {
+        if self.list.iter().any(|g| g.open()) {
+            return UpstreamState::Ready;
+        }
+        let held = |s: &UpstreamState| {
+            matches!(
+                s,
+                UpstreamState::Starting | UpstreamState::Restarting(_) | UpstreamState::Stalled(_)
+            )
+        };
+        let states: Vec<UpstreamState> = self.list.iter().map(|g| g.state()).collect();
+        let named = |i: usize, s: UpstreamState| -> UpstreamState {
+            if self.list.len() == 1 {
+                return s;
+            }
+            let name = &self.list[i].name;
+            match s {
+                UpstreamState::Restarting(r) => UpstreamState::Restarting(format!("group {name}: {r}")),
+                UpstreamState::Stalled(r) => UpstreamState::Stalled(format!("group {name}: {r}")),
+                UpstreamState::Failed(r) => UpstreamState::Failed(format!("group {name}: {r}")),
+                UpstreamState::Unreachable(r) => UpstreamState::Unreachable(format!("group {name}: {r}")),
+                other => other,
+            }
+        };
+        match states.iter().position(held) {
+            Some(i) => named(i, states[i].clone()),
+            None => named(0, states[0].clone()),
+        }
+    }
+
+    /// Each group for `/admin/status`.
+    pub(crate) fn status_json(&self) -> Value {
+        let groups: Vec<Value> = self
+            .list
+            .iter()
+            .map(|g| {
+                let v = g.view();
+                let mut j = json!({
+                    "name": g.name,
+                    "upstream": v.state,
+                    "upstream_url": g.upstream.base(),
+                    "mode": v.mode,
+                    "capacity": v.capacity,
+                    "in_flight": g.in_use(),
+                    "open": g.open(),
+                    "routed": g.routed.load(Ordering::Relaxed),
+                });
+                // One group's supervisor is the status's own `supervisor`; several are each here.
+                if let Some(s) = g.supervisor.as_ref().filter(|_| self.list.len() > 1) {
+                    j["supervisor"] = serde_json::to_value(s.status()).unwrap_or_default();
+                }
+                j
+            })
+            .collect();
+        Value::Array(groups)
+    }
+}
+
+/// Who keeps the gateway informed about its upstream.
+#[derive(Debug, Clone)]
+pub enum Upstreams {
+    /// Gateway-only mode: probe the upstream's `/health` every second.
+    Probe,
+    /// One supervisor per rank group, in configuration order: their states drive admission and
+    /// readiness; `/admin` controls them.
+    Supervised(Vec<(GroupConfig, SupervisorHandle)>),
+}
+
+impl Groups {
+    /// The groups behind the gateway: the supervised ones, or the one upstream of gateway-only mode.
+    pub(crate) fn of(config: &Config, upstreams: &Upstreams) -> Groups {
+        let key = config.secrets.vllm_api_key.as_ref();
+        let list = match upstreams {
+            Upstreams::Probe => {
+                let mode = config.speculation.active_mode();
+                let upstream = Upstream::new(&config.gateway.upstream, key);
+                vec![Group::new(SINGLE_GROUP, upstream, None, mode.method, mode.max_num_seqs)]
+            }
+            Upstreams::Supervised(list) => list
+                .iter()
+                .map(|(g, h)| {
+                    let mode = g.config.speculation.active_mode();
+                    let upstream = Upstream::new(&g.config.gateway.upstream, key);
+                    Group::new(&g.name, upstream, Some(h.clone()), mode.method, mode.max_num_seqs)
+                })
+                .collect(),
+        };
+        Groups::new(list, config.gateway.group_routing)
+    }
+}
+
+/// A group's view from its supervisor's published status.
+fn view_of(status: &Status) -> View {
+    let state = match &status.state {
+        // Work pending and no engine step: hold rather than send more into an engine that may be
+        // hung; a step lifts it, STALL_TIMEOUT restarts the group.
+        GroupState::Ready { .. } if status.stalled_s.is_some() => UpstreamState::Stalled(format!(
+            "no engine step for {}s with requests pending",
+            status.stalled_s.unwrap_or_default()
+        )),
+        GroupState::Ready { .. } => UpstreamState::Ready,
+        GroupState::Starting { epoch } => UpstreamState::Restarting(format!("starting epoch {epoch}")),
+        GroupState::Restarting { reason, .. } => UpstreamState::Restarting(reason.clone()),
+        GroupState::Failed { reason } => UpstreamState::Failed(reason.clone()),
+        GroupState::Stopped | GroupState::Stopping | GroupState::ShuttingDown => UpstreamState::Stopped,
+    };
+    View {
+        state,
+        mode: status.mode,
+        capacity: status.max_num_seqs,
+    }
+}
+
+/// Applies every group's view to the shared admission: its capacity is what the open groups
+/// take, and it holds (requests wait, not fail) while none is open.
+pub(crate) fn apply(control: &GatewayControl, groups: &Groups) {
+    let capacity = groups.open_capacity();
+    for g in groups.all() {
+        metrics::gauge!(crate::observe::GROUP_OPEN, "group" => g.name.clone()).set(f64::from(u8::from(g.open())));
+        metrics::gauge!(crate::observe::GROUP_IN_FLIGHT, "group" => g.name.clone()).set(f64::from(g.in_use()));
+    }
+    if let Some(open) = groups.all().iter().find(|g| g.open()) {
+        control.set_mode(open.mode());
+    }
+    control.set_upstream(groups.summary());
+    if capacity == 0 {
+        control.admission().pause(Hold::Group);
+    } else {
+        control.admission().set_capacity(capacity);
+        control.admission().resume(Hold::Group);
+    }
+}
+
+/// Follows each supervised group's published state into its view and re-applies admission
+/// when a view changes. The supervisor republishes the same state every second (memory
+/// samples); only changes are applied, so an operator drain's pause is not undone.
+pub(crate) fn mirror(control: GatewayControl, groups: Arc<Groups>) {
+    for (index, g) in groups.all().iter().enumerate() {
+        let Some(sup) = g.supervisor.clone() else { continue };
+        let (control, groups) = (control.clone(), groups.clone());
+        tokio::spawn(async move {
+            let mut rx = sup.subscribe();
+            loop {
+                let view = view_of(&rx.borrow_and_update());
+                let group = &groups.all()[index];
+                let changed = {
+                    let mut v = group.view.write().expect("group view");
+                    let changed = *v != view;
+                    *v = view;
+                    changed
+                };
+                if changed {
+                    apply(&control, &groups);
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// Bytes of a conversation's start that name its prefix: a long system prompt and the first
+/// user turn fit; what follows changes every turn.
+const PREFIX_BYTES: usize = 64 * 1024;
+
+/// The key of a request's conversation prefix — the model, the system prompt or instructions,
+/// and the conversation up to its first user turn (chat, Anthropic messages, Responses) or the
+/// prompt's start (completions) — for prefix affinity. `None` when the body has none of them.
+pub(crate) fn prefix_key(body: &[u8]) -> Option<u64> {
+    use serde_json::value::RawValue;
+    use std::hash::{Hash, Hasher};
+    let fields: HashMap<&str, &RawValue> = serde_json::from_slice(body).ok()?;
+    let mut parts: Vec<&str> = Vec::new();
+    for key in ["system", "instructions"] {
+        parts.extend(fields.get(key).map(|v| v.get()));
+    }
+    for key in ["messages", "input"] {
+        let Some(turns) = fields
+            .get(key)
+            .and_then(|v| serde_json::from_str::<Vec<&RawValue>>(v.get()).ok())
+        else {
+            continue;
+        };
+        // Up to and including the first user turn: the rest of the history grows per turn.
+        for turn in turns {
+            parts.push(turn.get());
+            if turn.get().contains("\"user\"") {
+                break;
+            }
+        }
+    }
+    parts.extend(fields.get("prompt").map(|v| v.get()));
+    if parts.is_empty() {
+        return None;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    fields.get("model").map(|m| m.get()).hash(&mut h);
+    for p in parts {
+        p.as_bytes()[..p.len().min(PREFIX_BYTES)].hash(&mut h);
+    }
+    Some(h.finish())
+}

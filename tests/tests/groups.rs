@@ -1,0 +1,250 @@
+//! Several rank groups behind one gateway (GROUPS_FILE): each group supervised on its own, one
+//! shared queue in front of them, a lost rank restarting its group only while the other keeps
+//! serving, `restart --group`, and prefix affinity against least-loaded routing.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use sparkgate_tests::harness::{binary_next_to, free_port, kill_pid, post_json, Gateway};
+
+const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
+
+fn sparkgate() -> String {
+    binary_next_to(SIM, "sparkgate")
+}
+
+/// A GROUPS_FILE of groups `a` and `b` on loopback, each with its own ports.
+fn groups_file(dir: &std::path::Path) -> String {
+    let mut text = String::new();
+    for name in ["a", "b"] {
+        text.push_str(&format!(
+            "[{name}]\nVLLM_PORT={}\nMASTER_PORT={}\n",
+            free_port(),
+            free_port()
+        ));
+    }
+    let path = dir.join("groups.env");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+fn group<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == name)
+        .unwrap_or_else(|| panic!("no group {name}: {status}"))
+}
+
+fn both_ready(s: &Value) -> bool {
+    ["a", "b"].iter().all(|g| group(s, g)["upstream"]["state"] == "ready")
+}
+
+/// One answered request: its status and the group that answered.
+#[derive(Debug, Clone)]
+struct Answer {
+    status: u16,
+    group: String,
+    body: String,
+}
+
+fn ask(gw: &Gateway, messages: Value, max_tokens: u32) -> Answer {
+    let r = post_json(
+        gw.addr,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": max_tokens, "ignore_eos": true}),
+    );
+    Answer {
+        status: r.status,
+        group: r.header("x-sparkgate-group").unwrap_or_default().to_owned(),
+        body: r.text(),
+    }
+}
+
+#[test]
+fn a_killed_rank_restarts_its_group_only_and_no_request_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = groups_file(dir.path());
+    let env = [("GROUPS_FILE", file.as_str()), ("SIM_SPEED", "4")];
+    let gw = Arc::new(Gateway::supervise_unready(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        dir.path(),
+        &env,
+    ));
+    let ready = gw.wait_status("both groups ready", both_ready);
+    assert_eq!(
+        ready["admission"]["capacity"], 4,
+        "two groups of MAX_NUM_SEQS 2: {ready}"
+    );
+    // Four clients in a loop keep both groups busy through the restart.
+    let (stop, answers) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
+    let clients: Vec<_> = (0..4)
+        .map(|i| {
+            let (gw, stop, answers) = (gw.clone(), stop.clone(), answers.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let a = ask(&gw, json!([{"role": "user", "content": format!("client {i}")}]), 40);
+                    answers.lock().unwrap().push(a);
+                }
+            })
+        })
+        .collect();
+    gw.wait_status("both groups busy", |s| {
+        ["a", "b"].iter().all(|g| group(s, g)["in_flight"].as_u64() > Some(0))
+    });
+    let before = gw.status();
+    let pid = group(&before, "a")["supervisor"]["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rank"] == 1)
+        .unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    kill_pid(pid);
+    gw.wait_status("group a restarted", |s| {
+        group(s, "a")["supervisor"]["epoch"] == 2 && group(s, "a")["upstream"]["state"] == "ready"
+    });
+    let served_before = answers.lock().unwrap().len();
+    gw.wait_status("more answers after the restart", |_| {
+        answers.lock().unwrap().len() > served_before + 8
+    });
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let after = gw.status();
+    assert_eq!(
+        group(&after, "b")["supervisor"]["epoch"],
+        1,
+        "group b never restarted: {after}"
+    );
+    let answers = answers.lock().unwrap();
+    let failed: Vec<&Answer> = answers.iter().filter(|a| a.status != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {failed:?}",
+        failed.len(),
+        answers.len()
+    );
+    for g in ["a", "b"] {
+        assert!(
+            answers.iter().any(|a| a.group == g),
+            "group {g} answered some: {answers:?}"
+        );
+    }
+}
+
+#[test]
+fn restart_group_restarts_that_group_while_the_other_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = groups_file(dir.path());
+    let gw = Gateway::supervise_unready(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        dir.path(),
+        &[("GROUPS_FILE", &file)],
+    );
+    gw.wait_status("both groups ready", both_ready);
+    let out = std::process::Command::new(sparkgate())
+        .args(["restart", "--group", "b", "--url", &format!("http://{}", gw.addr)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let s = gw.status();
+    assert_eq!(group(&s, "b")["supervisor"]["epoch"], 2, "{s}");
+    assert_eq!(group(&s, "a")["supervisor"]["epoch"], 1, "{s}");
+    let unknown = std::process::Command::new(sparkgate())
+        .args(["restart", "--group", "c", "--url", &format!("http://{}", gw.addr)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        !unknown.status.success() && text.contains("group \"c\" is not one of: a, b"),
+        "{text}"
+    );
+    let status = std::process::Command::new(sparkgate())
+        .args(["status", "--url", &format!("http://{}", gw.addr)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("group a    ready") && text.contains("group b    ready"),
+        "{text}"
+    );
+}
+
+/// Conversation X's second turn after another conversation took a slot of X's group: affinity
+/// keeps X on its group (whose prefix cache holds X), least-loaded moves it to the idle one.
+fn second_turn(routing: &str) -> (Answer, Answer) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = groups_file(dir.path());
+    let env = [
+        ("GROUPS_FILE", file.as_str()),
+        ("GROUP_ROUTING", routing),
+        ("SIM_SPEED", "1"),
+    ];
+    let gw = Arc::new(Gateway::supervise_unready(
+        &sparkgate(),
+        SIM,
+        "deepseek-v4.1-flash",
+        dir.path(),
+        &env,
+    ));
+    gw.wait_status("both groups ready", both_ready);
+    let system = "You are a careful assistant. ".repeat(40);
+    let first = json!([{"role": "system", "content": system}, {"role": "user", "content": "Name a prime."}]);
+    let one = ask(&gw, first.clone(), 4);
+    // A long answer on X's group (both idle: the first in order) holds one of its two slots.
+    let busy = {
+        let gw = gw.clone();
+        std::thread::spawn(move || ask(&gw, json!([{"role": "user", "content": "Count slowly."}]), 200))
+    };
+    gw.wait_status("the other conversation runs", |s| {
+        group(s, &one.group)["in_flight"] == 1
+    });
+    let mut history = first.as_array().unwrap().clone();
+    history.push(json!({"role": "assistant", "content": "7"}));
+    history.push(json!({"role": "user", "content": "Another one."}));
+    let two = ask(&gw, Value::Array(history), 4);
+    busy.join().unwrap();
+    (one, two)
+}
+
+#[test]
+fn affinity_keeps_a_conversation_on_its_group_and_its_prefix_cache() {
+    let (one, two) = second_turn("affinity");
+    assert_eq!((one.status, two.status), (200, 200), "{one:?} {two:?}");
+    assert_eq!(two.group, one.group, "affinity: the same group");
+    let usage: Value = serde_json::from_str(&two.body).unwrap();
+    assert!(
+        usage["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0),
+        "the second turn reused the first's prefix: {usage}"
+    );
+    let (one, two) = second_turn("least-loaded");
+    assert_ne!(two.group, one.group, "least-loaded: the idle group");
+    let usage: Value = serde_json::from_str(&two.body).unwrap();
+    assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{usage}");
+}
+
+#[test]
+fn the_demo_runs_two_groups() {
+    let proc = sparkgate_tests::harness::Proc::spawn(
+        &sparkgate(),
+        &["demo", "--groups", "2", "--port", "0"].map(String::from),
+        &[("SIM_LOAD_SECONDS", "0"), ("SIM_SPEED", "instant")],
+    );
+    let addr = sparkgate_tests::harness::addr_in(&proc.wait_for("sparkgate listening on http://"));
+    let gw = Gateway { proc, addr };
+    let s = gw.wait_status("both demo groups ready", |s| {
+        ["g1", "g2"].iter().all(|g| group(s, g)["upstream"]["state"] == "ready")
+    });
+    assert_eq!(s["groups"].as_array().unwrap().len(), 2);
+    assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
+}
