@@ -34,7 +34,6 @@ pub(crate) struct App {
     /// The profile's speculation modes (what `/admin/spec` may switch to).
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
     pub(crate) spec_policy: Arc<crate::spec::ModePolicy>,
-    pub(crate) upstream_metrics: crate::exposition::UpstreamMetrics,
     /// Who a generation is for in the admission queue.
     pub(crate) clients: crate::clients::Clients,
 }
@@ -65,7 +64,6 @@ impl App {
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
             spec_policy: crate::spec::ModePolicy::new(&config.speculation),
-            upstream_metrics: Default::default(),
             clients: crate::clients::Clients::new(g.queue_policy, &g.client_weights),
         })
     }

@@ -38,6 +38,8 @@ pub(crate) struct Group {
     pub(crate) name: String,
     pub(crate) upstream: Upstream,
     pub(crate) supervisor: Option<SupervisorHandle>,
+    /// Its rank 0's `/metrics`, cached for a second.
+    pub(crate) metrics: crate::exposition::UpstreamMetrics,
     view: RwLock<View>,
     leases: AtomicU32,
     routed: AtomicU64,
@@ -63,6 +65,7 @@ impl Group {
             name: name.to_owned(),
             upstream,
             supervisor,
+            metrics: Default::default(),
             view: RwLock::new(View { state, mode, capacity }),
             leases: AtomicU32::new(0),
             routed: AtomicU64::new(0),

@@ -480,8 +480,15 @@ async fn ready(State(app): State<Shared>) -> Response {
 async fn metrics_text(State(app): State<Shared>) -> Response {
     let snap = app.control.snapshot();
     observe::admission(snap.queued, snap.in_use);
-    let upstream = app.upstream_metrics.get(&app.groups.first().upstream).await;
-    let body = crate::exposition::merge(&observe::metrics_handle().render(), upstream.as_deref());
+    let own = observe::metrics_handle().render();
+    let body = match app.groups.all() {
+        [one] => crate::exposition::merge(&own, one.metrics.get(&one.upstream).await.as_deref()),
+        // Several groups: each rank 0's families with a `group` label.
+        many => {
+            let fetch = many.iter().map(|g| async { (g.name.as_str(), g.metrics.get(&g.upstream).await) });
+            crate::exposition::merge_groups(&own, &futures_util::future::join_all(fetch).await)
+        }
+    };
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,

@@ -151,6 +151,17 @@ fn restart_group_restarts_that_group_while_the_other_serves() {
         &[("GROUPS_FILE", &file)],
     );
     gw.wait_status("both groups ready", both_ready);
+    assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
+    let metrics = sparkgate_tests::harness::request(gw.addr, "GET", "/metrics", &[], b"").text();
+    for expected in [
+        "sparkgate_group_requests_total{group=\"a\"} 1",
+        "sparkgate_group_open{group=\"b\"} 1",
+        "sparkgate_upstream_up{group=\"a\"} 1",
+        "vllm:num_requests_running{group=\"b\",",
+    ] {
+        assert!(metrics.contains(expected), "{expected}\n{metrics}");
+    }
+    assert_eq!(metrics.matches("# TYPE vllm:num_requests_running gauge").count(), 1, "one family, both groups");
     let out = std::process::Command::new(sparkgate())
         .args(["restart", "--group", "b", "--url", &format!("http://{}", gw.addr)])
         .output()
