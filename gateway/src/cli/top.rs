@@ -199,7 +199,7 @@ fn head_lines(status: &Value, spec: Option<&Value>) -> Vec<Line<'static>> {
     let policy = spec.map_or_else(|| "?".to_owned(), |v| text(&v["policy"]));
     let mut lines = vec![
         Line::from(format!("{} ({})", text(&status["model"]), text(&status["profile"])).bold()),
-        Line::from(format!("group  {phase}")),
+        Line::from(format!("group  {}", groups_phase(status).unwrap_or(phase))),
         Line::from(format!(
             "mode   {} · policy {policy} · restarts {}",
             text(&status["mode"]),
@@ -210,6 +210,24 @@ fn head_lines(status: &Value, spec: Option<&Value>) -> Vec<Line<'static>> {
         lines.push(Line::from(format!("last   {}", text(&r["reason"]))));
     }
     lines
+}
+
+/// With several groups: each group's name, state and load on the one line.
+fn groups_phase(status: &Value) -> Option<String> {
+    let groups = status["groups"].as_array().filter(|g| g.len() > 1)?;
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|g| {
+            format!(
+                "{} {} {}/{}",
+                text(&g["name"]),
+                g["upstream"]["state"].as_str().unwrap_or("?"),
+                g["in_flight"],
+                g["capacity"]
+            )
+        })
+        .collect();
+    Some(parts.join(" · "))
 }
 
 fn rank_table(status: &Value) -> Table<'static> {
@@ -359,5 +377,22 @@ sparkgate_time_to_first_token_seconds_bucket{le=\"+Inf\"} 10\n";
         );
         let s = screen(&view);
         assert!(s.contains("no sparkgate answers") && s.contains("retrying"), "{s}");
+    }
+
+    #[test]
+    fn several_groups_share_the_group_line() {
+        let mut view = View::new("http://127.0.0.1:8888");
+        let status = json!({
+            "model": "DS", "profile": "deepseek-v4.1-flash", "mode": "dspark",
+            "admission": {"open": true, "capacity": 2, "in_flight": 1, "queued": 0},
+            "groups": [
+                {"name": "a", "upstream": {"state": "ready"}, "in_flight": 1, "capacity": 2},
+                {"name": "b", "upstream": {"state": "restarting", "detail": "rank 1 exited"}, "in_flight": 0, "capacity": 2}
+            ],
+            "supervisor": {"state": "ready", "epoch": 1, "mode": "dspark", "restarts": 0, "ranks": []}
+        });
+        view.update(Ok(status), None, None, Instant::now());
+        let s = screen(&view);
+        assert!(s.contains("group  a ready 1/2 · b restarting 0/2"), "{s}");
     }
 }
