@@ -121,7 +121,10 @@ pub(crate) fn merge_groups(own: &str, groups: &[(&str, Option<Bytes>)]) -> Vec<u
     out
 }
 
-fn family_entry<'a>(families: &'a mut Vec<(String, Vec<String>, Vec<String>)>, name: &str) -> &'a mut (String, Vec<String>, Vec<String>) {
+fn family_entry<'a>(
+    families: &'a mut Vec<(String, Vec<String>, Vec<String>)>,
+    name: &str,
+) -> &'a mut (String, Vec<String>, Vec<String>) {
     match families.iter().position(|(n, _, _)| n == name) {
         Some(i) => &mut families[i],
         None => {
@@ -148,12 +151,16 @@ mod tests {
 
     #[test]
     fn groups_share_each_family_once_and_label_every_sample() {
-        let a = Bytes::from_static(b"# HELP vllm:running Running.\n# TYPE vllm:running gauge\nvllm:running{model_name=\"M\"} 1.0\n");
+        let a = Bytes::from_static(
+            b"# HELP vllm:running Running.\n# TYPE vllm:running gauge\nvllm:running{model_name=\"M\"} 1.0\n",
+        );
         let b = Bytes::from_static(b"# HELP vllm:running Running.\n# TYPE vllm:running gauge\nvllm:running{model_name=\"M\"} 2.0\n# TYPE x counter\nx 3\n");
         let text = String::from_utf8(merge_groups("own 1", &[("a", Some(a)), ("b", Some(b)), ("c", None)])).unwrap();
         assert_eq!(text.matches("# TYPE vllm:running gauge").count(), 1, "{text}");
         assert!(
-            text.contains("vllm:running{group=\"a\",model_name=\"M\"} 1.0\nvllm:running{group=\"b\",model_name=\"M\"} 2.0\n"),
+            text.contains(
+                "vllm:running{group=\"a\",model_name=\"M\"} 1.0\nvllm:running{group=\"b\",model_name=\"M\"} 2.0\n"
+            ),
             "{text}"
         );
         assert!(text.contains("x{group=\"b\"} 3\n"), "{text}");

@@ -485,7 +485,9 @@ async fn metrics_text(State(app): State<Shared>) -> Response {
         [one] => crate::exposition::merge(&own, one.metrics.get(&one.upstream).await.as_deref()),
         // Several groups: each rank 0's families with a `group` label.
         many => {
-            let fetch = many.iter().map(|g| async { (g.name.as_str(), g.metrics.get(&g.upstream).await) });
+            let fetch = many
+                .iter()
+                .map(|g| async { (g.name.as_str(), g.metrics.get(&g.upstream).await) });
             crate::exposition::merge_groups(&own, &futures_util::future::join_all(fetch).await)
         }
     };

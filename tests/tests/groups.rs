@@ -161,7 +161,11 @@ fn restart_group_restarts_that_group_while_the_other_serves() {
     ] {
         assert!(metrics.contains(expected), "{expected}\n{metrics}");
     }
-    assert_eq!(metrics.matches("# TYPE vllm:num_requests_running gauge").count(), 1, "one family, both groups");
+    assert_eq!(
+        metrics.matches("# TYPE vllm:num_requests_running gauge").count(),
+        1,
+        "one family, both groups"
+    );
     let out = std::process::Command::new(sparkgate())
         .args(["restart", "--group", "b", "--url", &format!("http://{}", gw.addr)])
         .output()

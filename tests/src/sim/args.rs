@@ -70,6 +70,7 @@ const FLAGS: &[(&str, Kind)] = &[
         ]),
     ),
     ("block-size", Int),
+    ("num-gpu-blocks-override", Int),
     ("enable-prefix-caching", Bool),
     ("enable-chunked-prefill", Bool),
     ("max-num-seqs", Int),
@@ -222,6 +223,8 @@ pub struct ServeArgs {
     pub block_size: usize,
     /// Automatic prefix caching, on unless `--no-enable-prefix-caching`.
     pub prefix_caching: bool,
+    /// `--num-gpu-blocks-override`: the KV cache's size in blocks (the prefix cache's bound).
+    pub gpu_blocks: Option<usize>,
     /// Every flag as given (canonical name → raw values), for the "non-default args" log line.
     pub given: Vec<(String, Vec<String>)>,
 }
@@ -443,6 +446,9 @@ pub fn parse(argv: &[String]) -> Result<ServeArgs, ArgError> {
         max_num_queued_reqs: one("max-num-queued-reqs").and_then(|v| v.parse().ok()),
         block_size: int("block-size", 16).clamp(1, 1024) as usize,
         prefix_caching: one("enable-prefix-caching").as_deref() != Some("false"),
+        gpu_blocks: one("num-gpu-blocks-override")
+            .and_then(|v| v.parse().ok())
+            .filter(|&b: &usize| b > 0),
         given,
     })
 }
@@ -503,6 +509,7 @@ mod tests {
         assert_eq!(a.model, "/model");
         assert_eq!(a.served_name(), "M");
         assert_eq!((a.nnodes, a.node_rank, a.headless), (2, 1, true));
+        assert_eq!(a.gpu_blocks, None);
         assert_eq!(
             a.speculative,
             Some(SpecConfig {

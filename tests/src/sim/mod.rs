@@ -291,14 +291,14 @@ async fn run(args: ServeArgs) -> i32 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    // The KV cache's blocks: 1M tokens' worth (a Spark's share of it, about), none when
-    // prefix caching is off.
+    // The KV cache's blocks: --num-gpu-blocks-override, else 1M tokens' worth (a Spark's
+    // share of it, about); none when prefix caching is off.
     let prefix = prefix::PrefixCache::new(
         args.block_size,
-        if args.prefix_caching {
-            (1 << 20) / args.block_size
-        } else {
-            0
+        match (args.prefix_caching, args.gpu_blocks) {
+            (false, _) => 0,
+            (true, Some(blocks)) => blocks,
+            (true, None) => (1 << 20) / args.block_size,
         },
     );
     let app = Arc::new(api::App {
