@@ -232,12 +232,14 @@ fn groups_phase(status: &Value) -> Option<String> {
 
 fn rank_table(status: &Value) -> Table<'static> {
     let s = &status["supervisor"];
-    let memory = |node: &str| {
+    // A node's memory is named `head`, `worker`, or `worker <rank>` when there are several.
+    let memory = |node: &str, rank: &str| {
+        let numbered = format!("{node} {rank}");
         s["memory"]
             .as_array()
             .into_iter()
             .flatten()
-            .find(|m| m["node"] == node)
+            .find(|m| m["node"] == node || m["node"] == numbered.as_str())
             .and_then(|m| m["mem_available_gib"].as_f64())
             .map_or_else(|| "—".to_owned(), |g| format!("{g:.1} GiB free"))
     };
@@ -254,7 +256,7 @@ fn rank_table(status: &Value) -> Table<'static> {
                 "exited".into()
             },
             format!("{:.0} s", r["uptime_s"].as_f64().unwrap_or(0.0)),
-            memory(&node),
+            memory(&node, &text(&r["rank"])),
         ])
     });
     let widths = [
@@ -389,10 +391,17 @@ sparkgate_time_to_first_token_seconds_bucket{le=\"+Inf\"} 10\n";
                 {"name": "a", "upstream": {"state": "ready"}, "in_flight": 1, "capacity": 2},
                 {"name": "b", "upstream": {"state": "restarting", "detail": "rank 1 exited"}, "in_flight": 0, "capacity": 2}
             ],
-            "supervisor": {"state": "ready", "epoch": 1, "mode": "dspark", "restarts": 0, "ranks": []}
+            "supervisor": {"state": "ready", "epoch": 1, "mode": "dspark", "restarts": 0,
+                "memory": [{"node": "head", "mem_available_gib": 20.0}, {"node": "worker 1", "mem_available_gib": 11.0},
+                           {"node": "worker 2", "mem_available_gib": 12.0}],
+                "ranks": [{"rank": 2, "node": "worker", "running": true, "uptime_s": 5.0}]}
         });
         view.update(Ok(status), None, None, Instant::now());
         let s = screen(&view);
         assert!(s.contains("group  a ready 1/2 · b restarting 0/2"), "{s}");
+        assert!(
+            s.contains("12.0 GiB free") && !s.contains("11.0 GiB free"),
+            "worker 2's own memory: {s}"
+        );
     }
 }
