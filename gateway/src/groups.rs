@@ -43,6 +43,8 @@ pub(crate) struct Group {
     view: RwLock<View>,
     leases: AtomicU32,
     routed: AtomicU64,
+    /// `sparkgate_group_requests_total{group}`, looked up once: a lease is on every request's path.
+    requests: metrics::Counter,
     /// An operator drains it before restarting it alone: no new leases.
     drained: AtomicBool,
 }
@@ -69,6 +71,7 @@ impl Group {
             view: RwLock::new(View { state, mode, capacity }),
             leases: AtomicU32::new(0),
             routed: AtomicU64::new(0),
+            requests: metrics::counter!(crate::observe::GROUP_REQUESTS, "group" => name.to_owned()),
             drained: AtomicBool::new(false),
         }
     }
@@ -88,7 +91,21 @@ impl Group {
 
     /// Serving and not drained: it takes new requests up to its capacity.
     fn open(&self) -> bool {
-        !self.drained.load(Ordering::Relaxed) && self.view().state == UpstreamState::Ready
+        self.open_in(&self.view.read().expect("group view"))
+    }
+
+    fn open_in(&self, view: &View) -> bool {
+        !self.drained.load(Ordering::Relaxed) && view.state == UpstreamState::Ready
+    }
+
+    /// Its capacity while open, else 0.
+    fn open_capacity(&self) -> u32 {
+        let view = self.view.read().expect("group view");
+        if self.open_in(&view) {
+            view.capacity
+        } else {
+            0
+        }
     }
 
     pub(crate) fn in_use(&self) -> u32 {
@@ -106,25 +123,21 @@ impl Group {
 
     /// Takes one of its slots, unless it is closed or full.
     fn try_lease(self: &Arc<Self>) -> Option<Lease> {
-        let capacity = self.view().capacity;
-        if !self.open() {
-            return None;
-        }
+        let capacity = self.open_capacity();
         self.leases
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < capacity).then_some(n + 1))
             .ok()?;
         self.routed.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(crate::observe::GROUP_REQUESTS, "group" => self.name.clone()).increment(1);
+        self.requests.increment(1);
         Some(Lease { group: self.clone() })
     }
 
     /// Free slots as a share of its capacity (0 when closed).
     fn room(&self) -> f64 {
-        let capacity = self.view().capacity;
-        if !self.open() || capacity == 0 {
-            return 0.0;
+        match self.open_capacity() {
+            0 => 0.0,
+            capacity => f64::from(capacity.saturating_sub(self.in_use())) / f64::from(capacity),
         }
-        f64::from(capacity.saturating_sub(self.in_use())) / f64::from(capacity)
     }
 }
 
@@ -248,7 +261,7 @@ impl Groups {
 
     /// Sequences the open groups take at once.
     fn open_capacity(&self) -> u32 {
-        self.list.iter().filter(|g| g.open()).map(|g| g.view().capacity).sum()
+        self.list.iter().map(|g| g.open_capacity()).sum()
     }
 
     /// The gateway's state: ready while any group serves; otherwise the first held group's
