@@ -3,6 +3,7 @@
 //! while the group starts or restarts, open when ready, refused when stopped or failed).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -14,16 +15,22 @@ use sparkgate_config::SpecPolicy;
 use sparkgate_supervisor::{Answer, SupervisorHandle};
 
 use crate::admission::Hold;
-use crate::app::{status_json, Shared};
+use crate::app::{status_json, App, Shared};
 use crate::error::GatewayError;
 use crate::groups::Group;
 use crate::state::UpstreamState;
-use std::sync::Arc;
+
+fn no_supervisor() -> GatewayError {
+    GatewayError::NotFound("/admin: this gateway supervises no ranks (gateway-only mode)".into())
+}
+
+/// A group's supervisor (every group has one unless the gateway is gateway-only).
+fn supervisor_of(g: &Group) -> Result<&SupervisorHandle, GatewayError> {
+    g.supervisor.as_ref().ok_or_else(no_supervisor)
+}
 
 fn supervisor(app: &Shared) -> Result<&SupervisorHandle, GatewayError> {
-    app.groups.first().supervisor.as_ref().ok_or(GatewayError::NotFound(
-        "/admin: this gateway supervises no ranks (gateway-only mode)".into(),
-    ))
+    supervisor_of(app.groups.first())
 }
 
 fn accepted(body: serde_json::Value) -> Response {
@@ -67,67 +74,72 @@ fn supervisors(app: &Shared, q: &HashMap<String, String>) -> Result<Vec<Supervis
     })
 }
 
-/// Drains one group (it takes no new requests; its in-flight ones finish within DRAIN_TIMEOUT,
-/// or at once when `force`) while the others serve, then hands its supervisor to `then`.
-fn drain_group_then<F>(
-    app: &Shared,
-    group: Arc<Group>,
-    force: bool,
-    then: impl FnOnce(SupervisorHandle) -> F + Send + 'static,
-) -> Result<Duration, GatewayError>
-where
-    F: std::future::Future<Output = Answer> + Send,
-{
-    let sup = group
-        .supervisor
-        .clone()
-        .ok_or(GatewayError::NotFound("/admin: no supervisor".into()))?;
-    let drain = if force { Duration::ZERO } else { app.drain_timeout };
-    let (control, groups) = (app.control.clone(), app.groups.clone());
-    tokio::spawn(async move {
-        group.set_drained(true);
-        crate::groups::apply(&control, &groups);
-        let before = sup.status().epoch;
-        let deadline = Instant::now() + drain;
-        while group.in_use() > 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let answer = then(sup.clone()).await;
-        tracing::info!(group = %group.name, ?answer, "supervisor answered");
-        if matches!(answer, Answer::Accepted | Answer::Queued) {
-            let mirrored = Instant::now() + Duration::from_secs(5);
-            while group.state() == UpstreamState::Ready && sup.status().epoch == before && Instant::now() < mirrored {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-        group.set_drained(false);
-        crate::groups::apply(&control, &groups);
-    });
-    Ok(drain)
+/// What a drain closes before the supervisor is asked: the whole admission (the one group's
+/// restart, a mode switch), or one group of several while the others serve.
+enum Scope {
+    Admission,
+    Group(Arc<Group>),
 }
 
-/// Drains (admission paused, in-flight requests finish within DRAIN_TIMEOUT, or at once when
-/// `force`), then hands the first group's supervisor to `then` — in the background; the caller
-/// answers 202.
+impl Scope {
+    fn close(&self, app: &App) {
+        match self {
+            Scope::Admission => app.control.admission().pause(Hold::Drain),
+            Scope::Group(g) => {
+                g.set_drained(true);
+                crate::groups::apply(&app.control, &app.groups);
+            }
+        }
+    }
+
+    fn in_use(&self, app: &App) -> u32 {
+        match self {
+            Scope::Admission => app.control.snapshot().in_use,
+            Scope::Group(g) => g.in_use(),
+        }
+    }
+
+    /// Still shown as serving: the supervisor's change is not mirrored yet.
+    fn looks_ready(&self, app: &App) -> bool {
+        match self {
+            Scope::Admission => app.control.upstream() == UpstreamState::Ready,
+            Scope::Group(g) => g.state() == UpstreamState::Ready,
+        }
+    }
+
+    fn reopen(&self, app: &App) {
+        match self {
+            Scope::Admission => app.control.admission().resume(Hold::Drain),
+            Scope::Group(g) => {
+                g.set_drained(false);
+                crate::groups::apply(&app.control, &app.groups);
+            }
+        }
+    }
+}
+
+/// Drains `scope` (no new requests there; in-flight ones finish within DRAIN_TIMEOUT, or at
+/// once when `force`), then hands `sup` to `then` — in the background; the caller answers 202.
 fn drain_then<F>(
     app: &Shared,
+    scope: Scope,
+    sup: SupervisorHandle,
     force: bool,
     then: impl FnOnce(SupervisorHandle) -> F + Send + 'static,
-) -> Result<Duration, GatewayError>
+) -> Duration
 where
     F: std::future::Future<Output = Answer> + Send,
 {
-    let sup = supervisor(app)?.clone();
     let drain = if force { Duration::ZERO } else { app.drain_timeout };
-    let control = app.control.clone();
+    let app = app.clone();
     tokio::spawn(async move {
-        control.admission().pause(Hold::Drain);
+        scope.close(&app);
         let before = sup.status();
         let deadline = Instant::now() + drain;
-        while control.snapshot().in_use > 0 && Instant::now() < deadline {
+        while scope.in_use(&app) > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let left = control.snapshot().in_use;
+        let left = scope.in_use(&app);
         if left > 0 {
             tracing::warn!(
                 in_flight = left,
@@ -140,16 +152,26 @@ where
         // hold then covers the restart), or at once when nothing will change.
         if matches!(answer, Answer::Accepted | Answer::Queued) {
             let mirrored = Instant::now() + Duration::from_secs(5);
-            while control.upstream() == UpstreamState::Ready
-                && sup.status().epoch == before.epoch
-                && Instant::now() < mirrored
-            {
+            while scope.looks_ready(&app) && sup.status().epoch == before.epoch && Instant::now() < mirrored {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-        control.admission().resume(Hold::Drain);
+        scope.reopen(&app);
     });
-    Ok(drain)
+    drain
+}
+
+/// `drain_then` over the whole admission with the first group's supervisor.
+fn drain_all_then<F>(
+    app: &Shared,
+    force: bool,
+    then: impl FnOnce(SupervisorHandle) -> F + Send + 'static,
+) -> Result<Duration, GatewayError>
+where
+    F: std::future::Future<Output = Answer> + Send,
+{
+    let sup = supervisor(app)?.clone();
+    Ok(drain_then(app, Scope::Admission, sup, force, then))
 }
 
 fn forced(q: &HashMap<String, String>) -> bool {
@@ -172,7 +194,7 @@ pub(crate) async fn restart(
         Some(g) => vec![g],
         None if app.groups.all().len() > 1 => app.groups.all().to_vec(),
         None => {
-            let drain = drain_then(&app, force, move |sup| async move { sup.restart(reason).await })?;
+            let drain = drain_all_then(&app, force, move |sup| async move { sup.restart(reason).await })?;
             return Ok(accepted(
                 json!({"restarting": true, "drain_timeout_s": drain.as_secs_f64()}),
             ));
@@ -180,7 +202,10 @@ pub(crate) async fn restart(
     };
     let mut drain = Duration::ZERO;
     for g in targets {
-        drain = drain_group_then(&app, g, force, move |sup| async move { sup.restart(reason).await })?;
+        let sup = supervisor_of(&g)?.clone();
+        drain = drain_then(&app, Scope::Group(g), sup, force, move |sup| async move {
+            sup.restart(reason).await
+        });
     }
     Ok(accepted(
         json!({"restarting": true, "drain_timeout_s": drain.as_secs_f64()}),
@@ -190,7 +215,7 @@ pub(crate) async fn restart(
 /// The auto policy's switch: drain, then restart into `mode`.
 pub(crate) fn auto_switch(app: &Shared, mode: sparkgate_config::SpecMethod) {
     let reason = format!("speculation policy auto: switching to {mode}");
-    if let Err(e) = drain_then(
+    if let Err(e) = drain_all_then(
         app,
         false,
         move |sup| async move { sup.switch_mode(mode, reason).await },
@@ -298,7 +323,7 @@ pub(crate) async fn set_spec(
         let body = json!({"mode": method, "switching": false});
         return Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response());
     }
-    let drain = drain_then(&app, forced(&q), move |sup| async move {
+    let drain = drain_all_then(&app, forced(&q), move |sup| async move {
         sup.switch_mode(method, format!("operator switch to speculation mode {method}"))
             .await
     })?;
@@ -314,12 +339,25 @@ pub(crate) async fn stop(
     State(app): State<Shared>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, GatewayError> {
+    on_each(&app, &q, "stopping", |sup| async move { sup.stop().await }).await
+}
+
+/// Asks each supervisor `?group=` names (else every one) in turn; answers with the last's.
+async fn on_each<F>(
+    app: &Shared,
+    q: &HashMap<String, String>,
+    doing: &str,
+    ask: impl Fn(SupervisorHandle) -> F,
+) -> Result<Response, GatewayError>
+where
+    F: std::future::Future<Output = Answer>,
+{
     let mut last = None;
-    for sup in supervisors(&app, &q)? {
-        last = Some((sup.stop().await, sup));
+    for sup in supervisors(app, q)? {
+        last = Some((ask(sup.clone()).await, sup));
     }
-    let (answer, sup) = last.ok_or(GatewayError::NotFound("/admin: no supervisor".into()))?;
-    answered(answer, "stopping", &sup)
+    let (answer, sup) = last.ok_or_else(no_supervisor)?;
+    answered(answer, doing, &sup)
 }
 
 /// `POST /admin/start`: starts a stopped or failed group (202); a running one is left alone
@@ -328,12 +366,7 @@ pub(crate) async fn start(
     State(app): State<Shared>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, GatewayError> {
-    let mut last = None;
-    for sup in supervisors(&app, &q)? {
-        last = Some((sup.start().await, sup));
-    }
-    let (answer, sup) = last.ok_or(GatewayError::NotFound("/admin: no supervisor".into()))?;
-    answered(answer, "starting", &sup)
+    on_each(&app, &q, "starting", |sup| async move { sup.start().await }).await
 }
 
 /// The supervisor's answer as the admin API says it: 202 when something will happen, 200 when
@@ -365,10 +398,7 @@ pub(crate) async fn logs(
 ) -> Result<Response, GatewayError> {
     let group = named_group(&app, &q)?;
     let sup = match &group {
-        Some(g) => g
-            .supervisor
-            .as_ref()
-            .ok_or(GatewayError::NotFound("/admin: no supervisor".into()))?,
+        Some(g) => supervisor_of(g)?,
         None => supervisor(&app)?,
     };
     let rank: u32 = q.get("rank").and_then(|r| r.parse().ok()).unwrap_or(0);
