@@ -77,15 +77,10 @@ async fn backend(config: &Config) -> Result<(rank::Backend, Vec<(u32, String)>),
             }
         }
         Runtime::Docker => {
-            let head = sparkgate_docker::Node::local("head", &config.supervision.docker_socket).await?;
-            let mut remotes = Vec::new();
-            for w in config.nodes.remote_workers() {
-                let node = sparkgate_docker::Node::over_ssh(&w.label, &ssh_target(config, w)).await?;
-                remotes.push(sparkgate_prepare::verify::Remote {
-                    worker: w.clone(),
-                    node,
-                });
-            }
+            let (head, remotes) = sparkgate_prepare::verify::connect(config).await.map_err(|e| match e {
+                sparkgate_prepare::PrepareError::Docker(d) => SupervisorError::Docker(d),
+                other => SupervisorError::Preflight(other.to_string()),
+            })?;
             sparkgate_prepare::image::obtainable_on_head(config, &head)
                 .await
                 .map_err(|e| SupervisorError::Preflight(format!("head: {e}")))?;
