@@ -115,6 +115,47 @@ pub struct Outcome {
     pub requests: usize,
 }
 
+/// A replay's running totals: tokens, switches (and the shortest gap between two), latencies.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub(crate) tokens: f64,
+    pub(crate) latencies: Vec<f64>,
+    restarts: u32,
+    last_switch: Option<f64>,
+    min_gap: Option<f64>,
+}
+
+impl Tally {
+    /// A switch begins at `now`.
+    pub(crate) fn switch(&mut self, now: f64) {
+        if let Some(prev) = self.last_switch {
+            self.min_gap = Some(self.min_gap.map_or(now - prev, |g: f64| g.min(now - prev)));
+        }
+        self.last_switch = Some(now);
+        self.restarts += 1;
+    }
+
+    pub(crate) fn outcome(mut self) -> Outcome {
+        self.latencies.sort_by(f64::total_cmp);
+        let l = &self.latencies;
+        let pct = |q: f64| {
+            if l.is_empty() {
+                0.0
+            } else {
+                l[((l.len() - 1) as f64 * q).round() as usize]
+            }
+        };
+        Outcome {
+            tokens: self.tokens,
+            restarts: self.restarts,
+            min_gap_s: self.min_gap,
+            p50_s: pct(0.5),
+            p95_s: pct(0.95),
+            requests: l.len(),
+        }
+    }
+}
+
 /// Who decides the switches during a replay.
 enum Chooser<'a> {
     Fixed,
@@ -141,8 +182,7 @@ fn replay(setup: &Modes, start: usize, restart_s: f64, trace: &Trace, mut choose
     // Arrival times of queued requests; (arrival, tokens left) of running ones.
     let mut queued: VecDeque<f64> = VecDeque::new();
     let mut running: Vec<(f64, f64)> = Vec::new();
-    let mut latencies: Vec<f64> = Vec::new();
-    let (mut tokens, mut restarts, mut last_switch, mut min_gap) = (0.0, 0u32, None::<f64>, None::<f64>);
+    let mut tally = Tally::default();
     let steps_per_s = (1.0 / STEP_S).round() as usize;
     for (second, &width) in trace.widths.iter().enumerate() {
         let now = second as f64;
@@ -161,11 +201,7 @@ fn replay(setup: &Modes, start: usize, restart_s: f64, trace: &Trace, mut choose
                 Chooser::Schedule(switches) => switches.iter().find(|(at, _)| *at == second).map(|(_, to)| *to),
             };
             if let Some(to) = to.filter(|&to| to != mode) {
-                if let Some(prev) = last_switch {
-                    min_gap = Some(min_gap.map_or(now - prev, |g: f64| g.min(now - prev)));
-                }
-                last_switch = Some(now);
-                restarts += 1;
+                tally.switch(now);
                 phase = Phase::Draining { to };
             }
         }
@@ -203,10 +239,10 @@ fn replay(setup: &Modes, start: usize, restart_s: f64, trace: &Trace, mut choose
             let mut finished = 0;
             running.retain_mut(|(arrival, left)| {
                 let done = left.min(per_request);
-                tokens += done;
+                tally.tokens += done;
                 *left -= done;
                 if *left <= 1e-9 {
-                    latencies.push(t + STEP_S - *arrival);
+                    tally.latencies.push(t + STEP_S - *arrival);
                     finished += 1;
                     false
                 } else {
@@ -221,22 +257,7 @@ fn replay(setup: &Modes, start: usize, restart_s: f64, trace: &Trace, mut choose
             }
         }
     }
-    latencies.sort_by(f64::total_cmp);
-    let pct = |q: f64| {
-        if latencies.is_empty() {
-            0.0
-        } else {
-            latencies[((latencies.len() - 1) as f64 * q).round() as usize]
-        }
-    };
-    Outcome {
-        tokens,
-        restarts,
-        min_gap_s: min_gap,
-        p50_s: pct(0.5),
-        p95_s: pct(0.95),
-        requests: latencies.len(),
-    }
+    tally.outcome()
 }
 
 /// One mode all the time.

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use sparkgate_supervisor::spec_policy::{ModeRates, PolicySettings};
 use sparkgate_supervisor::spec_split::{allocate, changes, split_table, splits, SplitPolicy};
 
-use crate::spec_eval::{Modes, Outcome, Trace, REQUEST_TOKENS};
+use crate::spec_eval::{Modes, Outcome, Tally, Trace, REQUEST_TOKENS};
 
 const STEP_S: f64 = 0.1;
 
@@ -47,16 +47,6 @@ struct Group {
     phase: Phase,
     /// (arrival, tokens left) of its running requests.
     running: Vec<(f64, f64)>,
-}
-
-/// The replay's running totals.
-#[derive(Default)]
-struct Tally {
-    tokens: f64,
-    restarts: u32,
-    latencies: Vec<f64>,
-    last_switch: Option<f64>,
-    min_gap: Option<f64>,
 }
 
 /// Replays `trace` through N groups starting in `start` (one mode per group).
@@ -196,36 +186,6 @@ fn run_step(setup: &Modes, groups: &mut [Group], t: f64, tally: &mut Tally) -> u
         });
     }
     finished
-}
-
-impl Tally {
-    fn switch(&mut self, now: f64) {
-        if let Some(prev) = self.last_switch {
-            self.min_gap = Some(self.min_gap.map_or(now - prev, |g: f64| g.min(now - prev)));
-        }
-        self.last_switch = Some(now);
-        self.restarts += 1;
-    }
-
-    fn outcome(mut self) -> Outcome {
-        self.latencies.sort_by(f64::total_cmp);
-        let l = &self.latencies;
-        let pct = |q: f64| {
-            if l.is_empty() {
-                0.0
-            } else {
-                l[((l.len() - 1) as f64 * q).round() as usize]
-            }
-        };
-        Outcome {
-            tokens: self.tokens,
-            restarts: self.restarts,
-            min_gap_s: self.min_gap,
-            p50_s: pct(0.5),
-            p95_s: pct(0.95),
-            requests: l.len(),
-        }
-    }
 }
 
 /// The uniform splits of `groups` groups (every group in one mode), in mode order.
