@@ -29,6 +29,18 @@ fn groups_file(dir: &std::path::Path) -> String {
     path.display().to_string()
 }
 
+/// The gateway over groups `a` and `b` with `env` besides GROUPS_FILE, once both serve (its
+/// directory lives as long as it), and the status that saw them ready.
+fn two_groups(env: &[(&str, &str)]) -> (tempfile::TempDir, Arc<Gateway>, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = groups_file(dir.path());
+    let mut full = vec![("GROUPS_FILE", file.as_str())];
+    full.extend_from_slice(env);
+    let gw = Gateway::supervise_unready(&sparkgate(), SIM, "deepseek-v4.1-flash", dir.path(), &full);
+    let ready = gw.wait_status("both groups ready", both_ready);
+    (dir, Arc::new(gw), ready)
+}
+
 fn group<'a>(status: &'a Value, name: &str) -> &'a Value {
     status["groups"]
         .as_array()
@@ -65,17 +77,7 @@ fn ask(gw: &Gateway, messages: Value, max_tokens: u32) -> Answer {
 
 #[test]
 fn a_killed_rank_restarts_its_group_only_and_no_request_fails() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = groups_file(dir.path());
-    let env = [("GROUPS_FILE", file.as_str()), ("SIM_SPEED", "4")];
-    let gw = Arc::new(Gateway::supervise_unready(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        dir.path(),
-        &env,
-    ));
-    let ready = gw.wait_status("both groups ready", both_ready);
+    let (_dir, gw, ready) = two_groups(&[("SIM_SPEED", "4")]);
     assert_eq!(
         ready["admission"]["capacity"], 4,
         "two groups of MAX_NUM_SEQS 2: {ready}"
@@ -141,16 +143,7 @@ fn a_killed_rank_restarts_its_group_only_and_no_request_fails() {
 
 #[test]
 fn restart_group_restarts_that_group_while_the_other_serves() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = groups_file(dir.path());
-    let gw = Gateway::supervise_unready(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        dir.path(),
-        &[("GROUPS_FILE", &file)],
-    );
-    gw.wait_status("both groups ready", both_ready);
+    let (_dir, gw, _) = two_groups(&[]);
     assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
     let metrics = sparkgate_tests::harness::request(gw.addr, "GET", "/metrics", &[], b"").text();
     for expected in [
@@ -198,21 +191,7 @@ fn restart_group_restarts_that_group_while_the_other_serves() {
 /// Conversation X's second turn after another conversation took a slot of X's group: affinity
 /// keeps X on its group (whose prefix cache holds X), least-loaded moves it to the idle one.
 fn second_turn(routing: &str) -> (Answer, Answer) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = groups_file(dir.path());
-    let env = [
-        ("GROUPS_FILE", file.as_str()),
-        ("GROUP_ROUTING", routing),
-        ("SIM_SPEED", "1"),
-    ];
-    let gw = Arc::new(Gateway::supervise_unready(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        dir.path(),
-        &env,
-    ));
-    gw.wait_status("both groups ready", both_ready);
+    let (_dir, gw, _) = two_groups(&[("GROUP_ROUTING", routing), ("SIM_SPEED", "1")]);
     let system = "You are a careful assistant. ".repeat(40);
     let first = json!([{"role": "system", "content": system}, {"role": "user", "content": "Name a prime."}]);
     let one = ask(&gw, first.clone(), 4);

@@ -35,6 +35,17 @@ fn assert_group(status: &Value, n: usize, epoch: u64) {
     assert_eq!(status["supervisor"]["epoch"], epoch, "{status}");
 }
 
+/// Every one of the `n` ranks runs as another process or container (`field`) in `second`.
+fn assert_all_replaced(first: &Value, second: &Value, n: usize, field: &str) {
+    for rank in 0..n as u64 {
+        assert_ne!(
+            rank_field(first, rank, field),
+            rank_field(second, rank, field),
+            "rank {rank}'s {field} was replaced with the group"
+        );
+    }
+}
+
 fn kill_term(pid: u32) {
     assert!(Command::new("kill")
         .args(["-TERM", &pid.to_string()])
@@ -80,13 +91,7 @@ fn process_group_lifecycle(n: usize, victim: u64, env: &[(&str, &str)]) {
         .to_owned();
     assert!(reason.starts_with(&format!("rank {victim} exited")), "{reason}");
     assert_group(&second, n, 2);
-    for rank in 0..n as u64 {
-        assert_ne!(
-            rank_field(&first, rank, "pid"),
-            rank_field(&second, rank, "pid"),
-            "rank {rank} was restarted with the group"
-        );
-    }
+    assert_all_replaced(&first, &second, n, "pid");
     assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
     kill_term(gw.proc.pid());
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
@@ -214,13 +219,7 @@ fn container_group_lifecycle(d: &Containers, n: usize, victim: u64) {
         s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 2
     });
     assert_group(&second, n, 2);
-    for rank in 0..n as u64 {
-        assert_ne!(
-            rank_field(&first, rank, "container"),
-            rank_field(&second, rank, "container"),
-            "rank {rank}'s container was replaced with the group"
-        );
-    }
+    assert_all_replaced(&first, &second, n, "container");
     assert_eq!(d.names(), expected, "the old epoch's containers are gone");
     assert_eq!(d.smoke(&gw)["choices"][0]["message"]["content"], "323");
     kill_term(gw.proc.pid());
