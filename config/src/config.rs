@@ -185,6 +185,8 @@ pub struct Serving {
     pub kv_block_size: Option<u32>,
     pub kv_cache_memory_bytes: Option<u64>,
     pub enforce_eager: bool,
+    /// SCHEDULING_POLICY: vLLM's `--scheduling-policy`, and the order of the gateway's queue.
+    pub scheduling_policy: SchedulingPolicy,
     pub extra_args: Vec<String>,
     pub language_model_only: bool,
     pub skip_mm_profiling: bool,
@@ -415,6 +417,17 @@ choice! {
 }
 
 choice! {
+    /// SCHEDULING_POLICY: the order vLLM's scheduler and the gateway's queue take requests in.
+    pub enum SchedulingPolicy {
+        /// In arrival order (the gateway's queue: within each client's fair share).
+        Fcfs = "fcfs",
+        /// A request's priority first, lower sooner: the body's `priority`, or the
+        /// `X-Vllm-Priority` header, which wins, as vLLM reads them.
+        Priority = "priority",
+    }
+}
+
+choice! {
     /// QUEUE_POLICY: the order in which waiting generation requests are admitted.
     pub enum QueuePolicy {
         /// A weighted fair queue over clients; each client's own requests in their order.
@@ -481,6 +494,8 @@ pub struct Gateway {
     /// GROUPS_FILE, resolved against DEPLOY_DIR; `None`: one group.
     pub groups_file: Option<PathBuf>,
     pub group_routing: GroupRouting,
+    /// How long a queued request waits for its conversation's full group before taking another.
+    pub affinity_wait: Duration,
     /// CLIENT_WEIGHTS: a client's share of the fair queue (the client may be an API key, hence
     /// a secret); unlisted clients weigh 1.
     pub client_weights: Vec<(Secret, u32)>,

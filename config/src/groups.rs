@@ -26,7 +26,16 @@ pub const SINGLE_GROUP: &str = "main";
 
 /// Variables one group may not set apart from the others: the gateway is shared, and every
 /// group serves the same model.
-const SHARED: &[&str] = &["PROFILE", "SERVED_MODEL_NAME", "PORT", "DEPLOY_DIR", "MODEL", "IMAGE"];
+const SHARED: &[&str] = &[
+    "PROFILE",
+    "SERVED_MODEL_NAME",
+    "PORT",
+    "DEPLOY_DIR",
+    "MODEL",
+    "IMAGE",
+    // The shared queue orders by it.
+    "SCHEDULING_POLICY",
+];
 
 impl Config {
     /// Every group of the deployment: one named [`SINGLE_GROUP`] without GROUPS_FILE, else one

@@ -8,7 +8,8 @@
 use Def::{Derived as D, Unused as NA, Value as V};
 
 use crate::config::{
-    Gpus, GroupRouting, ImageShip, KnownHosts, LogFormat, QueuePolicy, Runtime, SpecPolicy, WeightSync,
+    Gpus, GroupRouting, ImageShip, KnownHosts, LogFormat, QueuePolicy, Runtime, SchedulingPolicy, SpecPolicy,
+    WeightSync,
 };
 use crate::profile::ProfileId;
 use crate::rule::Rule::{self, *};
@@ -222,6 +223,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MAX_MODEL_LEN", Serving, V("600000"), "Context limit. glm guide: 900000 (launcher 1000000).").glm(V("900000")).rule(Int(1, 1_048_576)).glm_rule(Int(1, 1_000_000)),
     k("GPU_MEM_UTIL", Serving, V("0.88"), "`--gpu-memory-utilization`.").glm(V("0.87")).rule(Float(0.0, 1.0)),
     k("MAX_NUM_SEQS", Serving, D("the active speculation mode's limit: deepseek dspark 2, none 4; glm 4"), "Concurrent sequences; the gateway admits this many generations. deepseek guide: 2 with dspark.").rule(Int(1, 65_536)),
+    k("SCHEDULING_POLICY", Serving, V("fcfs"), "`priority`: vLLM runs `--scheduling-policy priority` and the gateway's queue admits by a request's priority first (lower sooner; the body's `priority` or the `X-Vllm-Priority` header, which wins, as vLLM reads them), each priority by the fair queue; a priority that is not an integer is refused. `fcfs`: priorities are ignored, as vLLM does.").rule(OneOf(SchedulingPolicy::WORDS)),
     k("MAX_NUM_BATCHED_TOKENS", Serving, V("1024"), "Prefill chunk. guide (both): 1024 (launchers 1536 / 2048); glm must stay below 8192 (indexer smem).").rule(Int(1, 8_388_608)).glm_rule(Because(&Int(1, 8191), "glm guide: 8192 oversubscribes the indexer's shared memory")),
     k("LONG_PREFILL_TOKEN_THRESHOLD", Serving, V(""), "Empty = off; keep MAX_NUM_BATCHED_TOKENS - this >= 256 (warned otherwise).").rule(Optional(&Int(1, 8_388_608))),
     k("KV_CACHE_DTYPE", Serving, V(""), "deepseek: keep empty (vLLM picks fp8_ds_mla); glm: must be fp8.").glm(V("fp8")),
@@ -380,6 +382,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("BIND_ADDR", Gateway, V("0.0.0.0"), "Address the gateway listens on (with PORT).").rule(Ip),
     k("GROUPS_FILE", Gateway, V(""), "Several rank groups behind this gateway: a file of `[name]` sections, each holding env lines (HEAD_IP, WORKERS, VLLM_PORT, MASTER_PORT, SPEC_METHOD, …) that override the rest of the configuration for that group (docs/operations.md, Groups). Relative to DEPLOY_DIR. Empty: one group."),
     k("GROUP_ROUTING", Gateway, V("affinity"), "How a generation picks a group when several have room: `affinity` (the group that served the same conversation prefix — model, system prompt, first user turn — within the last 10 minutes, else the least loaded), `least-loaded`, or `round-robin` (for comparison).").rule(OneOf(GroupRouting::WORDS)),
+    k("AFFINITY_WAIT_MS", Gateway, V("2000"), "Milliseconds a queued generation may wait for its conversation's group (GROUP_ROUTING=affinity) when that group is full and another has room, before it takes the other: a conversation's history is in its group's prefix cache, so a short wait usually costs less than prefilling it elsewhere. 0: take any group with room at once.").rule(Int(0, 3_600_000)),
     k("UPSTREAM_URL", Gateway, V("http://127.0.0.1:${VLLM_PORT}"), "vLLM rank 0's base URL; `sparkgate serve --upstream URL` fronts an already running vLLM.").rule(HttpUrl),
     k("MODEL_ALIASES", Gateway, V(""), "Comma-separated extra model names accepted and rewritten to SERVED_MODEL_NAME; one `*` matches any run of characters (`claude-*` for Claude Code)."),
     k("REASONING_EFFORT_MAP", Gateway, V("minimal=low,medium=high,xhigh=max"), "How OpenAI effort names the template lacks are mapped (from=to, comma-separated).").rule(EffortMap),

@@ -25,8 +25,8 @@ pub use choice::UnknownWord;
 pub use config::{
     AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, Gpus, GroupRouting, HostNccl, ImageShip,
     KnownHosts, LoadOptions, LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, QueuePolicy, RankEnvValue, Runtime,
-    Secrets, Serving, Setting, SpecPolicy, Speculation, SshSettings, Storage, Supervision, WeightSync, Weights, Worker,
-    ZfsDatasets,
+    SchedulingPolicy, Secrets, Serving, Setting, SpecPolicy, Speculation, SshSettings, Storage, Supervision,
+    WeightSync, Weights, Worker, ZfsDatasets,
 };
 pub use error::{ConfigError, InvalidValue};
 pub use groups::{GroupConfig, SINGLE_GROUP};

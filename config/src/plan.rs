@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::choice::choice;
-use crate::config::{Config, Gpus, RankEnvValue, WeightSync, Weights};
+use crate::config::{Config, Gpus, RankEnvValue, SchedulingPolicy, WeightSync, Weights};
 use crate::profile::ProfileId;
 use crate::spec::SpecMethod;
 
@@ -428,6 +428,9 @@ impl Config {
         push(&["--gpu-memory-utilization", &s.gpu_mem_util]);
         push(&["--max-num-seqs", &mode_cfg.max_num_seqs.to_string()]);
         push(&["--max-num-batched-tokens", &s.max_num_batched_tokens.to_string()]);
+        if s.scheduling_policy == SchedulingPolicy::Priority {
+            push(&["--scheduling-policy", "priority"]);
+        }
         if let Some(t) = s.long_prefill_token_threshold {
             push(&["--long-prefill-token-threshold", &t.to_string()]);
         }

@@ -3,7 +3,9 @@
 //! weighted fair queue over clients, or FIFO); the queue is bounded in entries and
 //! in the bytes of the bodies it holds (so the gateway's memory is bounded by its limits, not its
 //! clients); capacity can change at run time and admission can pause (ranks restarting) —
-//! waiters are then held, not failed, until their deadline.
+//! waiters are then held, not failed, until their deadline. A waiter may prefer one group (its
+//! conversation's prefix is cached there): while that group is full it lets a free slot go to
+//! the waiters behind it, until its preference runs out (delay scheduling).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -44,6 +46,29 @@ struct Waiter {
     place: Place,
     slot: Slot,
     wake: Option<oneshot::Sender<()>>,
+    prefer: Option<Preference>,
+}
+
+/// What admission asks of a group a waiter prefers.
+pub(crate) trait Home: Send + Sync + std::fmt::Debug {
+    /// Serving, with every slot taken: a slot there is worth waiting for (a closed group's
+    /// never is).
+    fn full(&self) -> bool;
+}
+
+/// The group a request would rather run on, and until when it waits for a slot there rather
+/// than take one elsewhere.
+#[derive(Debug, Clone)]
+pub(crate) struct Preference {
+    pub(crate) home: Arc<dyn Home>,
+    pub(crate) until: tokio::time::Instant,
+}
+
+impl Preference {
+    /// Whether a free slot (elsewhere) should go to someone else for now.
+    fn defers(&self) -> bool {
+        tokio::time::Instant::now() < self.until && self.home.full()
+    }
 }
 
 #[derive(Debug)]
@@ -63,15 +88,22 @@ struct State {
 
 impl State {
     /// Grants waiters in the queue's order while they fit (a large head blocks: nobody
-    /// overtakes it).
+    /// overtakes it); a waiter holding out for its full preferred group is passed over.
     fn dispatch(&mut self) {
+        let mut passed = None;
         while self.holds == 0 && !self.closed {
-            let Some(id) = self.order.first() else { break };
+            let Some((place, id)) = self.order.after(passed) else {
+                break;
+            };
             let w = self.waiters.get_mut(&id).expect("queued ids have waiters");
             if self.in_use + w.n > self.capacity {
                 break;
             }
-            self.order.pop_first();
+            if w.prefer.as_ref().is_some_and(Preference::defers) {
+                passed = Some(place);
+                continue;
+            }
+            self.order.admit(place);
             self.in_use += w.n;
             self.queued_bytes -= w.bytes;
             w.slot = Slot::Granted;
@@ -170,17 +202,35 @@ impl Admission {
     /// meanwhile. Errors: `n` above capacity (400), queue full in entries or bytes (429),
     /// deadline passed (503). Dropping the future leaves the queue at once.
     pub async fn acquire(self: &Arc<Self>, n: u32, bytes: usize, client: &Client) -> Result<Permit, GatewayError> {
-        self.enter(n, bytes, Entry::New(client)).await
+        self.enter(n, bytes, Entry::New(client), None).await
+    }
+
+    /// [`acquire`](Self::acquire) for a request that prefers a group: while that group is full
+    /// and its preference lasts it waits, letting others take a slot elsewhere.
+    pub(crate) async fn acquire_for(
+        self: &Arc<Self>,
+        n: u32,
+        bytes: usize,
+        client: &Client,
+        prefer: Option<Preference>,
+    ) -> Result<Permit, GatewayError> {
+        self.enter(n, bytes, Entry::New(client), prefer).await
     }
 
     /// A request that was admitted but never reached a rank (its group went down) waits again
     /// at the head of the queue: it was in line before everyone now queued, and it is never
     /// refused for a full queue.
     pub async fn requeue(self: &Arc<Self>, n: u32, bytes: usize) -> Result<Permit, GatewayError> {
-        self.enter(n, bytes, Entry::Requeued).await
+        self.enter(n, bytes, Entry::Requeued, None).await
     }
 
-    async fn enter(self: &Arc<Self>, n: u32, bytes: usize, entry: Entry<'_>) -> Result<Permit, GatewayError> {
+    async fn enter(
+        self: &Arc<Self>,
+        n: u32,
+        bytes: usize,
+        entry: Entry<'_>,
+        prefer: Option<Preference>,
+    ) -> Result<Permit, GatewayError> {
         let started = Instant::now();
         let (id, rx) = {
             let mut s = self.state.lock().expect("admission lock");
@@ -196,7 +246,8 @@ impl Admission {
             if s.closed {
                 return Err(GatewayError::ShuttingDown);
             }
-            if s.holds == 0 && s.order.is_empty() && s.in_use + n <= s.capacity {
+            let defers = prefer.as_ref().is_some_and(Preference::defers);
+            if s.holds == 0 && s.order.is_empty() && s.in_use + n <= s.capacity && !defers {
                 // Nobody waits: there is no order to take a place in.
                 s.in_use += n;
                 return Ok(Permit {
@@ -232,9 +283,12 @@ impl Admission {
                     place,
                     slot: Slot::Waiting,
                     wake: Some(tx),
+                    prefer: prefer.clone(),
                 },
             );
             s.order.push(place, id);
+            // A slot may be free while the waiters before this one hold out for their groups.
+            s.dispatch();
             (id, rx)
         };
         let mut queued = Queued {
@@ -242,7 +296,7 @@ impl Admission {
             id,
             armed: true,
         };
-        let _ = tokio::time::timeout(self.limits.timeout, rx).await;
+        let _ = tokio::time::timeout(self.limits.timeout, self.wait(rx, prefer)).await;
         let mut s = self.state.lock().expect("admission lock");
         let granted = s.waiters.get(&id).is_some_and(|w| w.slot == Slot::Granted);
         if granted {
@@ -264,6 +318,18 @@ impl Admission {
         Err(GatewayError::QueueTimeout {
             waited: started.elapsed(),
         })
+    }
+
+    /// Waits for the grant; when the preference runs out first, the queue is dispatched again,
+    /// as no slot may free to do it (the waiter now takes any group's).
+    async fn wait(&self, mut rx: oneshot::Receiver<()>, prefer: Option<Preference>) {
+        if let Some(p) = prefer {
+            tokio::select! {
+                _ = &mut rx => return,
+                () = tokio::time::sleep_until(p.until) => self.state.lock().expect("admission lock").dispatch(),
+            }
+        }
+        let _ = rx.await;
     }
 
     fn release(&self, n: u32) {
@@ -315,263 +381,5 @@ impl Admission {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// The one client of the tests that are not about fairness.
-    fn c() -> Client {
-        Client::new("t", 1)
-    }
-
-    fn limits(depth: usize, timeout_s: u64) -> QueueLimits {
-        QueueLimits {
-            depth,
-            bytes: 1000,
-            timeout: Duration::from_secs(timeout_s),
-        }
-    }
-
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-    }
-
-    #[test]
-    fn grants_up_to_capacity_then_queues_fifo() {
-        rt().block_on(async {
-            let a = Admission::new(2, limits(10, 60));
-            let p1 = a.acquire(1, 10, &c()).await.unwrap();
-            let _p2 = a.acquire(1, 10, &c()).await.unwrap();
-            let order = Arc::new(Mutex::new(Vec::new()));
-            let mut tasks = Vec::new();
-            for i in 0..3 {
-                let (a, order) = (a.clone(), order.clone());
-                tasks.push(tokio::spawn(async move {
-                    let p = a.acquire(1, 10, &c()).await.unwrap();
-                    order.lock().unwrap().push(i);
-                    p
-                }));
-                tokio::task::yield_now().await;
-            }
-            assert_eq!(a.snapshot().queued, 3);
-            drop(p1);
-            let p3 = tasks.remove(0).await.unwrap();
-            assert_eq!(*order.lock().unwrap(), vec![0]);
-            drop(p3);
-            let _p4 = tasks.remove(0).await.unwrap();
-            assert_eq!(*order.lock().unwrap(), vec![0, 1], "first in, first out");
-            assert_eq!(a.snapshot().in_use, 2);
-        });
-    }
-
-    #[test]
-    fn full_queue_and_deadline_and_oversized_n() {
-        rt().block_on(async {
-            let a = Admission::new(1, limits(1, 5));
-            let _p = a.acquire(1, 10, &c()).await.unwrap();
-            let waiter = tokio::spawn({
-                let a = a.clone();
-                async move { a.acquire(1, 10, &c()).await }
-            });
-            tokio::task::yield_now().await;
-            assert!(matches!(
-                a.acquire(1, 10, &c()).await,
-                Err(GatewayError::QueueFull { depth: 1 })
-            ));
-            let e = waiter.await.unwrap().unwrap_err();
-            assert!(matches!(e, GatewayError::QueueTimeout { .. }), "{e}");
-            assert_eq!(a.snapshot().queued, 0, "a timed-out waiter leaves the queue");
-            assert_eq!(a.acquire(2, 10, &c()).await.unwrap_err().param(), Some("n"));
-        });
-    }
-
-    #[test]
-    fn the_queue_holds_at_most_its_byte_budget() {
-        rt().block_on(async {
-            let a = Admission::new(1, limits(10, 60));
-            let _running = a.acquire(1, 900, &c()).await.unwrap();
-            let first = tokio::spawn({
-                let a = a.clone();
-                async move { a.acquire(1, 600, &c()).await }
-            });
-            tokio::task::yield_now().await;
-            let e = a.acquire(1, 500, &c()).await.unwrap_err();
-            assert!(matches!(e, GatewayError::QueueBytesFull { limit: 1000 }), "{e}");
-            assert!(e.retry_after().is_some(), "429 with Retry-After");
-            first.abort();
-            let _ = first.await;
-            let second = tokio::spawn({
-                let a = a.clone();
-                async move { a.acquire(1, 900, &c()).await }
-            });
-            tokio::task::yield_now().await;
-            assert_eq!(a.snapshot().queued, 1, "a departed waiter's bytes are free again");
-            second.abort();
-        });
-    }
-
-    #[test]
-    fn a_waiter_that_goes_away_frees_its_place() {
-        rt().block_on(async {
-            let a = Admission::new(1, limits(10, 60));
-            let p = a.acquire(1, 10, &c()).await.unwrap();
-            let gone = tokio::spawn({
-                let a = a.clone();
-                async move { a.acquire(1, 10, &c()).await }
-            });
-            tokio::task::yield_now().await;
-            assert_eq!(a.snapshot().queued, 1);
-            gone.abort();
-            let _ = gone.await;
-            assert_eq!(a.snapshot().queued, 0);
-            drop(p);
-            assert_eq!(a.snapshot().in_use, 0, "nothing was granted to the departed waiter");
-            let _p = a.acquire(1, 10, &c()).await.unwrap();
-        });
-    }
-
-    #[test]
-    fn pause_holds_and_capacity_changes_apply() {
-        rt().block_on(async {
-            let a = Admission::new(1, limits(10, 600));
-            a.pause(Hold::Group);
-            a.pause(Hold::Drain);
-            a.resume(Hold::Group);
-            let granted = Arc::new(AtomicUsize::new(0));
-            let mut tasks = Vec::new();
-            for _ in 0..4 {
-                let (a, g) = (a.clone(), granted.clone());
-                tasks.push(tokio::spawn(async move {
-                    let p = a.acquire(1, 10, &c()).await.unwrap();
-                    g.fetch_add(1, Ordering::SeqCst);
-                    p
-                }));
-            }
-            tokio::time::sleep(Duration::from_secs(300)).await;
-            assert_eq!(granted.load(Ordering::SeqCst), 0, "held while paused, not failed");
-            assert_eq!(a.snapshot().queued, 4);
-            a.set_capacity(4);
-            assert_eq!(a.snapshot().queued, 4, "the drain still holds them");
-            a.resume(Hold::Drain);
-            for t in tasks {
-                let _ = t.await.unwrap();
-            }
-            assert_eq!(granted.load(Ordering::SeqCst), 4, "all admitted with the new capacity");
-        });
-    }
-
-    #[test]
-    fn a_requeued_request_goes_first_even_into_a_full_queue() {
-        rt().block_on(async {
-            let a = Admission::new(1, limits(1, 60));
-            let running = a.acquire(1, 10, &c()).await.unwrap();
-            let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-            let waiter = |name: &'static str, requeued: bool| {
-                let (a, order) = (a.clone(), order.clone());
-                tokio::spawn(async move {
-                    let p = if requeued {
-                        a.requeue(1, 10).await
-                    } else {
-                        a.acquire(1, 10, &c()).await
-                    };
-                    order.lock().unwrap().push(name);
-                    drop(p);
-                })
-            };
-            let queued = waiter("queued", false);
-            tokio::task::yield_now().await;
-            assert!(a.acquire(1, 10, &c()).await.is_err(), "the queue (depth 1) is full");
-            let back = waiter("requeued", true);
-            tokio::task::yield_now().await;
-            assert_eq!(a.snapshot().queued, 2, "a requeue is never refused for a full queue");
-            drop(running);
-            queued.await.unwrap();
-            back.await.unwrap();
-            assert_eq!(*order.lock().unwrap(), vec!["requeued", "queued"]);
-        });
-    }
-
-    #[test]
-    fn closing_answers_the_queue_at_once_and_refuses_newcomers() {
-        rt().block_on(async {
-            let a = Admission::new(1, limits(10, 600));
-            let running = a.acquire(1, 10, &c()).await.unwrap();
-            let queued = tokio::spawn({
-                let a = a.clone();
-                async move { a.acquire(1, 10, &c()).await }
-            });
-            tokio::task::yield_now().await;
-            let before = tokio::time::Instant::now();
-            a.close();
-            let e = queued.await.unwrap().unwrap_err();
-            assert!(matches!(e, GatewayError::ShuttingDown), "{e}");
-            assert!(
-                before.elapsed() < Duration::from_secs(1),
-                "at once, not after the queue timeout"
-            );
-            assert!(e.retry_after().is_some(), "503 with Retry-After");
-            assert!(matches!(a.acquire(1, 10, &c()).await, Err(GatewayError::ShuttingDown)));
-            assert_eq!(a.snapshot().queued, 0);
-            drop(running);
-            assert_eq!(
-                a.snapshot().in_use,
-                0,
-                "the running request keeps its slot until it ends"
-            );
-        });
-    }
-
-    #[test]
-    fn a_lone_client_is_served_before_another_clients_burst_drains() {
-        rt().block_on(async {
-            let a = Admission::new(4, limits(100, 600));
-            let (burst, lone) = (Client::new("burst", 1), Client::new("lone", 1));
-            let served = Arc::new(Mutex::new(Vec::new()));
-            let mut tasks = Vec::new();
-            let mut spawn = |who: &'static str, client: Client| {
-                let (a, served) = (a.clone(), served.clone());
-                tasks.push(tokio::spawn(async move {
-                    let p = a.acquire(1, 10, &client).await.unwrap();
-                    served.lock().unwrap().push(who);
-                    p
-                }));
-            };
-            for _ in 0..16 {
-                spawn("burst", burst);
-            }
-            tokio::task::yield_now().await;
-            assert_eq!((a.snapshot().in_use, a.snapshot().queued), (4, 12));
-            spawn("lone", lone);
-            tokio::task::yield_now().await;
-            // The running requests end one at a time; each time the next in the queue's order
-            // takes the freed slot (and records itself) before the next one ends.
-            let mut held: Vec<Permit> = Vec::new();
-            while !tasks.is_empty() || !held.is_empty() {
-                let mut i = 0;
-                while i < tasks.len() {
-                    if tasks[i].is_finished() {
-                        held.push(tasks.remove(i).await.unwrap());
-                    } else {
-                        i += 1;
-                    }
-                }
-                drop(held.pop());
-                tokio::task::yield_now().await;
-            }
-            let order = served.lock().unwrap().clone();
-            let lone_at = order
-                .iter()
-                .position(|w| *w == "lone")
-                .expect("the lone client was served");
-            assert_eq!(
-                lone_at, 5,
-                "one burst request after the four running, then the lone one: {order:?}"
-            );
-            assert_eq!(order.len(), 17);
-        });
-    }
-}
+#[path = "admission_tests.rs"]
+mod tests;

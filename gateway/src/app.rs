@@ -64,7 +64,7 @@ impl App {
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
             spec_policy: crate::spec::ModePolicy::new(&config.speculation),
-            clients: crate::clients::Clients::new(g.queue_policy, &g.client_weights),
+            clients: crate::clients::Clients::new(g.queue_policy, config.serving.scheduling_policy, &g.client_weights),
         })
     }
 }

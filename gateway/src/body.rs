@@ -102,6 +102,8 @@ struct Split<'a> {
     repeated: bool,
     /// The body's `user`, when it is a string: who the request is for in the fair queue.
     user: Option<String>,
+    /// The body's `priority`, when it is an integer.
+    priority: Option<i64>,
 }
 
 fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
@@ -113,11 +115,13 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
     let repeated = has_repeats(&entries);
     let mut fields = Map::new();
     let mut raw = Vec::with_capacity(entries.len());
-    let mut user = None;
+    let (mut user, mut priority) = (None, None);
     for (key, v) in entries {
+        // Both stay raw: only read (the last one, as vLLM reads it), never rewritten.
         if key == "user" {
-            // Stays raw: only read (the last one, as vLLM reads it), never rewritten.
             user = serde_json::from_str::<String>(v.get()).ok();
+        } else if key == "priority" {
+            priority = integer(v);
         }
         // A batch's permits are its conversations: the normaliser counts `messages` there.
         if TOUCHED.contains(&key.as_ref()) || (api == Api::Batch && key == "messages") {
@@ -136,7 +140,22 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
         raw,
         repeated,
         user,
+        priority,
     })
+}
+
+/// An integer as vLLM's request model takes one in lax mode: a number without a fraction, or a
+/// string of one. Anything else is vLLM's to refuse.
+fn integer(v: &RawValue) -> Option<i64> {
+    match serde_json::from_str::<Value>(v.get()).ok()? {
+        Value::Number(n) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e18)
+                .map(|f| f as i64)
+        }),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
 }
 
 /// Drops every raw entry whose key appears again later (the rare path: a repeated key).
@@ -190,6 +209,8 @@ pub(crate) struct Prepared {
     pub(crate) forward: Bytes,
     /// The body's `user` (a string), for the fair queue.
     pub(crate) user: Option<String>,
+    /// The body's `priority` (an integer), for the queue under SCHEDULING_POLICY=priority.
+    pub(crate) priority: Option<i64>,
 }
 
 /// Parses and normalises `bytes`. What normalisation left as it was is forwarded as the client
@@ -201,6 +222,7 @@ pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> R
         raw,
         repeated,
         user,
+        priority,
     } = split(bytes, api)?;
     // `messages` stays raw here, so the dispatch reads the raw fields.
     let has_messages = fields.contains_key("messages") || raw.iter().any(|(k, _)| k == "messages");
@@ -214,7 +236,12 @@ pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> R
     };
     // The forwarded bytes are what stays alive while the request waits in the queue.
     norm.body = Map::new();
-    Ok(Prepared { norm, forward, user })
+    Ok(Prepared {
+        norm,
+        forward,
+        user,
+        priority,
+    })
 }
 
 /// Parses, normalises and re-serialises `bytes` (off the reactor thread when large).

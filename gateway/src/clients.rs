@@ -4,18 +4,22 @@
 //! same name; unlisted clients weigh 1. Without API_KEYS the header and `user` are the client's
 //! own word: a client may name itself as it likes (and so claim a listed weight, or split its
 //! burst over many names); with API_KEYS the key decides. Names are kept only as keyed hashes
-//! (`fairq::name_hash`), never as text.
+//! (`fairq::name_hash`), never as text. Under SCHEDULING_POLICY=priority a request also carries
+//! its priority, read as vLLM reads it: the `X-Vllm-Priority` header when it is an integer, else
+//! the body's `priority`, else 0.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 
 use axum::http::HeaderMap;
-use sparkgate_config::{QueuePolicy, Secret};
+use sparkgate_config::{QueuePolicy, SchedulingPolicy, Secret};
 
 use crate::fairq::{name_hash, Client};
 
 /// The header a client may name itself by (when no API key names it).
 const CLIENT_HEADER: &str = "x-sparkgate-client";
+/// vLLM's priority header; it wins over the body's `priority`.
+const PRIORITY_HEADER: &str = "x-vllm-priority";
 
 /// What the edge knows of a request's sender.
 #[derive(Clone)]
@@ -37,6 +41,7 @@ impl std::fmt::Debug for Caller {
 #[derive(Debug)]
 pub(crate) struct Clients {
     policy: QueuePolicy,
+    scheduling: SchedulingPolicy,
     /// By `name_hash` of the client's name.
     weights: HashMap<u64, u32>,
     /// The one client of `fifo`.
@@ -44,16 +49,39 @@ pub(crate) struct Clients {
 }
 
 impl Clients {
-    pub(crate) fn new(policy: QueuePolicy, weights: &[(Secret, u32)]) -> Clients {
+    pub(crate) fn new(policy: QueuePolicy, scheduling: SchedulingPolicy, weights: &[(Secret, u32)]) -> Clients {
         Clients {
             policy,
+            scheduling,
             weights: weights.iter().map(|(c, w)| (name_hash(c.expose()), *w)).collect(),
             everyone: Client::new("", 1),
         }
     }
 
-    /// The queue's client for a request from `caller` with `headers` and the body's `user`.
-    pub(crate) fn identify(&self, caller: &Caller, headers: &HeaderMap, user: Option<&str>) -> Client {
+    /// The queue's client for a request from `caller` with `headers` and the body's `user`
+    /// and `priority`.
+    pub(crate) fn identify(
+        &self,
+        caller: &Caller,
+        headers: &HeaderMap,
+        user: Option<&str>,
+        priority: Option<i64>,
+    ) -> Client {
+        let client = self.who(caller, headers, user);
+        match self.scheduling {
+            SchedulingPolicy::Fcfs => client,
+            SchedulingPolicy::Priority => {
+                // As vLLM: a header that is not an integer is ignored.
+                let header = headers
+                    .get(PRIORITY_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse().ok());
+                client.at(header.or(priority).unwrap_or(0))
+            }
+        }
+    }
+
+    fn who(&self, caller: &Caller, headers: &HeaderMap, user: Option<&str>) -> Client {
         if self.policy == QueuePolicy::Fifo {
             return self.everyone;
         }
@@ -86,29 +114,55 @@ mod tests {
     fn a_client_is_its_key_else_its_header_else_its_user_else_its_address() {
         let clients = Clients::new(
             QueuePolicy::Fair,
+            SchedulingPolicy::Fcfs,
             &[(Secret::new("sk-a"), 4), (Secret::new("team-b"), 2)],
         );
         let mut named = HeaderMap::new();
         named.insert(CLIENT_HEADER, "team-b".parse().unwrap());
         let none = HeaderMap::new();
-        let c = clients.identify(&caller(Some("sk-a")), &named, Some("u"));
+        let c = clients.identify(&caller(Some("sk-a")), &named, Some("u"), None);
         assert_eq!(
             c,
             Client::new("sk-a", 4),
             "a validated key wins over what the client says"
         );
         assert_eq!(
-            clients.identify(&caller(None), &named, Some("u")),
+            clients.identify(&caller(None), &named, Some("u"), None),
             Client::new("team-b", 2)
         );
-        assert_eq!(clients.identify(&caller(None), &none, Some("u")), Client::new("u", 1));
         assert_eq!(
-            clients.identify(&caller(None), &none, Some("")),
+            clients.identify(&caller(None), &none, Some("u"), None),
+            Client::new("u", 1)
+        );
+        assert_eq!(
+            clients.identify(&caller(None), &none, Some(""), None),
             Client::new("127.0.0.9", 1)
         );
-        let fifo = Clients::new(QueuePolicy::Fifo, &[(Secret::new("sk-a"), 4)]);
-        assert_eq!(fifo.identify(&caller(Some("sk-a")), &named, None), Client::new("", 1));
+        let fifo = Clients::new(QueuePolicy::Fifo, SchedulingPolicy::Fcfs, &[(Secret::new("sk-a"), 4)]);
+        assert_eq!(
+            fifo.identify(&caller(Some("sk-a")), &named, None, Some(-3)),
+            Client::new("", 1)
+        );
         let shown = format!("{:?} {clients:?}", caller(Some("sk-a")));
         assert!(!shown.contains("sk-a") && !shown.contains("team-b"), "{shown}");
+    }
+
+    #[test]
+    fn a_priority_is_the_header_when_it_is_an_integer_else_the_body_and_only_under_priority() {
+        let prio = Clients::new(QueuePolicy::Fifo, SchedulingPolicy::Priority, &[]);
+        let everyone = Client::new("", 1);
+        let mut headers = HeaderMap::new();
+        assert_eq!(prio.identify(&caller(None), &headers, None, None), everyone.at(0));
+        assert_eq!(prio.identify(&caller(None), &headers, None, Some(7)), everyone.at(7));
+        headers.insert(PRIORITY_HEADER, " -2 ".parse().unwrap());
+        assert_eq!(prio.identify(&caller(None), &headers, None, Some(7)), everyone.at(-2));
+        headers.insert(PRIORITY_HEADER, "high".parse().unwrap());
+        assert_eq!(
+            prio.identify(&caller(None), &headers, None, Some(7)),
+            everyone.at(7),
+            "vLLM ignores a header that is not an integer"
+        );
+        let fcfs = Clients::new(QueuePolicy::Fifo, SchedulingPolicy::Fcfs, &[]);
+        assert_eq!(fcfs.identify(&caller(None), &headers, None, Some(7)), everyone);
     }
 }

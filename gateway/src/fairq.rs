@@ -6,6 +6,8 @@
 //! time, beside the burst's head rather than behind its tail. A request that was admitted once
 //! and went back (its group went down) goes before every tagged one, the last one back first.
 //! With one shared client for everyone (QUEUE_POLICY=fifo) the tags rise with arrival: FIFO.
+//! Under SCHEDULING_POLICY=priority a request's priority comes before its tag (lower sooner, as
+//! vLLM orders them): each priority is its own fair queue, served strictly in order.
 
 use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
@@ -38,6 +40,8 @@ pub(crate) fn name_hash(name: &str) -> u64 {
 pub struct Client {
     id: u64,
     weight: u32,
+    /// The request's priority (0 unless SCHEDULING_POLICY=priority): lower goes first.
+    priority: i64,
 }
 
 impl Client {
@@ -50,7 +54,13 @@ impl Client {
         Client {
             id,
             weight: weight.max(1),
+            priority: 0,
         }
+    }
+
+    /// The same client, for a request of `priority`.
+    pub(crate) fn at(self, priority: i64) -> Client {
+        Client { priority, ..self }
     }
 }
 
@@ -59,8 +69,14 @@ impl Client {
 pub(crate) enum Place {
     /// Admitted once and back: before every tagged waiter, the last one back first.
     Back(Reverse<u64>),
-    /// A start tag, then the arrival number (unique; the client only says whose it is).
-    Tagged { start: u64, seq: u64, client: u64 },
+    /// The request's priority, its start tag, then the arrival number (unique; the client
+    /// only says whose it is).
+    Tagged {
+        priority: i64,
+        start: u64,
+        seq: u64,
+        client: u64,
+    },
 }
 
 /// What the queue remembers of a client.
@@ -113,6 +129,7 @@ impl FairQueue {
         tally.waiting += 1;
         self.seq += 1;
         Place::Tagged {
+            priority: client.priority,
             start,
             seq: self.seq,
             client: client.id,
@@ -140,14 +157,17 @@ impl FairQueue {
         self.order.insert(place, id);
     }
 
-    /// The waiter that goes next.
-    pub(crate) fn first(&self) -> Option<u64> {
-        self.order.first_key_value().map(|(_, id)| *id)
+    /// The waiter after `place` in the queue's order (the first for `None`): admission passes
+    /// over a waiter that holds out for its preferred group.
+    pub(crate) fn after(&self, place: Option<Place>) -> Option<(Place, u64)> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let lower = place.map_or(Unbounded, Excluded);
+        self.order.range((lower, Unbounded)).next().map(|(p, id)| (*p, *id))
     }
 
-    /// Takes the first waiter out: it is admitted, and the virtual time moves to its tag.
-    pub(crate) fn pop_first(&mut self) {
-        if let Some((place, _)) = self.order.pop_first() {
+    /// Takes the waiter at `place` out: it is admitted, and the virtual time moves to its tag.
+    pub(crate) fn admit(&mut self, place: Place) {
+        if self.order.remove(&place).is_some() {
             if let Place::Tagged { start, .. } = place {
                 self.vtime = self.vtime.max(start);
             }
@@ -196,8 +216,8 @@ mod tests {
 
     fn drain(q: &mut FairQueue) -> Vec<u64> {
         let mut out = Vec::new();
-        while let Some(id) = q.first() {
-            q.pop_first();
+        while let Some((place, id)) = q.after(None) {
+            q.admit(place);
             out.push(id);
         }
         out
@@ -257,7 +277,7 @@ mod tests {
         let p = q.tag(&c, 1);
         q.push(p, 1);
         q.remove(p);
-        assert_eq!(q.first(), None);
+        assert_eq!(q.after(None), None);
         // Nobody waiting: history is forgotten at the next tag.
         let p = q.tag(&Client::new("later", 1), 1);
         q.push(p, 2);
@@ -274,6 +294,24 @@ mod tests {
         assert!(q.clients.len() <= SWEEP_AT, "{}", q.clients.len());
         assert_eq!(q.clients[&c.id].waiting, 2, "a client with waiters is never forgotten");
         assert_eq!(drain(&mut q), [2, 3, 4], "its requests keep their order");
+    }
+
+    #[test]
+    fn a_lower_priority_goes_first_and_each_priority_is_fair() {
+        let (burst, lone) = (Client::new("burst", 1), Client::new("lone", 1));
+        let mut requests: Vec<(Client, u32)> = vec![(burst, 1); 4];
+        requests.push((lone.at(5), 1));
+        requests.push((burst.at(-1), 1));
+        requests.push((lone.at(-1), 1));
+        requests.push((lone, 1));
+        let refs: Vec<(&Client, u32)> = requests.iter().map(|(c, n)| (c, *n)).collect();
+        let mut q = queue(&refs);
+        assert_eq!(
+            drain(&mut q),
+            [6, 5, 0, 1, 2, 7, 3, 4],
+            "every -1, then every 0, then 5; within one priority by the fair tags (the lone \
+             client is charged for all its requests, whatever their priority)"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sparkgate_config::{Config, GroupConfig, GroupRouting, SpecMethod, SINGLE_GROUP};
 use sparkgate_supervisor::{GroupState, Status, SupervisorHandle};
 
-use crate::admission::Hold;
+use crate::admission::{Hold, Home, Preference};
 use crate::state::{GatewayControl, UpstreamState};
 use crate::upstream::Upstream;
 
@@ -141,6 +141,13 @@ impl Group {
     }
 }
 
+impl Home for Group {
+    fn full(&self) -> bool {
+        let capacity = self.open_capacity();
+        capacity > 0 && self.in_use() >= capacity
+    }
+}
+
 /// A request's hold on one slot of a group, released when dropped (with its answer).
 #[derive(Debug)]
 pub(crate) struct Lease {
@@ -169,17 +176,20 @@ impl Drop for Lease {
 pub(crate) struct Groups {
     list: Vec<Arc<Group>>,
     routing: GroupRouting,
+    /// AFFINITY_WAIT_MS: how long a request waits for its prefix's full group.
+    wait: Duration,
     /// Conversation prefix → (group index, when it last went there).
     recent: Mutex<HashMap<u64, (usize, Instant)>>,
     turn: AtomicUsize,
 }
 
 impl Groups {
-    pub(crate) fn new(list: Vec<Group>, routing: GroupRouting) -> Groups {
+    pub(crate) fn new(list: Vec<Group>, routing: GroupRouting, wait: Duration) -> Groups {
         assert!(!list.is_empty(), "at least one group");
         Groups {
             list: list.into_iter().map(Arc::new).collect(),
             routing,
+            wait,
             recent: Mutex::new(HashMap::new()),
             turn: AtomicUsize::new(0),
         }
@@ -238,6 +248,17 @@ impl Groups {
             self.remember(key, index, now);
         }
         Some(lease)
+    }
+
+    /// The group a request waits for while it is full (AFFINITY_WAIT_MS): its prefix's recent
+    /// group, under affinity routing.
+    pub(crate) fn preference(&self, prefix: Option<u64>) -> Option<Preference> {
+        let key = prefix.filter(|_| self.wants_prefix() && !self.wait.is_zero())?;
+        let home = self.list[self.recent_group(key, Instant::now())?].clone();
+        Some(Preference {
+            home,
+            until: tokio::time::Instant::now() + self.wait,
+        })
     }
 
     fn recent_group(&self, key: u64, now: Instant) -> Option<usize> {
@@ -353,7 +374,7 @@ impl Groups {
                 })
                 .collect(),
         };
-        Groups::new(list, config.gateway.group_routing)
+        Groups::new(list, config.gateway.group_routing, config.gateway.affinity_wait)
     }
 }
 

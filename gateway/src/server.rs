@@ -185,15 +185,17 @@ fn response_head(upstream: &mut hyper::Response<UpstreamBody>) -> axum::http::re
 /// one holder of a generation's permit, streamed (around the relay) or not.
 struct HoldPermit<B> {
     inner: B,
-    /// The admission slot and the group's, released together.
-    _held: (Permit, Lease),
+    /// The group's slot and the admission's, released in that order (a tuple drops its
+    /// fields first to last): when the permit's release admits the next waiter, the group is
+    /// no longer full for a waiter that holds out for it.
+    _held: (Lease, Permit),
 }
 
 impl<B> HoldPermit<B> {
     fn new(inner: B, permit: Permit, lease: Lease) -> Self {
         Self {
             inner,
-            _held: (permit, lease),
+            _held: (lease, permit),
         }
     }
 }
@@ -289,7 +291,12 @@ async fn generate_inner(
 ) -> Result<Reply, GatewayError> {
     check_content_type(&headers)?;
     let bytes = read_body(body, app.max_body).await?;
-    let Prepared { norm, forward, user } = crate::body::prepare(&app.normalizer, api, bytes).await?;
+    let Prepared {
+        norm,
+        forward,
+        user,
+        priority,
+    } = crate::body::prepare(&app.normalizer, api, bytes).await?;
     if norm.extra_body_repaired {
         counter!(observe::EXTRA_BODY_REPAIRS).increment(1);
     }
@@ -307,8 +314,13 @@ async fn generate_inner(
         .then(|| crate::groups::prefix_key(&forward))
         .flatten();
     let queued_at = Instant::now();
-    let client = app.clients.identify(&caller, &headers, user.as_deref());
-    let mut permit = app.control.admission().acquire(norm.n, forward.len(), &client).await?;
+    let client = app.clients.identify(&caller, &headers, user.as_deref(), priority);
+    let prefer = app.groups.preference(prefix);
+    let mut permit = app
+        .control
+        .admission()
+        .acquire_for(norm.n, forward.len(), &client, prefer)
+        .await?;
     let waited = queued_at.elapsed();
     observe::queue_wait(waited.as_secs_f64());
     let snap = app.control.snapshot();
@@ -345,7 +357,7 @@ async fn generate_inner(
                 if dispatched_to.is_some()
                     && refused_at.get_or_insert_with(Instant::now).elapsed() < app.request_timeout =>
             {
-                drop((permit, lease));
+                drop((lease, permit));
                 let lost = group_verdict(&group, dispatched_to).await;
                 if !(lost || never_reached(&e) || restarting(&group)) {
                     return Err(unreachable(app, &group, &e));

@@ -22,6 +22,7 @@ impl Builder<'_> {
                 .opt_text("GROUPS_FILE")
                 .map(|f| std::path::Path::new(&self.r.layers.deploy_dir).join(f)),
             group_routing: self.choice("GROUP_ROUTING"),
+            affinity_wait: std::time::Duration::from_millis(self.num("AFFINITY_WAIT_MS")),
             client_weights: self.client_weights(),
             first_token_timeout: self.seconds("FIRST_TOKEN_TIMEOUT"),
             stream_idle_timeout: self.seconds("STREAM_IDLE_TIMEOUT"),

@@ -8,7 +8,7 @@ use crate::profile::ProfileId;
 use crate::spec::{self, SpecMethod};
 
 /// `vllm serve` flags sparkgate derives from its own variables; EXTRA_ARGS may not set them.
-const OWNED_FLAGS: [&str; 12] = [
+const OWNED_FLAGS: [&str; 13] = [
     "--tensor-parallel-size",
     "--pipeline-parallel-size",
     "-tp",
@@ -21,6 +21,7 @@ const OWNED_FLAGS: [&str; 12] = [
     "--nnodes",
     "--master-addr",
     "--master-port",
+    "--scheduling-policy",
 ];
 
 impl Builder<'_> {
@@ -76,6 +77,7 @@ impl Builder<'_> {
                 .then(|| self.opt_num("KV_CACHE_MEMORY_BYTES"))
                 .flatten(),
             enforce_eager: self.flag("ENFORCE_EAGER"),
+            scheduling_policy: self.choice("SCHEDULING_POLICY"),
             extra_args,
             language_model_only: self.flag("LANGUAGE_MODEL_ONLY"),
             skip_mm_profiling: self.flag("SKIP_MM_PROFILING"),

@@ -1,0 +1,332 @@
+//! Admission's tests: capacity, the queue's order and limits, holds, requeues, closing, fairness
+//! and waiting for a preferred group.
+
+use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The one client of the tests that are not about fairness.
+fn c() -> Client {
+    Client::new("t", 1)
+}
+
+fn limits(depth: usize, timeout_s: u64) -> QueueLimits {
+    QueueLimits {
+        depth,
+        bytes: 1000,
+        timeout: Duration::from_secs(timeout_s),
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn grants_up_to_capacity_then_queues_fifo() {
+    rt().block_on(async {
+        let a = Admission::new(2, limits(10, 60));
+        let p1 = a.acquire(1, 10, &c()).await.unwrap();
+        let _p2 = a.acquire(1, 10, &c()).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..3 {
+            let (a, order) = (a.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let p = a.acquire(1, 10, &c()).await.unwrap();
+                order.lock().unwrap().push(i);
+                p
+            }));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(a.snapshot().queued, 3);
+        drop(p1);
+        let p3 = tasks.remove(0).await.unwrap();
+        assert_eq!(*order.lock().unwrap(), vec![0]);
+        drop(p3);
+        let _p4 = tasks.remove(0).await.unwrap();
+        assert_eq!(*order.lock().unwrap(), vec![0, 1], "first in, first out");
+        assert_eq!(a.snapshot().in_use, 2);
+    });
+}
+
+#[test]
+fn full_queue_and_deadline_and_oversized_n() {
+    rt().block_on(async {
+        let a = Admission::new(1, limits(1, 5));
+        let _p = a.acquire(1, 10, &c()).await.unwrap();
+        let waiter = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire(1, 10, &c()).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(matches!(
+            a.acquire(1, 10, &c()).await,
+            Err(GatewayError::QueueFull { depth: 1 })
+        ));
+        let e = waiter.await.unwrap().unwrap_err();
+        assert!(matches!(e, GatewayError::QueueTimeout { .. }), "{e}");
+        assert_eq!(a.snapshot().queued, 0, "a timed-out waiter leaves the queue");
+        assert_eq!(a.acquire(2, 10, &c()).await.unwrap_err().param(), Some("n"));
+    });
+}
+
+#[test]
+fn the_queue_holds_at_most_its_byte_budget() {
+    rt().block_on(async {
+        let a = Admission::new(1, limits(10, 60));
+        let _running = a.acquire(1, 900, &c()).await.unwrap();
+        let first = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire(1, 600, &c()).await }
+        });
+        tokio::task::yield_now().await;
+        let e = a.acquire(1, 500, &c()).await.unwrap_err();
+        assert!(matches!(e, GatewayError::QueueBytesFull { limit: 1000 }), "{e}");
+        assert!(e.retry_after().is_some(), "429 with Retry-After");
+        first.abort();
+        let _ = first.await;
+        let second = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire(1, 900, &c()).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(a.snapshot().queued, 1, "a departed waiter's bytes are free again");
+        second.abort();
+    });
+}
+
+#[test]
+fn a_waiter_that_goes_away_frees_its_place() {
+    rt().block_on(async {
+        let a = Admission::new(1, limits(10, 60));
+        let p = a.acquire(1, 10, &c()).await.unwrap();
+        let gone = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire(1, 10, &c()).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(a.snapshot().queued, 1);
+        gone.abort();
+        let _ = gone.await;
+        assert_eq!(a.snapshot().queued, 0);
+        drop(p);
+        assert_eq!(a.snapshot().in_use, 0, "nothing was granted to the departed waiter");
+        let _p = a.acquire(1, 10, &c()).await.unwrap();
+    });
+}
+
+#[test]
+fn pause_holds_and_capacity_changes_apply() {
+    rt().block_on(async {
+        let a = Admission::new(1, limits(10, 600));
+        a.pause(Hold::Group);
+        a.pause(Hold::Drain);
+        a.resume(Hold::Group);
+        let granted = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let (a, g) = (a.clone(), granted.clone());
+            tasks.push(tokio::spawn(async move {
+                let p = a.acquire(1, 10, &c()).await.unwrap();
+                g.fetch_add(1, Ordering::SeqCst);
+                p
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert_eq!(granted.load(Ordering::SeqCst), 0, "held while paused, not failed");
+        assert_eq!(a.snapshot().queued, 4);
+        a.set_capacity(4);
+        assert_eq!(a.snapshot().queued, 4, "the drain still holds them");
+        a.resume(Hold::Drain);
+        for t in tasks {
+            let _ = t.await.unwrap();
+        }
+        assert_eq!(granted.load(Ordering::SeqCst), 4, "all admitted with the new capacity");
+    });
+}
+
+#[test]
+fn a_requeued_request_goes_first_even_into_a_full_queue() {
+    rt().block_on(async {
+        let a = Admission::new(1, limits(1, 60));
+        let running = a.acquire(1, 10, &c()).await.unwrap();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let waiter = |name: &'static str, requeued: bool| {
+            let (a, order) = (a.clone(), order.clone());
+            tokio::spawn(async move {
+                let p = if requeued {
+                    a.requeue(1, 10).await
+                } else {
+                    a.acquire(1, 10, &c()).await
+                };
+                order.lock().unwrap().push(name);
+                drop(p);
+            })
+        };
+        let queued = waiter("queued", false);
+        tokio::task::yield_now().await;
+        assert!(a.acquire(1, 10, &c()).await.is_err(), "the queue (depth 1) is full");
+        let back = waiter("requeued", true);
+        tokio::task::yield_now().await;
+        assert_eq!(a.snapshot().queued, 2, "a requeue is never refused for a full queue");
+        drop(running);
+        queued.await.unwrap();
+        back.await.unwrap();
+        assert_eq!(*order.lock().unwrap(), vec!["requeued", "queued"]);
+    });
+}
+
+#[test]
+fn closing_answers_the_queue_at_once_and_refuses_newcomers() {
+    rt().block_on(async {
+        let a = Admission::new(1, limits(10, 600));
+        let running = a.acquire(1, 10, &c()).await.unwrap();
+        let queued = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire(1, 10, &c()).await }
+        });
+        tokio::task::yield_now().await;
+        let before = tokio::time::Instant::now();
+        a.close();
+        let e = queued.await.unwrap().unwrap_err();
+        assert!(matches!(e, GatewayError::ShuttingDown), "{e}");
+        assert!(
+            before.elapsed() < Duration::from_secs(1),
+            "at once, not after the queue timeout"
+        );
+        assert!(e.retry_after().is_some(), "503 with Retry-After");
+        assert!(matches!(a.acquire(1, 10, &c()).await, Err(GatewayError::ShuttingDown)));
+        assert_eq!(a.snapshot().queued, 0);
+        drop(running);
+        assert_eq!(
+            a.snapshot().in_use,
+            0,
+            "the running request keeps its slot until it ends"
+        );
+    });
+}
+
+#[test]
+fn a_lone_client_is_served_before_another_clients_burst_drains() {
+    rt().block_on(async {
+        let a = Admission::new(4, limits(100, 600));
+        let (burst, lone) = (Client::new("burst", 1), Client::new("lone", 1));
+        let served = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        let mut spawn = |who: &'static str, client: Client| {
+            let (a, served) = (a.clone(), served.clone());
+            tasks.push(tokio::spawn(async move {
+                let p = a.acquire(1, 10, &client).await.unwrap();
+                served.lock().unwrap().push(who);
+                p
+            }));
+        };
+        for _ in 0..16 {
+            spawn("burst", burst);
+        }
+        tokio::task::yield_now().await;
+        assert_eq!((a.snapshot().in_use, a.snapshot().queued), (4, 12));
+        spawn("lone", lone);
+        tokio::task::yield_now().await;
+        // The running requests end one at a time; each time the next in the queue's order
+        // takes the freed slot (and records itself) before the next one ends.
+        let mut held: Vec<Permit> = Vec::new();
+        while !tasks.is_empty() || !held.is_empty() {
+            let mut i = 0;
+            while i < tasks.len() {
+                if tasks[i].is_finished() {
+                    held.push(tasks.remove(i).await.unwrap());
+                } else {
+                    i += 1;
+                }
+            }
+            drop(held.pop());
+            tokio::task::yield_now().await;
+        }
+        let order = served.lock().unwrap().clone();
+        let lone_at = order
+            .iter()
+            .position(|w| *w == "lone")
+            .expect("the lone client was served");
+        assert_eq!(
+            lone_at, 5,
+            "one burst request after the four running, then the lone one: {order:?}"
+        );
+        assert_eq!(order.len(), 17);
+    });
+}
+
+/// A group that is full while its flag is set.
+#[derive(Debug, Default)]
+struct FakeHome(std::sync::atomic::AtomicBool);
+
+impl Home for FakeHome {
+    fn full(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn prefer(home: &Arc<FakeHome>, secs: u64) -> Option<Preference> {
+    Some(Preference {
+        home: home.clone(),
+        until: tokio::time::Instant::now() + Duration::from_secs(secs),
+    })
+}
+
+#[test]
+fn a_waiter_holds_out_for_its_full_group_while_the_free_slot_goes_to_the_next() {
+    rt().block_on(async {
+        // Two groups of one slot; group a's is taken.
+        let a = Admission::new(2, limits(10, 600));
+        let home_a = Arc::new(FakeHome::default());
+        let running_on_a = a.acquire(1, 10, &c()).await.unwrap();
+        home_a.0.store(true, Ordering::SeqCst);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let spawn = |who: &'static str, p: Option<Preference>| {
+            let (a, order) = (a.clone(), order.clone());
+            tokio::spawn(async move {
+                let permit = a.acquire_for(1, 10, &c(), p).await.unwrap();
+                order.lock().unwrap().push(who);
+                permit
+            })
+        };
+        let for_a = spawn("for a", prefer(&home_a, 2));
+        tokio::task::yield_now().await;
+        assert_eq!(a.snapshot().queued, 1, "a free slot, but not in its group");
+        let other = spawn("other", None);
+        let _on_b = other.await.unwrap();
+        assert_eq!(*order.lock().unwrap(), vec!["other"], "the next waiter took b's slot");
+        // Group a's request ends: its lease goes first, then its permit admits the waiter.
+        home_a.0.store(false, Ordering::SeqCst);
+        drop(running_on_a);
+        let _on_a = for_a.await.unwrap();
+        assert_eq!(*order.lock().unwrap(), vec!["other", "for a"]);
+    });
+}
+
+#[test]
+fn a_preference_runs_out_and_then_any_free_slot_is_taken() {
+    rt().block_on(async {
+        let a = Admission::new(2, limits(10, 600));
+        let home = Arc::new(FakeHome::default());
+        let _running = a.acquire(1, 10, &c()).await.unwrap();
+        home.0.store(true, Ordering::SeqCst);
+        let started = tokio::time::Instant::now();
+        let _p = a.acquire_for(1, 10, &c(), prefer(&home, 2)).await.unwrap();
+        let waited = started.elapsed();
+        assert!(
+            (Duration::from_secs(2)..Duration::from_secs(3)).contains(&waited),
+            "waited its preference out, no longer: {waited:?}"
+        );
+        // A preferred group with room, or one that is not full, is no reason to wait.
+        home.0.store(false, Ordering::SeqCst);
+        let a2 = Admission::new(1, limits(10, 600));
+        let started = tokio::time::Instant::now();
+        let _q = a2.acquire_for(1, 10, &c(), prefer(&home, 60)).await.unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    });
+}
