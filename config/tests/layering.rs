@@ -425,7 +425,7 @@ fn a_groups_file_refuses_shared_settings_unknown_names_and_clashing_ports() {
     let f = Fixture::new(Some("GROUPS_FILE=groups.env\n"));
     std::fs::write(
         f.dir.path().join("groups.env"),
-        "[a]\nPORT=9000\nHEAD_IPP=10.0.0.1\n[b]\nWORKER_IP=10.0.0.9\n",
+        "[a]\nPORT=9000\nHEAD_IPP=10.0.0.1\n[b]\nWORKER_IP=10.0.0.9\nSCHEDULING_POLICY=priority\n",
     )
     .unwrap();
     let err = sparkgate_config::Config::load_groups(&f.options())
@@ -436,6 +436,7 @@ fn a_groups_file_refuses_shared_settings_unknown_names_and_clashing_ports() {
         "groups.env:2): must be the same for every group: set it outside GROUPS_FILE",
         "[a] HEAD_IPP=\"10.0.0.1\"",
         "is not a sparkgate variable",
+        "[b] SCHEDULING_POLICY=\"priority\"",
         "[b] VLLM_PORT=\"18888\"",
         "must differ from every other group on head 10.0.0.1",
     ] {

@@ -355,6 +355,17 @@ fn glm_mode_change_swaps_spec_flags_and_capture_sizes_only() {
 }
 
 #[test]
+fn priority_scheduling_adds_exactly_its_flag_on_every_rank() {
+    let fixture = Fixture::new(None);
+    let (fcfs, priority) = (fixture.config(), fixture.with("SCHEDULING_POLICY", "priority"));
+    for (ra, rb) in fcfs.plan().ranks.iter().zip(&priority.plan().ranks) {
+        let (only_fcfs, only_priority) = diff(ra.vllm_argv(), rb.vllm_argv());
+        assert!(only_fcfs.is_empty(), "{only_fcfs:?}");
+        assert_eq!(only_priority, vec![words("--scheduling-policy priority")]);
+    }
+}
+
+#[test]
 fn eager_mode_drops_capture_sizes_and_extra_args_come_last() {
     let eager = Fixture::new(None).env("ENFORCE_EAGER", "1").config();
     let argv = eager.plan().ranks[0].vllm_argv().to_vec();

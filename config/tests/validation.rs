@@ -112,6 +112,12 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     (
         "deepseek-v4.1-flash",
         "EXTRA_ARGS",
+        "--scheduling-policy=priority",
+        "must not set --scheduling-policy",
+    ),
+    (
+        "deepseek-v4.1-flash",
+        "EXTRA_ARGS",
         "--seed 'open",
         "must be shell words with balanced quotes",
     ),

@@ -1,6 +1,7 @@
 """The load of tests/fairness/run.sh: a burst client keeps 16 requests in flight, a lone client
 sends one request every 2 s; prints the lone client's and the burst's latency percentiles.
-Both send `x-sparkgate-client`, which names them for the fair queue (ignored under fifo)."""
+Both send `x-sparkgate-client`, which names them for the fair queue (ignored under fifo); under
+`priority` the lone client's requests also carry `X-Vllm-Priority: -1` (the burst's are 0)."""
 import asyncio, json, sys, time
 
 import httpx
@@ -13,7 +14,10 @@ BODY = {"model": model, "messages": [{"role": "user", "content": "Count to ten."
 
 async def one(client: httpx.AsyncClient, who: str) -> float:
     started = time.monotonic()
-    r = await client.post(URL, json=BODY, headers={"x-sparkgate-client": who}, timeout=600)
+    headers = {"x-sparkgate-client": who}
+    if policy == "priority" and who == "lone":
+        headers["X-Vllm-Priority"] = "-1"
+    r = await client.post(URL, json=BODY, headers=headers, timeout=600)
     assert r.status_code == 200, (r.status_code, r.text)
     return time.monotonic() - started
 

@@ -1,6 +1,7 @@
 //! Gateway admission against vllm-sim: MAX_NUM_SEQS upstream at most, FIFO order within a client
 //! and a fair queue across clients (a lone client before another's burst drains), 429 on a full
-//! queue, 503 at the deadline, disconnects while queued or mid-stream freeing their slots.
+//! queue, 503 at the deadline, disconnects while queued or mid-stream freeing their slots, and
+//! priorities under SCHEDULING_POLICY=priority.
 
 use std::time::Duration;
 
@@ -202,10 +203,11 @@ fn n_above_capacity_is_refused() {
     assert_eq!(r.json()["choices"].as_array().unwrap().len(), 2);
 }
 
-/// Eight streams of client `burst`, then one of client `lone` (each admitted or queued before
-/// the next is sent), MAX_NUM_SEQS 2: the clients in the order their streams began.
-fn burst_then_lone(policy: &str) -> Vec<&'static str> {
-    let (_sim, gw) = ds_pair(&[("SIM_SPEED", "4")], &[("QUEUE_POLICY", policy)]);
+/// Eight streams of client `burst`, then one of client `lone` with `lone_header` (each admitted
+/// or queued before the next is sent), MAX_NUM_SEQS 2, the gateway with `env`: the clients in
+/// the order their streams began.
+fn burst_then_lone(env: &[(&str, &str)], lone_header: (&'static str, &'static str)) -> Vec<&'static str> {
+    let (_sim, gw) = ds_pair(&[("SIM_SPEED", "4")], env);
     let addr = gw.addr;
     let mut workers = Vec::new();
     let clients = std::iter::repeat_n("burst", 8).chain(["lone"]);
@@ -213,7 +215,10 @@ fn burst_then_lone(policy: &str) -> Vec<&'static str> {
         let body = json!({"messages": [{"role": "user", "content": format!("stream {i}")}], "max_tokens": 30,
                           "ignore_eos": true, "stream": true, "chat_template_kwargs": {"enable_thinking": false}});
         workers.push(std::thread::spawn(move || {
-            let headers = [("Content-Type", "application/json"), ("x-sparkgate-client", who)];
+            let mut headers = vec![("Content-Type", "application/json"), ("x-sparkgate-client", who)];
+            if who == "lone" {
+                headers.push(lone_header);
+            }
             let mut s = Streaming::open(
                 addr,
                 "POST",
@@ -245,10 +250,23 @@ fn burst_then_lone(policy: &str) -> Vec<&'static str> {
 
 #[test]
 fn a_lone_client_is_served_before_another_clients_burst_drains() {
-    let order = burst_then_lone("fair");
+    let plain = ("x-lone", "1");
+    let order = burst_then_lone(&[("QUEUE_POLICY", "fair")], plain);
     let lone = order.iter().position(|w| *w == "lone").unwrap();
     // Two burst streams run, six wait; the lone client takes the second slot that frees.
     assert!(lone <= 3, "the lone stream began {}th of 9: {order:?}", lone + 1);
-    let order = burst_then_lone("fifo");
+    let order = burst_then_lone(&[("QUEUE_POLICY", "fifo")], plain);
     assert_eq!(order.last(), Some(&"lone"), "FIFO: behind the whole burst: {order:?}");
+}
+
+#[test]
+fn under_priority_scheduling_a_lower_priority_goes_before_the_queue() {
+    let urgent = ("X-Vllm-Priority", "-1");
+    let fifo_priority = [("QUEUE_POLICY", "fifo"), ("SCHEDULING_POLICY", "priority")];
+    let order = burst_then_lone(&fifo_priority, urgent);
+    let lone = order.iter().position(|w| *w == "lone").unwrap();
+    // Two burst streams run, six wait; the urgent one takes the first slot that frees.
+    assert!(lone <= 3, "the urgent stream began {}th of 9: {order:?}", lone + 1);
+    let order = burst_then_lone(&[("QUEUE_POLICY", "fifo")], urgent);
+    assert_eq!(order.last(), Some(&"lone"), "fcfs ignores priorities, as vLLM does: {order:?}");
 }

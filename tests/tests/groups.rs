@@ -242,3 +242,60 @@ fn the_demo_runs_two_groups() {
     assert_eq!(s["groups"].as_array().unwrap().len(), 2);
     assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
 }
+
+/// Conversation X's second turn while X's group (one slot each) is busy with another request,
+/// and a bystander that comes after it: the answers, and the order they ended in.
+fn second_turn_into_a_full_group(wait_ms: &str) -> (Answer, Answer, Answer, Vec<&'static str>) {
+    let env = [("MAX_NUM_SEQS", "1"), ("AFFINITY_WAIT_MS", wait_ms), ("SIM_SPEED", "1")];
+    let (_dir, gw, _) = two_groups(&env);
+    let system = "You are a careful assistant. ".repeat(40);
+    let first = json!([{"role": "system", "content": system}, {"role": "user", "content": "Name a prime."}]);
+    let one = ask(&gw, first.clone(), 4);
+    let ended = Arc::new(Mutex::new(Vec::new()));
+    let spawn = |name: &'static str, messages: Value, max_tokens: u32| {
+        let (gw, ended) = (gw.clone(), ended.clone());
+        std::thread::spawn(move || {
+            let a = ask(&gw, messages, max_tokens);
+            ended.lock().unwrap().push(name);
+            a
+        })
+    };
+    // Both idle: the long answer goes to the first group in order, X's.
+    let busy = spawn("busy", json!([{"role": "user", "content": "Count slowly."}]), 200);
+    gw.wait_status("X's group is full", |s| group(s, &one.group)["in_flight"] == 1);
+    let mut history = first.as_array().unwrap().clone();
+    history.push(json!({"role": "assistant", "content": "7"}));
+    history.push(json!({"role": "user", "content": "Another one."}));
+    let two = spawn("second turn", Value::Array(history), 4);
+    if wait_ms != "0" {
+        gw.wait_status("the second turn waits for X's group", |s| s["admission"]["queued"] == 1);
+    }
+    let bystander = spawn("bystander", json!([{"role": "user", "content": "Hello."}]), 4);
+    let (bystander, two) = (bystander.join().unwrap(), two.join().unwrap());
+    busy.join().unwrap();
+    let order = ended.lock().unwrap().clone();
+    (one, two, bystander, order)
+}
+
+#[test]
+fn a_turn_waits_for_its_full_group_while_a_bystander_takes_the_idle_one() {
+    let (one, two, bystander, order) = second_turn_into_a_full_group("600000");
+    assert_eq!((one.status, two.status, bystander.status), (200, 200, 200));
+    assert_eq!(two.group, one.group, "the second turn waited for its group");
+    let usage: Value = serde_json::from_str(&two.body).unwrap();
+    assert!(
+        usage["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0),
+        "and was served from its prefix cache: {usage}"
+    );
+    assert_ne!(bystander.group, one.group, "the idle group's slot went to the bystander");
+    assert_eq!(
+        order,
+        ["bystander", "busy", "second turn"],
+        "the bystander did not wait behind the waiting turn; the turn ran after the long answer"
+    );
+    // AFFINITY_WAIT_MS=0: the turn takes the idle group at once, without its prefix.
+    let (one, two, _, _) = second_turn_into_a_full_group("0");
+    assert_ne!(two.group, one.group, "{one:?} {two:?}");
+    let usage: Value = serde_json::from_str(&two.body).unwrap();
+    assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{usage}");
+}
