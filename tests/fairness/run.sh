@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fair queue against FIFO: one client keeps 16 requests in flight, another sends one request
-# every 2 s; the second client's queue wait, under QUEUE_POLICY=fair, then fifo, then fair with
+# every 2 s; the second client's queue wait, under QUEUE_POLICY=fair, then fifo, then fifo with
 # SCHEDULING_POLICY=priority and the lone client's requests at `X-Vllm-Priority: -1`. vllm-sim
 # is paced (SIM_SPEED) and MAX_NUM_SEQS is 4, so a queue forms. Loopback only.
 #
@@ -22,7 +22,7 @@ until curl -sf "http://127.0.0.1:$sim_port/health" >/dev/null; do
 done
 for policy in ${POLICIES:-fair fifo priority}; do
   port=$(free_port) queue="$policy" scheduling=fcfs
-  [ "$policy" = priority ] && queue=fair scheduling=priority
+  [ "$policy" = priority ] && queue=fifo scheduling=priority
   PROFILE=deepseek-v4.1-flash SERVED_MODEL_NAME="$model" MAX_NUM_SEQS=4 QUEUE_POLICY="$queue" \
     SCHEDULING_POLICY="$scheduling" DEPLOY_DIR="$work" \
     target/release/sparkgate serve --upstream "http://127.0.0.1:$sim_port" --port "$port" >"$work/gw.$policy.log" 2>&1 &
