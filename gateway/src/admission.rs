@@ -114,6 +114,75 @@ impl State {
     }
 }
 
+/// Where an arriving request stands.
+enum Arrival {
+    /// Admitted at once: nobody waits, and it fits.
+    Granted,
+    /// In the queue under this id; the receiver hears its grant.
+    Queued(u64, oneshot::Receiver<()>),
+}
+
+impl State {
+    /// Admits an arriving request at once, or queues it. Errors: `n` above capacity (400),
+    /// shutting down (503), queue full in entries or bytes (429; never for a requeue).
+    fn arrive(
+        &mut self,
+        n: u32,
+        bytes: usize,
+        entry: Entry<'_>,
+        prefer: &Option<Preference>,
+        limits: &QueueLimits,
+    ) -> Result<Arrival, GatewayError> {
+        if n > self.capacity {
+            return Err(GatewayError::bad_request(
+                format!(
+                    "n={n} needs more sequences than the model runs at once (MAX_NUM_SEQS={})",
+                    self.capacity
+                ),
+                "n",
+            ));
+        }
+        if self.closed {
+            return Err(GatewayError::ShuttingDown);
+        }
+        let defers = prefer.as_ref().is_some_and(Preference::defers);
+        if self.holds == 0 && self.order.is_empty() && self.in_use + n <= self.capacity && !defers {
+            // Nobody waits: there is no order to take a place in.
+            self.in_use += n;
+            return Ok(Arrival::Granted);
+        }
+        let place = match entry {
+            Entry::New(client) => {
+                if self.order.len() >= limits.depth {
+                    return Err(GatewayError::QueueFull { depth: limits.depth });
+                }
+                if self.queued_bytes + bytes > limits.bytes {
+                    return Err(GatewayError::QueueBytesFull { limit: limits.bytes });
+                }
+                self.order.tag(client, n)
+            }
+            Entry::Requeued => self.order.back(),
+        };
+        self.queued_bytes += bytes;
+        let id = self.next_id;
+        self.next_id += 1;
+        let (tx, rx) = oneshot::channel();
+        let waiter = Waiter {
+            n,
+            bytes,
+            place,
+            slot: Slot::Waiting,
+            wake: Some(tx),
+            prefer: prefer.clone(),
+        };
+        self.waiters.insert(id, waiter);
+        self.order.push(place, id);
+        // A slot may be free while the waiters before this one hold out for their groups.
+        self.dispatch();
+        Ok(Arrival::Queued(id, rx))
+    }
+}
+
 /// The admission controller; share it behind an `Arc`.
 #[derive(Debug)]
 pub struct Admission {
@@ -232,65 +301,21 @@ impl Admission {
         prefer: Option<Preference>,
     ) -> Result<Permit, GatewayError> {
         let started = Instant::now();
-        let (id, rx) = {
-            let mut s = self.state.lock().expect("admission lock");
-            if n > s.capacity {
-                return Err(GatewayError::bad_request(
-                    format!(
-                        "n={n} needs more sequences than the model runs at once (MAX_NUM_SEQS={})",
-                        s.capacity
-                    ),
-                    "n",
-                ));
-            }
-            if s.closed {
-                return Err(GatewayError::ShuttingDown);
-            }
-            let defers = prefer.as_ref().is_some_and(Preference::defers);
-            if s.holds == 0 && s.order.is_empty() && s.in_use + n <= s.capacity && !defers {
-                // Nobody waits: there is no order to take a place in.
-                s.in_use += n;
-                return Ok(Permit {
-                    admission: self.clone(),
-                    n,
-                });
-            }
-            let place = match entry {
-                Entry::New(client) => {
-                    if s.order.len() >= self.limits.depth {
-                        return Err(GatewayError::QueueFull {
-                            depth: self.limits.depth,
-                        });
-                    }
-                    if s.queued_bytes + bytes > self.limits.bytes {
-                        return Err(GatewayError::QueueBytesFull {
-                            limit: self.limits.bytes,
-                        });
-                    }
-                    s.order.tag(client, n)
+        let (id, rx) =
+            match self
+                .state
+                .lock()
+                .expect("admission lock")
+                .arrive(n, bytes, entry, &prefer, &self.limits)?
+            {
+                Arrival::Granted => {
+                    return Ok(Permit {
+                        admission: self.clone(),
+                        n,
+                    })
                 }
-                Entry::Requeued => s.order.back(),
+                Arrival::Queued(id, rx) => (id, rx),
             };
-            s.queued_bytes += bytes;
-            let id = s.next_id;
-            s.next_id += 1;
-            let (tx, rx) = oneshot::channel();
-            s.waiters.insert(
-                id,
-                Waiter {
-                    n,
-                    bytes,
-                    place,
-                    slot: Slot::Waiting,
-                    wake: Some(tx),
-                    prefer: prefer.clone(),
-                },
-            );
-            s.order.push(place, id);
-            // A slot may be free while the waiters before this one hold out for their groups.
-            s.dispatch();
-            (id, rx)
-        };
         let mut queued = Queued {
             admission: self,
             id,

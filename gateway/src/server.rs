@@ -185,9 +185,8 @@ fn response_head(upstream: &mut hyper::Response<UpstreamBody>) -> axum::http::re
 /// one holder of a generation's permit, streamed (around the relay) or not.
 struct HoldPermit<B> {
     inner: B,
-    /// The group's slot and the admission's, released in that order (a tuple drops its
-    /// fields first to last): when the permit's release admits the next waiter, the group is
-    /// no longer full for a waiter that holds out for it.
+    /// The group's slot, then the admission's (a tuple drops its fields in order): the waiter
+    /// the permit's release admits finds the group's slot free.
     _held: (Lease, Permit),
 }
 
@@ -315,12 +314,9 @@ async fn generate_inner(
         .flatten();
     let queued_at = Instant::now();
     let client = app.clients.identify(&caller, &headers, user.as_deref(), priority);
+    let admission = app.control.admission();
     let prefer = app.groups.preference(prefix);
-    let mut permit = app
-        .control
-        .admission()
-        .acquire_for(norm.n, forward.len(), &client, prefer)
-        .await?;
+    let mut permit = admission.acquire_for(norm.n, forward.len(), &client, prefer).await?;
     let waited = queued_at.elapsed();
     observe::queue_wait(waited.as_secs_f64());
     let snap = app.control.snapshot();
@@ -339,7 +335,7 @@ async fn generate_inner(
         // Admission counted the open groups' slots: one has room unless it closed just now.
         let Some(lease) = app.groups.lease(prefix) else {
             drop(permit);
-            permit = app.control.admission().requeue(norm.n, forward.len()).await?;
+            permit = admission.requeue(norm.n, forward.len()).await?;
             continue;
         };
         let group = lease.shared();
@@ -362,7 +358,7 @@ async fn generate_inner(
                 if !(lost || never_reached(&e) || restarting(&group)) {
                     return Err(unreachable(app, &group, &e));
                 }
-                permit = app.control.admission().requeue(norm.n, forward.len()).await?;
+                permit = admission.requeue(norm.n, forward.len()).await?;
             }
             Ok(Err(e)) => return Err(unreachable(app, &group, &e)),
             Ok(Ok(r)) => break (r, lease),

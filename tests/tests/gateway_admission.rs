@@ -268,5 +268,9 @@ fn under_priority_scheduling_a_lower_priority_goes_before_the_queue() {
     // Two burst streams run, six wait; the urgent one takes the first slot that frees.
     assert!(lone <= 3, "the urgent stream began {}th of 9: {order:?}", lone + 1);
     let order = burst_then_lone(&[("QUEUE_POLICY", "fifo")], urgent);
-    assert_eq!(order.last(), Some(&"lone"), "fcfs ignores priorities, as vLLM does: {order:?}");
+    assert_eq!(
+        order.last(),
+        Some(&"lone"),
+        "fcfs ignores priorities, as vLLM does: {order:?}"
+    );
 }

@@ -287,7 +287,10 @@ fn a_turn_waits_for_its_full_group_while_a_bystander_takes_the_idle_one() {
         usage["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0),
         "and was served from its prefix cache: {usage}"
     );
-    assert_ne!(bystander.group, one.group, "the idle group's slot went to the bystander");
+    assert_ne!(
+        bystander.group, one.group,
+        "the idle group's slot went to the bystander"
+    );
     assert_eq!(
         order,
         ["bystander", "busy", "second turn"],
