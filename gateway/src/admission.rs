@@ -5,11 +5,14 @@
 //! clients); capacity can change at run time and admission can pause (ranks restarting) —
 //! waiters are then held, not failed, until their deadline. A waiter may prefer one group (its
 //! conversation's prefix is cached there): while that group is full it lets a free slot go to
-//! the waiters behind it, until its preference runs out (delay scheduling).
+//! the waiters behind it, for its preference's wait counted from the first slot it let go —
+//! not from its arrival, so a long queue does not use the wait up (delay scheduling).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -47,6 +50,19 @@ struct Waiter {
     slot: Slot,
     wake: Option<oneshot::Sender<()>>,
     prefer: Option<Preference>,
+    /// When it first let a free slot go for its preferred group.
+    passed_at: Option<Instant>,
+}
+
+impl Waiter {
+    /// Whether it lets a free slot go now: its preferred group is full and its wait, counted
+    /// from the first slot it let go, lasts.
+    fn defers(&mut self, now: Instant) -> bool {
+        let Some(p) = self.prefer.as_ref().filter(|p| p.home.full()) else {
+            return false;
+        };
+        now < *self.passed_at.get_or_insert(now) + p.wait
+    }
 }
 
 /// What admission asks of a group a waiter prefers.
@@ -56,19 +72,12 @@ pub(crate) trait Home: Send + Sync + std::fmt::Debug {
     fn full(&self) -> bool;
 }
 
-/// The group a request would rather run on, and until when it waits for a slot there rather
+/// The group a request would rather run on, and how long it waits for a slot there rather
 /// than take one elsewhere.
 #[derive(Debug, Clone)]
 pub(crate) struct Preference {
     pub(crate) home: Arc<dyn Home>,
-    pub(crate) until: tokio::time::Instant,
-}
-
-impl Preference {
-    /// Whether a free slot (elsewhere) should go to someone else for now.
-    fn defers(&self) -> bool {
-        tokio::time::Instant::now() < self.until && self.home.full()
-    }
+    pub(crate) wait: Duration,
 }
 
 #[derive(Debug)]
@@ -90,6 +99,7 @@ impl State {
     /// Grants waiters in the queue's order while they fit (a large head blocks: nobody
     /// overtakes it); a waiter holding out for its full preferred group is passed over.
     fn dispatch(&mut self) {
+        let now = Instant::now();
         let mut passed = None;
         while self.holds == 0 && !self.closed {
             let Some((place, id)) = self.order.after(passed) else {
@@ -99,7 +109,7 @@ impl State {
             if self.in_use + w.n > self.capacity {
                 break;
             }
-            if w.prefer.as_ref().is_some_and(Preference::defers) {
+            if w.defers(now) {
                 passed = Some(place);
                 continue;
             }
@@ -145,8 +155,9 @@ impl State {
         if self.closed {
             return Err(GatewayError::ShuttingDown);
         }
-        let defers = prefer.as_ref().is_some_and(Preference::defers);
-        if self.holds == 0 && self.order.is_empty() && self.in_use + n <= self.capacity && !defers {
+        // One whose preferred group is full queues; its wait starts when dispatch lets a slot go.
+        let full = prefer.as_ref().is_some_and(|p| p.home.full());
+        if self.holds == 0 && self.order.is_empty() && self.in_use + n <= self.capacity && !full {
             // Nobody waits: there is no order to take a place in.
             self.in_use += n;
             return Ok(Arrival::Granted);
@@ -174,6 +185,7 @@ impl State {
             slot: Slot::Waiting,
             wake: Some(tx),
             prefer: prefer.clone(),
+            passed_at: None,
         };
         self.waiters.insert(id, waiter);
         self.order.push(place, id);
@@ -321,7 +333,8 @@ impl Admission {
             id,
             armed: true,
         };
-        let _ = tokio::time::timeout(self.limits.timeout, self.wait(rx, prefer)).await;
+        let wait = prefer.map(|p| p.wait);
+        let _ = tokio::time::timeout(self.limits.timeout, self.wait(id, rx, wait)).await;
         let mut s = self.state.lock().expect("admission lock");
         let granted = s.waiters.get(&id).is_some_and(|w| w.slot == Slot::Granted);
         if granted {
@@ -345,16 +358,35 @@ impl Admission {
         })
     }
 
-    /// Waits for the grant; when the preference runs out first, the queue is dispatched again,
-    /// as no slot may free to do it (the waiter now takes any group's).
-    async fn wait(&self, mut rx: oneshot::Receiver<()>, prefer: Option<Preference>) {
-        if let Some(p) = prefer {
+    /// Waits for waiter `id`'s grant. One that prefers a group and let a slot go looks again
+    /// when its `wait` runs out and dispatches the queue, as no release may come to do it (it now
+    /// takes any group's slot); until it has let one go it looks every `wait`.
+    async fn wait(&self, id: u64, mut rx: oneshot::Receiver<()>, wait: Option<Duration>) {
+        let Some(wait) = wait else {
+            let _ = rx.await;
+            return;
+        };
+        loop {
+            let passed_at = |s: &State| s.waiters.get(&id).and_then(|w| w.passed_at);
+            let since = passed_at(&self.state.lock().expect("admission lock"));
+            let next = since.unwrap_or_else(Instant::now) + wait;
             tokio::select! {
                 _ = &mut rx => return,
-                () = tokio::time::sleep_until(p.until) => self.state.lock().expect("admission lock").dispatch(),
+                () = tokio::time::sleep_until(next) => {}
+            }
+            let ran_out = {
+                let mut s = self.state.lock().expect("admission lock");
+                let ran_out = passed_at(&s).is_some_and(|t| t + wait <= Instant::now());
+                if ran_out {
+                    s.dispatch();
+                }
+                ran_out
+            };
+            if ran_out {
+                let _ = rx.await;
+                return;
             }
         }
-        let _ = rx.await;
     }
 
     fn release(&self, n: u32) {

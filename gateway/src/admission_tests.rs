@@ -273,7 +273,7 @@ impl Home for FakeHome {
 fn prefer(home: &Arc<FakeHome>, secs: u64) -> Option<Preference> {
     Some(Preference {
         home: home.clone(),
-        until: tokio::time::Instant::now() + Duration::from_secs(secs),
+        wait: Duration::from_secs(secs),
     })
 }
 
@@ -328,5 +328,37 @@ fn a_preference_runs_out_and_then_any_free_slot_is_taken() {
         let started = tokio::time::Instant::now();
         let _q = a2.acquire_for(1, 10, &c(), prefer(&home, 60)).await.unwrap();
         assert_eq!(started.elapsed(), Duration::ZERO);
+    });
+}
+
+#[test]
+fn the_wait_counts_from_the_first_slot_let_go_not_from_arrival() {
+    rt().block_on(async {
+        // Both groups full; the waiter queues for 5 s with nothing free anywhere.
+        let a = Admission::new(2, limits(10, 600));
+        let home = Arc::new(FakeHome::default());
+        let _on_home = a.acquire(1, 10, &c()).await.unwrap();
+        let on_other = a.acquire(1, 10, &c()).await.unwrap();
+        home.0.store(true, Ordering::SeqCst);
+        let waiter = tokio::spawn({
+            let (a, home) = (a.clone(), home.clone());
+            async move { a.acquire_for(1, 10, &c(), prefer(&home, 2)).await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // The other group's slot frees: the waiter lets it go, for its 2 s.
+        let freed = tokio::time::Instant::now();
+        drop(on_other);
+        tokio::task::yield_now().await;
+        assert_eq!(
+            a.snapshot().queued,
+            1,
+            "it lets the slot go although it waited 5 s already"
+        );
+        let _p = waiter.await.unwrap();
+        assert_eq!(
+            freed.elapsed(),
+            Duration::from_secs(2),
+            "then takes it, 2 s after it freed"
+        );
     });
 }

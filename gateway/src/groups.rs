@@ -255,10 +255,7 @@ impl Groups {
     pub(crate) fn preference(&self, prefix: Option<u64>) -> Option<Preference> {
         let key = prefix.filter(|_| self.wants_prefix() && !self.wait.is_zero())?;
         let home = self.list[self.recent_group(key, Instant::now())?].clone();
-        Some(Preference {
-            home,
-            until: tokio::time::Instant::now() + self.wait,
-        })
+        Some(Preference { home, wait: self.wait })
     }
 
     fn recent_group(&self, key: u64, now: Instant) -> Option<usize> {
