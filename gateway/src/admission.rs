@@ -113,6 +113,11 @@ impl State {
                 passed = Some(place);
                 continue;
             }
+            if let (Some(_), Some(p)) = (w.passed_at, &w.prefer) {
+                let [home, elsewhere] = crate::observe::AFFINITY_OUTCOMES;
+                let outcome = if p.home.full() { elsewhere } else { home };
+                metrics::counter!(crate::observe::AFFINITY_WAITS, "outcome" => outcome).increment(1);
+            }
             self.order.admit(place);
             self.in_use += w.n;
             self.queued_bytes -= w.bytes;

@@ -27,6 +27,7 @@ pub(crate) const UPSTREAM_ERRORS: &str = "sparkgate_upstream_errors_total";
 pub(crate) const GROUP_REQUESTS: &str = "sparkgate_group_requests_total";
 pub(crate) const GROUP_OPEN: &str = "sparkgate_group_open";
 pub(crate) const GROUP_IN_FLIGHT: &str = "sparkgate_group_in_flight_sequences";
+pub(crate) const AFFINITY_WAITS: &str = "sparkgate_affinity_waits_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
@@ -99,6 +100,10 @@ fn describe() {
     describe_counter!(GROUP_REQUESTS, "Generations routed to each rank group.");
     describe_gauge!(GROUP_OPEN, "1 while a rank group takes new requests, by group.");
     describe_gauge!(GROUP_IN_FLIGHT, "Sequences running on each rank group.");
+    describe_counter!(
+        AFFINITY_WAITS,
+        "Generations that let a free slot go to wait for their conversation's full group (AFFINITY_WAIT_MS), by outcome: admitted with their group free (home) or after the wait, elsewhere."
+    );
     register();
 }
 
@@ -115,12 +120,19 @@ fn register() {
     for kind in UPSTREAM_ERROR_KINDS {
         counter!(UPSTREAM_ERRORS, "kind" => *kind).absolute(0);
     }
+    for outcome in AFFINITY_OUTCOMES {
+        counter!(AFFINITY_WAITS, "outcome" => outcome).absolute(0);
+    }
     gauge!(QUEUE_DEPTH).set(0.0);
     gauge!(IN_FLIGHT).set(0.0);
 }
 
 /// The `kind` label of UPSTREAM_ERRORS: the connect failed, or the request after it.
 pub(crate) const UPSTREAM_ERROR_KINDS: &[&str] = &["connect", "request"];
+
+/// The `outcome` label of AFFINITY_WAITS: the waiter was admitted when its group had room, or
+/// when its wait ran out (to run elsewhere).
+pub(crate) const AFFINITY_OUTCOMES: [&str; 2] = ["home", "elsewhere"];
 
 /// Handles of the families every request touches, looked up once: a lookup through the
 /// recorder builds a key, hashes the name and labels and searches a map, on every call.

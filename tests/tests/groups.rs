@@ -245,7 +245,7 @@ fn the_demo_runs_two_groups() {
 
 /// Conversation X's second turn while X's group (one slot each) is busy with another request,
 /// and a bystander that comes after it: the answers, and the order they ended in.
-fn second_turn_into_a_full_group(wait_ms: &str) -> (Answer, Answer, Answer, Vec<&'static str>) {
+fn second_turn_into_a_full_group(wait_ms: &str) -> (Answer, Answer, Answer, Vec<&'static str>, String) {
     let env = [("MAX_NUM_SEQS", "1"), ("AFFINITY_WAIT_MS", wait_ms), ("SIM_SPEED", "1")];
     let (_dir, gw, _) = two_groups(&env);
     let system = "You are a careful assistant. ".repeat(40);
@@ -274,12 +274,13 @@ fn second_turn_into_a_full_group(wait_ms: &str) -> (Answer, Answer, Answer, Vec<
     let (bystander, two) = (bystander.join().unwrap(), two.join().unwrap());
     busy.join().unwrap();
     let order = ended.lock().unwrap().clone();
-    (one, two, bystander, order)
+    let metrics = sparkgate_tests::harness::request(gw.addr, "GET", "/metrics", &[], b"").text();
+    (one, two, bystander, order, metrics)
 }
 
 #[test]
 fn a_turn_waits_for_its_full_group_while_a_bystander_takes_the_idle_one() {
-    let (one, two, bystander, order) = second_turn_into_a_full_group("600000");
+    let (one, two, bystander, order, metrics) = second_turn_into_a_full_group("600000");
     assert_eq!((one.status, two.status, bystander.status), (200, 200, 200));
     assert_eq!(two.group, one.group, "the second turn waited for its group");
     let usage: Value = serde_json::from_str(&two.body).unwrap();
@@ -296,8 +297,14 @@ fn a_turn_waits_for_its_full_group_while_a_bystander_takes_the_idle_one() {
         ["bystander", "busy", "second turn"],
         "the bystander did not wait behind the waiting turn; the turn ran after the long answer"
     );
+    for counted in [
+        "sparkgate_affinity_waits_total{outcome=\"home\"} 1",
+        "sparkgate_affinity_waits_total{outcome=\"elsewhere\"} 0",
+    ] {
+        assert!(metrics.contains(counted), "{counted}\n{metrics}");
+    }
     // AFFINITY_WAIT_MS=0: the turn takes the idle group at once, without its prefix.
-    let (one, two, _, _) = second_turn_into_a_full_group("0");
+    let (one, two, _, _, _) = second_turn_into_a_full_group("0");
     assert_ne!(two.group, one.group, "{one:?} {two:?}");
     let usage: Value = serde_json::from_str(&two.body).unwrap();
     assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{usage}");
