@@ -70,6 +70,9 @@ pub(crate) trait Home: Send + Sync + std::fmt::Debug {
     /// Serving, with every slot taken: a slot there is worth waiting for (a closed group's
     /// never is).
     fn full(&self) -> bool;
+
+    /// Serving, with a slot free.
+    fn has_room(&self) -> bool;
 }
 
 /// The group a request would rather run on, and how long it waits for a slot there rather
@@ -115,7 +118,7 @@ impl State {
             }
             if let (Some(_), Some(p)) = (w.passed_at, &w.prefer) {
                 let [home, elsewhere] = crate::observe::AFFINITY_OUTCOMES;
-                let outcome = if p.home.full() { elsewhere } else { home };
+                let outcome = if p.home.has_room() { home } else { elsewhere };
                 metrics::counter!(crate::observe::AFFINITY_WAITS, "outcome" => outcome).increment(1);
             }
             self.order.admit(place);
@@ -131,7 +134,7 @@ impl State {
 
 /// Where an arriving request stands.
 enum Arrival {
-    /// Admitted at once: nobody waits, and it fits.
+    /// Admitted at once: nobody waits, it fits, and the group it prefers (if any) is not full.
     Granted,
     /// In the queue under this id; the receiver hears its grant.
     Queued(u64, oneshot::Receiver<()>),

@@ -268,6 +268,10 @@ impl Home for FakeHome {
     fn full(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }
+
+    fn has_room(&self) -> bool {
+        !self.full()
+    }
 }
 
 fn prefer(home: &Arc<FakeHome>, secs: u64) -> Option<Preference> {

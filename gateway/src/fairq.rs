@@ -92,8 +92,10 @@ struct Tally {
 pub(crate) struct FairQueue {
     /// Waiting ids by place.
     order: BTreeMap<Place, u64>,
-    /// The start tag of the last request admitted.
-    vtime: u64,
+    /// By priority, the start tag of the last request of that priority admitted: each priority
+    /// keeps its own virtual time, so a request admitted ahead at another priority does not move
+    /// newcomers behind the ones waiting at theirs.
+    vtimes: BTreeMap<i64, u64>,
     clients: HashMap<u64, Tally>,
     /// The size at which `clients` is swept next.
     sweep_at: usize,
@@ -104,7 +106,7 @@ impl Default for FairQueue {
     fn default() -> Self {
         FairQueue {
             order: BTreeMap::new(),
-            vtime: 0,
+            vtimes: BTreeMap::new(),
             clients: HashMap::new(),
             sweep_at: SWEEP_AT,
             seq: 0,
@@ -119,12 +121,15 @@ impl FairQueue {
         if self.order.is_empty() {
             // Nobody waits: there is no order to keep, and history would only be a debt.
             self.clients.clear();
-        } else if self.clients.len() >= self.sweep_at {
+            self.vtimes.clear();
+        } else if self.clients.len() >= self.sweep_at || self.vtimes.len() >= SWEEP_AT {
             self.sweep();
         }
         let cost = u64::from(n.max(1)) * UNIT / u64::from(client.weight);
         let tally = self.clients.entry(client.id).or_default();
-        let start = tally.finish.max(self.vtime);
+        let start = tally
+            .finish
+            .max(self.vtimes.get(&client.priority).copied().unwrap_or(0));
         tally.finish = start + cost;
         tally.waiting += 1;
         self.seq += 1;
@@ -137,9 +142,19 @@ impl FairQueue {
     }
 
     /// Forgets clients the virtual time passed, then, if that was not enough, every client
-    /// with nothing waiting; the next sweep comes at twice what is left.
+    /// with nothing waiting; the next sweep comes at twice what is left. Forgets the virtual
+    /// time of every priority nobody waits at.
     fn sweep(&mut self) {
-        let now = self.vtime;
+        let waiting: std::collections::BTreeSet<i64> = self
+            .order
+            .keys()
+            .filter_map(|p| match p {
+                Place::Tagged { priority, .. } => Some(*priority),
+                Place::Back(_) => None,
+            })
+            .collect();
+        self.vtimes.retain(|p, _| waiting.contains(p));
+        let now = self.vtimes.values().copied().max().unwrap_or(0);
         self.clients.retain(|_, t| t.waiting > 0 || t.finish > now);
         if self.clients.len() >= SWEEP_AT / 2 {
             self.clients.retain(|_, t| t.waiting > 0);
@@ -168,8 +183,9 @@ impl FairQueue {
     /// Takes the waiter at `place` out: it is admitted, and the virtual time moves to its tag.
     pub(crate) fn admit(&mut self, place: Place) {
         if self.order.remove(&place).is_some() {
-            if let Place::Tagged { start, .. } = place {
-                self.vtime = self.vtime.max(start);
+            if let Place::Tagged { priority, start, .. } = place {
+                let vtime = self.vtimes.entry(priority).or_default();
+                *vtime = (*vtime).max(start);
             }
             self.left(place);
         }
@@ -311,6 +327,25 @@ mod tests {
             [6, 5, 0, 1, 2, 7, 3, 4],
             "every -1, then every 0, then 5; within one priority by the fair tags (the lone \
              client is charged for all its requests, whatever their priority)"
+        );
+    }
+
+    #[test]
+    fn an_urgent_request_does_not_move_newcomers_behind_its_clients_backlog() {
+        let (heavy, light) = (Client::new("heavy", 1), Client::new("light", 1));
+        let mut q = queue(&[(&heavy, 1); 10]);
+        let urgent = q.tag(&heavy.at(-1), 1);
+        q.push(urgent, 100);
+        let (place, id) = q.after(None).unwrap();
+        assert_eq!(id, 100, "the urgent request goes first");
+        q.admit(place);
+        let newcomer = q.tag(&light, 1);
+        q.push(newcomer, 200);
+        let order = drain(&mut q);
+        assert_eq!(
+            order[..2],
+            [0, 200],
+            "beside the backlog's head, not behind all of it: {order:?}"
         );
     }
 

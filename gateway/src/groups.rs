@@ -146,6 +146,10 @@ impl Home for Group {
         let capacity = self.open_capacity();
         capacity > 0 && self.in_use() >= capacity
     }
+
+    fn has_room(&self) -> bool {
+        self.in_use() < self.open_capacity()
+    }
 }
 
 /// A request's hold on one slot of a group, released when dropped (with its answer).

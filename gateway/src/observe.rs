@@ -102,7 +102,7 @@ fn describe() {
     describe_gauge!(GROUP_IN_FLIGHT, "Sequences running on each rank group.");
     describe_counter!(
         AFFINITY_WAITS,
-        "Generations that let a free slot go to wait for their conversation's full group (AFFINITY_WAIT_MS), by outcome: admitted with their group free (home) or after the wait, elsewhere."
+        "Generations that let a free slot go to wait for their conversation's full group (AFFINITY_WAIT_MS), by outcome: admitted with a slot of their group free (home), or elsewhere when the wait ran out or the group closed."
     );
     register();
 }
@@ -131,7 +131,7 @@ fn register() {
 pub(crate) const UPSTREAM_ERROR_KINDS: &[&str] = &["connect", "request"];
 
 /// The `outcome` label of AFFINITY_WAITS: the waiter was admitted when its group had room, or
-/// when its wait ran out (to run elsewhere).
+/// when its wait ran out or its group closed (to run elsewhere).
 pub(crate) const AFFINITY_OUTCOMES: [&str; 2] = ["home", "elsewhere"];
 
 /// Handles of the families every request touches, looked up once: a lookup through the
