@@ -52,6 +52,8 @@ struct Waiter {
     prefer: Option<Preference>,
     /// When it first let a free slot go for its preferred group.
     passed_at: Option<Instant>,
+    /// The slot of its preferred group held for it since its grant.
+    reservation: Option<Reservation>,
 }
 
 impl Waiter {
@@ -67,12 +69,51 @@ impl Waiter {
 
 /// What admission asks of a group a waiter prefers.
 pub(crate) trait Home: Send + Sync + std::fmt::Debug {
-    /// Serving, with every slot taken: a slot there is worth waiting for (a closed group's
-    /// never is).
+    /// Serving, with every slot taken, while no other group sits idle: a slot there is worth
+    /// waiting for (a closed group's never is, nor one while another group does nothing).
     fn full(&self) -> bool;
 
     /// Serving, with a slot free.
     fn has_room(&self) -> bool;
+
+    /// Holds one of its free slots for a request just admitted, until that request leases it
+    /// (no other request may take it meanwhile).
+    fn reserve(&self);
+
+    /// Gives a held slot back.
+    fn unreserve(&self);
+
+    /// Which group it is, in the order of the caller's list.
+    fn index(&self) -> usize;
+}
+
+/// A slot of a preferred group held for an admitted request between its grant and its lease
+/// (the waiter's task runs later than the dispatch that granted it, and another request's lease
+/// could take the slot it waited for); given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Reservation(Arc<dyn Home>);
+
+impl Reservation {
+    fn new(home: &Arc<dyn Home>) -> Reservation {
+        home.reserve();
+        Reservation(home.clone())
+    }
+
+    /// The group whose slot is held.
+    pub(crate) fn home(&self) -> &Arc<dyn Home> {
+        &self.0
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.0.unreserve();
+    }
+}
+
+/// A slot of `prefer`'s group, when it has one free.
+fn reserve(prefer: Option<&Preference>) -> Option<Reservation> {
+    prefer.filter(|p| p.home.has_room()).map(|p| Reservation::new(&p.home))
 }
 
 /// The group a request would rather run on, and how long it waits for a slot there rather
@@ -125,6 +166,7 @@ impl State {
             self.in_use += w.n;
             self.queued_bytes -= w.bytes;
             w.slot = Slot::Granted;
+            w.reservation = reserve(w.prefer.as_ref());
             if let Some(tx) = w.wake.take() {
                 let _ = tx.send(());
             }
@@ -134,8 +176,9 @@ impl State {
 
 /// Where an arriving request stands.
 enum Arrival {
-    /// Admitted at once: nobody waits, it fits, and the group it prefers (if any) is not full.
-    Granted,
+    /// Admitted at once: nobody waits, it fits, and the group it prefers (if any) is not full
+    /// (its slot there is held).
+    Granted(Option<Reservation>),
     /// In the queue under this id; the receiver hears its grant.
     Queued(u64, oneshot::Receiver<()>),
 }
@@ -168,7 +211,7 @@ impl State {
         if self.holds == 0 && self.order.is_empty() && self.in_use + n <= self.capacity && !full {
             // Nobody waits: there is no order to take a place in.
             self.in_use += n;
-            return Ok(Arrival::Granted);
+            return Ok(Arrival::Granted(reserve(prefer.as_ref())));
         }
         let place = match entry {
             Entry::New(client) => {
@@ -194,6 +237,7 @@ impl State {
             wake: Some(tx),
             prefer: prefer.clone(),
             passed_at: None,
+            reservation: None,
         };
         self.waiters.insert(id, waiter);
         self.order.push(place, id);
@@ -215,6 +259,14 @@ pub struct Admission {
 pub struct Permit {
     admission: Arc<Admission>,
     n: u32,
+    reservation: Option<Reservation>,
+}
+
+impl Permit {
+    /// The slot of its preferred group held for it since its grant, to lease.
+    pub(crate) fn take_reservation(&mut self) -> Option<Reservation> {
+        self.reservation.take()
+    }
 }
 
 impl Drop for Permit {
@@ -328,10 +380,11 @@ impl Admission {
                 .expect("admission lock")
                 .arrive(n, bytes, entry, &prefer, &self.limits)?
             {
-                Arrival::Granted => {
+                Arrival::Granted(reservation) => {
                     return Ok(Permit {
                         admission: self.clone(),
                         n,
+                        reservation,
                     })
                 }
                 Arrival::Queued(id, rx) => (id, rx),
@@ -345,12 +398,12 @@ impl Admission {
         let _ = tokio::time::timeout(self.limits.timeout, self.wait(id, rx, wait)).await;
         let mut s = self.state.lock().expect("admission lock");
         let granted = s.waiters.get(&id).is_some_and(|w| w.slot == Slot::Granted);
-        if granted {
-            s.waiters.remove(&id);
+        if let Some(w) = granted.then(|| s.waiters.remove(&id)).flatten() {
             queued.armed = false;
             return Ok(Permit {
                 admission: self.clone(),
                 n,
+                reservation: w.reservation,
             });
         }
         let closed = s.closed;

@@ -260,9 +260,9 @@ fn a_lone_client_is_served_before_another_clients_burst_drains() {
     });
 }
 
-/// A group that is full while its flag is set.
+/// A group that is full while its flag is set, counting the slots held on it.
 #[derive(Debug, Default)]
-struct FakeHome(std::sync::atomic::AtomicBool);
+struct FakeHome(std::sync::atomic::AtomicBool, AtomicUsize);
 
 impl Home for FakeHome {
     fn full(&self) -> bool {
@@ -271,6 +271,18 @@ impl Home for FakeHome {
 
     fn has_room(&self) -> bool {
         !self.full()
+    }
+
+    fn reserve(&self) {
+        self.1.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn unreserve(&self) {
+        self.1.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn index(&self) -> usize {
+        0
     }
 }
 
@@ -307,8 +319,15 @@ fn a_waiter_holds_out_for_its_full_group_while_the_free_slot_goes_to_the_next() 
         // Group a's request ends: its lease goes first, then its permit admits the waiter.
         home_a.0.store(false, Ordering::SeqCst);
         drop(running_on_a);
-        let _on_a = for_a.await.unwrap();
+        let mut on_a = for_a.await.unwrap();
         assert_eq!(*order.lock().unwrap(), vec!["other", "for a"]);
+        assert_eq!(
+            home_a.1.load(Ordering::SeqCst),
+            1,
+            "a's slot is held for it until it leases"
+        );
+        drop(on_a.take_reservation());
+        assert_eq!(home_a.1.load(Ordering::SeqCst), 0);
     });
 }
 

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sparkgate_config::{Config, GroupConfig, GroupRouting, SpecMethod, SINGLE_GROUP};
 use sparkgate_supervisor::{GroupState, Status, SupervisorHandle};
 
-use crate::admission::{Hold, Home, Preference};
+use crate::admission::{Hold, Home, Preference, Reservation};
 use crate::state::{GatewayControl, UpstreamState};
 use crate::upstream::Upstream;
 
@@ -42,6 +42,8 @@ pub(crate) struct Group {
     pub(crate) metrics: crate::exposition::UpstreamMetrics,
     view: RwLock<View>,
     leases: AtomicU32,
+    /// Slots held for admitted requests that prefer it, until they lease them.
+    reserved: AtomicU32,
     routed: AtomicU64,
     /// `sparkgate_group_requests_total{group}`, looked up once: a lease is on every request's path.
     requests: metrics::Counter,
@@ -70,6 +72,7 @@ impl Group {
             metrics: Default::default(),
             view: RwLock::new(View { state, mode, capacity }),
             leases: AtomicU32::new(0),
+            reserved: AtomicU32::new(0),
             routed: AtomicU64::new(0),
             requests: metrics::counter!(crate::observe::GROUP_REQUESTS, "group" => name.to_owned()),
             drained: AtomicBool::new(false),
@@ -121,34 +124,97 @@ impl Group {
         self.drained.store(drained, Ordering::Relaxed);
     }
 
-    /// Takes one of its slots, unless it is closed or full.
+    /// Its capacity while open, less the slots held for requests that prefer it.
+    fn capacity_for_others(&self) -> u32 {
+        self.open_capacity()
+            .saturating_sub(self.reserved.load(Ordering::Acquire))
+    }
+
+    /// Takes one of its slots, unless it is closed or full (held slots count as taken).
     fn try_lease(self: &Arc<Self>) -> Option<Lease> {
-        let capacity = self.open_capacity();
+        let capacity = self.capacity_for_others();
         self.leases
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < capacity).then_some(n + 1))
             .ok()?;
-        self.routed.fetch_add(1, Ordering::Relaxed);
-        self.requests.increment(1);
-        Some(Lease { group: self.clone() })
+        Some(self.leased())
     }
 
-    /// Free slots as a share of its capacity (0 when closed).
+    /// Takes the slot `held` holds for this request, while the group is open.
+    fn take_held(self: &Arc<Self>, held: Reservation) -> Option<Lease> {
+        if !self.open() {
+            return None;
+        }
+        self.leases.fetch_add(1, Ordering::AcqRel);
+        // The slot passes from held to leased with no moment in which it looks free.
+        drop(held);
+        Some(self.leased())
+    }
+
+    fn leased(self: &Arc<Self>) -> Lease {
+        self.routed.fetch_add(1, Ordering::Relaxed);
+        self.requests.increment(1);
+        Lease { group: self.clone() }
+    }
+
+    /// Free slots (not held) as a share of its capacity (0 when closed).
     fn room(&self) -> f64 {
         match self.open_capacity() {
             0 => 0.0,
-            capacity => f64::from(capacity.saturating_sub(self.in_use())) / f64::from(capacity),
+            capacity => f64::from(self.capacity_for_others().saturating_sub(self.in_use())) / f64::from(capacity),
         }
     }
 }
 
-impl Home for Group {
+impl Group {
     fn full(&self) -> bool {
-        let capacity = self.open_capacity();
-        capacity > 0 && self.in_use() >= capacity
+        self.open_capacity() > 0 && !self.has_room()
     }
 
     fn has_room(&self) -> bool {
-        self.in_use() < self.open_capacity()
+        self.in_use() < self.capacity_for_others()
+    }
+
+    /// Open with nothing running and nothing held.
+    fn idle(&self) -> bool {
+        self.open() && self.in_use() == 0 && self.reserved.load(Ordering::Acquire) == 0
+    }
+}
+
+/// The group a request prefers, as admission sees it: the group among its siblings, so that a
+/// request does not wait for its full group while another sits idle (all conversations bound to
+/// one group, the other just back from a restart, would otherwise keep it idle).
+#[derive(Debug)]
+struct Affine {
+    groups: Arc<Groups>,
+    index: usize,
+}
+
+impl Affine {
+    fn group(&self) -> &Group {
+        &self.groups.list[self.index]
+    }
+}
+
+impl Home for Affine {
+    fn full(&self) -> bool {
+        let mut others = self.groups.list.iter().enumerate().filter(|(i, _)| *i != self.index);
+        self.group().full() && !others.any(|(_, g)| g.idle())
+    }
+
+    fn has_room(&self) -> bool {
+        self.group().has_room()
+    }
+
+    fn reserve(&self) {
+        self.group().reserved.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn unreserve(&self) {
+        self.group().reserved.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn index(&self) -> usize {
+        self.index
     }
 }
 
@@ -223,14 +289,23 @@ impl Groups {
         self.list.len() > 1 && self.routing == GroupRouting::Affinity
     }
 
-    /// A group for an admitted request: the prefix's recent group when it has room, else the
-    /// one with the most room (round-robin: the next with room). `None` only in the moment a
-    /// group closes under an admitted request.
-    pub(crate) fn lease(&self, prefix: Option<u64>) -> Option<Lease> {
+    /// A group for an admitted request: the slot admission held for it, else the prefix's
+    /// recent group when it has room, else the one with the most room (round-robin: the next
+    /// with room). `None` only in the moment a group closes under an admitted request.
+    pub(crate) fn lease(&self, prefix: Option<u64>, held: Option<Reservation>) -> Option<Lease> {
         if self.list.len() == 1 {
             return self.list[0].try_lease();
         }
         let now = Instant::now();
+        if let Some(held) = held {
+            let i = held.home().index();
+            if let Some(lease) = self.list.get(i).and_then(|g| g.take_held(held)) {
+                if let Some(key) = prefix {
+                    self.remember(key, i, now);
+                }
+                return Some(lease);
+            }
+        }
         let preferred = match (self.routing, prefix) {
             (GroupRouting::Affinity, Some(key)) => self.recent_group(key, now),
             (GroupRouting::RoundRobin, _) => Some(self.turn.fetch_add(1, Ordering::Relaxed) % self.list.len()),
@@ -256,9 +331,13 @@ impl Groups {
 
     /// The group a request waits for while it is full (AFFINITY_WAIT_MS): its prefix's recent
     /// group, under affinity routing.
-    pub(crate) fn preference(&self, prefix: Option<u64>) -> Option<Preference> {
+    pub(crate) fn preference(self: &Arc<Self>, prefix: Option<u64>) -> Option<Preference> {
         let key = prefix.filter(|_| self.wants_prefix() && !self.wait.is_zero())?;
-        let home = self.list[self.recent_group(key, Instant::now())?].clone();
+        let index = self.recent_group(key, Instant::now())?;
+        let home = Arc::new(Affine {
+            groups: self.clone(),
+            index,
+        });
         Some(Preference { home, wait: self.wait })
     }
 
@@ -490,4 +569,86 @@ pub(crate) fn prefix_key(body: &[u8]) -> Option<u64> {
         p.as_bytes()[..p.len().min(PREFIX_BYTES)].hash(&mut h);
     }
     Some(h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::{Admission, QueueLimits};
+    use crate::fairq::Client;
+
+    #[test]
+    fn a_slot_held_at_the_grant_goes_to_its_request_not_to_a_lease_that_comes_first() {
+        let group = |name| {
+            Group::new(
+                name,
+                Upstream::new("http://127.0.0.1:9", None),
+                None,
+                SpecMethod::None,
+                1,
+            )
+        };
+        let groups = Arc::new(Groups::new(
+            vec![group("a"), group("b")],
+            GroupRouting::Affinity,
+            Duration::from_secs(2),
+        ));
+        let limits = QueueLimits {
+            depth: 10,
+            bytes: 1000,
+            timeout: Duration::from_secs(60),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let (admission, client) = (Admission::new(2, limits), Client::new("c", 1));
+        let prefer = Preference {
+            home: Arc::new(Affine {
+                groups: groups.clone(),
+                index: 0,
+            }),
+            wait: Duration::from_secs(2),
+        };
+        // W prefers a and is admitted; X is admitted next and leases before W does.
+        let mut w = rt
+            .block_on(admission.acquire_for(1, 10, &client, Some(prefer)))
+            .unwrap();
+        let mut x = rt.block_on(admission.acquire(1, 10, &client)).unwrap();
+        let x_lease = groups.lease(None, x.take_reservation()).unwrap();
+        assert_eq!(x_lease.group().name, "b", "a's slot is held for W");
+        let w_lease = groups.lease(None, w.take_reservation()).unwrap();
+        assert_eq!(w_lease.group().name, "a");
+        assert_eq!(
+            groups.all()[0].reserved.load(Ordering::Acquire),
+            0,
+            "the held slot became W's lease"
+        );
+    }
+
+    #[test]
+    fn a_full_group_is_worth_waiting_for_only_while_no_other_sits_idle() {
+        let group = |name| {
+            Group::new(
+                name,
+                Upstream::new("http://127.0.0.1:9", None),
+                None,
+                SpecMethod::None,
+                1,
+            )
+        };
+        let groups = Arc::new(Groups::new(
+            vec![group("a"), group("b")],
+            GroupRouting::Affinity,
+            Duration::from_secs(2),
+        ));
+        let a = Affine {
+            groups: groups.clone(),
+            index: 0,
+        };
+        let _on_a = groups.all()[0].try_lease().unwrap();
+        assert!(!a.full(), "b sits idle: no request waits for a");
+        let _on_b = groups.all()[1].try_lease().unwrap();
+        assert!(a.full());
+    }
 }

@@ -333,7 +333,7 @@ async fn generate_inner(
     let mut refused_at: Option<Instant> = None;
     let (mut upstream, lease) = loop {
         // Admission counted the open groups' slots: one has room unless it closed just now.
-        let Some(lease) = app.groups.lease(prefix) else {
+        let Some(lease) = app.groups.lease(prefix, permit.take_reservation()) else {
             drop(permit);
             permit = admission.requeue(norm.n, forward.len()).await?;
             continue;

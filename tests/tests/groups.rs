@@ -243,14 +243,16 @@ fn the_demo_runs_two_groups() {
     assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
 }
 
-/// Conversation X's second turn while X's group (one slot each) is busy with another request,
-/// and a bystander that comes after it: the answers, and the order they ended in.
+/// Conversation X's second turn while X's group (two slots each) is full with long answers and
+/// the other group runs one, and a bystander that comes after it: the answers, the order they
+/// ended in, and the gateway's metrics.
 fn second_turn_into_a_full_group(wait_ms: &str) -> (Answer, Answer, Answer, Vec<&'static str>, String) {
-    let env = [("MAX_NUM_SEQS", "1"), ("AFFINITY_WAIT_MS", wait_ms), ("SIM_SPEED", "1")];
+    let env = [("MAX_NUM_SEQS", "2"), ("AFFINITY_WAIT_MS", wait_ms), ("SIM_SPEED", "2")];
     let (_dir, gw, _) = two_groups(&env);
     let system = "You are a careful assistant. ".repeat(40);
     let first = json!([{"role": "system", "content": system}, {"role": "user", "content": "Name a prime."}]);
     let one = ask(&gw, first.clone(), 4);
+    let other = if one.group == "a" { "b" } else { "a" };
     let ended = Arc::new(Mutex::new(Vec::new()));
     let spawn = |name: &'static str, messages: Value, max_tokens: u32| {
         let (gw, ended) = (gw.clone(), ended.clone());
@@ -260,9 +262,17 @@ fn second_turn_into_a_full_group(wait_ms: &str) -> (Answer, Answer, Answer, Vec<
             a
         })
     };
-    // Both idle: the long answer goes to the first group in order, X's.
-    let busy = spawn("busy", json!([{"role": "user", "content": "Count slowly."}]), 200);
-    gw.wait_status("X's group is full", |s| group(s, &one.group)["in_flight"] == 1);
+    // Long answers, each to the group with the most room (ties: the first in order, X's): two
+    // on X's group, one on the other, which is then busy but not full (and stays busy longest:
+    // a group that sits idle is not left idle for a waiting turn).
+    let mut busy = Vec::new();
+    for (i, (on_x, on_other, tokens)) in [(1, 0, 100), (1, 1, 400), (2, 1, 100)].into_iter().enumerate() {
+        let prompt = json!([{"role": "user", "content": format!("Count slowly, {i}.")}]);
+        busy.push(spawn("busy", prompt, tokens));
+        gw.wait_status("the long answer runs", |s| {
+            group(s, &one.group)["in_flight"] == on_x && group(s, other)["in_flight"] == on_other
+        });
+    }
     let mut history = first.as_array().unwrap().clone();
     history.push(json!({"role": "assistant", "content": "7"}));
     history.push(json!({"role": "user", "content": "Another one."}));
@@ -272,14 +282,16 @@ fn second_turn_into_a_full_group(wait_ms: &str) -> (Answer, Answer, Answer, Vec<
     }
     let bystander = spawn("bystander", json!([{"role": "user", "content": "Hello."}]), 4);
     let (bystander, two) = (bystander.join().unwrap(), two.join().unwrap());
-    busy.join().unwrap();
+    for b in busy {
+        b.join().unwrap();
+    }
     let order = ended.lock().unwrap().clone();
     let metrics = sparkgate_tests::harness::request(gw.addr, "GET", "/metrics", &[], b"").text();
     (one, two, bystander, order, metrics)
 }
 
 #[test]
-fn a_turn_waits_for_its_full_group_while_a_bystander_takes_the_idle_one() {
+fn a_turn_waits_for_its_full_group_while_a_bystander_takes_a_free_slot_elsewhere() {
     let (one, two, bystander, order, metrics) = second_turn_into_a_full_group("600000");
     assert_eq!((one.status, two.status, bystander.status), (200, 200, 200));
     assert_eq!(two.group, one.group, "the second turn waited for its group");
@@ -292,10 +304,11 @@ fn a_turn_waits_for_its_full_group_while_a_bystander_takes_the_idle_one() {
         bystander.group, one.group,
         "the idle group's slot went to the bystander"
     );
-    assert_eq!(
-        order,
-        ["bystander", "busy", "second turn"],
-        "the bystander did not wait behind the waiting turn; the turn ran after the long answer"
+    let at = |name: &str| order.iter().position(|n| *n == name).unwrap();
+    assert!(
+        at("bystander") < at("busy") && at("busy") < at("second turn"),
+        "the bystander did not wait behind the waiting turn; the turn ran once a long answer \
+         left its group: {order:?}"
     );
     for counted in [
         "sparkgate_affinity_waits_total{outcome=\"home\"} 1",
