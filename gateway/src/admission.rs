@@ -77,8 +77,8 @@ pub(crate) trait Home: Send + Sync + std::fmt::Debug {
     fn has_room(&self) -> bool;
 
     /// Holds one of its free slots for a request just admitted, until that request leases it
-    /// (no other request may take it meanwhile).
-    fn reserve(&self);
+    /// (no other request may take it meanwhile); false when none is free.
+    fn reserve(&self) -> bool;
 
     /// Gives a held slot back.
     fn unreserve(&self);
@@ -91,29 +91,39 @@ pub(crate) trait Home: Send + Sync + std::fmt::Debug {
 /// (the waiter's task runs later than the dispatch that granted it, and another request's lease
 /// could take the slot it waited for); given back when dropped.
 #[derive(Debug)]
-pub(crate) struct Reservation(Arc<dyn Home>);
+pub(crate) struct Reservation {
+    home: Arc<dyn Home>,
+    /// Its slot became the request's lease: nothing to give back.
+    settled: bool,
+}
 
 impl Reservation {
-    fn new(home: &Arc<dyn Home>) -> Reservation {
-        home.reserve();
-        Reservation(home.clone())
-    }
-
     /// The group whose slot is held.
     pub(crate) fn home(&self) -> &Arc<dyn Home> {
-        &self.0
+        &self.home
+    }
+
+    /// The held slot became the request's lease (the group moved it).
+    pub(crate) fn settle(mut self) {
+        self.settled = true;
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.0.unreserve();
+        if !self.settled {
+            self.home.unreserve();
+        }
     }
 }
 
 /// A slot of `prefer`'s group, when it has one free.
 fn reserve(prefer: Option<&Preference>) -> Option<Reservation> {
-    prefer.filter(|p| p.home.has_room()).map(|p| Reservation::new(&p.home))
+    let p = prefer?;
+    p.home.reserve().then(|| Reservation {
+        home: p.home.clone(),
+        settled: false,
+    })
 }
 
 /// The group a request would rather run on, and how long it waits for a slot there rather
@@ -271,6 +281,8 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        // The held slot first: the release's dispatch then sees the group's slot free.
+        drop(self.reservation.take());
         self.admission.release(self.n);
     }
 }
@@ -288,7 +300,9 @@ impl Drop for Queued<'_> {
             return;
         }
         let mut s = self.admission.state.lock().expect("admission lock");
-        if let Some(w) = s.waiters.remove(&self.id) {
+        if let Some(mut w) = s.waiters.remove(&self.id) {
+            // The held slot first: the dispatch then sees the group's slot free.
+            drop(w.reservation.take());
             match w.slot {
                 Slot::Waiting => {
                     s.order.remove(w.place);

@@ -273,8 +273,12 @@ impl Home for FakeHome {
         !self.full()
     }
 
-    fn reserve(&self) {
+    fn reserve(&self) -> bool {
+        if self.full() {
+            return false;
+        }
         self.1.fetch_add(1, Ordering::SeqCst);
+        true
     }
 
     fn unreserve(&self) {

@@ -7,7 +7,7 @@
 //! mirrored into its own view; a group that restarts or fails only takes its capacity away.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -41,9 +41,9 @@ pub(crate) struct Group {
     /// Its rank 0's `/metrics`, cached for a second.
     pub(crate) metrics: crate::exposition::UpstreamMetrics,
     view: RwLock<View>,
-    leases: AtomicU32,
-    /// Slots held for admitted requests that prefer it, until they lease them.
-    reserved: AtomicU32,
+    /// Its slots in use, in one word so both counts change together: leases in the low half,
+    /// slots held for admitted requests that prefer it (until they lease them) in the high half.
+    slots: AtomicU64,
     routed: AtomicU64,
     /// `sparkgate_group_requests_total{group}`, looked up once: a lease is on every request's path.
     requests: metrics::Counter,
@@ -71,8 +71,7 @@ impl Group {
             supervisor,
             metrics: Default::default(),
             view: RwLock::new(View { state, mode, capacity }),
-            leases: AtomicU32::new(0),
-            reserved: AtomicU32::new(0),
+            slots: AtomicU64::new(0),
             routed: AtomicU64::new(0),
             requests: metrics::counter!(crate::observe::GROUP_REQUESTS, "group" => name.to_owned()),
             drained: AtomicBool::new(false),
@@ -112,7 +111,7 @@ impl Group {
     }
 
     pub(crate) fn in_use(&self) -> u32 {
-        self.leases.load(Ordering::Relaxed)
+        leases(self.slots.load(Ordering::Relaxed))
     }
 
     /// The epoch its supervisor serves now (none without a supervisor).
@@ -124,29 +123,31 @@ impl Group {
         self.drained.store(drained, Ordering::Relaxed);
     }
 
-    /// Its capacity while open, less the slots held for requests that prefer it.
-    fn capacity_for_others(&self) -> u32 {
-        self.open_capacity()
-            .saturating_sub(self.reserved.load(Ordering::Acquire))
+    /// Adds `step` to its slots if one is free (leased and held slots both count as taken).
+    fn take_slot(&self, step: u64) -> bool {
+        let capacity = self.open_capacity();
+        self.slots
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (leases(s) + held(s) < capacity).then_some(s + step)
+            })
+            .is_ok()
     }
 
-    /// Takes one of its slots, unless it is closed or full (held slots count as taken).
+    /// Takes one of its slots, unless it is closed or full.
     fn try_lease(self: &Arc<Self>) -> Option<Lease> {
-        let capacity = self.capacity_for_others();
-        self.leases
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < capacity).then_some(n + 1))
-            .ok()?;
-        Some(self.leased())
+        self.take_slot(LEASE).then(|| self.leased())
     }
 
-    /// Takes the slot `held` holds for this request, while the group is open.
-    fn take_held(self: &Arc<Self>, held: Reservation) -> Option<Lease> {
+    /// Turns the slot `reservation` holds for this request into its lease, while the group is
+    /// open (in one step: the slot never looks free in between).
+    fn take_held(self: &Arc<Self>, reservation: Reservation) -> Option<Lease> {
         if !self.open() {
             return None;
         }
-        self.leases.fetch_add(1, Ordering::AcqRel);
-        // The slot passes from held to leased with no moment in which it looks free.
-        drop(held);
+        let _ = self
+            .slots
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| Some(s - HELD + LEASE));
+        reservation.settle();
         Some(self.leased())
     }
 
@@ -156,11 +157,12 @@ impl Group {
         Lease { group: self.clone() }
     }
 
-    /// Free slots (not held) as a share of its capacity (0 when closed).
+    /// Free slots as a share of its capacity (0 when closed).
     fn room(&self) -> f64 {
+        let s = self.slots.load(Ordering::Acquire);
         match self.open_capacity() {
             0 => 0.0,
-            capacity => f64::from(self.capacity_for_others().saturating_sub(self.in_use())) / f64::from(capacity),
+            capacity => f64::from(capacity.saturating_sub(leases(s) + held(s))) / f64::from(capacity),
         }
     }
 }
@@ -171,12 +173,13 @@ impl Group {
     }
 
     fn has_room(&self) -> bool {
-        self.in_use() < self.capacity_for_others()
+        let s = self.slots.load(Ordering::Acquire);
+        leases(s) + held(s) < self.open_capacity()
     }
 
     /// Open with nothing running and nothing held.
     fn idle(&self) -> bool {
-        self.open() && self.in_use() == 0 && self.reserved.load(Ordering::Acquire) == 0
+        self.open() && self.slots.load(Ordering::Acquire) == 0
     }
 }
 
@@ -205,17 +208,29 @@ impl Home for Affine {
         self.group().has_room()
     }
 
-    fn reserve(&self) {
-        self.group().reserved.fetch_add(1, Ordering::AcqRel);
+    fn reserve(&self) -> bool {
+        self.group().take_slot(HELD)
     }
 
     fn unreserve(&self) {
-        self.group().reserved.fetch_sub(1, Ordering::AcqRel);
+        self.group().slots.fetch_sub(HELD, Ordering::AcqRel);
     }
 
     fn index(&self) -> usize {
         self.index
     }
+}
+
+/// One lease, and one held slot, in a group's `slots`.
+const LEASE: u64 = 1;
+const HELD: u64 = 1 << 32;
+
+fn leases(slots: u64) -> u32 {
+    (slots & 0xffff_ffff) as u32
+}
+
+fn held(slots: u64) -> u32 {
+    (slots >> 32) as u32
 }
 
 /// A request's hold on one slot of a group, released when dropped (with its answer).
@@ -237,7 +252,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.group.leases.fetch_sub(1, Ordering::AcqRel);
+        self.group.slots.fetch_sub(LEASE, Ordering::AcqRel);
     }
 }
 

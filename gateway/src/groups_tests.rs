@@ -47,10 +47,14 @@ fn a_slot_held_at_the_grant_goes_to_its_request_not_to_a_lease_that_comes_first(
     assert_eq!(x_lease.group().name, "b", "a's slot is held for W");
     let w_lease = groups.lease(None, w.take_reservation()).unwrap();
     assert_eq!(w_lease.group().name, "a");
+    let slots = groups.all()[0].slots.load(Ordering::Acquire);
+    assert_eq!((leases(slots), held(slots)), (1, 0), "the held slot became W's lease");
+    drop(w_lease);
+    drop(w);
     assert_eq!(
-        groups.all()[0].reserved.load(Ordering::Acquire),
+        groups.all()[0].slots.load(Ordering::Acquire),
         0,
-        "the held slot became W's lease"
+        "nothing left once W ends"
     );
 }
 
