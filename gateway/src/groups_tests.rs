@@ -5,8 +5,8 @@ use super::*;
 use crate::admission::{Admission, QueueLimits};
 use crate::fairq::Client;
 
-#[test]
-fn a_slot_held_at_the_grant_goes_to_its_request_not_to_a_lease_that_comes_first() {
+/// Groups `a` and `b` of one slot each, without supervisors (open), routed by affinity.
+fn two_groups_of_one_slot() -> Arc<Groups> {
     let group = |name| {
         Group::new(
             name,
@@ -16,11 +16,16 @@ fn a_slot_held_at_the_grant_goes_to_its_request_not_to_a_lease_that_comes_first(
             1,
         )
     };
-    let groups = Arc::new(Groups::new(
+    Arc::new(Groups::new(
         vec![group("a"), group("b")],
         GroupRouting::Affinity,
         Duration::from_secs(2),
-    ));
+    ))
+}
+
+#[test]
+fn a_slot_held_at_the_grant_goes_to_its_request_not_to_a_lease_that_comes_first() {
+    let groups = two_groups_of_one_slot();
     let limits = QueueLimits {
         depth: 10,
         bytes: 1000,
@@ -60,20 +65,7 @@ fn a_slot_held_at_the_grant_goes_to_its_request_not_to_a_lease_that_comes_first(
 
 #[test]
 fn a_full_group_is_worth_waiting_for_only_while_no_other_sits_idle() {
-    let group = |name| {
-        Group::new(
-            name,
-            Upstream::new("http://127.0.0.1:9", None),
-            None,
-            SpecMethod::None,
-            1,
-        )
-    };
-    let groups = Arc::new(Groups::new(
-        vec![group("a"), group("b")],
-        GroupRouting::Affinity,
-        Duration::from_secs(2),
-    ));
+    let groups = two_groups_of_one_slot();
     let a = Affine {
         groups: groups.clone(),
         index: 0,
