@@ -205,13 +205,10 @@ impl State {
         limits: &QueueLimits,
     ) -> Result<Arrival, GatewayError> {
         if n > self.capacity {
-            return Err(GatewayError::bad_request(
-                format!(
-                    "n={n} needs more sequences than the model runs at once (MAX_NUM_SEQS={})",
-                    self.capacity
-                ),
-                "n",
-            ));
+            return Err(GatewayError::OverCapacity {
+                asked: n,
+                capacity: self.capacity,
+            });
         }
         if self.closed {
             return Err(GatewayError::ShuttingDown);

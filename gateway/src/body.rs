@@ -104,6 +104,8 @@ struct Split<'a> {
     user: Option<String>,
     /// The body's `priority`, when it is an integer.
     priority: Option<i64>,
+    /// The prompts a completions `prompt` holds (`prompt_count`), when the body has one.
+    prompts: Option<u32>,
 }
 
 fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
@@ -115,13 +117,15 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
     let repeated = has_repeats(&entries);
     let mut fields = Map::new();
     let mut raw = Vec::with_capacity(entries.len());
-    let (mut user, mut priority) = (None, None);
+    let (mut user, mut priority, mut prompts) = (None, None, None);
     for (key, v) in entries {
-        // Both stay raw: only read (the last one, as vLLM reads it), never rewritten.
+        // These stay raw: only read (the last one, as vLLM reads it), never rewritten.
         if key == "user" {
             user = serde_json::from_str::<String>(v.get()).ok();
         } else if key == "priority" {
             priority = integer(v);
+        } else if key == "prompt" && matches!(api, Api::Completions | Api::Invocations) {
+            prompts = Some(prompt_count(v));
         }
         // A batch's permits are its conversations: the normaliser counts `messages` there.
         if TOUCHED.contains(&key.as_ref()) || (api == Api::Batch && key == "messages") {
@@ -141,7 +145,86 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
         repeated,
         user,
         priority,
+        prompts,
     })
+}
+
+/// How many prompts a completions `prompt` holds, as vLLM's request model reads it: a string
+/// or one list of token ids is one prompt; a list of strings or of token-id lists is one per
+/// element (each runs `n` sequences). Read without building the values: a 32 MB token list
+/// costs one pass and no allocation. Anything else is vLLM's to refuse, counted as one.
+fn prompt_count(v: &RawValue) -> u32 {
+    serde_json::from_str::<PromptCount>(v.get()).map_or(1, |c| c.0.max(1))
+}
+
+struct PromptCount(u32);
+
+impl<'de> Deserialize<'de> for PromptCount {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PromptCount;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a prompt")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<PromptCount, A::Error> {
+                let mut count = 0u32;
+                while let Some(element) = seq.next_element::<Element>()? {
+                    // A list of integers is one tokenised prompt.
+                    if count == 0 && element == Element::Token {
+                        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                        return Ok(PromptCount(1));
+                    }
+                    count = count.saturating_add(1);
+                }
+                Ok(PromptCount(count))
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<PromptCount, E> {
+                Ok(PromptCount(1))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One element of a `prompt` list: a token id, or anything else (a prompt of its own).
+#[derive(PartialEq)]
+enum Element {
+    Token,
+    Prompt,
+}
+
+impl<'de> Deserialize<'de> for Element {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Element;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a prompt or a token id")
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Element, E> {
+                Ok(Element::Token)
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Element, E> {
+                Ok(Element::Token)
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Element, E> {
+                Ok(Element::Prompt)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Element, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Element::Prompt)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Element, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Element::Prompt)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// An integer as vLLM's request model takes one in lax mode: a number without a fraction, or a
@@ -223,13 +306,14 @@ pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> R
         repeated,
         user,
         priority,
+        prompts,
     } = split(bytes, api)?;
     // `messages` stays raw here, so the dispatch reads the raw fields.
     let has_messages = fields.contains_key("messages") || raw.iter().any(|(k, _)| k == "messages");
     let api = api.for_body(has_messages);
     // A batch's fields hold its conversations: too large to keep a second copy of to compare.
     let before = (api != Api::Batch && !repeated).then(|| fields.clone());
-    let mut norm = normalizer.normalize(api, fields)?;
+    let mut norm = normalizer.normalize(api, fields, prompts)?;
     let forward = match before {
         Some(before) if before == norm.body => bytes.clone(),
         _ => Bytes::from(join(&norm.body, &raw)),
@@ -303,7 +387,7 @@ mod tests {
             &Bytes::from_static(br#"{"messages":[[{"role":"user","content":"a"}],[]]}"#),
         )
         .unwrap();
-        assert_eq!(batch.norm.n, 2);
+        assert_eq!(batch.norm.sequences.total(), 2);
         let chat_like = br#"{"messages":[],"chat_template_kwargs":{"chat_template":"x"}}"#;
         let e = prepare_now(&n, Api::Invocations, &Bytes::from_static(chat_like)).unwrap_err();
         assert_eq!(
@@ -343,5 +427,30 @@ mod tests {
         // As vLLM reads it: the last `stream` decides whether the answer streams.
         let twice = Bytes::from_static(br#"{"messages":[],"stream":true,"stream":false}"#);
         assert!(!prepare_now(&n, Api::Chat, &twice).unwrap().norm.stream);
+    }
+
+    #[test]
+    fn a_completions_prompt_counts_its_prompts_as_vllm_reads_them() {
+        let count = |text: &str| prompt_count(&serde_json::from_str::<Box<RawValue>>(text).unwrap());
+        assert_eq!(count(r#""one prompt""#), 1);
+        assert_eq!(count("[1, 2, 3]"), 1, "a list of token ids is one prompt");
+        assert_eq!(count(r#"["a", "b", "c"]"#), 3);
+        assert_eq!(count("[[1, 2], [3], [4, 5, 6], [7]]"), 4);
+        assert_eq!(count(r#"["a", [1, 2]]"#), 2);
+        // What vLLM refuses counts as one: vLLM answers it.
+        for refused in ["[]", "3", "null", "{}", "[1.5]", "[true]"] {
+            assert_eq!(count(refused), 1, "{refused}");
+        }
+        let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
+        let body = Bytes::from_static(br#"{"prompt":["a","b","c","d"],"n":2}"#);
+        let p = prepare_now(&n, Api::Completions, &body).unwrap();
+        assert_eq!(p.norm.sequences.total(), 8);
+        let p = prepare_now(&n, Api::Invocations, &body).unwrap();
+        assert_eq!(p.norm.sequences.total(), 8, "a completions-shaped /invocations");
+        let chat = Bytes::from_static(br#"{"messages":[],"prompt":["a","b"],"n":2}"#);
+        assert_eq!(
+            prepare_now(&n, Api::Invocations, &chat).unwrap().norm.sequences.total(),
+            2
+        );
     }
 }

@@ -17,6 +17,13 @@ pub enum GatewayError {
         message: String,
         param: Option<&'static str>,
     },
+    /// More sequences at once than the model runs (`normalize::Sequences::refusal` says which).
+    #[error("{message}")]
+    TooManySequences { message: String, param: &'static str },
+    /// Admission's own refusal of more permits than its capacity, before the request's
+    /// sequences name themselves (`Sequences::refusal`).
+    #[error("{asked} sequences at once are more than the model runs at once (MAX_NUM_SEQS={capacity})")]
+    OverCapacity { asked: u32, capacity: u32 },
     #[error("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed")]
     UnsupportedMediaType,
     #[error("request body is not valid JSON: {0}")]
@@ -90,9 +97,11 @@ impl GatewayError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            GatewayError::BadRequest { .. } | GatewayError::UnsupportedMediaType | GatewayError::InvalidJson(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            GatewayError::BadRequest { .. }
+            | GatewayError::TooManySequences { .. }
+            | GatewayError::OverCapacity { .. }
+            | GatewayError::UnsupportedMediaType
+            | GatewayError::InvalidJson(_) => StatusCode::BAD_REQUEST,
             GatewayError::ModelNotFound { .. } | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Unauthorized | GatewayError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
@@ -120,7 +129,9 @@ impl GatewayError {
     /// does for its own 503).
     pub fn kind(&self) -> &'static str {
         match self {
-            GatewayError::BadRequest { .. } => "BadRequestError",
+            GatewayError::BadRequest { .. }
+            | GatewayError::TooManySequences { .. }
+            | GatewayError::OverCapacity { .. } => "BadRequestError",
             GatewayError::UnsupportedMediaType | GatewayError::InvalidJson(_) => "Bad Request",
             GatewayError::ModelNotFound { .. } => "NotFoundError",
             other => other.status().canonical_reason().unwrap_or("Error"),
@@ -130,6 +141,8 @@ impl GatewayError {
     pub fn param(&self) -> Option<&'static str> {
         match self {
             GatewayError::BadRequest { param, .. } => *param,
+            GatewayError::TooManySequences { param, .. } => Some(param),
+            GatewayError::OverCapacity { .. } => Some("n"),
             GatewayError::ModelNotFound { .. } => Some("model"),
             GatewayError::InvalidJson(_) => Some("body"),
             _ => None,
@@ -160,7 +173,7 @@ impl GatewayError {
             GatewayError::Restarting => Some("restarting"),
             GatewayError::NotRunning(_) => Some("not_running"),
             GatewayError::ShuttingDown => Some("shutting_down"),
-            GatewayError::BadRequest { param: Some("n"), .. } => Some("too_many_choices"),
+            GatewayError::TooManySequences { .. } | GatewayError::OverCapacity { .. } => Some("too_many_sequences"),
             _ => None,
         }
     }
@@ -175,7 +188,7 @@ pub(crate) const REJECTION_REASONS: &[&str] = &[
     "restarting",
     "not_running",
     "shutting_down",
-    "too_many_choices",
+    "too_many_sequences",
 ];
 
 /// Every reason a stream ends with an error: `stream_outcome`'s values and the upstream's own

@@ -123,38 +123,50 @@ impl Group {
         self.drained.store(drained, Ordering::Relaxed);
     }
 
-    /// Adds `step` to its slots if one is free (leased and held slots both count as taken).
-    fn take_slot(&self, step: u64) -> bool {
+    /// Adds `step` to its slots if `need` slots are free (leased and held slots both count as
+    /// taken).
+    fn take_slot(&self, step: u64, need: u32) -> bool {
         let capacity = self.open_capacity();
         self.slots
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                (leases(s) + held(s) < capacity).then_some(s + step)
+                (u64::from(leases(s)) + u64::from(held(s)) + u64::from(need) <= u64::from(capacity)).then_some(s + step)
             })
             .is_ok()
     }
 
-    /// Takes one of its slots, unless it is closed or full.
-    fn try_lease(self: &Arc<Self>) -> Option<Lease> {
-        self.take_slot(LEASE).then(|| self.leased())
+    /// Takes `seqs` of its slots (one per sequence), unless it is closed or lacks the room.
+    fn try_lease(self: &Arc<Self>, seqs: u32) -> Option<Lease> {
+        self.take_slot(LEASE * u64::from(seqs), seqs).then(|| self.leased(seqs))
     }
 
-    /// Turns the slot `reservation` holds for this request into its lease, while the group is
-    /// open (in one step: the slot never looks free in between).
-    fn take_held(self: &Arc<Self>, reservation: Reservation) -> Option<Lease> {
-        if !self.open() {
-            return None;
-        }
-        let _ = self
-            .slots
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| Some(s - HELD + LEASE));
+    /// Turns the slot `reservation` holds for this request into its lease of `seqs` slots,
+    /// while the group is open and has room for the rest (in one step: the slot never looks free
+    /// in between).
+    fn take_held(self: &Arc<Self>, reservation: Reservation, seqs: u32) -> Option<Lease> {
+        let capacity = self.open_capacity();
+        let step = LEASE * u64::from(seqs);
+        self.slots
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                let after = u64::from(leases(s)) + u64::from(held(s)) - 1 + u64::from(seqs);
+                (capacity > 0 && after <= u64::from(capacity)).then(|| s - HELD + step)
+            })
+            .ok()?;
         reservation.settle();
-        Some(self.leased())
+        Some(self.leased(seqs))
     }
 
-    fn leased(self: &Arc<Self>) -> Lease {
+    fn leased(self: &Arc<Self>, seqs: u32) -> Lease {
         self.routed.fetch_add(1, Ordering::Relaxed);
         self.requests.increment(1);
-        Lease { group: self.clone() }
+        Lease {
+            group: self.clone(),
+            seqs,
+        }
+    }
+
+    /// Its MAX_NUM_SEQS as last seen (open or not).
+    pub(crate) fn capacity(&self) -> u32 {
+        self.view.read().expect("group view").capacity
     }
 
     /// Free slots as a share of its capacity (0 when closed).
@@ -209,7 +221,7 @@ impl Home for Affine {
     }
 
     fn reserve(&self) -> bool {
-        self.group().take_slot(HELD)
+        self.group().take_slot(HELD, 1)
     }
 
     fn unreserve(&self) {
@@ -233,10 +245,12 @@ fn held(slots: u64) -> u32 {
     (slots >> 32) as u32
 }
 
-/// A request's hold on one slot of a group, released when dropped (with its answer).
+/// A request's hold on its slots of a group (one per sequence), released when dropped (with
+/// its answer).
 #[derive(Debug)]
 pub(crate) struct Lease {
     group: Arc<Group>,
+    seqs: u32,
 }
 
 impl Lease {
@@ -252,7 +266,9 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.group.slots.fetch_sub(LEASE, Ordering::AcqRel);
+        self.group
+            .slots
+            .fetch_sub(LEASE * u64::from(self.seqs), Ordering::AcqRel);
     }
 }
 
@@ -299,6 +315,12 @@ impl Groups {
         self.list.iter().find(|g| g.name == name)
     }
 
+    /// The most sequences one request may run at once: the largest group's MAX_NUM_SEQS (a
+    /// request runs on one group, while admission counts every group's slots).
+    pub(crate) fn largest_capacity(&self) -> u32 {
+        self.list.iter().map(|g| g.capacity()).max().unwrap_or(0)
+    }
+
     /// Whether routing uses a request's conversation prefix (several groups, affinity).
     pub(crate) fn wants_prefix(&self) -> bool {
         self.list.len() > 1 && self.routing == GroupRouting::Affinity
@@ -307,14 +329,14 @@ impl Groups {
     /// A group for an admitted request: the slot admission held for it, else the prefix's
     /// recent group when it has room, else the one with the most room (round-robin: the next
     /// with room). `None` only in the moment a group closes under an admitted request.
-    pub(crate) fn lease(&self, prefix: Option<u64>, held: Option<Reservation>) -> Option<Lease> {
+    pub(crate) fn lease(&self, prefix: Option<u64>, held: Option<Reservation>, seqs: u32) -> Option<Lease> {
         if self.list.len() == 1 {
-            return self.list[0].try_lease();
+            return self.list[0].try_lease(seqs);
         }
         let now = Instant::now();
         if let Some(held) = held {
             let i = held.home().index();
-            if let Some(lease) = self.list.get(i).and_then(|g| g.take_held(held)) {
+            if let Some(lease) = self.list.get(i).and_then(|g| g.take_held(held, seqs)) {
                 if let Some(key) = prefix {
                     self.remember(key, i, now);
                 }
@@ -337,7 +359,9 @@ impl Groups {
             order.retain(|&i| i != p);
             order.insert(0, p);
         }
-        let (index, lease) = order.into_iter().find_map(|i| Some((i, self.list[i].try_lease()?)))?;
+        let (index, lease) = order
+            .into_iter()
+            .find_map(|i| Some((i, self.list[i].try_lease(seqs)?)))?;
         if let (GroupRouting::Affinity, Some(key)) = (self.routing, prefix) {
             self.remember(key, index, now);
         }

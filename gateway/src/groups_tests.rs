@@ -48,9 +48,9 @@ fn a_slot_held_at_the_grant_goes_to_its_request_not_to_a_lease_that_comes_first(
         .block_on(admission.acquire_for(1, 10, &client, Some(prefer)))
         .unwrap();
     let mut x = rt.block_on(admission.acquire(1, 10, &client)).unwrap();
-    let x_lease = groups.lease(None, x.take_reservation()).unwrap();
+    let x_lease = groups.lease(None, x.take_reservation(), 1).unwrap();
     assert_eq!(x_lease.group().name, "b", "a's slot is held for W");
-    let w_lease = groups.lease(None, w.take_reservation()).unwrap();
+    let w_lease = groups.lease(None, w.take_reservation(), 1).unwrap();
     assert_eq!(w_lease.group().name, "a");
     let slots = groups.all()[0].slots.load(Ordering::Acquire);
     assert_eq!((leases(slots), held(slots)), (1, 0), "the held slot became W's lease");
@@ -70,8 +70,8 @@ fn a_full_group_is_worth_waiting_for_only_while_no_other_sits_idle() {
         groups: groups.clone(),
         index: 0,
     };
-    let _on_a = groups.all()[0].try_lease().unwrap();
+    let _on_a = groups.all()[0].try_lease(1).unwrap();
     assert!(!a.full(), "b sits idle: no request waits for a");
-    let _on_b = groups.all()[1].try_lease().unwrap();
+    let _on_b = groups.all()[1].try_lease(1).unwrap();
     assert!(a.full());
 }

@@ -51,8 +51,8 @@ impl Api {
 pub(crate) struct Normalized {
     pub(crate) body: Map<String, Value>,
     pub(crate) stream: bool,
-    /// Sequences the request generates (`n`); the permits it needs.
-    pub(crate) n: u32,
+    /// Sequences the request runs upstream: the permits it takes and what the fair queue charges.
+    pub(crate) sequences: Sequences,
     pub(crate) extra_body_repaired: bool,
     /// `(as sent, as forwarded)` when an effort was translated.
     pub(crate) effort_mapping: Option<(String, String)>,
@@ -61,6 +61,90 @@ pub(crate) struct Normalized {
     pub(crate) usage_injected: bool,
     /// The model name as the client sent it (for the log line).
     pub(crate) model: Option<String>,
+}
+
+/// The sequences a request makes vLLM run at once — each holds one of MAX_NUM_SEQS: `n` per
+/// prompt of a completion (and of a completions-shaped `/invocations`), per conversation of a
+/// batch, per request everywhere else (Messages and Responses have no `n`). Beam search runs
+/// `n` beams, so `n` counts it too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sequences {
+    pub(crate) n: u32,
+    pub(crate) per: Per,
+}
+
+/// What `n` multiplies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Per {
+    Request,
+    Prompts(u32),
+    Conversations(u32),
+}
+
+impl Sequences {
+    /// The one count, from the normalised body (and the prompt count read from the raw one).
+    fn of(api: Api, body: &Map<String, Value>, prompts: Option<u32>) -> Result<Sequences, GatewayError> {
+        // Only the OpenAI request models with `n` read it (Messages and Responses have none).
+        let n = match api {
+            Api::Chat | Api::Completions | Api::Batch => lax_count(body.get("n")),
+            _ => 1,
+        };
+        let per = match (api, body.get("messages")) {
+            (Api::Batch, Some(Value::Array(conversations))) if !conversations.is_empty() => {
+                Per::Conversations(u32::try_from(conversations.len()).unwrap_or(u32::MAX))
+            }
+            (Api::Batch, _) => {
+                return Err(GatewayError::bad_request(
+                    "`messages` must be a non-empty list of conversations",
+                    "messages",
+                ))
+            }
+            (Api::Completions, _) => Per::Prompts(prompts.unwrap_or(1)),
+            _ => Per::Request,
+        };
+        Ok(Sequences { n, per })
+    }
+
+    /// Every sequence at once.
+    pub(crate) fn total(&self) -> u32 {
+        let per = match self.per {
+            Per::Request => 1,
+            Per::Prompts(p) | Per::Conversations(p) => p,
+        };
+        self.n.saturating_mul(per)
+    }
+
+    /// The 400 for a request that needs more sequences at once than the model runs.
+    pub(crate) fn refusal(&self, capacity: u32) -> GatewayError {
+        let (what, param) = match self.per {
+            Per::Request => (format!("n={}", self.n), "n"),
+            Per::Prompts(p) => (format!("{p} prompt(s) × n={}", self.n), "prompt"),
+            Per::Conversations(c) => (format!("{c} conversation(s) × n={}", self.n), "messages"),
+        };
+        GatewayError::TooManySequences {
+            message: format!(
+                "{what} needs {} sequences at once, more than the model runs at once (MAX_NUM_SEQS={capacity})",
+                self.total()
+            ),
+            param,
+        }
+    }
+}
+
+/// `n` as vLLM's pydantic model reads it in lax mode — an integer, a float without a fraction,
+/// or a string of one; anything else (or below 1) is vLLM's to refuse, and counts as 1 here.
+fn lax_count(value: Option<&Value>) -> u32 {
+    let n = match value {
+        Some(Value::Number(v)) => v.as_u64().or_else(|| {
+            v.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 1.0)
+                .map(|f| f.min(f64::from(u32::MAX)) as u64)
+        }),
+        Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
+        _ => None,
+    };
+    n.filter(|n| *n >= 1)
+        .map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX))
 }
 
 /// What the profile's template accepts, resolved once from the configuration.
@@ -104,7 +188,14 @@ impl Normalizer {
         &self.served
     }
 
-    pub(crate) fn normalize(&self, api: Api, mut body: Map<String, Value>) -> Result<Normalized, GatewayError> {
+    /// Normalises `body`; `prompts` is how many prompts a completions `prompt` holds (read
+    /// from the raw body, `body::prompt_count`).
+    pub(crate) fn normalize(
+        &self,
+        api: Api,
+        mut body: Map<String, Value>,
+        prompts: Option<u32>,
+    ) -> Result<Normalized, GatewayError> {
         let api = api.for_body(body.contains_key("messages"));
         let extra_body_repaired = flatten_extra_body(&mut body)?;
         let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
@@ -126,26 +217,7 @@ impl Normalizer {
             Some(Value::Bool(b)) => *b,
             Some(_) => return Err(GatewayError::bad_request("`stream` must be a boolean", "stream")),
         };
-        let n = match body.get("n") {
-            None | Some(Value::Null) => 1,
-            Some(Value::Number(v)) if v.as_u64().is_some_and(|n| (1..=u64::from(u32::MAX)).contains(&n)) => {
-                v.as_u64().unwrap_or(1) as u32
-            }
-            Some(_) => return Err(GatewayError::bad_request("`n` must be a positive integer", "n")),
-        };
-        // A batch runs one sequence per conversation.
-        let n = match (api, body.get("messages")) {
-            (Api::Batch, Some(Value::Array(conversations))) if !conversations.is_empty() => {
-                conversations.len().min(u32::MAX as usize) as u32
-            }
-            (Api::Batch, _) => {
-                return Err(GatewayError::bad_request(
-                    "`messages` must be a non-empty list of conversations",
-                    "messages",
-                ))
-            }
-            _ => n,
-        };
+        let sequences = Sequences::of(api, &body, prompts)?;
         let usage_injected = stream && matches!(api, Api::Chat | Api::Completions) && !wants_usage(&body);
         if usage_injected {
             let opts = body
@@ -158,7 +230,7 @@ impl Normalizer {
         Ok(Normalized {
             body,
             stream,
-            n,
+            sequences,
             extra_body_repaired,
             effort_mapping,
             usage_injected,

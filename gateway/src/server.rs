@@ -316,7 +316,18 @@ async fn generate_inner(
     let client = app.clients.identify(&caller, &headers, user.as_deref(), priority);
     let admission = app.control.admission();
     let prefer = app.groups.preference(prefix);
-    let mut permit = admission.acquire_for(norm.n, forward.len(), &client, prefer).await?;
+    let seqs = norm.sequences;
+    // A request runs on one group: with several, its sequences must fit the largest.
+    if app.groups.all().len() > 1 && seqs.total() > app.groups.largest_capacity() {
+        return Err(seqs.refusal(app.groups.largest_capacity()));
+    }
+    let mut permit = admission
+        .acquire_for(seqs.total(), forward.len(), &client, prefer)
+        .await
+        .map_err(|e| match e {
+            GatewayError::OverCapacity { capacity, .. } => seqs.refusal(capacity),
+            e => e,
+        })?;
     let waited = queued_at.elapsed();
     observe::queue_wait(waited.as_secs_f64());
     let snap = app.control.snapshot();
@@ -333,9 +344,9 @@ async fn generate_inner(
     let mut refused_at: Option<Instant> = None;
     let (mut upstream, lease) = loop {
         // Admission counted the open groups' slots: one has room unless it closed just now.
-        let Some(lease) = app.groups.lease(prefix, permit.take_reservation()) else {
+        let Some(lease) = app.groups.lease(prefix, permit.take_reservation(), seqs.total()) else {
             drop(permit);
-            permit = admission.requeue(norm.n, forward.len()).await?;
+            permit = admission.requeue(seqs.total(), forward.len()).await?;
             continue;
         };
         let group = lease.shared();
@@ -358,7 +369,7 @@ async fn generate_inner(
                 if !(lost || never_reached(&e) || restarting(&group)) {
                     return Err(unreachable(app, &group, &e));
                 }
-                permit = admission.requeue(norm.n, forward.len()).await?;
+                permit = admission.requeue(seqs.total(), forward.len()).await?;
             }
             Ok(Err(e)) => return Err(unreachable(app, &group, &e)),
             Ok(Ok(r)) => break (r, lease),

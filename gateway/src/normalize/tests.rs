@@ -14,7 +14,7 @@ fn glm() -> Normalizer {
 }
 
 fn run(n: &Normalizer, api: Api, body: Value) -> Result<Normalized, GatewayError> {
-    n.normalize(api, body.as_object().unwrap().clone())
+    n.normalize(api, body.as_object().unwrap().clone(), None)
 }
 
 fn ok(n: &Normalizer, api: Api, body: Value) -> Value {
@@ -226,8 +226,6 @@ fn streams_get_usage_for_accounting() {
     assert!(!out.usage_injected);
     let out = run(&n, Api::Chat, json!({"stream": false})).unwrap();
     assert!(!out.usage_injected && out.body.get("stream_options").is_none());
-    assert_eq!(run(&n, Api::Chat, json!({"n": 3})).unwrap().n, 3);
-    assert_eq!(run(&n, Api::Chat, json!({"n": 0})).unwrap_err().param(), Some("n"));
     assert_eq!(
         run(&n, Api::Chat, json!({"stream": "yes"})).unwrap_err().param(),
         Some("stream")
@@ -275,5 +273,50 @@ fn anthropic_effort_follows_the_profile() {
     assert_eq!(
         run(&ds(), Api::Messages, kw).unwrap_err().param(),
         Some("chat_template_kwargs")
+    );
+}
+
+#[test]
+fn sequences_count_every_sequence_a_request_runs() {
+    let n = ds();
+    let seqs = |api, body: Value, prompts| {
+        n.normalize(api, body.as_object().unwrap().clone(), prompts)
+            .unwrap()
+            .sequences
+    };
+    assert_eq!(seqs(Api::Chat, json!({"n": 3}), None).total(), 3);
+    // vLLM's lax integers count; what it refuses counts as one (vLLM answers it).
+    for lax in [json!(2.0), json!("2"), json!(" 2 ")] {
+        assert_eq!(seqs(Api::Chat, json!({"n": lax}), None).total(), 2, "{lax}");
+    }
+    for refused in [json!(0), json!(-1), json!("x"), json!(1.5), json!(null), json!([2])] {
+        assert_eq!(seqs(Api::Chat, json!({"n": refused}), None).total(), 1, "{refused}");
+    }
+    assert_eq!(seqs(Api::Completions, json!({"n": 3}), Some(8)).total(), 24);
+    assert_eq!(seqs(Api::Completions, json!({}), None).total(), 1);
+    // A completions-shaped `/invocations` is a completion.
+    assert_eq!(seqs(Api::Invocations, json!({"n": 2}), Some(4)).total(), 8);
+    let batch = json!({"messages": [[], [], []], "n": 2});
+    assert_eq!(seqs(Api::Batch, batch, None).total(), 6);
+    assert_eq!(seqs(Api::Messages, json!({"n": 5}), Some(9)).total(), 1);
+    assert_eq!(seqs(Api::Responses, json!({"n": 5}), None).total(), 1);
+    // Huge products saturate instead of wrapping under the capacity.
+    assert_eq!(
+        seqs(
+            Api::Batch,
+            json!({"messages": [[], []], "n": 1_000_000_000_000u64}),
+            None
+        )
+        .total(),
+        u32::MAX
+    );
+    let e = seqs(Api::Completions, json!({"n": 1}), Some(8)).refusal(2);
+    assert_eq!(e.param(), Some("prompt"));
+    assert!(e.to_string().contains("8 prompt(s) × n=1 needs 8 sequences"), "{e}");
+    assert_eq!(
+        seqs(Api::Batch, json!({"messages": [[]], "n": 3}), None)
+            .refusal(2)
+            .param(),
+        Some("messages")
     );
 }
