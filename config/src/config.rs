@@ -509,6 +509,10 @@ pub struct Gateway {
     pub metrics_public: bool,
     pub max_body_bytes: usize,
     pub header_read_timeout: Duration,
+    /// How long a request body may take to arrive, unless it averages `body_min_rate`.
+    pub body_timeout: Duration,
+    /// Bytes per second that earn a body more time than `body_timeout`; 0: none.
+    pub body_min_rate: u64,
     /// Open client connections served at once.
     pub max_connections: usize,
     pub drain_timeout: Duration,

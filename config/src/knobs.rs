@@ -399,6 +399,8 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("METRICS_PUBLIC", Gateway, V("0"), "1 = `/metrics` answers without an API key when API_KEYS is set (for a Prometheus without credentials).").rule(Flag),
     k("MAX_BODY_BYTES", Gateway, V("33554432"), "Largest request body accepted (413 beyond).").rule(Int(1024, 1_073_741_824)),
     k("HEADER_READ_TIMEOUT", Gateway, V("30"), "Seconds a client may take to send request headers.").rule(Int(1, 604_800)),
+    k("BODY_TIMEOUT", Gateway, V("30"), "Seconds a client may take to send a request body; past them the request is answered 408 and its connection closed, unless the body has kept arriving at BODY_MIN_RATE on average (a large prompt on a slow link).").rule(Int(1, 604_800)),
+    k("BODY_MIN_RATE", Gateway, V("65536"), "Bytes per second a request body must average to be given longer than BODY_TIMEOUT; 0: BODY_TIMEOUT is the limit for every body.").rule(Int(0, 1_073_741_824)),
     k("MAX_CONNECTIONS", Gateway, V("10000"), "Open client connections the gateway serves; one more is answered 503 and closed (keep it under the file-descriptor limit).").rule(Int(1, 1_000_000)),
     k("DRAIN_TIMEOUT", Gateway, V("60"), "Seconds in-flight requests may finish on shutdown or before a restart.").rule(Int(0, 86_400)),
     k("WORKER_THREADS", Gateway, V("1"), "Threads serving HTTP and supervising: 1 runs everything on one thread (tokio's current-thread scheduler, the least added latency and CPU per request, BENCHMARKS.md); N > 1 is a multi-threaded runtime of N workers, 0 one per CPU core. Raise it only for more throughput than one core gives.").rule(Int(0, 1024)),

@@ -29,7 +29,8 @@ pub(crate) struct App {
     pub(crate) first_token_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) request_timeout: Duration,
-    pub(crate) max_body: usize,
+    /// MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE: how a request body is read.
+    pub(crate) body: crate::body::BodyLimits,
     pub(crate) profile: String,
     /// The profile's speculation modes (what `/admin/spec` may switch to).
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
@@ -60,7 +61,11 @@ impl App {
             first_token_timeout: g.first_token_timeout,
             idle_timeout: g.stream_idle_timeout,
             request_timeout: g.request_timeout,
-            max_body: g.max_body_bytes,
+            body: crate::body::BodyLimits {
+                max: g.max_body_bytes,
+                timeout: g.body_timeout,
+                min_rate: g.body_min_rate,
+            },
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
             spec_policy: crate::spec::ModePolicy::new(&config.speculation),

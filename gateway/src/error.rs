@@ -61,6 +61,8 @@ pub enum GatewayError {
     /// A request hyper could not parse (it answers these itself, with an empty body).
     #[error("{}", unparseable_message(*status))]
     UnparseableHttp { status: StatusCode },
+    #[error("the request body did not arrive within {}s (BODY_TIMEOUT; {received} bytes came); the connection is closed", after.as_secs())]
+    BodyTimeout { after: Duration, received: usize },
     #[error("the request head did not arrive within {}s (HEADER_READ_TIMEOUT)", after.as_secs())]
     HeaderTimeout { after: Duration },
     #[error("the gateway has {max} connections open (MAX_CONNECTIONS); retry later")]
@@ -116,7 +118,7 @@ impl GatewayError {
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::UnparseableHttp { status } => *status,
-            GatewayError::HeaderTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            GatewayError::HeaderTimeout { .. } | GatewayError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::TooManyConnections { .. }
             | GatewayError::ShuttingDown
             | GatewayError::DrainTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -237,6 +239,10 @@ impl GatewayError {
         let h = resp.headers_mut();
         for (name, value) in self.retry_headers() {
             h.insert(name, HeaderValue::from(value));
+        }
+        if let GatewayError::BodyTimeout { .. } = self {
+            // The rest of the body is never read: the connection cannot carry another request.
+            h.insert("connection", HeaderValue::from_static("close"));
         }
         if let GatewayError::RateLimited { limit, retry_after } = self {
             rate_limit_headers(h, limit, 0);

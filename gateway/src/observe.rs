@@ -28,6 +28,7 @@ pub(crate) const GROUP_REQUESTS: &str = "sparkgate_group_requests_total";
 pub(crate) const GROUP_OPEN: &str = "sparkgate_group_open";
 pub(crate) const GROUP_IN_FLIGHT: &str = "sparkgate_group_in_flight_sequences";
 pub(crate) const AFFINITY_WAITS: &str = "sparkgate_affinity_waits_total";
+pub(crate) const BODY_TIMEOUTS: &str = "sparkgate_body_timeouts_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
@@ -80,6 +81,10 @@ fn describe() {
     describe_gauge!(IN_FLIGHT, "Sequences admitted and not yet finished.");
     describe_counter!(REJECTIONS, "Requests refused by admission, by reason.");
     describe_counter!(
+        BODY_TIMEOUTS,
+        "Requests answered 408 because their body did not arrive within BODY_TIMEOUT (at BODY_MIN_RATE)."
+    );
+    describe_counter!(
         EXTRA_BODY_REPAIRS,
         "Request bodies whose literal extra_body was flattened."
     );
@@ -111,6 +116,7 @@ fn describe() {
 /// not "no data", until the first event: each labelled counter with every label value it takes.
 fn register() {
     counter!(EXTRA_BODY_REPAIRS).absolute(0);
+    counter!(BODY_TIMEOUTS).absolute(0);
     for reason in crate::error::REJECTION_REASONS {
         counter!(REJECTIONS, "reason" => *reason).absolute(0);
     }

@@ -79,22 +79,6 @@ pub(crate) fn own_routes(app: Shared) -> Router {
         .with_state(app)
 }
 
-/// Reads the whole body, refusing more than `limit` bytes with 413.
-async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, GatewayError>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let limited = http_body_util::Limited::new(body, limit);
-    match limited.collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-            Err(GatewayError::PayloadTooLarge { limit })
-        }
-        Err(e) => Err(GatewayError::InvalidJson(format!("could not read the body: {e}"))),
-    }
-}
-
 /// The supervisor is (re)starting the group: read from its status directly, which changes
 /// before the ranks go down, so no request races the gateway's own mirror of it.
 fn restarting(group: &Group) -> bool {
@@ -289,7 +273,7 @@ async fn generate_inner(
     caller: Caller,
 ) -> Result<Reply, GatewayError> {
     check_content_type(&headers)?;
-    let bytes = read_body(body, app.max_body).await?;
+    let bytes = crate::body::read(body, &app.body).await?;
     let Prepared {
         norm,
         forward,
@@ -443,14 +427,14 @@ async fn generate_inner(
 /// `/tokenize`, `/detokenize`: the model is resolved like a generation's; no admission.
 async fn utility(app: &App, id: &RequestId, parts: Parts, body: Incoming) -> Result<Response, GatewayError> {
     check_content_type(&parts.headers)?;
-    let bytes = read_body(body, app.max_body).await?;
+    let bytes = crate::body::read(body, &app.body).await?;
     let Prepared { forward, .. } = crate::body::prepare(&app.normalizer, Api::Utility, bytes).await?;
     forward_as_is(app, &id.0, parts.method, parts.uri.path(), &parts.headers, forward).await
 }
 
 /// Any other `/v1/*` route: forwarded unchanged.
 async fn passthrough(app: &App, id: &RequestId, parts: Parts, body: Incoming) -> Result<Response, GatewayError> {
-    let bytes = read_body(body, app.max_body).await?;
+    let bytes = crate::body::read(body, &app.body).await?;
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
     forward_as_is(app, &id.0, parts.method, &path, &parts.headers, bytes).await
 }

@@ -32,6 +32,8 @@ impl Builder<'_> {
             metrics_public: self.flag("METRICS_PUBLIC"),
             max_body_bytes: self.num("MAX_BODY_BYTES"),
             header_read_timeout: self.seconds("HEADER_READ_TIMEOUT"),
+            body_timeout: self.seconds("BODY_TIMEOUT"),
+            body_min_rate: self.num("BODY_MIN_RATE"),
             max_connections: self.num("MAX_CONNECTIONS"),
             drain_timeout: self.seconds("DRAIN_TIMEOUT"),
             log_format: self.choice("LOG_FORMAT"),
