@@ -384,13 +384,7 @@ impl Normalizer {
             None | Some(Value::Null) => None,
             Some(v) => Some((v.clone(), self.parse_effort(v, "reasoning_effort")?)),
         };
-        let in_kwargs = match self.kwargs(body)?.and_then(|kw| kw.get("reasoning_effort").cloned()) {
-            None | Some(Value::Null) => None,
-            Some(v) => Some((
-                v.clone(),
-                self.parse_effort(&v, "chat_template_kwargs.reasoning_effort")?,
-            )),
-        };
+        let in_kwargs = self.kwargs_effort(body)?;
         let Some((original, effort)) = top.or(in_kwargs) else {
             return Ok(None);
         };
@@ -451,13 +445,14 @@ impl Normalizer {
 }
 
 impl Normalizer {
-    /// Anthropic: `output_config.effort` under the same rules (vLLM turns it into
-    /// `reasoning_effort`). Names stay in the field (Anthropic's literal takes low, high and
-    /// max), integers travel in `chat_template_kwargs`, `none` becomes thinking disabled.
+    /// Anthropic: `output_config.effort` and `chat_template_kwargs.reasoning_effort` under
+    /// chat's rules, `output_config.effort` first (vLLM sets the request's effort from it, over
+    /// the kwargs). Names stay in `output_config.effort` (Anthropic's literal takes low,
+    /// medium, high, xhigh and max), integers travel in `chat_template_kwargs`, `none` becomes
+    /// thinking disabled.
     fn messages_effort(&self, body: &mut Map<String, Value>) -> Result<Option<(String, String)>, GatewayError> {
-        self.kwargs(body)?;
-        let value = match body.get("output_config") {
-            None | Some(Value::Null) => return Ok(None),
+        let top = match body.get("output_config") {
+            None | Some(Value::Null) => None,
             Some(Value::Object(o)) => o.get("effort").cloned().filter(|e| !e.is_null()),
             Some(_) => {
                 return Err(GatewayError::bad_request(
@@ -466,16 +461,29 @@ impl Normalizer {
                 ))
             }
         };
-        let Some(value) = value else { return Ok(None) };
-        let effort = self.parse_effort(&value, "output_config.effort")?;
-        let config = body
-            .get_mut("output_config")
-            .and_then(Value::as_object_mut)
-            .expect("checked above");
-        config.remove("effort");
+        let top = match top {
+            Some(v) => Some((v.clone(), self.parse_effort(&v, "output_config.effort")?)),
+            None => None,
+        };
+        let in_kwargs = self.kwargs_effort(body)?;
+        let Some((original, effort)) = top.or(in_kwargs) else {
+            return Ok(None);
+        };
+        if let Some(Value::Object(config)) = body.get_mut("output_config") {
+            config.remove("effort");
+        }
+        if let Some(Value::Object(kw)) = body.get_mut("chat_template_kwargs") {
+            kw.remove("reasoning_effort");
+        }
         match &effort {
             Effort::Named(n) => {
-                config.insert("effort".into(), Value::String((*n).to_owned()));
+                let config = body.entry("output_config").or_insert_with(|| Value::Object(Map::new()));
+                if !config.is_object() {
+                    *config = Value::Object(Map::new());
+                }
+                if let Value::Object(config) = config {
+                    config.insert("effort".into(), Value::String((*n).to_owned()));
+                }
             }
             Effort::Int(v) => {
                 kwargs_entry(body).insert("reasoning_effort".into(), Value::from(*v));
@@ -484,7 +492,18 @@ impl Normalizer {
                 body.insert("thinking".into(), serde_json::json!({"type": "disabled"}));
             }
         }
-        Ok(mapping(&value, &effort))
+        Ok(mapping(&original, &effort))
+    }
+
+    /// `chat_template_kwargs.reasoning_effort`, validated, with the kwargs' own checks.
+    fn kwargs_effort(&self, body: &mut Map<String, Value>) -> Result<Option<(Value, Effort)>, GatewayError> {
+        match self.kwargs(body)?.and_then(|kw| kw.get("reasoning_effort").cloned()) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => {
+                let effort = self.parse_effort(&v, "chat_template_kwargs.reasoning_effort")?;
+                Ok(Some((v, effort)))
+            }
+        }
     }
 }
 

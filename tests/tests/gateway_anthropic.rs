@@ -2,8 +2,12 @@
 //! aliases, the profile's effort rules on `output_config.effort`, errors in Anthropic's
 //! envelope, and a rank lost mid-stream ending the stream with Anthropic's `event: error`.
 
+use std::net::SocketAddr;
+
 use serde_json::json;
-use sparkgate_tests::harness::{post_json, Streaming};
+use sparkgate_config::ProfileId;
+use sparkgate_tests::harness::{post_json, Gateway, Streaming};
+use sparkgate_tests::realvllm::RealVllm;
 
 mod common;
 use common::ds_pair;
@@ -62,6 +66,53 @@ fn output_config_effort_follows_the_profile_and_refusals_speak_anthropic() {
         e["error"]["message"].as_str().unwrap().contains("low, high, max"),
         "{e}"
     );
+}
+
+/// DeepSeek's integer efforts on `/v1/messages`, in `output_config.effort` and in
+/// `chat_template_kwargs`, as integers and integer strings: each renders its own number.
+fn integer_efforts_render(gw: SocketAddr) {
+    for (extra, rendered) in [
+        (json!({"output_config": {"effort": 30}}), "Reasoning Effort: 30"),
+        (json!({"output_config": {"effort": 1}}), "Reasoning Effort: 1"),
+        (json!({"output_config": {"effort": "50"}}), "Reasoning Effort: 50"),
+        (
+            json!({"chat_template_kwargs": {"reasoning_effort": 30}}),
+            "Reasoning Effort: 30",
+        ),
+        (
+            json!({"chat_template_kwargs": {"reasoning_effort": "40"}}),
+            "Reasoning Effort: 40",
+        ),
+        (
+            json!({"output_config": {"effort": "low"}, "chat_template_kwargs": {"reasoning_effort": 30}}),
+            "Reasoning Effort: 50",
+        ),
+    ] {
+        let mut b = json!({"model": MODEL, "max_tokens": 200,
+                           "messages": [{"role": "user", "content": "What is 17*19?"}]});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let r = post_json(gw, "/v1/messages", &b);
+        assert_eq!(r.status, 200, "{extra}: {}", r.text());
+        let thinking = r.json()["content"][0]["thinking"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let after = thinking.strip_prefix(rendered).and_then(|rest| rest.chars().next());
+        assert!(after.is_some_and(|c| !c.is_ascii_digit()), "{extra}: {thinking}");
+    }
+}
+
+#[test]
+fn integer_efforts_on_messages_render_in_front_of_vllm_sim() {
+    let (_sim, gw) = ds_pair(&[], &[]);
+    integer_efforts_render(gw.addr);
+}
+
+#[test]
+fn integer_efforts_on_messages_render_in_front_of_the_real_frontend() {
+    let real = RealVllm::start(ProfileId::DeepSeekV41Flash);
+    let gw = Gateway::start(&common::sparkgate(), "deepseek-v4.1-flash", real.addr, &[]);
+    integer_efforts_render(gw.addr);
 }
 
 #[test]

@@ -277,6 +277,62 @@ fn anthropic_effort_follows_the_profile() {
 }
 
 #[test]
+fn anthropic_effort_takes_chats_forms_in_output_config_and_in_the_kwargs() {
+    let with = |extra: Value| {
+        let mut b = json!({"model": "DS", "max_tokens": 5, "messages": []});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    // Integers and integer strings for DeepSeek, in either place, reach the kwargs as integers.
+    for extra in [
+        json!({"output_config": {"effort": 1}}),
+        json!({"output_config": {"effort": "1"}}),
+        json!({"chat_template_kwargs": {"reasoning_effort": 1}}),
+        json!({"chat_template_kwargs": {"reasoning_effort": " 1 "}}),
+    ] {
+        let out = ok(&ds(), Api::Messages, with(extra.clone()));
+        assert_eq!(out["chat_template_kwargs"]["reasoning_effort"], 1, "{extra}: {out}");
+        assert!(
+            out.get("output_config").is_none_or(|c| c.get("effort").is_none()),
+            "{extra}: {out}"
+        );
+    }
+    // A name in the kwargs moves to output_config, mapped as on chat.
+    let out = ok(
+        &ds(),
+        Api::Messages,
+        with(json!({"chat_template_kwargs": {"reasoning_effort": "medium"}})),
+    );
+    assert_eq!(out["output_config"]["effort"], "high", "{out}");
+    assert!(out["chat_template_kwargs"].get("reasoning_effort").is_none(), "{out}");
+    // output_config.effort wins over the kwargs, as vLLM merges them.
+    let both = with(json!({"output_config": {"effort": "low"}, "chat_template_kwargs": {"reasoning_effort": 30}}));
+    let out = ok(&ds(), Api::Messages, both);
+    assert_eq!(out["output_config"]["effort"], "low", "{out}");
+    assert!(out["chat_template_kwargs"].get("reasoning_effort").is_none(), "{out}");
+    for bad in [
+        json!({"output_config": {"effort": 101}}),
+        json!({"chat_template_kwargs": {"reasoning_effort": 0}}),
+    ] {
+        let e = run(&ds(), Api::Messages, with(bad.clone())).unwrap_err();
+        assert!(e.to_string().contains("an integer 1-100"), "{bad}: {e}");
+    }
+    // GLM takes no integers: refused with the accepted values.
+    for bad in [
+        json!({"output_config": {"effort": 30}}),
+        json!({"chat_template_kwargs": {"reasoning_effort": "30"}}),
+    ] {
+        let mut body = with(bad.clone());
+        body["model"] = json!(null);
+        let e = run(&glm(), Api::Messages, body).unwrap_err();
+        assert!(
+            e.to_string().contains("not accepted by") && e.to_string().contains("none"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
 fn sequences_count_every_sequence_a_request_runs() {
     let n = ds();
     let seqs = |api, body: Value, prompts| {

@@ -103,6 +103,10 @@ fn to_chat(req: &Map<String, Value>) -> Map<String, Value> {
         ("top_p", "top_p"),
         ("top_k", "top_k"),
         ("stream", "stream"),
+        // vLLM 0.33 `AnthropicServingMessages._build_base_request` passes these as they are.
+        ("chat_template_kwargs", "chat_template_kwargs"),
+        ("cache_salt", "cache_salt"),
+        ("vllm_xargs", "vllm_xargs"),
     ] {
         if let Some(v) = req.get(from).filter(|v| !v.is_null()) {
             chat.insert(to.into(), v.clone());
