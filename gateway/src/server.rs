@@ -18,13 +18,14 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use metrics::counter;
+use serde_json::json;
 use sparkgate_config::Config;
 use sparkgate_supervisor::GroupState;
 use tokio::net::TcpListener;
 
 use crate::admin;
 use crate::admission::Permit;
-use crate::app::{status_json, App, Shared};
+use crate::app::{App, Shared};
 use crate::body::{check_content_type, Prepared};
 use crate::clients::Caller;
 use crate::edge::RequestId;
@@ -464,19 +465,18 @@ async fn forward_as_is(
         .expect("valid response parts"))
 }
 
-/// 200 only when the upstream is ready and admission is open; 503 otherwise, with the state.
+/// 200 only when the upstream is ready and admission is open; 503 otherwise. Anyone may ask,
+/// so it says ready or not and why in one word — the details (a failed group's reason quotes
+/// its rank logs) are `/admin/status`'s, behind the admin token.
 async fn ready(State(app): State<Shared>) -> Response {
-    let status = if app.control.is_ready() {
+    let state = app.control.readiness();
+    let status = if state == "ready" && app.control.is_ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        status_json(&app).to_string(),
-    )
-        .into_response()
+    let body = json!({"ready": status == StatusCode::OK, "state": state});
+    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 /// The gateway's families and rank 0's in one exposition (`exposition`).

@@ -101,6 +101,25 @@ impl GatewayControl {
     }
 
     /// Ready to serve: the upstream answers, admission is open and the gateway is not exiting.
+    /// Why the gateway is ready or not, in one word (what `/ready` tells anyone): the
+    /// upstream's state, else the gateway's own hold (`draining` before a restart, `closing`
+    /// while it shuts down).
+    pub fn readiness(&self) -> &'static str {
+        if *self.inner.lifecycle.borrow() != Lifecycle::Serving {
+            return "shutting_down";
+        }
+        match self.upstream() {
+            UpstreamState::Ready if self.inner.admission.snapshot().paused => "draining",
+            UpstreamState::Ready => "ready",
+            UpstreamState::Starting => "starting",
+            UpstreamState::Restarting(_) => "restarting",
+            UpstreamState::Stalled(_) => "stalled",
+            UpstreamState::Unreachable(_) => "unreachable",
+            UpstreamState::Failed(_) => "failed",
+            UpstreamState::Stopped => "stopped",
+        }
+    }
+
     pub fn is_ready(&self) -> bool {
         self.upstream() == UpstreamState::Ready
             && !self.inner.admission.snapshot().paused

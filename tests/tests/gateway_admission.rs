@@ -35,7 +35,7 @@ fn admission_caps_upstream_concurrency_at_max_num_seqs_in_fifo_order() {
         // Arrival order is the submission order.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let ready = request(addr, "GET", "/ready", &[], b"").json();
+            let ready = request(addr, "GET", "/admin/status", &[], b"").json();
             let admitted =
                 ready["admission"]["in_flight"].as_u64().unwrap() + ready["admission"]["queued"].as_u64().unwrap();
             if admitted as usize > i || std::time::Instant::now() > deadline {
@@ -99,7 +99,7 @@ fn full_queue_is_429_and_the_deadline_is_503_with_retry_after() {
         )
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"] != 1 {
+    while request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"] != 1 {
         assert!(std::time::Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -160,13 +160,13 @@ fn a_client_that_leaves_the_queue_frees_its_place_at_once() {
         let body = json!({"messages": [{"role": "user", "content": "hi"}]}).to_string();
         write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"] != 1 {
+        while request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"] != 1 {
             assert!(std::time::Instant::now() < deadline);
             std::thread::sleep(Duration::from_millis(2));
         }
     } // the queued client disconnects here
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"] != 0 {
+    while request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"] != 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "the departed client still holds its place"
@@ -182,7 +182,7 @@ fn a_client_that_leaves_the_queue_frees_its_place_at_once() {
         )
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"] != 1 {
+    while request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"] != 1 {
         assert!(std::time::Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -233,7 +233,7 @@ fn burst_then_lone(env: &[(&str, &str)], lone_header: (&'static str, &'static st
         }));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let ready = request(addr, "GET", "/ready", &[], b"").json();
+            let ready = request(addr, "GET", "/admin/status", &[], b"").json();
             let seen =
                 ready["admission"]["in_flight"].as_u64().unwrap() + ready["admission"]["queued"].as_u64().unwrap();
             if seen as usize > i {

@@ -80,7 +80,7 @@ fn wait_stalled(gw: &Gateway) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let ready = request(gw.addr, "GET", "/ready", &[], b"");
-        if ready.json()["upstream"]["state"] == "stalled" {
+        if ready.json()["state"] == "stalled" {
             assert_eq!(ready.status, 503);
             return;
         }

@@ -193,9 +193,17 @@ fn a_rank_that_keeps_crashing_ends_failed_with_nothing_left_running() {
         "{failed}"
     );
     assert_eq!(failed["supervisor"]["epoch"], 3, "the first start and two restarts");
+    assert!(
+        failed["supervisor"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("last lines: "),
+        "the operator's status quotes the rank's log: {failed}"
+    );
+    // Anyone may ask /ready: one word, no log line.
     let ready = request(gw.addr, "GET", "/ready", &[], b"");
     assert_eq!(ready.status, 503);
-    assert_eq!(ready.json()["upstream"]["state"], "failed");
+    assert_eq!(ready.json(), json!({"ready": false, "state": "failed"}));
     let r = post_json(
         gw.addr,
         "/v1/chat/completions",

@@ -79,7 +79,7 @@ fn main() {
         let _ = request(addr, "GET", "/health", &[], b"");
         worst = worst.max(t.elapsed());
         std::thread::sleep(Duration::from_millis(5));
-        let queued = request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"]
+        let queued = request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"]
             .as_u64()
             .unwrap_or(0);
         if queued >= 1 {
@@ -107,7 +107,7 @@ fn main() {
         .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let queued = request(addr, "GET", "/ready", &[], b"").json()["admission"]["queued"]
+        let queued = request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"]
             .as_u64()
             .unwrap_or(0);
         if queued >= 8 || Instant::now() > deadline {
