@@ -37,6 +37,8 @@ pub(crate) struct App {
     pub(crate) spec_policy: Arc<crate::spec::ModePolicy>,
     /// Who a generation is for in the admission queue.
     pub(crate) clients: crate::clients::Clients,
+    /// Bodies whose group was lost under them, and those no longer sent.
+    pub(crate) quarantine: Arc<crate::quarantine::Quarantine>,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -68,6 +70,7 @@ impl App {
             },
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
+            quarantine: Arc::default(),
             spec_policy: crate::spec::ModePolicy::new(&config.speculation),
             clients: crate::clients::Clients::new(g.queue_policy, config.serving.scheduling_policy, &g.client_weights),
         })

@@ -38,6 +38,17 @@ impl std::fmt::Debug for Caller {
     }
 }
 
+impl Caller {
+    /// Who sent a request, for a log line: a fingerprint of its API key (never the key), else
+    /// its address.
+    pub(crate) fn label(&self) -> String {
+        match &self.key {
+            Some(key) => format!("key:{:016x}", name_hash(key)),
+            None => self.addr.to_string(),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Clients {
     policy: QueuePolicy,

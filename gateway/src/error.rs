@@ -75,6 +75,8 @@ pub enum GatewayError {
     UpstreamBroke,
     #[error("the model's stream ended before it finished")]
     UpstreamTruncated,
+    #[error("request_crashed_engine: the model's engine was lost {} this request (request id {request_id}); it is not sent again, and the same request is refused for an hour", if *at_arrival { "earlier under" } else { "twice under, or at once and alone with," })]
+    RequestCrashedEngine { request_id: String, at_arrival: bool },
     #[error("the gateway is shutting down; retry later")]
     ShuttingDown,
     #[error("the gateway shut down: the request was still running after DRAIN_TIMEOUT={}s", drain.as_secs())]
@@ -102,6 +104,7 @@ impl GatewayError {
             GatewayError::BadRequest { .. }
             | GatewayError::TooManySequences { .. }
             | GatewayError::OverCapacity { .. }
+            | GatewayError::RequestCrashedEngine { .. }
             | GatewayError::UnsupportedMediaType
             | GatewayError::InvalidJson(_) => StatusCode::BAD_REQUEST,
             GatewayError::ModelNotFound { .. } | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,

@@ -49,6 +49,9 @@ pub(crate) struct Group {
     requests: metrics::Counter,
     /// An operator drains it before restarting it alone: no new leases.
     drained: AtomicBool,
+    /// One permit: a request sent again after its group was lost under it (a suspect,
+    /// `quarantine`) runs with no other suspect beside it, so a second loss names one request.
+    probation: Arc<tokio::sync::Semaphore>,
 }
 
 impl Group {
@@ -75,6 +78,7 @@ impl Group {
             routed: AtomicU64::new(0),
             requests: metrics::counter!(crate::observe::GROUP_REQUESTS, "group" => name.to_owned()),
             drained: AtomicBool::new(false),
+            probation: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -161,7 +165,31 @@ impl Group {
         Lease {
             group: self.clone(),
             seqs,
+            probation: None,
         }
+    }
+
+    /// Waits (at most a second) until the group is no longer the serving group of `epoch` —
+    /// its supervisor noticed its loss — so a retry is not sent into the same dead rank;
+    /// whether it was lost. Without a supervisor nothing judges a loss: never.
+    pub(crate) async fn lost_since(&self, epoch: Option<u64>) -> bool {
+        let Some(sup) = &self.supervisor else { return false };
+        let mut status = sup.subscribe();
+        let changed = status.wait_for(|s| !(s.is_serving() && Some(s.epoch) == epoch));
+        let lost = tokio::time::timeout(Duration::from_secs(1), changed)
+            .await
+            .map(|seen| seen.is_ok());
+        lost == Ok(true)
+    }
+
+    /// Waits until no suspect runs on it (`Lease::on_probation`).
+    pub(crate) async fn probation_over(&self) {
+        let _ = self.probation.acquire().await;
+    }
+
+    /// Leases it has given, ever: a change means another request was sent to it.
+    pub(crate) fn routed(&self) -> u64 {
+        self.routed.load(Ordering::Relaxed)
     }
 
     /// Its MAX_NUM_SEQS as last seen (open or not).
@@ -251,11 +279,24 @@ fn held(slots: u64) -> u32 {
 pub(crate) struct Lease {
     group: Arc<Group>,
     seqs: u32,
+    /// The group's probation, held by a suspect for as long as its lease.
+    probation: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Lease {
     pub(crate) fn group(&self) -> &Group {
         &self.group
+    }
+
+    /// Puts a suspect on probation on its group: false while another suspect runs there.
+    pub(crate) fn on_probation(&mut self) -> bool {
+        match self.group.probation.clone().try_acquire_owned() {
+            Ok(permit) => {
+                self.probation = Some(permit);
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// The group, to consult after the lease is given back (a retry's verdict).

@@ -23,6 +23,7 @@ mod logwriter;
 pub mod microbench;
 mod normalize;
 mod observe;
+mod quarantine;
 mod relay;
 mod routes;
 mod server;

@@ -29,6 +29,8 @@ pub(crate) const GROUP_OPEN: &str = "sparkgate_group_open";
 pub(crate) const GROUP_IN_FLIGHT: &str = "sparkgate_group_in_flight_sequences";
 pub(crate) const AFFINITY_WAITS: &str = "sparkgate_affinity_waits_total";
 pub(crate) const BODY_TIMEOUTS: &str = "sparkgate_body_timeouts_total";
+pub(crate) const SUSPECTS: &str = "sparkgate_poison_suspects_total";
+pub(crate) const QUARANTINED: &str = "sparkgate_quarantined_requests_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
@@ -81,6 +83,14 @@ fn describe() {
     describe_gauge!(IN_FLIGHT, "Sequences admitted and not yet finished.");
     describe_counter!(REJECTIONS, "Requests refused by admission, by reason.");
     describe_counter!(
+        SUSPECTS,
+        "Requests in flight when their rank group was lost, sent again as suspects (a second loss quarantines them)."
+    );
+    describe_counter!(
+        QUARANTINED,
+        "Requests ended with request_crashed_engine: after their group's loss (stage=dispatch) or refused because the same body crashed the engine before (stage=arrival)."
+    );
+    describe_counter!(
         BODY_TIMEOUTS,
         "Requests answered 408 because their body did not arrive within BODY_TIMEOUT (at BODY_MIN_RATE)."
     );
@@ -117,6 +127,10 @@ fn describe() {
 fn register() {
     counter!(EXTRA_BODY_REPAIRS).absolute(0);
     counter!(BODY_TIMEOUTS).absolute(0);
+    counter!(SUSPECTS).absolute(0);
+    for stage in QUARANTINE_STAGES {
+        counter!(QUARANTINED, "stage" => stage).absolute(0);
+    }
     for reason in crate::error::REJECTION_REASONS {
         counter!(REJECTIONS, "reason" => *reason).absolute(0);
     }
@@ -134,6 +148,9 @@ fn register() {
 }
 
 /// The `kind` label of UPSTREAM_ERRORS: the connect failed, or the request after it.
+/// Where a request is quarantined: after its group's loss, or at arrival.
+pub(crate) const QUARANTINE_STAGES: [&str; 2] = ["dispatch", "arrival"];
+
 pub(crate) const UPSTREAM_ERROR_KINDS: &[&str] = &["connect", "request"];
 
 /// The `outcome` label of AFFINITY_WAITS: the waiter was admitted when its group had room, or

@@ -39,6 +39,8 @@ pub(crate) struct RelayCtx {
     /// The model name as the client sent it (for the log line).
     pub(crate) model: Option<String>,
     pub(crate) drain_timeout: Duration,
+    /// Judged if the stream is cut under it (the poison-request guard, `quarantine`).
+    pub(crate) suspect: Option<crate::quarantine::Suspect>,
 }
 
 /// Resolves once the gateway's shutdown reaches `Closing` (never, if its sender is gone).
@@ -132,6 +134,14 @@ impl Relay {
     /// Ends the stream with the gateway's own error, rendered for this stream's framing.
     fn error_event(&mut self, err: GatewayError) {
         let outcome = err.stream_outcome();
+        if matches!(
+            err,
+            GatewayError::UpstreamBroke | GatewayError::UpstreamTruncated | GatewayError::StreamIdle { .. }
+        ) {
+            if let Some(suspect) = self.ctx.suspect.take() {
+                suspect.on_cut();
+            }
+        }
         counter!(observe::STREAM_ERRORS, "reason" => outcome).increment(1);
         self.outcome = outcome;
         for h in std::mem::take(&mut self.held) {
@@ -357,6 +367,7 @@ impl Tap {
             route: "chat",
             model: None,
             drain_timeout: Duration::from_secs(60),
+            suspect: None,
         };
         Self(Relay::new(None, ctx))
     }

@@ -33,6 +33,7 @@ use crate::error::GatewayError;
 use crate::groups::{Group, Groups, Lease, Upstreams};
 use crate::normalize::Api;
 use crate::observe;
+use crate::quarantine::{Dispatched, Stage, Suspect, Verdict};
 use crate::relay::{relay, RelayCtx};
 use crate::routes::{Framing, Role, Route};
 use crate::state::{GatewayControl, Lifecycle, UpstreamState};
@@ -108,17 +109,21 @@ fn never_reached(err: &UpstreamError) -> bool {
     err.is_connect()
 }
 
-/// Waits (at most a second) until the group a request was sent to is no longer the serving
-/// group of that epoch — the supervisor noticed its loss — so a retry is not sent into the same
-/// dead rank; whether it was lost.
-async fn group_verdict(group: &Group, epoch: Option<u64>) -> bool {
-    let Some(sup) = &group.supervisor else { return false };
-    let mut status = sup.subscribe();
-    let changed = status.wait_for(|s| !(s.is_serving() && Some(s.epoch) == epoch));
-    let lost = tokio::time::timeout(Duration::from_secs(1), changed)
-        .await
-        .map(|seen| seen.is_ok());
-    lost == Ok(true)
+/// The end of a quarantined request (logged and counted where it is decided: `Suspect`, or
+/// here at arrival).
+fn quarantined(request_id: &str, caller: &Caller, stage: Stage) -> GatewayError {
+    if stage == Stage::Arrival {
+        counter!(observe::QUARANTINED, "stage" => stage.label()).increment(1);
+        tracing::warn!(
+            request_id,
+            client = %caller.label(),
+            "request_crashed_engine: refused at arrival, the same body crashed the engine before"
+        );
+    }
+    GatewayError::RequestCrashedEngine {
+        request_id: request_id.to_owned(),
+        at_arrival: stage == Stage::Arrival,
+    }
 }
 
 /// Maps a failure to reach the upstream: held-for-restart states answer 503, otherwise 502.
@@ -297,6 +302,12 @@ async fn generate_inner(
         .wants_prefix()
         .then(|| crate::groups::prefix_key(&forward))
         .flatten();
+    // A body whose group was lost under it before runs on probation; twice, not at all.
+    let mut suspected = match app.quarantine.check(&forward) {
+        Some(Verdict::Quarantined) => return Err(quarantined(request_id, &caller, Stage::Arrival)),
+        Some(Verdict::Suspect) => true,
+        None => false,
+    };
     let queued_at = Instant::now();
     let client = app.clients.identify(&caller, &headers, user.as_deref(), priority);
     let admission = app.control.admission();
@@ -327,15 +338,23 @@ async fn generate_inner(
     };
     // When an attempt first failed to reach a rank: requeued attempts end after REQUEST_TIMEOUT.
     let mut refused_at: Option<Instant> = None;
-    let (mut upstream, lease) = loop {
+    let (mut upstream, lease, dispatched) = loop {
         // Admission counted the open groups' slots: one has room unless it closed just now.
-        let Some(lease) = app.groups.lease(prefix, permit.take_reservation(), seqs.total()) else {
+        let Some(mut lease) = app.groups.lease(prefix, permit.take_reservation(), seqs.total()) else {
             drop(permit);
             permit = admission.requeue(seqs.total(), forward.len()).await?;
             continue;
         };
         let group = lease.shared();
-        let dispatched_to = group.epoch();
+        if suspected && !lease.on_probation() {
+            // Another suspect is on trial there: wait for its outcome, then queue again.
+            drop((lease, permit));
+            group.probation_over().await;
+            permit = admission.requeue(seqs.total(), forward.len()).await?;
+            continue;
+        }
+        let dispatched = Dispatched::now(group.clone(), seqs.total());
+        let dispatched_to = dispatched.epoch;
         let send = group
             .upstream
             .send(Method::POST, path, &headers, request_id, forward.clone());
@@ -350,14 +369,28 @@ async fn generate_inner(
                     && refused_at.get_or_insert_with(Instant::now).elapsed() < app.request_timeout =>
             {
                 drop((lease, permit));
-                let lost = group_verdict(&group, dispatched_to).await;
+                let lost = group.lost_since(dispatched_to).await;
                 if !(lost || never_reached(&e) || restarting(&group)) {
                     return Err(unreachable(app, &group, &e));
+                }
+                if lost && !never_reached(&e) {
+                    // vLLM held it when the group was lost: a suspect, or a poison request.
+                    let suspect = Suspect {
+                        quarantine: app.quarantine.clone(),
+                        body: forward.clone(),
+                        dispatched,
+                        request_id: request_id.to_owned(),
+                        client: caller.label(),
+                    };
+                    if suspect.judge() == Verdict::Quarantined {
+                        return Err(quarantined(request_id, &caller, Stage::Dispatch));
+                    }
+                    suspected = true;
                 }
                 permit = admission.requeue(seqs.total(), forward.len()).await?;
             }
             Ok(Err(e)) => return Err(unreachable(app, &group, &e)),
-            Ok(Ok(r)) => break (r, lease),
+            Ok(Ok(r)) => break (r, lease, dispatched),
         }
     };
     let mode = lease.group().mode();
@@ -384,6 +417,13 @@ async fn generate_inner(
             route: route.label,
             model: norm.model.clone(),
             drain_timeout: app.drain_timeout,
+            suspect: Some(Suspect {
+                quarantine: app.quarantine.clone(),
+                body: forward.clone(),
+                dispatched,
+                request_id: request_id.to_owned(),
+                client: caller.label(),
+            }),
         };
         let events = relay(upstream.into_body(), ctx);
         return Ok(Reply::Stream(

@@ -246,6 +246,8 @@ impl std::fmt::Debug for UpstreamBody {
 struct Failed {
     err: UpstreamError,
     resend: bool,
+    /// The whole request was written: vLLM may have taken it before the connection closed.
+    written: bool,
 }
 
 /// Writes the request and reads the answer's head on `conn`.
@@ -255,6 +257,7 @@ async fn exchange(conn: &mut Conn, head: &[u8], body: &Bytes, method: &Method) -
         return Err(Failed {
             err: UpstreamError::Io(e),
             resend: true,
+            written: false,
         });
     }
     let mut seen = false;
@@ -266,6 +269,7 @@ async fn exchange(conn: &mut Conn, head: &[u8], body: &Bytes, method: &Method) -
                 return Err(Failed {
                     err: UpstreamError::Wire(e),
                     resend: false,
+                    written: true,
                 })
             }
         }
@@ -283,6 +287,7 @@ async fn exchange(conn: &mut Conn, head: &[u8], body: &Bytes, method: &Method) -
         return Err(Failed {
             err,
             resend: !seen && quiet_close,
+            written: true,
         });
     }
 }
@@ -372,14 +377,26 @@ impl Upstream {
             body_len: body.len(),
         };
         wire::encode_request(&mut head, &req, is_hop_by_hop);
+        // A pooled connection that closed after the whole request went out: most often vLLM's
+        // keep-alive expiring, but a rank that died with the request in hand looks the same. If
+        // the resend then cannot connect, the earlier failure is the answer — the request may
+        // have reached vLLM, so it is not one that never did (`is_connect`).
+        let mut earlier: Option<UpstreamError> = None;
         loop {
             let (mut conn, pooled) = match self.pool.checkout() {
                 Some(conn) => (conn, true),
-                None => (self.connect().await?, false),
+                None => match self.connect().await {
+                    Ok(conn) => (conn, false),
+                    Err(e) => return Err(earlier.unwrap_or(e)),
+                },
             };
             match exchange(&mut conn, &head, &body, &method).await {
                 Ok(answer) => return Ok(self.response(answer, conn)),
-                Err(f) if pooled && f.resend => continue,
+                Err(f) if pooled && f.resend => {
+                    if f.written && earlier.is_none() {
+                        earlier = Some(f.err);
+                    }
+                }
                 Err(f) => return Err(f.err),
             }
         }

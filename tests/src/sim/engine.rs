@@ -66,6 +66,21 @@ struct Seq {
     tx: mpsc::UnboundedSender<(usize, Event)>,
     arrived: Instant,
     last_token: Option<Instant>,
+    /// Its prompt carries SIM_FAULT_CRASH_ON's marker: the engine dies when it schedules it.
+    poison: bool,
+}
+
+/// One sequence to queue (`Engine::submit`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Submission {
+    pub(crate) prompt_tokens: usize,
+    pub(crate) cached_tokens: usize,
+    /// Output tokens it will make.
+    pub(crate) total: usize,
+    pub(crate) finish: Finished,
+    /// Its choice index, which tags its events.
+    pub(crate) index: usize,
+    pub(crate) poison: bool,
 }
 
 #[derive(Debug)]
@@ -121,18 +136,23 @@ impl Engine {
         self.dead.load(SeqCst)
     }
 
+    /// Whether a request with these prompts is SIM_FAULT_CRASH_ON's marked request.
+    pub(crate) fn is_poison(&self, prompts: &[&str]) -> bool {
+        self.faults.is_poison(prompts)
+    }
+
     /// Queues choice `index` of a request: `total` output tokens after `prompt_tokens` of
     /// prefill, ending as `finish`. Events arrive on `tx` tagged with `index`; dropping the
     /// receiver aborts the sequence, as a client disconnect does in vLLM.
-    pub(crate) fn submit(
-        &self,
-        prompt_tokens: usize,
-        cached_tokens: usize,
-        total: usize,
-        finish: Finished,
-        index: usize,
-        tx: &mpsc::UnboundedSender<(usize, Event)>,
-    ) -> Result<(), Refused> {
+    pub(crate) fn submit(&self, sub: Submission, tx: &mpsc::UnboundedSender<(usize, Event)>) -> Result<(), Refused> {
+        let Submission {
+            prompt_tokens,
+            cached_tokens,
+            total,
+            finish,
+            index,
+            poison,
+        } = sub;
         if self.is_dead() {
             return Err(Refused::Dead);
         }
@@ -155,6 +175,7 @@ impl Engine {
                 tx,
                 arrived: Instant::now(),
                 last_token: None,
+                poison,
             });
             self.metrics.waiting.store(waiting.len() as u64, SeqCst);
         }
@@ -181,6 +202,14 @@ impl Engine {
                 });
                 while running.len() < self.max_num_seqs {
                     let Some(seq) = waiting.pop_front() else { break };
+                    if seq.poison {
+                        log::error(
+                            "EngineCore_DP0",
+                            "core.py:933",
+                            "SIM_FAULT_CRASH_ON: the marked request crashes the engine.",
+                        );
+                        self.faults.crash();
+                    }
                     self.metrics
                         .prompt(seq.prompt_tokens as u64, seq.arrived.elapsed().as_secs_f64());
                     running.push(seq);

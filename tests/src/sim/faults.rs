@@ -9,6 +9,7 @@
 //! | `SIM_FAULT_HANG_AFTER_S=T` | the same, T seconds after start |
 //! | `SIM_FAULT_HANG_AT_START=1` | print the first load lines, then hang before ready |
 //! | `SIM_FAULT_STREAM_ERROR_AFTER_TOKENS=N` | every request fails after N tokens (SSE error event + `[DONE]`, or 500) |
+//! | `SIM_FAULT_CRASH_ON=MARKER` | exit abruptly (status 137) when the engine schedules a request whose prompt contains MARKER (a poison request) |
 //! | `SIM_FAULT_REFUSE_CONNECTIONS=1` | never accept HTTP connections (the port is bound but refuses) |
 //! | `SIM_LOG_INVALID_UTF8=1` | print a line with bytes that are not UTF-8 early in the start (native libraries do) |
 //! | `SIM_SPAWN_HELPER=1` | start a helper process (`sleep`), as vLLM starts its engine and worker processes, and log its pid |
@@ -44,6 +45,8 @@ pub(crate) struct Faults {
     stream_error_after_tokens: AtomicU64,
     pub(crate) refuse_connections: AtomicBool,
     pub(crate) hang_at_start: bool,
+    /// SIM_FAULT_CRASH_ON: a request whose prompt holds this crashes the engine.
+    crash_on: Option<String>,
     pub(crate) crash_after: Option<Duration>,
     pub(crate) hang_after: Option<Duration>,
 }
@@ -59,6 +62,7 @@ impl Faults {
             stream_error_after_tokens: AtomicU64::new(env_u64("SIM_FAULT_STREAM_ERROR_AFTER_TOKENS").unwrap_or(0)),
             refuse_connections: AtomicBool::new(env_u64("SIM_FAULT_REFUSE_CONNECTIONS") == Some(1)),
             hang_at_start: env_u64("SIM_FAULT_HANG_AT_START") == Some(1),
+            crash_on: std::env::var("SIM_FAULT_CRASH_ON").ok().filter(|m| !m.is_empty()),
             crash_after: env_secs("SIM_FAULT_CRASH_AFTER_S"),
             hang_after: env_secs("SIM_FAULT_HANG_AFTER_S"),
         }
@@ -67,6 +71,13 @@ impl Faults {
     /// Exits the process the way a killed rank does: no goodbye, status 137.
     pub(crate) fn crash(&self) -> ! {
         std::process::exit(137)
+    }
+
+    /// Whether any of `prompts` holds SIM_FAULT_CRASH_ON's marker.
+    pub(crate) fn is_poison(&self, prompts: &[&str]) -> bool {
+        self.crash_on
+            .as_deref()
+            .is_some_and(|m| prompts.iter().any(|p| p.contains(m)))
     }
 
     pub(crate) fn hang(&self) {

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use tokio::sync::mpsc;
 
 use super::{error, ApiError, App};
-use crate::sim::engine::{Event, Refused, ENGINE_DEAD};
+use crate::sim::engine::{Event, Refused, Submission, ENGINE_DEAD};
 use crate::sim::metrics::Finished;
 use crate::sim::text::{self, Output, ToolCall};
 
@@ -175,11 +175,17 @@ impl Job {
         let lookups: Vec<_> = tokens.iter().map(|t| app.prefix.lookup(t)).collect();
         let cached_tokens: usize = lookups.iter().map(|l| l.cached).sum();
         let (tx, rx) = mpsc::unbounded_channel();
+        let poison = app.engine.is_poison(prompts);
         for (index, c) in choices.iter().enumerate() {
-            match app
-                .engine
-                .submit(prompt_tokens, cached_tokens, c.total(), c.metric_finish(), index, &tx)
-            {
+            let sub = Submission {
+                prompt_tokens,
+                cached_tokens,
+                total: c.total(),
+                finish: c.metric_finish(),
+                index,
+                poison,
+            };
+            match app.engine.submit(sub, &tx) {
                 Ok(()) => {}
                 Err(Refused::Dead) => return Err(error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", ENGINE_DEAD, None)),
                 Err(Refused::QueueFull) => {

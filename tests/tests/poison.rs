@@ -1,0 +1,166 @@
+//! Poison requests against supervised vllm-sim ranks (SIM_FAULT_CRASH_ON makes the engine die
+//! when it schedules a marked request): the gateway quarantines a request that crashes the
+//! engine instead of requeueing it into every new epoch, answers it `request_crashed_engine`,
+//! refuses the same body afterwards, and the group comes back and serves — never `failed`. A
+//! bystander in flight at the crash is sent again and answered. The issue's reproducer (a batch
+//! with n = 10⁹) is refused before it reaches a rank.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sparkgate_tests::harness::{binary_next_to, request, Gateway, HttpResponse};
+
+const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
+const KEY: &str = "sk-poison-test-key";
+const MARK: &str = "POISON-7f3a";
+
+fn gateway(extra: &[(&str, &str)]) -> (Gateway, tempfile::TempDir) {
+    let logs = tempfile::tempdir().unwrap();
+    let mut env = vec![("SIM_FAULT_CRASH_ON", MARK), ("API_KEYS", KEY)];
+    env.extend_from_slice(extra);
+    let gw = Gateway::supervise(
+        &binary_next_to(SIM, "sparkgate"),
+        SIM,
+        "deepseek-v4.1-flash",
+        logs.path(),
+        &env,
+    );
+    (gw, logs)
+}
+
+fn post(gw: &Gateway, path: &str, body: &Value) -> HttpResponse {
+    let auth = format!("Bearer {KEY}");
+    request(
+        gw.addr,
+        "POST",
+        path,
+        &[("Authorization", &auth), ("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+}
+
+fn chat(content: &str, max_tokens: u32) -> Value {
+    json!({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "ignore_eos": true,
+           "chat_template_kwargs": {"enable_thinking": false}})
+}
+
+fn restarts(gw: &Gateway) -> u64 {
+    gw.status()["supervisor"]["restarts"].as_u64().unwrap()
+}
+
+fn assert_crashed_engine(r: &HttpResponse) {
+    assert_eq!(r.status, 400, "{}", r.text());
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.starts_with("request_crashed_engine"), "{message}");
+}
+
+fn wait_serving(gw: &Gateway, epoch: u64) {
+    gw.wait_status(&format!("ready in epoch {epoch}"), |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == epoch && s["ready"] == true
+    });
+}
+
+fn metric(gw: &Gateway, line: &str) -> bool {
+    let auth = format!("Bearer {KEY}");
+    let text = request(gw.addr, "GET", "/metrics", &[("Authorization", &auth)], b"").text();
+    text.lines().any(|l| l == line)
+}
+
+#[test]
+fn a_request_that_crashes_the_engine_alone_is_quarantined_within_one_restart() {
+    let (gw, _logs) = gateway(&[]);
+    // The issue's reproducer never reaches a rank.
+    let batch = json!({"messages": [[{"role": "user", "content": "hi"}]], "max_tokens": 4, "n": 1_000_000_000});
+    let r = post(&gw, "/v1/chat/completions/batch", &batch);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(restarts(&gw), 0);
+
+    let poison = chat(&format!("{MARK} summarise this"), 8);
+    let started = Instant::now();
+    let r = post(&gw, "/v1/chat/completions", &poison);
+    assert_crashed_engine(&r);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let id = r.header("x-request-id").unwrap().to_owned();
+    wait_serving(&gw, 2);
+    assert_eq!(post(&gw, "/v1/chat/completions", &chat("hello", 4)).status, 200);
+    // The same body again: refused at arrival, no second crash.
+    let again = post(&gw, "/v1/chat/completions", &poison);
+    assert_crashed_engine(&again);
+    assert_eq!(restarts(&gw), 1, "one restart: the crash itself");
+    assert_eq!(gw.status()["supervisor"]["epoch"], 2);
+    assert!(metric(
+        &gw,
+        r#"sparkgate_quarantined_requests_total{stage="dispatch"} 1"#
+    ));
+    assert!(metric(
+        &gw,
+        r#"sparkgate_quarantined_requests_total{stage="arrival"} 1"#
+    ));
+    let log = gw.proc.log().join("\n");
+    let line = log
+        .lines()
+        .find(|l| l.contains("request_crashed_engine: quarantined") && l.contains(&id))
+        .unwrap_or_else(|| panic!("a log line names the request {id}:\n{log}"));
+    assert!(line.contains("ERROR") && line.contains("client=\"key:"), "{line}");
+    assert!(!log.contains(KEY), "the key itself is never logged");
+}
+
+#[test]
+fn a_poison_request_beside_a_bystander_is_quarantined_and_the_bystander_answered() {
+    // Slow enough that the bystander is still running when the poison request arrives.
+    let (gw, _logs) = gateway(&[("SIM_SPEED", "2"), ("RESTART_BUDGET", "3")]);
+    let addr = gw.addr;
+    let bystander = std::thread::spawn(move || {
+        let auth = format!("Bearer {KEY}");
+        request(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("Authorization", &auth), ("Content-Type", "application/json")],
+            chat("explain tensor parallelism", 60).to_string().as_bytes(),
+        )
+    });
+    gw.wait_status("the bystander running", |s| s["admission"]["in_flight"] == 1);
+    let r = post(&gw, "/v1/chat/completions", &chat(&format!("{MARK} now"), 8));
+    assert_crashed_engine(&r);
+    let b = bystander.join().unwrap();
+    assert_eq!(b.status, 200, "the bystander was sent again and answered: {}", b.text());
+    let s = gw.wait_status("serving after the crashes", |s| {
+        s["supervisor"]["state"] == "ready" && s["ready"] == true
+    });
+    assert_eq!(
+        s["supervisor"]["restarts"],
+        2,
+        "one crash with both in flight, one with the poison on probation: {s}\n{}",
+        gw.proc.log().join("\n")
+    );
+    assert_eq!(post(&gw, "/v1/chat/completions", &chat("hello", 4)).status, 200);
+    assert!(metric(
+        &gw,
+        r#"sparkgate_quarantined_requests_total{stage="dispatch"} 1"#
+    ));
+}
+
+#[test]
+fn a_poison_stream_is_ended_and_its_body_refused_afterwards() {
+    let (gw, _logs) = gateway(&[]);
+    let mut poison = chat(&format!("{MARK} stream"), 8);
+    poison["stream"] = json!(true);
+    let first = post(&gw, "/v1/chat/completions", &poison);
+    // The engine dies before or after the stream's head went out: a 400, or an error event.
+    if first.status == 200 {
+        let text = first.text();
+        assert!(
+            text.contains("\"error\"") && text.ends_with("data: [DONE]\n\n"),
+            "{text}"
+        );
+    } else {
+        assert_crashed_engine(&first);
+    }
+    wait_serving(&gw, 2);
+    // The cut stream's verdict landed when the supervisor confirmed the loss, before the
+    // group came back.
+    assert_crashed_engine(&post(&gw, "/v1/chat/completions", &poison));
+    assert_eq!(restarts(&gw), 1, "no second crash");
+    assert_eq!(post(&gw, "/v1/chat/completions", &chat("hello", 4)).status, 200);
+}
