@@ -38,6 +38,14 @@ impl UpstreamMetrics {
     }
 }
 
+/// Rank 0's requests and engine steps now, read fresh (not from the cache).
+pub(crate) async fn engine_progress(upstream: &Upstream) -> Option<sparkgate_supervisor::Progress> {
+    let text = fetch(upstream).await?;
+    Some(sparkgate_supervisor::Progress::of_exposition(&String::from_utf8_lossy(
+        &text,
+    )))
+}
+
 async fn fetch(upstream: &Upstream) -> Option<Bytes> {
     let headers = HeaderMap::new();
     let send = upstream.send(Method::GET, "/metrics", &headers, "metrics", Bytes::new());

@@ -31,6 +31,7 @@ pub(crate) const AFFINITY_WAITS: &str = "sparkgate_affinity_waits_total";
 pub(crate) const BODY_TIMEOUTS: &str = "sparkgate_body_timeouts_total";
 pub(crate) const SUSPECTS: &str = "sparkgate_poison_suspects_total";
 pub(crate) const QUARANTINED: &str = "sparkgate_quarantined_requests_total";
+pub(crate) const ABORT_FENCE_SECONDS: &str = "sparkgate_abort_fence_seconds";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
@@ -46,6 +47,7 @@ pub(crate) fn metrics_handle() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
         let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(OVERHEAD_SECONDS.into()), FINE_BUCKETS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(ABORT_FENCE_SECONDS.into()), FINE_BUCKETS))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS))
             .expect("static buckets are valid")
             .install_recorder()
@@ -74,6 +76,11 @@ fn describe() {
         "Time from request to the first streamed event."
     );
     describe_histogram!(ITL_SECONDS, Unit::Seconds, "Gap between streamed events.");
+    describe_histogram!(
+        ABORT_FENCE_SECONDS,
+        Unit::Seconds,
+        "How long a cut stream's slots were kept until rank 0 had let go of its request, by outcome (released when vLLM's running + waiting allowed it, timed_out after 2 s)."
+    );
     describe_counter!(
         TOKENS,
         "Completion tokens generated, by speculation mode (from upstream usage)."

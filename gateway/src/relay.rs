@@ -65,7 +65,7 @@ enum Woke {
     Deadline,
 }
 
-struct Relay {
+pub(crate) struct Relay {
     body: Option<UpstreamBody>,
     buf: BytesMut,
     scanned: usize,
@@ -86,6 +86,8 @@ struct Relay {
     closing: ClosingWatch,
     saw_done: bool,
     done: bool,
+    /// The upstream's answer ended by itself (vLLM has let go of the request).
+    upstream_ended: bool,
     outcome: &'static str,
 }
 
@@ -296,6 +298,7 @@ impl Relay {
             }),
             Woke::Frame(None) if self.body.is_none() => self.done = true,
             Woke::Frame(None) => {
+                self.upstream_ended = true;
                 if self.saw_done || self.ctx.framing == Framing::Responses {
                     for h in std::mem::take(&mut self.held) {
                         self.out.push_back(Bytes::from(h));
@@ -396,6 +399,7 @@ impl Relay {
             usage: observe::Usage::default(),
             saw_done: false,
             done: false,
+            upstream_ended: false,
             outcome: "completed",
         }
     }
@@ -404,11 +408,16 @@ impl Relay {
 /// The client-facing event stream for one upstream SSE response, as a response body: each poll
 /// sends what is queued (everything ready as one frame: one write for events that arrived
 /// together), else waits for the next wake-up (`Woke`).
-pub(crate) fn relay(
-    upstream: UpstreamBody,
-    ctx: RelayCtx,
-) -> impl http_body::Body<Data = Bytes, Error = Infallible> + Send + Unpin {
+pub(crate) fn relay(upstream: UpstreamBody, ctx: RelayCtx) -> Relay {
     Relay::new(Some(upstream), ctx)
+}
+
+impl Relay {
+    /// The stream stopped before vLLM's answer ended (the client left, or the gateway cut it):
+    /// vLLM may still hold the request until it sees the connection close.
+    pub(crate) fn cut_upstream(&self) -> bool {
+        !self.upstream_ended
+    }
 }
 
 impl http_body::Body for Relay {

@@ -21,13 +21,31 @@ pub(crate) struct Probe {
 
 /// vLLM's counters that show whether rank 0 is making progress.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Progress {
-    pub(crate) running: f64,
-    pub(crate) waiting: f64,
-    pub(crate) generated: f64,
+pub struct Progress {
+    pub running: f64,
+    pub waiting: f64,
+    pub generated: f64,
     /// Engine steps so far: the count of `vllm:iteration_tokens_total`, one observation per
     /// step, prefill chunks included — the engine's heartbeat.
-    pub(crate) steps: f64,
+    pub steps: f64,
+}
+
+impl Progress {
+    /// Read from rank 0's `/metrics` text (every engine's samples summed).
+    pub fn of_exposition(text: &str) -> Progress {
+        let value = |name: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        Progress {
+            running: value("vllm:num_requests_running"),
+            waiting: value("vllm:num_requests_waiting"),
+            generated: value("vllm:generation_tokens_total"),
+            steps: value("vllm:iteration_tokens_total_count"),
+        }
+    }
 }
 
 /// How long a watch probe may take: a rank that does not answer within this is not well.
@@ -132,18 +150,6 @@ impl Probe {
         if status != 200 {
             return None;
         }
-        let text = String::from_utf8_lossy(&body);
-        let value = |name: &str| {
-            text.lines()
-                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>()
-        };
-        Some(Progress {
-            running: value("vllm:num_requests_running"),
-            waiting: value("vllm:num_requests_waiting"),
-            generated: value("vllm:generation_tokens_total"),
-            steps: value("vllm:iteration_tokens_total_count"),
-        })
+        Some(Progress::of_exposition(&String::from_utf8_lossy(&body)))
     }
 }

@@ -24,13 +24,12 @@ use sparkgate_supervisor::GroupState;
 use tokio::net::TcpListener;
 
 use crate::admin;
-use crate::admission::Permit;
 use crate::app::{App, Shared};
 use crate::body::{check_content_type, Prepared};
 use crate::clients::Caller;
 use crate::edge::RequestId;
 use crate::error::GatewayError;
-use crate::groups::{Group, Groups, Lease, Upstreams};
+use crate::groups::{Group, Groups, Upstreams};
 use crate::normalize::Api;
 use crate::observe;
 use crate::quarantine::{Dispatched, Stage, Suspect, Verdict};
@@ -38,6 +37,7 @@ use crate::relay::{relay, RelayCtx};
 use crate::routes::{Framing, Role, Route};
 use crate::state::{GatewayControl, Lifecycle, UpstreamState};
 use crate::upstream::{is_hop_by_hop, UpstreamBody, UpstreamError};
+use hold::HoldPermit;
 
 /// A request on an upstream route (`routes::ROUTES`): the methods it answers, then its role's
 /// handler. Called by `dispatch` after the edge steps, without a router in between.
@@ -80,6 +80,8 @@ pub(crate) fn own_routes(app: Shared) -> Router {
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         .with_state(app)
 }
+
+mod hold;
 
 /// The supervisor is (re)starting the group: read from its status directly, which changes
 /// before the ranks go down, so no request races the gateway's own mirror of it.
@@ -169,44 +171,6 @@ fn response_head(upstream: &mut hyper::Response<UpstreamBody>) -> axum::http::re
         *h = headers;
     }
     b
-}
-
-/// A response body that keeps the admission permit until it is fully sent or dropped — the
-/// one holder of a generation's permit, streamed (around the relay) or not.
-struct HoldPermit<B> {
-    inner: B,
-    /// The group's slot, then the admission's (a tuple drops its fields in order): the waiter
-    /// the permit's release admits finds the group's slot free.
-    _held: (Lease, Permit),
-}
-
-impl<B> HoldPermit<B> {
-    fn new(inner: B, permit: Permit, lease: Lease) -> Self {
-        Self {
-            inner,
-            _held: (lease, permit),
-        }
-    }
-}
-
-impl<B> http_body::Body for HoldPermit<B>
-where
-    B: http_body::Body<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
-    }
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 async fn generate(

@@ -1,0 +1,75 @@
+//! The one holder of a generation's admission permit and group lease: its response body.
+
+use bytes::Bytes;
+
+use crate::admission::Permit;
+use crate::groups::Lease;
+
+/// A response body that keeps the admission permit until it is fully sent or dropped — the
+/// one holder of a generation's permit, streamed (around the relay) or not. A stream cut before
+/// vLLM's answer ended keeps its slots until vLLM has let go of the request
+/// (`Lease::release_after_abort`): a queued request sent at once would find vLLM still holding
+/// the old one and run over MAX_NUM_SEQS.
+pub(super) struct HoldPermit<B: Cut> {
+    inner: B,
+    /// The group's slot, then the admission's (a tuple drops its fields in order): the waiter
+    /// the permit's release admits finds the group's slot free.
+    held: Option<(Lease, Permit)>,
+}
+
+/// Whether a response body stopped before vLLM's answer ended.
+pub(super) trait Cut {
+    fn cut_upstream(&self) -> bool;
+}
+
+impl Cut for crate::relay::Relay {
+    fn cut_upstream(&self) -> bool {
+        crate::relay::Relay::cut_upstream(self)
+    }
+}
+
+impl Cut for http_body_util::Full<Bytes> {
+    /// A whole answer: vLLM finished it before the gateway had it.
+    fn cut_upstream(&self) -> bool {
+        false
+    }
+}
+
+impl<B: Cut> HoldPermit<B> {
+    pub(super) fn new(inner: B, permit: Permit, lease: Lease) -> Self {
+        Self {
+            inner,
+            held: Some((lease, permit)),
+        }
+    }
+}
+
+impl<B: Cut> Drop for HoldPermit<B> {
+    fn drop(&mut self) {
+        if let Some((lease, permit)) = self.held.take() {
+            if self.inner.cut_upstream() {
+                lease.release_after_abort(permit);
+            }
+        }
+    }
+}
+
+impl<B> http_body::Body for HoldPermit<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin + Cut,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
