@@ -32,6 +32,10 @@ pub(crate) const BODY_TIMEOUTS: &str = "sparkgate_body_timeouts_total";
 pub(crate) const SUSPECTS: &str = "sparkgate_poison_suspects_total";
 pub(crate) const QUARANTINED: &str = "sparkgate_quarantined_requests_total";
 pub(crate) const ABORT_FENCE_SECONDS: &str = "sparkgate_abort_fence_seconds";
+pub(crate) const CLIENT_GONE: &str = "sparkgate_client_gone_total";
+
+/// Where a generation's client left before its answer began (`server::Waiting`, in order).
+pub(crate) const CLIENT_GONE_STAGES: [&str; 3] = ["request", "queue", "upstream"];
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
@@ -90,6 +94,10 @@ fn describe() {
     describe_gauge!(IN_FLIGHT, "Sequences admitted and not yet finished.");
     describe_counter!(REJECTIONS, "Requests refused by admission, by reason.");
     describe_counter!(
+        CLIENT_GONE,
+        "Generations whose client left before the answer began, by where they waited (request, queue, upstream)."
+    );
+    describe_counter!(
         SUSPECTS,
         "Requests in flight when their rank group was lost, sent again as suspects (a second loss quarantines them)."
     );
@@ -135,6 +143,9 @@ fn register() {
     counter!(EXTRA_BODY_REPAIRS).absolute(0);
     counter!(BODY_TIMEOUTS).absolute(0);
     counter!(SUSPECTS).absolute(0);
+    for stage in CLIENT_GONE_STAGES {
+        counter!(CLIENT_GONE, "stage" => stage).absolute(0);
+    }
     for stage in QUARANTINE_STAGES {
         counter!(QUARANTINED, "stage" => stage).absolute(0);
     }

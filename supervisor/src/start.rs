@@ -54,6 +54,29 @@ pub(crate) enum StartError {
     Cancelled,
 }
 
+/// A fresh epoch's directory left by an earlier gateway (one killed before it could clean up,
+/// whose epochs counted from 1 too) is renamed `epoch-N.before-UNIXTIME`, so the new ranks'
+/// logs start their own files and the old ones stay for a post-mortem. An adopted rank's epoch
+/// never comes here: its file continues.
+fn set_aside(dir: &std::path::Path) {
+    if !dir.exists() {
+        return;
+    }
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut aside = dir.as_os_str().to_owned();
+    aside.push(format!(".before-{at}"));
+    match std::fs::rename(dir, &aside) {
+        Ok(()) => {
+            tracing::info!(from = %dir.display(), to = %std::path::Path::new(&aside).display(), "an earlier gateway's logs of this epoch were set aside")
+        }
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not set an earlier gateway's epoch logs aside; the new ranks append to them")
+        }
+    }
+}
+
 impl Starter {
     pub(crate) fn mode(&self, mode: SpecMethod) -> &ModePlan {
         self.modes.iter().find(|m| m.mode == mode).unwrap_or(&self.modes[0])
@@ -74,6 +97,7 @@ impl Starter {
         mut cancel: watch::Receiver<bool>,
     ) -> Result<(), StartError> {
         let dir = self.epoch_dir(epoch);
+        set_aside(&dir);
         let mut order = self.mode(mode).plan.ranks.clone();
         order.sort_by_key(|r| std::cmp::Reverse(r.rank));
         for plan in &order {

@@ -173,6 +173,21 @@ fn a_client_that_leaves_the_queue_frees_its_place_at_once() {
         );
         std::thread::sleep(Duration::from_millis(2));
     }
+    // Its leaving is on record: a log line and a count.
+    gw.proc.wait_for("the client left before its answer began");
+    assert!(
+        gw.proc
+            .log()
+            .iter()
+            .any(|l| l.contains("the client left before its answer began") && l.contains("stage=\"queue\"")),
+        "{}",
+        gw.proc.log().join("\n")
+    );
+    let metrics = request(addr, "GET", "/metrics", &[], b"").text();
+    assert!(
+        metrics.contains(r#"sparkgate_client_gone_total{stage="queue"} 1"#),
+        "{metrics}"
+    );
     // Its place is free: another request can queue (depth 1) instead of getting 429.
     let waiting = std::thread::spawn(move || {
         post_json(

@@ -286,6 +286,37 @@ fn the_demo_serves_the_smoke_request() {
 }
 
 #[test]
+fn a_demo_with_its_own_log_dir_keeps_it_and_says_so() {
+    let logs = tempfile::tempdir().unwrap();
+    let log_dir = logs.path().join("demo-logs");
+    let port = sparkgate_tests::harness::free_port().to_string();
+    let env = [
+        ("SIM_LOAD_SECONDS", "0"),
+        ("SIM_SPEED", "20"),
+        ("LOG_DIR", log_dir.to_str().unwrap()),
+    ];
+    let args = ["demo".to_owned(), "--port".to_owned(), port];
+    let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate(), &args, &env);
+    let banner = proc.wait_for("  logs: ");
+    assert!(banner.contains(log_dir.to_str().unwrap()), "{banner}");
+    assert!(
+        !banner.contains("removed on exit"),
+        "a LOG_DIR the user set is kept: {banner}"
+    );
+    let addr = sparkgate_tests::harness::addr_in(&proc.wait_for("sparkgate listening on http://"));
+    let gw = Gateway { proc, addr };
+    gw.wait_ready();
+    let mut proc = gw.proc;
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &proc.pid().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    assert!(proc.wait_exit(Duration::from_secs(60)).success());
+    assert!(log_dir.join("epoch-1/rank0.log").is_file(), "the logs are still there");
+}
+
+#[test]
 fn two_demos_run_side_by_side_and_each_removes_its_logs_on_exit() {
     // Only the public ports are given: vLLM's and the rendezvous port are picked free.
     let ports = [

@@ -190,6 +190,15 @@ fn stopped_rank_is_restarted(rank: u64, work: Work) {
     let waiting = send_while_stalled(&gw);
     let status = restarted(&gw, 1);
     assert_detected_within_stall_timeout(&status);
+    // The stall is logged when it begins (and every 10 s while it lasts), not once a second.
+    let log = gw.proc.log();
+    let stall_lines: Vec<&String> = log.iter().filter(|l| l.to_lowercase().contains("stall")).collect();
+    assert!(
+        (1..=3).contains(&stall_lines.len()),
+        "{} lines on the stall:\n{}",
+        stall_lines.len(),
+        log.join("\n")
+    );
     if rank == 1 {
         let reason = status["supervisor"]["last_restart"]["reason"].as_str().unwrap();
         assert!(

@@ -204,6 +204,24 @@ fn a_killed_gateway_takes_its_ranks_with_it() {
             "rank {pid} outlived its SIGKILLed gateway"
         );
     }
+    // The next gateway counts epochs from 1 again: its ranks' logs start files of their own,
+    // and the killed gateway's are set aside, not appended to.
+    let old = std::fs::read_to_string(logs.path().join("epoch-1/rank0.log")).unwrap();
+    let next = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), &[]);
+    assert_eq!(next.status()["supervisor"]["epoch"], 1);
+    let fresh = std::fs::read_to_string(logs.path().join("epoch-1/rank0.log")).unwrap();
+    assert!(
+        !fresh.contains(&old),
+        "the new rank 0 log does not continue the old one"
+    );
+    let aside: Vec<String> = std::fs::read_dir(logs.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("epoch-1.before-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    let kept = std::fs::read_to_string(logs.path().join(&aside[0]).join("rank0.log")).unwrap();
+    assert_eq!(kept, old, "the killed gateway's log is kept whole");
 }
 
 #[test]

@@ -82,9 +82,12 @@ pub(super) fn serve(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> any
             "sparkgate listening on http://{local}"
         );
         if let Mode::Demo(logs) = &run {
+            // A LOG_DIR the user set is theirs: only the demo's own temporary one is removed.
             let kept = match logs {
-                Logs::RemoveOnExit(_) => " (removed on exit; --keep-logs keeps it)",
-                Logs::Keep => "",
+                Logs::RemoveOnExit(temp) if *temp == config.supervision.log_dir => {
+                    " (removed on exit; --keep-logs keeps it)"
+                }
+                Logs::RemoveOnExit(_) | Logs::Keep => "",
             };
             eprintln!(
                 "\nsparkgate demo: {} with two simulated ranks (vllm-sim) on http://{local}/v1\n  logs: {}{kept}\n  try:  curl -s http://{local}/v1/chat/completions -H 'Content-Type: application/json' \\\n          -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"What is 17*19? Reply with the integer only.\"}}],\"max_tokens\":32,\"chat_template_kwargs\":{{\"enable_thinking\":false}}}}'\n  stop: Ctrl-C\n",

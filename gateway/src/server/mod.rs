@@ -184,7 +184,9 @@ async fn generate(
 ) -> Response {
     let started = Instant::now();
     let label = route.label;
-    let result = generate_inner(app, &id.0, headers, body, api, route, started, caller).await;
+    let pending = Pending::new(&id.0, label, started);
+    let result = generate_inner(app, &id.0, headers, body, api, route, &pending, caller).await;
+    pending.answered();
     let (resp, whole) = match result {
         // A stream's line is written by the relay when the stream ends.
         Ok(Reply::Stream(resp)) => (resp, None),
@@ -220,6 +222,67 @@ async fn generate(
     resp
 }
 
+/// Where a generation waits for its answer to begin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Waiting {
+    /// Reading and checking the request.
+    Request = 0,
+    /// In the admission queue.
+    Queue = 1,
+    /// Sent to vLLM (or waiting for its group to come back).
+    Upstream = 2,
+}
+
+/// A generation whose answer has not begun: if its client leaves first (hyper drops the
+/// handler), the drop says so in the log and in `sparkgate_client_gone_total{stage}`.
+struct Pending<'a> {
+    request_id: &'a str,
+    route: &'static str,
+    started: Instant,
+    /// A `Waiting` (atomics: the handler's future moves between threads).
+    at: std::sync::atomic::AtomicU8,
+    open: std::sync::atomic::AtomicBool,
+}
+
+impl<'a> Pending<'a> {
+    fn new(request_id: &'a str, route: &'static str, started: Instant) -> Self {
+        Pending {
+            request_id,
+            route,
+            started,
+            at: std::sync::atomic::AtomicU8::new(Waiting::Request as u8),
+            open: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    fn at(&self, waiting: Waiting) {
+        self.at.store(waiting as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The handler returned: its own line says how it ended.
+    fn answered(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.open.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let stage = observe::CLIENT_GONE_STAGES[usize::from(self.at.load(std::sync::atomic::Ordering::Relaxed))];
+        counter!(observe::CLIENT_GONE, "stage" => stage).increment(1);
+        tracing::info!(
+            request_id = self.request_id,
+            route = self.route,
+            stage,
+            waited_ms = self.started.elapsed().as_millis() as u64,
+            "the client left before its answer began"
+        );
+    }
+}
+
 /// What a generation answered: a stream (the relay writes its log line when it ends), or a
 /// whole body with its usage.
 enum Reply {
@@ -239,9 +302,10 @@ async fn generate_inner(
     body: Incoming,
     api: Api,
     route: &'static Route,
-    started: Instant,
+    pending: &Pending<'_>,
     caller: Caller,
 ) -> Result<Reply, GatewayError> {
+    let started = pending.started;
     check_content_type(&headers)?;
     let bytes = crate::body::read(body, &app.body).await?;
     let Prepared {
@@ -281,6 +345,7 @@ async fn generate_inner(
     if app.groups.all().len() > 1 && seqs.total() > app.groups.largest_capacity() {
         return Err(seqs.refusal(app.groups.largest_capacity()));
     }
+    pending.at(Waiting::Queue);
     let mut permit = admission
         .acquire_for(seqs.total(), forward.len(), &client, prefer)
         .await
@@ -289,6 +354,7 @@ async fn generate_inner(
             e => e,
         })?;
     let waited = queued_at.elapsed();
+    pending.at(Waiting::Upstream);
     observe::queue_wait(waited.as_secs_f64());
     let snap = app.control.snapshot();
     observe::admission(snap.queued, snap.in_use);
