@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use metrics::counter;
 
+use crate::clients::Caller;
 use crate::groups::Group;
 use crate::observe;
 
@@ -196,8 +197,8 @@ pub(crate) struct Suspect {
     pub(crate) body: Bytes,
     pub(crate) dispatched: Dispatched,
     pub(crate) request_id: String,
-    /// Who sent it, as a log line may name them (`Caller::label`).
-    pub(crate) client: String,
+    /// Who sent it (named in a log line only, by `Caller::label`).
+    pub(crate) client: Caller,
 }
 
 impl Suspect {
@@ -221,7 +222,8 @@ impl Suspect {
 
     fn record(&self, loss: Loss) -> Verdict {
         let verdict = self.quarantine.strike(&self.body, loss);
-        let (request_id, client) = (self.request_id.as_str(), self.client.as_str());
+        let (request_id, client) = (self.request_id.as_str(), self.client.label());
+        let client = client.as_str();
         let group = self.dispatched.group.name.as_str();
         match verdict {
             Verdict::Suspect => {

@@ -410,7 +410,7 @@ async fn generate_inner(
                         body: forward.clone(),
                         dispatched,
                         request_id: request_id.to_owned(),
-                        client: caller.label(),
+                        client: caller.clone(),
                     };
                     if suspect.judge() == Verdict::Quarantined {
                         return Err(quarantined(request_id, &caller, Stage::Dispatch));
@@ -452,7 +452,7 @@ async fn generate_inner(
                 body: forward.clone(),
                 dispatched,
                 request_id: request_id.to_owned(),
-                client: caller.label(),
+                client: caller,
             }),
         };
         let events = relay(upstream.into_body(), ctx);
