@@ -75,7 +75,7 @@ pub enum GatewayError {
     UpstreamBroke,
     #[error("the model's stream ended before it finished")]
     UpstreamTruncated,
-    #[error("request_crashed_engine: the model's engine was lost {} this request (request id {request_id}); it is not sent again, and the same request is refused for an hour", if *at_arrival { "earlier under" } else { "twice under, or at once and alone with," })]
+    #[error("request_crashed_engine: {} (request id {request_id})", if *at_arrival { "the model's engine was lost twice under this request's body; it is refused for an hour" } else { "the model's engine was lost under this request (twice, or at once while it ran alone); it is not sent again" })]
     RequestCrashedEngine { request_id: String, at_arrival: bool },
     #[error("the gateway is shutting down; retry later")]
     ShuttingDown,
@@ -136,7 +136,8 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest { .. }
             | GatewayError::TooManySequences { .. }
-            | GatewayError::OverCapacity { .. } => "BadRequestError",
+            | GatewayError::OverCapacity { .. }
+            | GatewayError::RequestCrashedEngine { .. } => "BadRequestError",
             GatewayError::UnsupportedMediaType | GatewayError::InvalidJson(_) => "Bad Request",
             GatewayError::ModelNotFound { .. } => "NotFoundError",
             other => other.status().canonical_reason().unwrap_or("Error"),

@@ -64,9 +64,9 @@ pub(crate) struct Normalized {
 }
 
 /// The sequences a request makes vLLM run at once — each holds one of MAX_NUM_SEQS: `n` per
-/// prompt of a completion (and of a completions-shaped `/invocations`), per conversation of a
-/// batch, per request everywhere else (Messages and Responses have no `n`). Beam search runs
-/// `n` beams, so `n` counts it too.
+/// prompt of a completion (and of a completions-shaped `/invocations`), one per conversation of
+/// a batch (vLLM refuses a batch's `n` but 1), `n` per request everywhere else that has `n`
+/// (Messages and Responses have none). Beam search runs `n` beams, so `n` counts it too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sequences {
     pub(crate) n: u32,
@@ -84,9 +84,11 @@ pub(crate) enum Per {
 impl Sequences {
     /// The one count, from the normalised body (and the prompt count read from the raw one).
     fn of(api: Api, body: &Map<String, Value>, prompts: Option<u32>) -> Result<Sequences, GatewayError> {
-        // Only the OpenAI request models with `n` read it (Messages and Responses have none).
+        // Only the OpenAI request models with `n` read it (Messages and Responses have none);
+        // a batch refuses any `n` but 1 itself (vLLM's `check_batch_mode`), so it runs one
+        // sequence per conversation.
         let n = match api {
-            Api::Chat | Api::Completions | Api::Batch => lax_count(body.get("n")),
+            Api::Chat | Api::Completions => lax_count(body.get("n")),
             _ => 1,
         };
         let per = match (api, body.get("messages")) {
@@ -119,7 +121,7 @@ impl Sequences {
         let (what, param) = match self.per {
             Per::Request => (format!("n={}", self.n), "n"),
             Per::Prompts(p) => (format!("{p} prompt(s) × n={}", self.n), "prompt"),
-            Per::Conversations(c) => (format!("{c} conversation(s) × n={}", self.n), "messages"),
+            Per::Conversations(c) => (format!("{c} conversation(s)"), "messages"),
         };
         GatewayError::TooManySequences {
             message: format!(

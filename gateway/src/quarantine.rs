@@ -1,10 +1,15 @@
-//! Poison requests: a request whose rank group was lost while vLLM held it is a suspect, and
-//! one that is caught twice — or at once, when it ran alone and the group died within
-//! [`POISON_WINDOW`] of its dispatch — is quarantined: it is not sent again, it ends with
-//! `request_crashed_engine`, and the same body sent again is refused at arrival for [`TTL`].
-//! Without this guard the gateway requeues such a request into every new epoch (a request
-//! that never reached a rank must not fail with it) until the restart budget is spent and the
-//! group is `failed` for everyone.
+//! Poison requests: a request vLLM held when its rank group was lost is a suspect. It is
+//! quarantined — not sent again, ended with `request_crashed_engine` — when the evidence names
+//! it: it ran alone and the group died within [`POISON_WINDOW`] of its dispatch; or its body was
+//! lost under twice and no other suspect ran beside it the second time; or three times. A body
+//! quarantined after two losses or more is refused at arrival for [`TTL`]. A body lost under
+//! twice runs on probation — no other such suspect beside it on its group — so a bystander that
+//! shared two crashes with a poison request is told apart from it by the third.
+//!
+//! A single random crash (an OOM kill, an operator's SIGKILL, a hung collective) costs its
+//! bystanders nothing: they are sent again at once, side by side. A stream cut by a loss already
+//! ended with its error event; only the strong evidence (alone, soon) is recorded against its
+//! body.
 //!
 //! Requests are known by a fingerprint of the body forwarded upstream, computed only when a
 //! loss is judged and, at arrival, only while something is on record; the record is a bounded
@@ -37,6 +42,8 @@ pub(crate) struct Loss {
     pub(crate) alone: bool,
     /// The loss came within [`POISON_WINDOW`] of its dispatch.
     pub(crate) soon: bool,
+    /// No other suspect ran on the group from its dispatch to the loss.
+    pub(crate) lone_suspect: bool,
 }
 
 /// What the gateway does with a request whose group was lost under it.
@@ -48,19 +55,41 @@ pub(crate) enum Verdict {
     Quarantined,
 }
 
-/// The rule: the second loss under the same body, or a first one that can only be its own.
+/// The rule, for the `strikes`-th loss under a body.
 pub(crate) fn judge(strikes: u32, loss: Loss) -> Verdict {
-    if strikes >= 2 || (loss.alone && loss.soon) {
+    let named = (loss.alone && loss.soon) || (strikes >= 2 && loss.lone_suspect) || strikes >= 3;
+    if named {
         Verdict::Quarantined
     } else {
         Verdict::Suspect
     }
 }
 
+/// What the record says of a body at arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Lost under this many times (0: never), not quarantined for it.
+    Struck(u32),
+    /// Quarantined after two losses or more: refused.
+    Refused,
+}
+
+impl Standing {
+    pub(crate) fn strikes(self) -> u32 {
+        match self {
+            Standing::Struck(n) => n,
+            Standing::Refused => u32::MAX,
+        }
+    }
+}
+
+/// Strikes from which a suspect runs on probation (no other such suspect beside it).
+pub(crate) const PROBATION_FROM: u32 = 2;
+
 #[derive(Debug, Clone, Copy)]
 struct Record {
     strikes: u32,
-    verdict: Verdict,
+    refused: bool,
     at: Instant,
     /// When it was last struck, in strikes counted: the oldest is forgotten first.
     order: u64,
@@ -88,24 +117,28 @@ pub(crate) fn fingerprint(body: &[u8]) -> u64 {
 }
 
 impl Quarantine {
-    /// What is on record for `body` (not forgotten since): a suspect runs on probation, a
-    /// quarantined body is refused. Costs nothing while the record is empty.
-    pub(crate) fn check(&self, body: &[u8]) -> Option<Verdict> {
+    /// What is on record for `body` (not forgotten since). Costs nothing while the record is
+    /// empty.
+    pub(crate) fn check(&self, body: &[u8]) -> Standing {
         if !self.any.load(Ordering::Relaxed) {
-            return None;
+            return Standing::Struck(0);
         }
         let records = self.records.lock().expect("quarantine");
-        let record = records.by_body.get(&fingerprint(body))?;
-        (record.at.elapsed() < TTL).then_some(record.verdict)
+        match records.by_body.get(&fingerprint(body)) {
+            Some(r) if r.at.elapsed() < TTL && r.refused => Standing::Refused,
+            Some(r) if r.at.elapsed() < TTL => Standing::Struck(r.strikes),
+            _ => Standing::Struck(0),
+        }
     }
 
     #[cfg(test)]
     fn holds(&self, body: &[u8]) -> bool {
-        self.check(body) == Some(Verdict::Quarantined)
+        self.check(body) == Standing::Refused
     }
 
-    /// Counts one loss under `body`; the verdict.
-    pub(crate) fn strike(&self, body: &[u8], loss: Loss) -> Verdict {
+    /// Counts one loss under `body`; the verdict on the request it was lost under, and the
+    /// body's strikes now.
+    pub(crate) fn strike(&self, body: &[u8], loss: Loss) -> (Verdict, u32) {
         let key = fingerprint(body);
         let now = Instant::now();
         let mut guard = self.records.lock().expect("quarantine");
@@ -117,21 +150,18 @@ impl Quarantine {
                 records.by_body.remove(&oldest);
             }
         }
-        let strikes = records.by_body.get(&key).map_or(0, |r| r.strikes) + 1;
+        let strikes = records.by_body.get(&key).map_or(0, |r| r.strikes).saturating_add(1);
         let verdict = judge(strikes, loss);
         records.struck += 1;
-        let order = records.struck;
-        records.by_body.insert(
-            key,
-            Record {
-                strikes,
-                verdict,
-                at: now,
-                order,
-            },
-        );
+        let record = Record {
+            strikes,
+            refused: verdict == Verdict::Quarantined && strikes >= 2,
+            at: now,
+            order: records.struck,
+        };
+        records.by_body.insert(key, record);
         self.any.store(true, Ordering::Relaxed);
-        verdict
+        (verdict, strikes)
     }
 
     /// Bodies on record, quarantined or suspected.
@@ -151,16 +181,24 @@ pub(crate) struct Dispatched {
     alone: bool,
     /// The group's lease count then (a later lease means something else ran beside it).
     routed: u64,
+    /// A suspect, and no other suspect was on the group when it was sent.
+    lone_suspect: bool,
+    /// The group's suspect lease count then.
+    suspects_routed: u64,
 }
 
 impl Dispatched {
-    /// Taken right after the request's lease on `group`, before it is sent.
-    pub(crate) fn now(group: Arc<Group>, seqs: u32) -> Dispatched {
+    /// Taken right after the request's lease on `group` (marked when it is a suspect), before
+    /// it is sent.
+    pub(crate) fn now(group: Arc<Group>, seqs: u32, suspect: bool) -> Dispatched {
+        let (in_flight, suspects_routed) = group.suspects();
         Dispatched {
             epoch: group.epoch(),
             at: Instant::now(),
             alone: group.in_use() <= seqs,
             routed: group.routed(),
+            lone_suspect: suspect && in_flight == 1,
+            suspects_routed,
             group,
         }
     }
@@ -170,6 +208,7 @@ impl Dispatched {
         Loss {
             alone: self.alone && self.group.routed() == self.routed,
             soon: self.at.elapsed() <= POISON_WINDOW,
+            lone_suspect: self.lone_suspect && self.group.suspects().1 == self.suspects_routed,
         }
     }
 }
@@ -202,17 +241,22 @@ pub(crate) struct Suspect {
 }
 
 impl Suspect {
-    /// Strikes its body for a loss noticed now; logs and counts the verdict.
-    pub(crate) fn judge(self) -> Verdict {
+    /// Strikes its body for a loss noticed now; logs and counts the verdict. Also the body's
+    /// strikes now.
+    pub(crate) fn judge(self) -> (Verdict, u32) {
         let loss = self.dispatched.loss();
         self.record(loss)
     }
 
-    /// A stream cut under the request: judged once its group's supervisor has confirmed the
-    /// loss (a broken connection alone is not one). The client already has the stream's error
-    /// event; the verdict guards the next time the same body comes.
+    /// A stream cut under the request: once its group's supervisor has confirmed the loss (a
+    /// broken connection alone is not one), the strong evidence — it ran alone and the group
+    /// died soon after its dispatch — is recorded against its body. The client already has
+    /// the stream's error event.
     pub(crate) fn on_cut(self) {
         let loss = self.dispatched.loss();
+        if !(loss.alone && loss.soon) {
+            return;
+        }
         tokio::spawn(async move {
             if self.dispatched.group.lost_since(self.dispatched.epoch).await {
                 self.record(loss);
@@ -220,8 +264,8 @@ impl Suspect {
         });
     }
 
-    fn record(&self, loss: Loss) -> Verdict {
-        let verdict = self.quarantine.strike(&self.body, loss);
+    fn record(&self, loss: Loss) -> (Verdict, u32) {
+        let (verdict, strikes) = self.quarantine.strike(&self.body, loss);
         let (request_id, client) = (self.request_id.as_str(), self.client.label());
         let client = client.as_str();
         let group = self.dispatched.group.name.as_str();
@@ -232,8 +276,9 @@ impl Suspect {
                     request_id,
                     client,
                     group,
+                    strikes,
                     alone = loss.alone,
-                    "request in flight when its group was lost: a suspect (sent again, unless its stream had begun)"
+                    "request in flight when its group was lost: a suspect, sent again"
                 );
             }
             Verdict::Quarantined => {
@@ -242,12 +287,13 @@ impl Suspect {
                     request_id,
                     client,
                     group,
+                    strikes,
                     alone = loss.alone,
-                    "request_crashed_engine: quarantined, not sent again; the same body is refused"
+                    "request_crashed_engine: quarantined, not sent again"
                 );
             }
         }
-        verdict
+        (verdict, strikes)
     }
 }
 
@@ -255,44 +301,60 @@ impl Suspect {
 mod tests {
     use super::*;
 
-    const LONE_AND_SOON: Loss = Loss {
-        alone: true,
-        soon: true,
-    };
-    const CROWDED: Loss = Loss {
-        alone: false,
-        soon: true,
-    };
-    const LONE_BUT_LATE: Loss = Loss {
-        alone: true,
-        soon: false,
-    };
+    const fn loss(alone: bool, soon: bool, lone_suspect: bool) -> Loss {
+        Loss {
+            alone,
+            soon,
+            lone_suspect,
+        }
+    }
+    const LONE_AND_SOON: Loss = loss(true, true, true);
+    const CROWDED: Loss = loss(false, true, false);
+    const LONE_BUT_LATE: Loss = loss(true, false, true);
+    const AMONG_OTHERS_ONLY_SUSPECT: Loss = loss(false, true, true);
 
     #[test]
-    fn the_second_loss_or_a_lone_prompt_one_quarantines() {
+    fn the_evidence_that_names_a_request() {
         assert_eq!(judge(1, CROWDED), Verdict::Suspect, "one of several: maybe a bystander");
         assert_eq!(
             judge(1, LONE_BUT_LATE),
             Verdict::Suspect,
             "alone, but long after its dispatch"
         );
+        assert_eq!(
+            judge(1, AMONG_OTHERS_ONLY_SUSPECT),
+            Verdict::Suspect,
+            "a first loss needs more"
+        );
         assert_eq!(judge(1, LONE_AND_SOON), Verdict::Quarantined);
-        assert_eq!(judge(2, CROWDED), Verdict::Quarantined);
-        assert_eq!(judge(2, LONE_BUT_LATE), Verdict::Quarantined);
+        assert_eq!(
+            judge(2, CROWDED),
+            Verdict::Suspect,
+            "another suspect shared both losses"
+        );
+        assert_eq!(judge(2, AMONG_OTHERS_ONLY_SUSPECT), Verdict::Quarantined);
+        assert_eq!(judge(3, CROWDED), Verdict::Quarantined, "on probation, and lost again");
     }
 
     #[test]
-    fn strikes_add_up_per_body_and_only_quarantined_bodies_are_held() {
+    fn strikes_add_up_per_body_and_bodies_quarantined_twice_are_refused() {
         let q = Quarantine::default();
-        assert!(!q.holds(b"a"), "an empty record holds nothing");
-        assert_eq!(q.strike(b"a", CROWDED), Verdict::Suspect);
-        assert!(!q.holds(b"a"), "a suspect is sent again");
-        assert_eq!(q.strike(b"b", CROWDED), Verdict::Suspect);
-        assert_eq!(q.strike(b"a", CROWDED), Verdict::Quarantined, "a's second loss");
+        assert_eq!(q.check(b"a"), Standing::Struck(0), "an empty record");
+        assert_eq!(q.strike(b"a", CROWDED), (Verdict::Suspect, 1));
+        assert_eq!(q.check(b"a"), Standing::Struck(1));
+        assert_eq!(q.strike(b"b", CROWDED), (Verdict::Suspect, 1));
+        assert_eq!(q.strike(b"a", CROWDED), (Verdict::Suspect, 2));
+        assert_eq!(q.strike(b"a", CROWDED), (Verdict::Quarantined, 3));
         assert!(q.holds(b"a"));
         assert!(!q.holds(b"b"));
-        assert_eq!(q.strike(b"c", LONE_AND_SOON), Verdict::Quarantined);
-        assert!(q.holds(b"c"));
+        assert_eq!(
+            q.strike(b"c", LONE_AND_SOON),
+            (Verdict::Quarantined, 1),
+            "this request ends"
+        );
+        assert_eq!(q.check(b"c"), Standing::Struck(1), "its body gets one more chance");
+        assert_eq!(q.strike(b"c", LONE_AND_SOON), (Verdict::Quarantined, 2));
+        assert!(q.holds(b"c"), "quarantined at its second loss: refused");
         assert_eq!(q.len(), 3);
     }
 
@@ -300,6 +362,7 @@ mod tests {
     fn the_record_is_bounded_oldest_first() {
         let q = Quarantine::default();
         for i in 0..MAX_RECORDS + 10 {
+            q.strike(&i.to_le_bytes(), LONE_AND_SOON);
             q.strike(&i.to_le_bytes(), LONE_AND_SOON);
         }
         assert_eq!(q.len(), MAX_RECORDS);

@@ -1,8 +1,8 @@
-//! Admission counts sequences, not requests: a completion's prompt list and a batch's
-//! conversations, each times `n`, take one permit per sequence, so vLLM's running + waiting
-//! (its own `/metrics`) never exceed MAX_NUM_SEQS — in front of vllm-sim and of the real vLLM
-//! 0.33.0 frontend — and a request that needs more sequences than the model runs at once is
-//! refused with 400 before it reaches a rank.
+//! Admission counts sequences, not requests: a completion's prompts times `n` and a batch's
+//! conversations take one permit per sequence, so vLLM's running + waiting (its own `/metrics`)
+//! never exceed MAX_NUM_SEQS — in front of vllm-sim and of the real vLLM 0.33.0 frontend — and a
+//! request that needs more sequences than the model runs at once is refused with 400 before it
+//! reaches a rank. A batch's `n` is vLLM's to refuse (it runs one sequence per conversation).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -32,7 +32,7 @@ fn conversation(i: usize) -> Value {
     json!([{"role": "user", "content": format!("Explain pipeline stage {i} of tensor parallel inference.")}])
 }
 
-/// A 4-prompt completion, a one-conversation batch with `n: 2`, a two-conversation batch, and
+/// A 4-prompt completion, a 2-prompt completion with `n: 2`, a two-conversation batch, and
 /// single chats, sent at once; every answer 200 and the most vLLM held at once.
 fn mixed_load(gw: SocketAddr, upstream: SocketAddr) -> u64 {
     let tokens = 40;
@@ -42,8 +42,8 @@ fn mixed_load(gw: SocketAddr, upstream: SocketAddr) -> u64 {
             json!({"model": MODEL, "prompt": ["a b c", "d e f", "g h i", "j k l"], "max_tokens": tokens, "ignore_eos": true}),
         ),
         (
-            "/v1/chat/completions/batch",
-            json!({"model": MODEL, "messages": [conversation(0)], "n": 2, "max_tokens": tokens, "ignore_eos": true}),
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": ["m n o", "p q r"], "n": 2, "max_tokens": tokens, "ignore_eos": true}),
         ),
         (
             "/v1/chat/completions/batch",
@@ -93,12 +93,7 @@ fn oversized_are_refused(gw: SocketAddr) {
         ),
         (
             "/v1/chat/completions/batch",
-            json!({"model": MODEL, "messages": [conversation(0)], "max_tokens": 4, "n": 1_000_000_000}),
-            "messages",
-        ),
-        (
-            "/v1/chat/completions/batch",
-            json!({"model": MODEL, "messages": [conversation(0), conversation(1), conversation(2)], "n": 2}),
+            json!({"model": MODEL, "messages": (0..5).map(conversation).collect::<Vec<_>>()}),
             "messages",
         ),
         (

@@ -51,9 +51,12 @@ pub(crate) struct Group {
     drained: AtomicBool,
     /// Slots of streams cut before vLLM's answer ended, kept until vLLM has let go of them.
     fence: Mutex<Vec<Fenced>>,
-    /// One permit: a request sent again after its group was lost under it (a suspect,
-    /// `quarantine`) runs with no other suspect beside it, so a second loss names one request.
+    /// One permit: a request whose body was lost under twice (`quarantine`) runs with no other
+    /// such suspect beside it, so a third loss names one request.
     probation: Arc<tokio::sync::Semaphore>,
+    /// Suspects' leases (`quarantine`): in flight now, and ever given.
+    suspects_in_flight: AtomicU64,
+    suspects_routed: AtomicU64,
 }
 
 impl Group {
@@ -81,6 +84,8 @@ impl Group {
             requests: metrics::counter!(crate::observe::GROUP_REQUESTS, "group" => name.to_owned()),
             drained: AtomicBool::new(false),
             probation: Arc::new(tokio::sync::Semaphore::new(1)),
+            suspects_in_flight: AtomicU64::new(0),
+            suspects_routed: AtomicU64::new(0),
             fence: Mutex::new(Vec::new()),
         }
     }
@@ -169,6 +174,7 @@ impl Group {
             group: self.clone(),
             seqs,
             probation: None,
+            suspect: false,
         }
     }
 
@@ -183,6 +189,14 @@ impl Group {
             .await
             .map(|seen| seen.is_ok());
         lost == Ok(true)
+    }
+
+    /// Suspects' leases in flight now, and given ever.
+    pub(crate) fn suspects(&self) -> (u64, u64) {
+        (
+            self.suspects_in_flight.load(Ordering::Acquire),
+            self.suspects_routed.load(Ordering::Acquire),
+        )
     }
 
     /// Waits until no suspect runs on it (`Lease::on_probation`).
@@ -284,11 +298,21 @@ pub(crate) struct Lease {
     seqs: u32,
     /// The group's probation, held by a suspect for as long as its lease.
     probation: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// It is a suspect's (counted in the group's `suspects`).
+    suspect: bool,
 }
 
 impl Lease {
     pub(crate) fn group(&self) -> &Group {
         &self.group
+    }
+
+    /// Marks it a suspect's lease, counted while it lasts.
+    pub(crate) fn mark_suspect(&mut self) {
+        if !std::mem::replace(&mut self.suspect, true) {
+            self.group.suspects_routed.fetch_add(1, Ordering::AcqRel);
+            self.group.suspects_in_flight.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// Puts a suspect on probation on its group: false while another suspect runs there.
@@ -310,6 +334,9 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        if self.suspect {
+            self.group.suspects_in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
         self.group
             .slots
             .fetch_sub(LEASE * u64::from(self.seqs), Ordering::AcqRel);

@@ -352,25 +352,19 @@ fn sequences_count_every_sequence_a_request_runs() {
     assert_eq!(seqs(Api::Completions, json!({}), None).total(), 1);
     // A completions-shaped `/invocations` is a completion.
     assert_eq!(seqs(Api::Invocations, json!({"n": 2}), Some(4)).total(), 8);
+    // A batch runs one sequence per conversation; vLLM refuses its `n` but 1 itself.
     let batch = json!({"messages": [[], [], []], "n": 2});
-    assert_eq!(seqs(Api::Batch, batch, None).total(), 6);
+    assert_eq!(seqs(Api::Batch, batch, None).total(), 3);
     assert_eq!(seqs(Api::Messages, json!({"n": 5}), Some(9)).total(), 1);
     assert_eq!(seqs(Api::Responses, json!({"n": 5}), None).total(), 1);
     // Huge products saturate instead of wrapping under the capacity.
-    assert_eq!(
-        seqs(
-            Api::Batch,
-            json!({"messages": [[], []], "n": 1_000_000_000_000u64}),
-            None
-        )
-        .total(),
-        u32::MAX
-    );
+    let huge = json!({"n": 1_000_000_000_000u64});
+    assert_eq!(seqs(Api::Completions, huge, Some(4)).total(), u32::MAX);
     let e = seqs(Api::Completions, json!({"n": 1}), Some(8)).refusal(2);
     assert_eq!(e.param(), Some("prompt"));
     assert!(e.to_string().contains("8 prompt(s) × n=1 needs 8 sequences"), "{e}");
     assert_eq!(
-        seqs(Api::Batch, json!({"messages": [[]], "n": 3}), None)
+        seqs(Api::Batch, json!({"messages": [[], [], []]}), None)
             .refusal(2)
             .param(),
         Some("messages")

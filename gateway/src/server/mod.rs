@@ -32,7 +32,7 @@ use crate::error::GatewayError;
 use crate::groups::{Group, Groups, Upstreams};
 use crate::normalize::Api;
 use crate::observe;
-use crate::quarantine::{Dispatched, Stage, Suspect, Verdict};
+use crate::quarantine::{Dispatched, Stage, Standing, Suspect, Verdict, PROBATION_FROM};
 use crate::relay::{relay, RelayCtx};
 use crate::routes::{Framing, Role, Route};
 use crate::state::{GatewayControl, Lifecycle, UpstreamState};
@@ -82,6 +82,8 @@ pub(crate) fn own_routes(app: Shared) -> Router {
 }
 
 mod hold;
+mod pending;
+use pending::{Pending, Waiting};
 
 /// The supervisor is (re)starting the group: read from its status directly, which changes
 /// before the ranks go down, so no request races the gateway's own mirror of it.
@@ -119,7 +121,7 @@ fn quarantined(request_id: &str, caller: &Caller, stage: Stage) -> GatewayError 
         tracing::warn!(
             request_id,
             client = %caller.label(),
-            "request_crashed_engine: refused at arrival, the same body crashed the engine before"
+            "request_crashed_engine: refused at arrival, the engine was lost twice under the same body"
         );
     }
     GatewayError::RequestCrashedEngine {
@@ -222,67 +224,6 @@ async fn generate(
     resp
 }
 
-/// Where a generation waits for its answer to begin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum Waiting {
-    /// Reading and checking the request.
-    Request = 0,
-    /// In the admission queue.
-    Queue = 1,
-    /// Sent to vLLM (or waiting for its group to come back).
-    Upstream = 2,
-}
-
-/// A generation whose answer has not begun: if its client leaves first (hyper drops the
-/// handler), the drop says so in the log and in `sparkgate_client_gone_total{stage}`.
-struct Pending<'a> {
-    request_id: &'a str,
-    route: &'static str,
-    started: Instant,
-    /// A `Waiting` (atomics: the handler's future moves between threads).
-    at: std::sync::atomic::AtomicU8,
-    open: std::sync::atomic::AtomicBool,
-}
-
-impl<'a> Pending<'a> {
-    fn new(request_id: &'a str, route: &'static str, started: Instant) -> Self {
-        Pending {
-            request_id,
-            route,
-            started,
-            at: std::sync::atomic::AtomicU8::new(Waiting::Request as u8),
-            open: std::sync::atomic::AtomicBool::new(true),
-        }
-    }
-
-    fn at(&self, waiting: Waiting) {
-        self.at.store(waiting as u8, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The handler returned: its own line says how it ended.
-    fn answered(&self) {
-        self.open.store(false, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if !self.open.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
-        let stage = observe::CLIENT_GONE_STAGES[usize::from(self.at.load(std::sync::atomic::Ordering::Relaxed))];
-        counter!(observe::CLIENT_GONE, "stage" => stage).increment(1);
-        tracing::info!(
-            request_id = self.request_id,
-            route = self.route,
-            stage,
-            waited_ms = self.started.elapsed().as_millis() as u64,
-            "the client left before its answer began"
-        );
-    }
-}
-
 /// What a generation answered: a stream (the relay writes its log line when it ends), or a
 /// whole body with its usage.
 enum Reply {
@@ -330,11 +271,10 @@ async fn generate_inner(
         .wants_prefix()
         .then(|| crate::groups::prefix_key(&forward))
         .flatten();
-    // A body whose group was lost under it before runs on probation; twice, not at all.
-    let mut suspected = match app.quarantine.check(&forward) {
-        Some(Verdict::Quarantined) => return Err(quarantined(request_id, &caller, Stage::Arrival)),
-        Some(Verdict::Suspect) => true,
-        None => false,
+    // A body lost under before is a suspect; quarantined after two losses, it is refused.
+    let mut strikes = match app.quarantine.check(&forward) {
+        Standing::Refused => return Err(quarantined(request_id, &caller, Stage::Arrival)),
+        standing => standing.strikes(),
     };
     let queued_at = Instant::now();
     let client = app.clients.identify(&caller, &headers, user.as_deref(), priority);
@@ -376,14 +316,17 @@ async fn generate_inner(
             continue;
         };
         let group = lease.shared();
-        if suspected && !lease.on_probation() {
-            // Another suspect is on trial there: wait for its outcome, then queue again.
+        if strikes > 0 {
+            lease.mark_suspect();
+        }
+        if strikes >= PROBATION_FROM && !lease.on_probation() {
+            // Another twice-lost suspect is on trial there: wait for its outcome, queue again.
             drop((lease, permit));
             group.probation_over().await;
             permit = admission.requeue(seqs.total(), forward.len()).await?;
             continue;
         }
-        let dispatched = Dispatched::now(group.clone(), seqs.total());
+        let dispatched = Dispatched::now(group.clone(), seqs.total(), strikes > 0);
         let dispatched_to = dispatched.epoch;
         let send = group
             .upstream
@@ -398,8 +341,11 @@ async fn generate_inner(
                 if dispatched_to.is_some()
                     && refused_at.get_or_insert_with(Instant::now).elapsed() < app.request_timeout =>
             {
-                drop((lease, permit));
+                // Its slots (and a suspect's probation) stay taken until the verdict: a rank that
+                // just died may still accept a connection while its process ends, and a queued
+                // request sent into that moment would be lost under the same crash.
                 let lost = group.lost_since(dispatched_to).await;
+                drop((lease, permit));
                 if !(lost || never_reached(&e) || restarting(&group)) {
                     return Err(unreachable(app, &group, &e));
                 }
@@ -412,10 +358,11 @@ async fn generate_inner(
                         request_id: request_id.to_owned(),
                         client: caller.clone(),
                     };
-                    if suspect.judge() == Verdict::Quarantined {
+                    let (verdict, now) = suspect.judge();
+                    if verdict == Verdict::Quarantined {
                         return Err(quarantined(request_id, &caller, Stage::Dispatch));
                     }
-                    suspected = true;
+                    strikes = now;
                 }
                 permit = admission.requeue(seqs.total(), forward.len()).await?;
             }

@@ -17,8 +17,32 @@ pub(crate) async fn batch(State(app): State<Shared>, headers: HeaderMap, body: B
     }
 }
 
+/// vLLM 0.33's `BatchChatCompletionRequest.check_batch_mode` (chat_completion/protocol.py), a
+/// before-validator: a batch runs one sequence per conversation, so any `n` but 1 is refused.
+fn check_batch_n(req: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let n = match req.get("n") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(n) => n,
+    };
+    // Python's `n != 1`: 1 and 1.0 pass; "1", true and every other value do not.
+    if n.as_f64() == Some(1.0) {
+        return Ok(());
+    }
+    let shown = match n {
+        Value::String(s) => s.clone(),
+        Value::Bool(b) => if *b { "True" } else { "False" }.to_owned(),
+        other => other.to_string(),
+    };
+    Err(super::bad_request(
+        "Batch chat completions do not support `n > 1`. Please set `n` to 1.",
+        Some("n"),
+        Some(&shown),
+    ))
+}
+
 async fn run_batch(app: &Shared, headers: &HeaderMap, body: &[u8]) -> Result<Response, Response> {
     let req = request::json_object(headers, body).map_err(IntoResponse::into_response)?;
+    check_batch_n(&req).map_err(IntoResponse::into_response)?;
     let conversations = match req.get("messages") {
         None => return Err(pydantic::to_error(&[pydantic::missing("messages", &req)]).into_response()),
         Some(Value::Array(c)) if c.is_empty() => {
