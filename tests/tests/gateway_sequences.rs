@@ -147,3 +147,31 @@ fn prompt_lists_and_batches_take_a_permit_per_sequence_in_front_of_the_real_fron
         "{most} sequences inside vLLM at once (MAX_NUM_SEQS {SLOTS})"
     );
 }
+
+#[test]
+fn an_eight_prompt_completion_takes_eight_permits() {
+    let sim = Sim::start(SIM, &deepseek_sim_args("8"), &[("SIM_SPEED", "4")]);
+    let gw = Gateway::start(
+        &binary_next_to(SIM, "sparkgate"),
+        "deepseek-v4.1-flash",
+        sim.addr(),
+        &[("SPEC_METHOD", "none"), ("MAX_NUM_SEQS", "8")],
+    );
+    let (addr, upstream) = (gw.addr, sim.addr());
+    let prompts: Vec<String> = (0..8).map(|i| format!("prompt number {i}")).collect();
+    let eight = json!({"model": MODEL, "prompt": prompts, "max_tokens": 40, "ignore_eos": true});
+    let chat = json!({"model": MODEL, "messages": conversation(0), "max_tokens": 40, "ignore_eos": true});
+    let completion = std::thread::spawn(move || post_json(addr, "/v1/completions", &eight));
+    // The chat arrives while the eight sequences hold every slot: it waits in the gateway.
+    let mut most = 0;
+    while most < 8 && !completion.is_finished() {
+        most = most.max(in_vllm(upstream));
+    }
+    let chatting = std::thread::spawn(move || post_json(addr, "/v1/chat/completions", &chat));
+    while !(completion.is_finished() && chatting.is_finished()) {
+        most = most.max(in_vllm(upstream));
+    }
+    assert_eq!(completion.join().unwrap().status, 200);
+    assert_eq!(chatting.join().unwrap().status, 200);
+    assert_eq!(most, 8, "the eight prompts ran at once, and nothing beside them");
+}
