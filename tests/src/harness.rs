@@ -449,6 +449,14 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
     }
 }
 
+/// The requests a vLLM (or vllm-sim) at `addr` holds now — its own `/metrics`'
+/// `num_requests_running` plus `num_requests_waiting`, read as the supervisor reads them.
+pub fn in_vllm(addr: SocketAddr) -> u64 {
+    let text = request(addr, "GET", "/metrics", &[], b"").text();
+    let p = sparkgate_supervisor::Progress::of_exposition(&text);
+    (p.running + p.waiting) as u64
+}
+
 /// `POST path` with a JSON body.
 pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> HttpResponse {
     request(

@@ -9,21 +9,11 @@ use std::sync::Arc;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{binary_next_to, request, Gateway, Sim, Streaming};
+use sparkgate_tests::harness::{binary_next_to, in_vllm, request, Gateway, Sim, Streaming};
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const CAP: u64 = 2;
-
-/// vLLM's running + waiting requests, from its own `/metrics`.
-fn in_vllm(addr: SocketAddr) -> u64 {
-    let text = request(addr, "GET", "/metrics", &[], b"").text();
-    text.lines()
-        .filter(|l| l.starts_with("vllm:num_requests_running") || l.starts_with("vllm:num_requests_waiting"))
-        .filter(|l| !l.starts_with("vllm:num_requests_waiting_by_reason"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
 
 /// 20 streams at once, each cut by its client after 1 to 8 chunks (a fixed pseudo-random
 /// pattern), two more that run to the end; the most `sample` saw while they ran.

@@ -7,21 +7,12 @@ use std::time::Duration;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway};
+use sparkgate_tests::harness::{binary_next_to, in_vllm, post_json, Gateway};
 use sparkgate_tests::load::concurrent_streams;
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
-
-/// vLLM's running + waiting requests, from its own `/metrics`.
-fn in_vllm(real: &RealVllm) -> u64 {
-    let text = request(real.addr, "GET", "/metrics", &[], b"").text();
-    text.lines()
-        .filter(|l| l.starts_with("vllm:num_requests_running{") || l.starts_with("vllm:num_requests_waiting{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
 
 #[test]
 fn every_spelling_and_messages_stay_under_max_num_seqs_in_the_real_frontend() {
@@ -40,7 +31,8 @@ fn every_spelling_and_messages_stay_under_max_num_seqs_in_the_real_frontend() {
         ("/v1/chat%2Fcompletions", &chat),
         ("/v1/%63hat/completions", &chat),
     ] {
-        let (most, bodies) = concurrent_streams(gw.addr, path, body, 6, Duration::from_millis(10), || in_vllm(&real));
+        let (most, bodies) =
+            concurrent_streams(gw.addr, path, body, 6, Duration::from_millis(10), || in_vllm(real.addr));
         for text in bodies {
             assert!(
                 text.contains("data: [DONE]") || text.contains("event: message_stop"),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sparkgate_config::{ProfileId, SpecMethod};
-use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway, Sim};
+use sparkgate_tests::harness::{binary_next_to, in_vllm, post_json, Gateway, Sim};
 use sparkgate_tests::load::deepseek_sim_args;
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
 
@@ -17,16 +17,6 @@ const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 /// SPEC_METHOD=none: DeepSeek's mode with four sequence slots.
 const SLOTS: u64 = 4;
-
-/// vLLM's running + waiting requests (one per sequence), from its own `/metrics`.
-fn in_vllm(addr: SocketAddr) -> u64 {
-    let text = request(addr, "GET", "/metrics", &[], b"").text();
-    text.lines()
-        .filter(|l| l.starts_with("vllm:num_requests_running") || l.starts_with("vllm:num_requests_waiting"))
-        .filter(|l| !l.starts_with("vllm:num_requests_waiting_by_reason"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
 
 fn conversation(i: usize) -> Value {
     json!([{"role": "user", "content": format!("Explain pipeline stage {i} of tensor parallel inference.")}])
