@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
@@ -16,7 +17,8 @@ const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const CAP: u64 = 2;
 
 /// 20 streams at once, each cut by its client after 1 to 8 chunks (a fixed pseudo-random
-/// pattern), two more that run to the end; the most `sample` saw while they ran.
+/// pattern), 6 non-streaming requests whose clients give up after 0.2 to 1.2 s, two more
+/// streams that run to the end; the most `sample` saw while they ran.
 fn random_disconnects(gw: SocketAddr, sample: impl Fn() -> u64 + Send + 'static) -> u64 {
     let most = Arc::new(AtomicU64::new(0));
     let running = Arc::new(AtomicBool::new(true));
@@ -28,36 +30,53 @@ fn random_disconnects(gw: SocketAddr, sample: impl Fn() -> u64 + Send + 'static)
             }
         })
     };
-    let clients: Vec<_> = (0..22u64)
+    let mut clients: Vec<_> = (0..6u64)
         .map(|i| {
             std::thread::spawn(move || {
-                let body = json!({"messages": [{"role": "user", "content": format!("stream {i}")}],
-                                  "max_tokens": 400, "ignore_eos": true, "stream": true,
+                let body = json!({"messages": [{"role": "user", "content": format!("whole {i}")}],
+                                  "max_tokens": 400, "ignore_eos": true,
                                   "chat_template_kwargs": {"enable_thinking": false}});
-                let mut s = Streaming::open(
-                    gw,
-                    "POST",
-                    "/v1/chat/completions",
-                    &[("Content-Type", "application/json")],
-                    body.to_string().as_bytes(),
+                let mut s = std::net::TcpStream::connect(gw).unwrap();
+                let text = body.to_string();
+                let head = format!(
+                    "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
+                    text.len()
                 );
-                assert_eq!(s.status, 200);
-                if i >= 20 {
-                    // These run to the end, after the cut ones queued before them.
-                    let text = String::from_utf8_lossy(&s.read_all()).into_owned();
-                    assert!(text.contains("data: [DONE]"), "{text}");
-                    return;
-                }
-                let chunks = 1 + (i * 7919) % 8;
-                for _ in 0..chunks {
-                    if s.next_chunk().is_none() {
-                        break;
-                    }
-                }
-                // Dropping the stream closes the connection: the client is gone.
+                std::io::Write::write_all(&mut s, head.as_bytes()).unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(200 + (i * 211) % 1000))).unwrap();
+                let _ = std::io::Read::read(&mut s, &mut [0u8; 64]);
+                // Dropped: the client gave up before its answer.
             })
         })
         .collect();
+    clients.extend((0..22u64).map(|i| {
+        std::thread::spawn(move || {
+            let body = json!({"messages": [{"role": "user", "content": format!("stream {i}")}],
+                                  "max_tokens": 400, "ignore_eos": true, "stream": true,
+                                  "chat_template_kwargs": {"enable_thinking": false}});
+            let mut s = Streaming::open(
+                gw,
+                "POST",
+                "/v1/chat/completions",
+                &[("Content-Type", "application/json")],
+                body.to_string().as_bytes(),
+            );
+            assert_eq!(s.status, 200);
+            if i >= 20 {
+                // These run to the end, after the cut ones queued before them.
+                let text = String::from_utf8_lossy(&s.read_all()).into_owned();
+                assert!(text.contains("data: [DONE]"), "{text}");
+                return;
+            }
+            let chunks = 1 + (i * 7919) % 8;
+            for _ in 0..chunks {
+                if s.next_chunk().is_none() {
+                    break;
+                }
+            }
+            // Dropping the stream closes the connection: the client is gone.
+        })
+    }));
     for c in clients {
         c.join().unwrap();
     }
@@ -91,7 +110,7 @@ fn check(gw: SocketAddr, most: u64, upstream: &str) {
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
-    eprintln!("{upstream}: at most {most} in vLLM; {fenced} cut streams fenced, held {:.1} ms on average, {timed_out} timed out", mean * 1000.0);
+    eprintln!("{upstream}: at most {most} in vLLM; {fenced} cut requests fenced, held {:.1} ms on average, {timed_out} timed out", mean * 1000.0);
     assert!(
         (1..=CAP).contains(&most),
         "{upstream}: {most} requests inside vLLM at once (MAX_NUM_SEQS {CAP})"

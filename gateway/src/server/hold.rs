@@ -73,3 +73,32 @@ where
         self.inner.size_hint()
     }
 }
+
+/// A generation's slots while the gateway waits for vLLM's answer: if its client leaves first
+/// (hyper drops the handler) or the gateway gives up on it, vLLM may still hold the request, so
+/// they go to the abort fence instead of straight back (`Lease::release_after_abort`).
+pub(super) struct Held(Option<(Lease, Permit)>);
+
+impl Held {
+    pub(super) fn new(lease: Lease, permit: Permit) -> Self {
+        Held(Some((lease, permit)))
+    }
+
+    /// The group its lease is on.
+    pub(super) fn group(&self) -> &crate::groups::Group {
+        self.0.as_ref().expect("held until taken").0.group()
+    }
+
+    /// The slots back, the wait over.
+    pub(super) fn into_parts(mut self) -> (Lease, Permit) {
+        self.0.take().expect("held until taken")
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some((lease, permit)) = self.0.take() {
+            lease.release_after_abort(permit);
+        }
+    }
+}

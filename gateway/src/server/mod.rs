@@ -37,7 +37,7 @@ use crate::relay::{relay, RelayCtx};
 use crate::routes::{Framing, Role, Route};
 use crate::state::{GatewayControl, Lifecycle, UpstreamState};
 use crate::upstream::{is_hop_by_hop, UpstreamBody, UpstreamError};
-use hold::HoldPermit;
+use hold::{Held, HoldPermit};
 
 /// A request on an upstream route (`routes::ROUTES`): the methods it answers, then its role's
 /// handler. Called by `dispatch` after the edge steps, without a router in between.
@@ -331,7 +331,11 @@ async fn generate_inner(
         let send = group
             .upstream
             .send(Method::POST, path, &headers, request_id, forward.clone());
-        match until_closed(app, tokio::time::timeout(limit, send)).await? {
+        let held = Held::new(lease, permit);
+        let sent = until_closed(app, tokio::time::timeout(limit, send)).await;
+        let (lease, p) = held.into_parts();
+        permit = p;
+        match sent? {
             Err(_) => return Err(GatewayError::UpstreamTimeout { after: limit }),
             // No answer has begun, so nothing reached the client. A refused connect never
             // reached vLLM; any other failure to send counts as not reached when the group it
@@ -411,6 +415,7 @@ async fn generate_inner(
     // Non-streaming (or an upstream error before streaming): the body is complete upstream
     // work; read it within the request timeout, count its tokens, pass the bytes through.
     let status = upstream.status();
+    let held = Held::new(lease, permit);
     let collected = until_closed(
         app,
         tokio::time::timeout(app.request_timeout, upstream.into_body().collect()),
@@ -424,12 +429,14 @@ async fn generate_inner(
         }
         Ok(Err(e)) => {
             return Err(GatewayError::UpstreamUnreachable {
-                upstream: lease.group().upstream.base().to_owned(),
+                upstream: held.group().upstream.base().to_owned(),
                 detail: error_chain(&e),
             })
         }
         Ok(Ok(c)) => c.to_bytes(),
     };
+    // vLLM has finished it: the slots go back with the answer's last byte.
+    let (lease, permit) = held.into_parts();
     let usage = observe::Usage::of_body(&bytes);
     if let (true, Some(t)) = (status.is_success(), usage.completion) {
         app.control.count_tokens(mode, t);
