@@ -336,7 +336,11 @@ async fn generate_inner(
         let (lease, p) = held.into_parts();
         permit = p;
         match sent? {
-            Err(_) => return Err(GatewayError::UpstreamTimeout { after: limit }),
+            Err(_) => {
+                // Given up on: vLLM holds it until it sees the connection close.
+                lease.release_after_abort(permit);
+                return Err(GatewayError::UpstreamTimeout { after: limit });
+            }
             // No answer has begun, so nothing reached the client. A refused connect never
             // reached vLLM; any other failure to send counts as not reached when the group it
             // went to is lost (the supervisor's verdict, within a second). Either way the
