@@ -75,7 +75,7 @@ pub enum GatewayError {
     UpstreamBroke,
     #[error("the model's stream ended before it finished")]
     UpstreamTruncated,
-    #[error("request_crashed_engine: {} (request id {request_id})", if *at_arrival { "the model's engine was lost twice under this request's body; it is refused for an hour" } else { "the model's engine was lost under this request (twice, or at once while it ran alone); it is not sent again" })]
+    #[error("request_crashed_engine: {} (request id {request_id})", if *at_arrival { "two requests with this body were quarantined for losing the model's engine; it is refused for an hour" } else { "the model's engine was lost under this request (twice, or at once while it ran alone); it is not sent again" })]
     RequestCrashedEngine { request_id: String, at_arrival: bool },
     #[error("the gateway is shutting down; retry later")]
     ShuttingDown,

@@ -1,19 +1,22 @@
-//! Poison requests: a request vLLM held when its rank group was lost is a suspect. It is
-//! quarantined — not sent again, ended with `request_crashed_engine` — when the evidence names
-//! it: it ran alone and the group died within [`POISON_WINDOW`] of its dispatch; or its body was
-//! lost under twice and no other suspect ran beside it the second time; or three times. A body
-//! quarantined after two losses or more is refused at arrival for [`TTL`]. A body lost under
-//! twice runs on probation — no other such suspect beside it on its group — so a bystander that
-//! shared two crashes with a poison request is told apart from it by the third.
+//! Poison requests: a request vLLM held when its rank group was lost is a suspect, its
+//! strikes counted as it is sent again through new epochs. It is quarantined — not sent again,
+//! ended with `request_crashed_engine` — when the evidence names it: it ran alone and the group
+//! died within [`POISON_WINDOW`] of its dispatch; or it was lost under twice with no other
+//! suspect beside it the second time; or three times. A request lost under twice runs on
+//! probation — no other such suspect beside it on its group — so a bystander that shared two
+//! crashes with a poison request is told apart from it by the third. A body quarantined twice
+//! (two requests, e.g. a client sending it again) is refused at arrival for [`TTL`].
 //!
-//! A single random crash (an OOM kill, an operator's SIGKILL, a hung collective) costs its
-//! bystanders nothing: they are sent again at once, side by side. A stream cut by a loss already
-//! ended with its error event; only the strong evidence (alone, soon) is recorded against its
-//! body.
+//! Strikes belong to one request, not to its body: identical bodies from different requests
+//! (a retrying client, a load loop) share only the quarantine verdicts, so innocent requests that
+//! happen to be in flight at two unrelated crashes are never refused for it. A single random
+//! crash (an OOM kill, an operator's SIGKILL, a hung collective) costs its bystanders nothing:
+//! they are sent again at once, side by side. A stream cut by a loss already ended with its
+//! error event; only the strong evidence (alone, soon) counts against its body.
 //!
-//! Requests are known by a fingerprint of the body forwarded upstream, computed only when a
-//! loss is judged and, at arrival, only while something is on record; the record is a bounded
-//! map, the oldest entry forgotten first.
+//! Bodies are known by a fingerprint of the body forwarded upstream, computed only when a
+//! verdict is recorded and, at arrival, only while something is on record; the record is a
+//! bounded map, the oldest entry forgotten first.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -55,7 +58,7 @@ pub(crate) enum Verdict {
     Quarantined,
 }
 
-/// The rule, for the `strikes`-th loss under a body.
+/// The rule, for a request's `strikes`-th loss.
 pub(crate) fn judge(strikes: u32, loss: Loss) -> Verdict {
     let named = (loss.alone && loss.soon) || (strikes >= 2 && loss.lone_suspect) || strikes >= 3;
     if named {
@@ -65,40 +68,24 @@ pub(crate) fn judge(strikes: u32, loss: Loss) -> Verdict {
     }
 }
 
-/// What the record says of a body at arrival.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Standing {
-    /// Lost under this many times (0: never), not quarantined for it.
-    Struck(u32),
-    /// Quarantined after two losses or more: refused.
-    Refused,
-}
-
-impl Standing {
-    pub(crate) fn strikes(self) -> u32 {
-        match self {
-            Standing::Struck(n) => n,
-            Standing::Refused => u32::MAX,
-        }
-    }
-}
-
-/// Strikes from which a suspect runs on probation (no other such suspect beside it).
+/// A request's strikes from which it runs on probation (no other such suspect beside it).
 pub(crate) const PROBATION_FROM: u32 = 2;
+/// Quarantine verdicts under one body from which it is refused at arrival.
+const REFUSED_FROM: u32 = 2;
 
 #[derive(Debug, Clone, Copy)]
 struct Record {
-    strikes: u32,
-    refused: bool,
+    /// Requests quarantined under this body.
+    quarantines: u32,
     at: Instant,
-    /// When it was last struck, in strikes counted: the oldest is forgotten first.
+    /// When it was last recorded, in records made: the oldest is forgotten first.
     order: u64,
 }
 
 #[derive(Debug, Default)]
 struct Records {
     by_body: HashMap<u64, Record>,
-    struck: u64,
+    recorded: u64,
 }
 
 /// The gateway's record of suspects and quarantined bodies.
@@ -117,28 +104,21 @@ pub(crate) fn fingerprint(body: &[u8]) -> u64 {
 }
 
 impl Quarantine {
-    /// What is on record for `body` (not forgotten since). Costs nothing while the record is
-    /// empty.
-    pub(crate) fn check(&self, body: &[u8]) -> Standing {
+    /// Whether `body` is refused at arrival: quarantined twice and not forgotten since. Costs
+    /// nothing while the record is empty.
+    pub(crate) fn refuses(&self, body: &[u8]) -> bool {
         if !self.any.load(Ordering::Relaxed) {
-            return Standing::Struck(0);
+            return false;
         }
         let records = self.records.lock().expect("quarantine");
-        match records.by_body.get(&fingerprint(body)) {
-            Some(r) if r.at.elapsed() < TTL && r.refused => Standing::Refused,
-            Some(r) if r.at.elapsed() < TTL => Standing::Struck(r.strikes),
-            _ => Standing::Struck(0),
-        }
+        records
+            .by_body
+            .get(&fingerprint(body))
+            .is_some_and(|r| r.quarantines >= REFUSED_FROM && r.at.elapsed() < TTL)
     }
 
-    #[cfg(test)]
-    fn holds(&self, body: &[u8]) -> bool {
-        self.check(body) == Standing::Refused
-    }
-
-    /// Counts one loss under `body`; the verdict on the request it was lost under, and the
-    /// body's strikes now.
-    pub(crate) fn strike(&self, body: &[u8], loss: Loss) -> (Verdict, u32) {
+    /// Records a quarantine verdict under `body`.
+    fn quarantined(&self, body: &[u8]) {
         let key = fingerprint(body);
         let now = Instant::now();
         let mut guard = self.records.lock().expect("quarantine");
@@ -150,18 +130,18 @@ impl Quarantine {
                 records.by_body.remove(&oldest);
             }
         }
-        let strikes = records.by_body.get(&key).map_or(0, |r| r.strikes).saturating_add(1);
-        let verdict = judge(strikes, loss);
-        records.struck += 1;
-        let record = Record {
-            strikes,
-            refused: verdict == Verdict::Quarantined && strikes >= 2,
-            at: now,
-            order: records.struck,
-        };
-        records.by_body.insert(key, record);
+        records.recorded += 1;
+        let quarantines = records.by_body.get(&key).map_or(0, |r| r.quarantines).saturating_add(1);
+        let order = records.recorded;
+        records.by_body.insert(
+            key,
+            Record {
+                quarantines,
+                at: now,
+                order,
+            },
+        );
         self.any.store(true, Ordering::Relaxed);
-        (verdict, strikes)
     }
 
     /// Bodies on record, quarantined or suspected.
@@ -231,6 +211,8 @@ impl Stage {
 /// A request whose group was lost while vLLM held it, with what judging it needs.
 #[derive(Debug)]
 pub(crate) struct Suspect {
+    /// Its losses before this one.
+    pub(crate) strikes: u32,
     pub(crate) quarantine: Arc<Quarantine>,
     /// The body as forwarded: its fingerprint is taken only now.
     pub(crate) body: Bytes,
@@ -241,17 +223,18 @@ pub(crate) struct Suspect {
 }
 
 impl Suspect {
-    /// Strikes its body for a loss noticed now; logs and counts the verdict. Also the body's
-    /// strikes now.
+    /// Judges this loss, noticed now; logs and counts the verdict. Also the request's strikes
+    /// now.
     pub(crate) fn judge(self) -> (Verdict, u32) {
         let loss = self.dispatched.loss();
-        self.record(loss)
+        let strikes = self.strikes.saturating_add(1);
+        (self.record(judge(strikes, loss), strikes, loss), strikes)
     }
 
     /// A stream cut under the request: once its group's supervisor has confirmed the loss (a
     /// broken connection alone is not one), the strong evidence — it ran alone and the group
-    /// died soon after its dispatch — is recorded against its body. The client already has
-    /// the stream's error event.
+    /// died soon after its dispatch — counts against its body. The client already has the
+    /// stream's error event.
     pub(crate) fn on_cut(self) {
         let loss = self.dispatched.loss();
         if !(loss.alone && loss.soon) {
@@ -259,13 +242,12 @@ impl Suspect {
         }
         tokio::spawn(async move {
             if self.dispatched.group.lost_since(self.dispatched.epoch).await {
-                self.record(loss);
+                self.record(Verdict::Quarantined, self.strikes.saturating_add(1), loss);
             }
         });
     }
 
-    fn record(&self, loss: Loss) -> (Verdict, u32) {
-        let (verdict, strikes) = self.quarantine.strike(&self.body, loss);
+    fn record(&self, verdict: Verdict, strikes: u32, loss: Loss) -> Verdict {
         let (request_id, client) = (self.request_id.as_str(), self.client.label());
         let client = client.as_str();
         let group = self.dispatched.group.name.as_str();
@@ -282,6 +264,7 @@ impl Suspect {
                 );
             }
             Verdict::Quarantined => {
+                self.quarantine.quarantined(&self.body);
                 counter!(observe::QUARANTINED, "stage" => Stage::Dispatch.label()).increment(1);
                 tracing::error!(
                     request_id,
@@ -293,7 +276,7 @@ impl Suspect {
                 );
             }
         }
-        (verdict, strikes)
+        verdict
     }
 }
 
@@ -337,36 +320,30 @@ mod tests {
     }
 
     #[test]
-    fn strikes_add_up_per_body_and_bodies_quarantined_twice_are_refused() {
+    fn a_body_quarantined_twice_is_refused() {
         let q = Quarantine::default();
-        assert_eq!(q.check(b"a"), Standing::Struck(0), "an empty record");
-        assert_eq!(q.strike(b"a", CROWDED), (Verdict::Suspect, 1));
-        assert_eq!(q.check(b"a"), Standing::Struck(1));
-        assert_eq!(q.strike(b"b", CROWDED), (Verdict::Suspect, 1));
-        assert_eq!(q.strike(b"a", CROWDED), (Verdict::Suspect, 2));
-        assert_eq!(q.strike(b"a", CROWDED), (Verdict::Quarantined, 3));
-        assert!(q.holds(b"a"));
-        assert!(!q.holds(b"b"));
-        assert_eq!(
-            q.strike(b"c", LONE_AND_SOON),
-            (Verdict::Quarantined, 1),
-            "this request ends"
+        assert!(!q.refuses(b"a"), "an empty record");
+        q.quarantined(b"a");
+        assert!(
+            !q.refuses(b"a"),
+            "one quarantined request: its body gets one more chance"
         );
-        assert_eq!(q.check(b"c"), Standing::Struck(1), "its body gets one more chance");
-        assert_eq!(q.strike(b"c", LONE_AND_SOON), (Verdict::Quarantined, 2));
-        assert!(q.holds(b"c"), "quarantined at its second loss: refused");
-        assert_eq!(q.len(), 3);
+        q.quarantined(b"b");
+        q.quarantined(b"a");
+        assert!(q.refuses(b"a"));
+        assert!(!q.refuses(b"b"));
+        assert_eq!(q.len(), 2);
     }
 
     #[test]
     fn the_record_is_bounded_oldest_first() {
         let q = Quarantine::default();
         for i in 0..MAX_RECORDS + 10 {
-            q.strike(&i.to_le_bytes(), LONE_AND_SOON);
-            q.strike(&i.to_le_bytes(), LONE_AND_SOON);
+            q.quarantined(&i.to_le_bytes());
+            q.quarantined(&i.to_le_bytes());
         }
         assert_eq!(q.len(), MAX_RECORDS);
-        assert!(!q.holds(&0usize.to_le_bytes()), "the oldest went first");
-        assert!(q.holds(&(MAX_RECORDS + 9).to_le_bytes()));
+        assert!(!q.refuses(&0usize.to_le_bytes()), "the oldest went first");
+        assert!(q.refuses(&(MAX_RECORDS + 9).to_le_bytes()));
     }
 }

@@ -32,7 +32,7 @@ use crate::error::GatewayError;
 use crate::groups::{Group, Groups, Upstreams};
 use crate::normalize::Api;
 use crate::observe;
-use crate::quarantine::{Dispatched, Stage, Standing, Suspect, Verdict, PROBATION_FROM};
+use crate::quarantine::{Dispatched, Stage, Suspect, Verdict, PROBATION_FROM};
 use crate::relay::{relay, RelayCtx};
 use crate::routes::{Framing, Role, Route};
 use crate::state::{GatewayControl, Lifecycle, UpstreamState};
@@ -121,7 +121,7 @@ fn quarantined(request_id: &str, caller: &Caller, stage: Stage) -> GatewayError 
         tracing::warn!(
             request_id,
             client = %caller.label(),
-            "request_crashed_engine: refused at arrival, the engine was lost twice under the same body"
+            "request_crashed_engine: refused at arrival, two requests with the same body were quarantined"
         );
     }
     GatewayError::RequestCrashedEngine {
@@ -271,11 +271,12 @@ async fn generate_inner(
         .wants_prefix()
         .then(|| crate::groups::prefix_key(&forward))
         .flatten();
-    // A body lost under before is a suspect; quarantined after two losses, it is refused.
-    let mut strikes = match app.quarantine.check(&forward) {
-        Standing::Refused => return Err(quarantined(request_id, &caller, Stage::Arrival)),
-        standing => standing.strikes(),
-    };
+    // A body quarantined twice (under two requests) is refused before it reaches a rank.
+    if app.quarantine.refuses(&forward) {
+        return Err(quarantined(request_id, &caller, Stage::Arrival));
+    }
+    // This request's losses so far (`quarantine`).
+    let mut strikes = 0;
     let queued_at = Instant::now();
     let client = app.clients.identify(&caller, &headers, user.as_deref(), priority);
     let admission = app.control.admission();
@@ -360,6 +361,7 @@ async fn generate_inner(
                 if lost && !never_reached(&e) {
                     // vLLM held it when the group was lost: a suspect, or a poison request.
                     let suspect = Suspect {
+                        strikes,
                         quarantine: app.quarantine.clone(),
                         body: forward.clone(),
                         dispatched,
@@ -403,6 +405,7 @@ async fn generate_inner(
             model: norm.model.clone(),
             drain_timeout: app.drain_timeout,
             suspect: Some(Suspect {
+                strikes,
                 quarantine: app.quarantine.clone(),
                 body: forward.clone(),
                 dispatched,
