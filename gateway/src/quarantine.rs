@@ -32,9 +32,9 @@ use crate::groups::Group;
 use crate::observe;
 
 /// A group lost this soon after a lone request was sent to it is that request's doing.
-pub(crate) const POISON_WINDOW: Duration = Duration::from_secs(10);
-/// How long a suspect or a quarantined body is remembered.
-pub(crate) const TTL: Duration = Duration::from_secs(3600);
+const POISON_WINDOW: Duration = Duration::from_secs(10);
+/// How long a quarantined body is remembered.
+const TTL: Duration = Duration::from_secs(3600);
 /// Bodies remembered at most.
 const MAX_RECORDS: usize = 4096;
 
@@ -59,7 +59,7 @@ pub(crate) enum Verdict {
 }
 
 /// The rule, for a request's `strikes`-th loss.
-pub(crate) fn judge(strikes: u32, loss: Loss) -> Verdict {
+fn judge(strikes: u32, loss: Loss) -> Verdict {
     let named = (loss.alone && loss.soon) || (strikes >= 2 && loss.lone_suspect) || strikes >= 3;
     if named {
         Verdict::Quarantined
@@ -88,7 +88,7 @@ struct Records {
     recorded: u64,
 }
 
-/// The gateway's record of suspects and quarantined bodies.
+/// The gateway's record of quarantined bodies.
 #[derive(Debug, Default)]
 pub(crate) struct Quarantine {
     records: Mutex<Records>,
@@ -97,7 +97,7 @@ pub(crate) struct Quarantine {
 }
 
 /// A body's fingerprint.
-pub(crate) fn fingerprint(body: &[u8]) -> u64 {
+fn fingerprint(body: &[u8]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     body.hash(&mut h);
     h.finish()
@@ -144,7 +144,7 @@ impl Quarantine {
         self.any.store(true, Ordering::Relaxed);
     }
 
-    /// Bodies on record, quarantined or suspected.
+    /// Bodies on record.
     #[cfg(test)]
     fn len(&self) -> usize {
         self.records.lock().expect("quarantine").by_body.len()
@@ -198,7 +198,7 @@ impl Dispatched {
 pub(crate) enum Stage {
     /// After its group was lost under it.
     Dispatch,
-    /// At arrival: the same body was quarantined before.
+    /// At arrival: two requests with the same body were quarantined before.
     Arrival,
 }
 

@@ -1,5 +1,6 @@
-//! The abort fence: a stream cut before vLLM's answer ended keeps its slots until vLLM has let
-//! go of the request, judged from rank 0's own counts (`let_go`), so the queued request the
+//! The abort fence: a generation cut before vLLM's answer ended (a stream whose client left or
+//! that the gateway ended, a request given up on while it waited) keeps its slots until vLLM has
+//! let go of the request, judged from rank 0's own counts (`let_go`), so the queued request the
 //! release admits never makes one more than MAX_NUM_SEQS inside vLLM.
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use super::{Group, Lease};
 
 impl Lease {
     /// Keeps this lease, and `with` (the request's admission permit), until vLLM has let go of
-    /// the request whose stream was cut: rank 0's own running + waiting count no more than the
+    /// the cut request: rank 0's own running + waiting count no more than the
     /// group's other leases, the group closed, or [`FENCE_MAX`] passed. vLLM aborts a request
     /// when it notices its connection closed, a moment after the gateway closed it; a queued
     /// request sent in that moment would make one more than MAX_NUM_SEQS inside vLLM.
@@ -36,14 +37,14 @@ impl Lease {
     }
 }
 
-/// How long a cut stream's slots wait for vLLM to let go of it at most.
-pub(crate) const FENCE_MAX: Duration = Duration::from_secs(2);
+/// How long a cut generation's slots wait for vLLM to let go of it at most.
+const FENCE_MAX: Duration = Duration::from_secs(2);
 /// An engine with no step for this long has no request running (its counts are stale).
 const FENCE_IDLE: Duration = Duration::from_millis(250);
 /// How often rank 0's load is read while slots are fenced.
 const FENCE_POLL: Duration = Duration::from_millis(20);
 
-/// A cut stream's slots and what holds them (its lease and admission permit).
+/// A cut generation's slots and what holds them (its lease and admission permit).
 pub(crate) struct Fenced {
     seqs: u32,
     since: Instant,

@@ -49,10 +49,10 @@ pub(crate) struct Group {
     requests: metrics::Counter,
     /// An operator drains it before restarting it alone: no new leases.
     drained: AtomicBool,
-    /// Slots of streams cut before vLLM's answer ended, kept until vLLM has let go of them.
+    /// Slots of generations cut before vLLM's answer ended, kept until vLLM has let go of them.
     fence: Mutex<Vec<Fenced>>,
-    /// One permit: a request whose body was lost under twice (`quarantine`) runs with no other
-    /// such suspect beside it, so a third loss names one request.
+    /// One permit: a request lost under twice (`quarantine`) runs with no other such suspect
+    /// beside it, so a third loss names one request.
     probation: Arc<tokio::sync::Semaphore>,
     /// Suspects' leases (`quarantine`): in flight now, and ever given.
     suspects_in_flight: AtomicU64,

@@ -1,20 +1,18 @@
-//! The one holder of a generation's admission permit and group lease: its response body.
+//! The holders of a generation's admission permit and group lease: `Held` while the gateway
+//! waits for vLLM's answer, then its response body (`HoldPermit`).
 
 use bytes::Bytes;
 
 use crate::admission::Permit;
 use crate::groups::Lease;
 
-/// A response body that keeps the admission permit until it is fully sent or dropped — the
-/// one holder of a generation's permit, streamed (around the relay) or not. A stream cut before
-/// vLLM's answer ended keeps its slots until vLLM has let go of the request
-/// (`Lease::release_after_abort`): a queued request sent at once would find vLLM still holding
-/// the old one and run over MAX_NUM_SEQS.
+/// A response body that keeps the generation's slots until it is fully sent or dropped,
+/// streamed (around the relay) or not. A stream cut before vLLM's answer ended leaves them to
+/// its `Held`, which fences them until vLLM has let go of the request: a queued request sent at
+/// once would find vLLM still holding the old one and run over MAX_NUM_SEQS.
 pub(super) struct HoldPermit<B: Cut> {
     inner: B,
-    /// The group's slot, then the admission's (a tuple drops its fields in order): the waiter
-    /// the permit's release admits finds the group's slot free.
-    held: Option<(Lease, Permit)>,
+    held: Option<Held>,
 }
 
 /// Whether a response body stopped before vLLM's answer ended.
@@ -36,20 +34,19 @@ impl Cut for http_body_util::Full<Bytes> {
 }
 
 impl<B: Cut> HoldPermit<B> {
-    pub(super) fn new(inner: B, permit: Permit, lease: Lease) -> Self {
+    pub(super) fn new(inner: B, held: Held) -> Self {
         Self {
             inner,
-            held: Some((lease, permit)),
+            held: Some(held),
         }
     }
 }
 
 impl<B: Cut> Drop for HoldPermit<B> {
     fn drop(&mut self) {
-        if let Some((lease, permit)) = self.held.take() {
-            if self.inner.cut_upstream() {
-                lease.release_after_abort(permit);
-            }
+        // A cut answer drops its `Held` as it is (fenced); a whole one gives the slots back.
+        if let Some(held) = self.held.take().filter(|_| !self.inner.cut_upstream()) {
+            drop(held.into_parts());
         }
     }
 }
@@ -76,7 +73,9 @@ where
 
 /// A generation's slots while the gateway waits for vLLM's answer: if its client leaves first
 /// (hyper drops the handler) or the gateway gives up on it, vLLM may still hold the request, so
-/// they go to the abort fence instead of straight back (`Lease::release_after_abort`).
+/// they go to the abort fence instead of straight back (`Lease::release_after_abort`). The
+/// group's slot comes before the admission's (a tuple drops its fields in order): the waiter
+/// the permit's release admits finds the group's slot free.
 pub(super) struct Held(Option<(Lease, Permit)>);
 
 impl Held {
@@ -89,7 +88,7 @@ impl Held {
         self.0.as_ref().expect("held until taken").0.group()
     }
 
-    /// The slots back, the wait over.
+    /// The slots back, the wait over (dropped, they are free at once).
     pub(super) fn into_parts(mut self) -> (Lease, Permit) {
         self.0.take().expect("held until taken")
     }

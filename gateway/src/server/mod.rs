@@ -415,7 +415,7 @@ async fn generate_inner(
         };
         let events = relay(upstream.into_body(), ctx);
         return Ok(Reply::Stream(
-            head.body(Body::new(HoldPermit::new(events, permit, lease)))
+            head.body(Body::new(HoldPermit::new(events, Held::new(lease, permit))))
                 .expect("valid response parts"),
         ));
     }
@@ -442,13 +442,12 @@ async fn generate_inner(
         }
         Ok(Ok(c)) => c.to_bytes(),
     };
-    // vLLM has finished it: the slots go back with the answer's last byte.
-    let (lease, permit) = held.into_parts();
     let usage = observe::Usage::of_body(&bytes);
     if let (true, Some(t)) = (status.is_success(), usage.completion) {
         app.control.count_tokens(mode, t);
     }
-    let body = HoldPermit::new(http_body_util::Full::new(bytes), permit, lease);
+    // vLLM has finished it: the slots go back with the answer's last byte.
+    let body = HoldPermit::new(http_body_util::Full::new(bytes), held);
     Ok(Reply::Whole {
         resp: head.body(Body::new(body)).expect("valid response parts"),
         usage,
