@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use metrics::counter;
 
 use crate::error::GatewayError;
-use crate::normalize::{Api, Normalized, Normalizer};
+use crate::normalize::{lax_integer, Api, Normalized, Normalizer};
 use crate::observe;
 
 /// How a request body is read: MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE.
@@ -292,18 +292,11 @@ impl<'de> Deserialize<'de> for Element {
     }
 }
 
-/// An integer as vLLM's request model takes one in lax mode: a number without a fraction, or a
-/// string of one. Anything else is vLLM's to refuse.
+/// An integer as vLLM's request model takes one in lax mode (`normalize::lax_integer`), when it
+/// fits an i64.
 fn integer(v: &RawValue) -> Option<i64> {
-    match serde_json::from_str::<Value>(v.get()).ok()? {
-        Value::Number(n) => n.as_i64().or_else(|| {
-            n.as_f64()
-                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e18)
-                .map(|f| f as i64)
-        }),
-        Value::String(s) => s.trim().parse().ok(),
-        _ => None,
-    }
+    let value = serde_json::from_str::<Value>(v.get()).ok()?;
+    lax_integer(&value).and_then(|i| i64::try_from(i).ok())
 }
 
 /// Drops every raw entry whose key appears again later (the rare path: a repeated key).

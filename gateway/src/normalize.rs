@@ -133,19 +133,26 @@ impl Sequences {
     }
 }
 
-/// `n` as vLLM's pydantic model reads it in lax mode — an integer, a float without a fraction,
-/// or a string of one; anything else (or below 1) is vLLM's to refuse, and counts as 1 here.
-fn lax_count(value: Option<&Value>) -> u32 {
-    let n = match value {
-        Some(Value::Number(v)) => v.as_u64().or_else(|| {
-            v.as_f64()
-                .filter(|f| f.fract() == 0.0 && *f >= 1.0)
-                .map(|f| f.min(f64::from(u32::MAX)) as u64)
-        }),
-        Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
+/// An integer as vLLM's pydantic models read one in lax mode: a number without a fraction, or a
+/// string of one; anything else is vLLM's to refuse. Wide enough for every such value.
+pub(crate) fn lax_integer(value: &Value) -> Option<i128> {
+    match value {
+        Value::Number(v) => v
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| v.as_u64().map(i128::from))
+            .or_else(|| v.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i128)),
+        Value::String(s) => s.trim().parse().ok(),
         _ => None,
-    };
-    n.filter(|n| *n >= 1)
+    }
+}
+
+/// `n` read as vLLM reads it (`lax_integer`); anything else, or below 1, is vLLM's to refuse
+/// and counts as 1 here.
+fn lax_count(value: Option<&Value>) -> u32 {
+    value
+        .and_then(lax_integer)
+        .filter(|n| *n >= 1)
         .map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX))
 }
 
