@@ -24,13 +24,14 @@ fn check_batch_n(req: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
         None | Some(Value::Null) => return Ok(()),
         Some(n) => n,
     };
-    // Python's `n != 1`: 1 and 1.0 pass; "1", true and every other value do not.
-    if n.as_f64() == Some(1.0) {
+    // Python's `n != 1`: 1, 1.0 and True (== 1 in Python) pass; "1" and every other value do
+    // not.
+    if n.as_f64() == Some(1.0) || *n == Value::Bool(true) {
         return Ok(());
     }
     let shown = match n {
         Value::String(s) => s.clone(),
-        Value::Bool(b) => if *b { "True" } else { "False" }.to_owned(),
+        Value::Bool(_) => "False".to_owned(),
         other => other.to_string(),
     };
     Err(super::bad_request(
