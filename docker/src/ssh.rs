@@ -245,10 +245,10 @@ impl Node {
             .map_err(|_| ssh_err(format!("unexpected first line from the worker: {first:?}")))?;
         let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
         let tx2 = tx.clone();
-        tokio::spawn(forward_lines(out.into_inner(), tx));
-        tokio::spawn(forward_lines(tokio::io::BufReader::new(stderr), tx2));
+        sparkgate_task::spawn("ssh-stdout", forward_lines(out.into_inner(), tx));
+        sparkgate_task::spawn("ssh-stderr", forward_lines(tokio::io::BufReader::new(stderr), tx2));
         let (exit_tx, exit) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
+        sparkgate_task::spawn("ssh-exit", async move {
             let status = match child.wait().await {
                 Ok(s) => s.to_string(),
                 // sshd reports a signal death as exit-signal, which the mux passes on as this.

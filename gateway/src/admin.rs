@@ -132,7 +132,7 @@ where
 {
     let drain = if force { Duration::ZERO } else { app.drain_timeout };
     let app = app.clone();
-    tokio::spawn(async move {
+    sparkgate_task::spawn("admin-restart", async move {
         scope.close(&app);
         let before = sup.status();
         let deadline = Instant::now() + drain;

@@ -35,7 +35,7 @@ fn grants_up_to_capacity_then_queues_fifo() {
         let mut tasks = Vec::new();
         for i in 0..3 {
             let (a, order) = (a.clone(), order.clone());
-            tasks.push(tokio::spawn(async move {
+            tasks.push(sparkgate_task::spawn("test", async move {
                 let p = a.acquire(1, 10, &c()).await.unwrap();
                 order.lock().unwrap().push(i);
                 p
@@ -58,7 +58,7 @@ fn full_queue_and_deadline_and_oversized_n() {
     rt().block_on(async {
         let a = Admission::new(1, limits(1, 5));
         let _p = a.acquire(1, 10, &c()).await.unwrap();
-        let waiter = tokio::spawn({
+        let waiter = sparkgate_task::spawn("test", {
             let a = a.clone();
             async move { a.acquire(1, 10, &c()).await }
         });
@@ -79,7 +79,7 @@ fn the_queue_holds_at_most_its_byte_budget() {
     rt().block_on(async {
         let a = Admission::new(1, limits(10, 60));
         let _running = a.acquire(1, 900, &c()).await.unwrap();
-        let first = tokio::spawn({
+        let first = sparkgate_task::spawn("test", {
             let a = a.clone();
             async move { a.acquire(1, 600, &c()).await }
         });
@@ -89,7 +89,7 @@ fn the_queue_holds_at_most_its_byte_budget() {
         assert!(e.retry_after().is_some(), "429 with Retry-After");
         first.abort();
         let _ = first.await;
-        let second = tokio::spawn({
+        let second = sparkgate_task::spawn("test", {
             let a = a.clone();
             async move { a.acquire(1, 900, &c()).await }
         });
@@ -104,7 +104,7 @@ fn a_waiter_that_goes_away_frees_its_place() {
     rt().block_on(async {
         let a = Admission::new(1, limits(10, 60));
         let p = a.acquire(1, 10, &c()).await.unwrap();
-        let gone = tokio::spawn({
+        let gone = sparkgate_task::spawn("test", {
             let a = a.clone();
             async move { a.acquire(1, 10, &c()).await }
         });
@@ -130,7 +130,7 @@ fn pause_holds_and_capacity_changes_apply() {
         let mut tasks = Vec::new();
         for _ in 0..4 {
             let (a, g) = (a.clone(), granted.clone());
-            tasks.push(tokio::spawn(async move {
+            tasks.push(sparkgate_task::spawn("test", async move {
                 let p = a.acquire(1, 10, &c()).await.unwrap();
                 g.fetch_add(1, Ordering::SeqCst);
                 p
@@ -157,7 +157,7 @@ fn a_requeued_request_goes_first_even_into_a_full_queue() {
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         let waiter = |name: &'static str, requeued: bool| {
             let (a, order) = (a.clone(), order.clone());
-            tokio::spawn(async move {
+            sparkgate_task::spawn("test", async move {
                 let p = if requeued {
                     a.requeue(1, 10).await
                 } else {
@@ -185,7 +185,7 @@ fn closing_answers_the_queue_at_once_and_refuses_newcomers() {
     rt().block_on(async {
         let a = Admission::new(1, limits(10, 600));
         let running = a.acquire(1, 10, &c()).await.unwrap();
-        let queued = tokio::spawn({
+        let queued = sparkgate_task::spawn("test", {
             let a = a.clone();
             async move { a.acquire(1, 10, &c()).await }
         });
@@ -219,7 +219,7 @@ fn a_lone_client_is_served_before_another_clients_burst_drains() {
         let mut tasks = Vec::new();
         let mut spawn = |who: &'static str, client: Client| {
             let (a, served) = (a.clone(), served.clone());
-            tasks.push(tokio::spawn(async move {
+            tasks.push(sparkgate_task::spawn("test", async move {
                 let p = a.acquire(1, 10, &client).await.unwrap();
                 served.lock().unwrap().push(who);
                 p
@@ -308,7 +308,7 @@ fn a_waiter_holds_out_for_its_full_group_while_the_free_slot_goes_to_the_next() 
         let order = Arc::new(Mutex::new(Vec::new()));
         let spawn = |who: &'static str, p: Option<Preference>| {
             let (a, order) = (a.clone(), order.clone());
-            tokio::spawn(async move {
+            sparkgate_task::spawn("test", async move {
                 let permit = a.acquire_for(1, 10, &c(), p).await.unwrap();
                 order.lock().unwrap().push(who);
                 permit
@@ -367,7 +367,7 @@ fn the_wait_counts_from_the_first_slot_let_go_not_from_arrival() {
         let _on_home = a.acquire(1, 10, &c()).await.unwrap();
         let on_other = a.acquire(1, 10, &c()).await.unwrap();
         home.0.store(true, Ordering::SeqCst);
-        let waiter = tokio::spawn({
+        let waiter = sparkgate_task::spawn("test", {
             let (a, home) = (a.clone(), home.clone());
             async move { a.acquire_for(1, 10, &c(), prefer(&home, 2)).await.unwrap() }
         });

@@ -1,4 +1,4 @@
-//! sparkgate's front door and command line: the only crate that knows OpenAI JSON. The HTTP
+//! sparkgate's front door: the only crate that knows OpenAI JSON. The HTTP
 //! server (`server`), request normalisation (`normalize`), admission (`admission`), the upstream
 //! client, its wire and the SSE relay (`upstream`, `wire`, `relay`), edge layers (`edge`), errors (`error`) and
 //! observability (`observe`).
@@ -7,7 +7,6 @@ mod admin;
 mod admission;
 mod app;
 mod body;
-pub mod cli;
 mod clients;
 mod decimal;
 mod dispatch;

@@ -412,7 +412,7 @@ pub(crate) async fn run(
                     backoff.succeeded();
                     if connections.len() >= cfg.max_connections {
                         let max = cfg.max_connections;
-                        tokio::spawn(async move { answer(&stream, GatewayError::TooManyConnections { max }).await });
+                        sparkgate_task::spawn("over-connections-answer", async move { answer(&stream, GatewayError::TooManyConnections { max }).await });
                         continue;
                     }
                     connections.spawn(connection(stream, peer, dispatch.clone(), cfg, stop_rx.clone()));

@@ -240,7 +240,7 @@ impl Suspect {
         if !(loss.alone && loss.soon) {
             return;
         }
-        tokio::spawn(async move {
+        sparkgate_task::spawn("quarantine-verdict", async move {
             if self.dispatched.group.lost_since(self.dispatched.epoch).await {
                 self.record(Verdict::Quarantined, self.strikes.saturating_add(1), loss);
             }

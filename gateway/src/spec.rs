@@ -1,9 +1,9 @@
 //! The speculation policy at work: every second the demand width (admission in flight + queued)
-//! goes to `sparkgate_supervisor::spec_policy::AutoPolicy`; a switch it takes drains and
+//! goes to `sparkgate_spec::policy::AutoPolicy`; a switch it takes drains and
 //! restarts the group into the chosen mode. Decisions (taken or declined) are logged, kept for
 //! `/admin/spec` and counted in metrics. An operator's mode pin turns `auto` off until released.
 //! Every second in a steady mode also teaches the policy the tokens delivered at that width, and
-//! every switch it asked for, how long the restart took (see `spec_policy`'s learning rule).
+//! every switch it asked for, how long the restart took (see `sparkgate_spec::policy`'s learning rule).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sparkgate_config::{SpecMethod, SpecPolicy, Speculation};
-use sparkgate_supervisor::spec_policy::{AutoPolicy, Decision, ModeRates, PolicySettings};
+use sparkgate_spec::policy::{AutoPolicy, Decision, ModeRates, PolicySettings};
 use sparkgate_supervisor::{GroupState, SupervisorHandle};
 
 const KEPT_DECISIONS: usize = 20;
@@ -113,7 +113,7 @@ pub(crate) fn run(
     demand: impl Fn() -> (u32, u64) + Send + 'static,
     switch: impl Fn(SpecMethod) + Send + 'static,
 ) {
-    tokio::spawn(async move {
+    sparkgate_task::spawn("spec-policy", async move {
         let started = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let (mut last_tokens, mut last_at) = (demand().1, 0.0);

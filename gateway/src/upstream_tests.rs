@@ -20,12 +20,12 @@ async fn server(body: &'static str, close: bool) -> (String, Arc<AtomicUsize>, A
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (accepted, eof) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (a, e) = (accepted.clone(), eof.clone());
-    tokio::spawn(async move {
+    sparkgate_task::spawn("test", async move {
         loop {
             let (mut sock, _) = listener.accept().await.unwrap();
             a.fetch_add(1, Ordering::SeqCst);
             let e = e.clone();
-            tokio::spawn(async move {
+            sparkgate_task::spawn("test", async move {
                 let mut buf = vec![0u8; 4096];
                 loop {
                     let n = sock.read(&mut buf).await.unwrap_or(0);
@@ -131,11 +131,11 @@ where
     let accepted = Arc::new(AtomicUsize::new(0));
     let a = accepted.clone();
     let script = Arc::new(script);
-    tokio::spawn(async move {
+    sparkgate_task::spawn("test", async move {
         loop {
             let (sock, _) = listener.accept().await.unwrap();
             let n = a.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(script(sock, n));
+            sparkgate_task::spawn("test", script(sock, n));
         }
     });
     (base, accepted)

@@ -495,7 +495,7 @@ async fn rsync(
         })?;
     let mut stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
-    let errors = tokio::spawn(async move {
+    let errors = sparkgate_task::spawn("ship-stderr", async move {
         let mut s = String::new();
         let _ = stderr.read_to_string(&mut s).await;
         s

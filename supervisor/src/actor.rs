@@ -237,7 +237,7 @@ impl Actor {
                 }
                 Action::Wait { epoch, delay } => {
                     let tx = self.reports_tx.clone();
-                    tokio::spawn(async move {
+                    sparkgate_task::spawn("backoff-wait", async move {
                         tokio::time::sleep(delay).await;
                         let _ = tx.send(Report::Event(Event::RetryDue { epoch }));
                     });
@@ -270,7 +270,7 @@ impl Actor {
             .iter()
             .find(|r| r.rank == 0)
             .cloned();
-        self.preparing = Some(tokio::spawn(async move {
+        self.preparing = Some(sparkgate_task::spawn("preparation", async move {
             let report = crate::nodes::StatusReport::new(&status);
             let done = crate::nodes::prepare_nodes(&config, &backend, &check, rank0.as_ref(), &logs, &report).await;
             let _ = tx.send(Report::Event(Event::Prepared(done)));
@@ -285,7 +285,7 @@ impl Actor {
             self.exits_tx.clone(),
             self.reports_tx.clone(),
         );
-        let task = tokio::spawn(async move {
+        let task = sparkgate_task::spawn("start", async move {
             let spawned = || {
                 let _ = tx.send(Report::Spawned);
             };

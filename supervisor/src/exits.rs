@@ -35,7 +35,7 @@ pub(crate) fn watch_exit(
 ) -> Exited {
     let exited = Exited::default();
     let flag = exited.clone();
-    tokio::spawn(async move {
+    sparkgate_task::spawn("exit-watch", async move {
         let status = status.await;
         flag.0.store(true, Ordering::SeqCst);
         let _ = exits.send(RankExit { epoch, rank, status });

@@ -19,8 +19,6 @@ mod preflight;
 mod probe;
 mod rank;
 mod sampler;
-pub mod spec_policy;
-pub mod spec_split;
 mod start;
 mod status;
 mod watchdog;
@@ -185,7 +183,7 @@ impl SupervisorHandle {
             stalled_s: None,
         });
         let actor = actor::Actor::new(machine, starter, setup, rx, status_tx);
-        tokio::spawn(actor.run());
+        sparkgate_task::spawn("supervisor", actor.run());
         Ok(SupervisorHandle {
             requests: tx,
             status: status_rx,

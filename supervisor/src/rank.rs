@@ -104,8 +104,8 @@ impl Rank {
         })?;
         let pid = child.id().unwrap_or(0);
         let readers = [
-            child.stdout.take().map(|s| tokio::spawn(out.follow(s))),
-            child.stderr.take().map(|s| tokio::spawn(err.follow(s))),
+            child.stdout.take().map(|s| sparkgate_task::spawn("rank-stdout", out.follow(s))),
+            child.stderr.take().map(|s| sparkgate_task::spawn("rank-stderr", err.follow(s))),
         ];
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let exited = watch_exit(to.epoch, plan.rank, to.exits, async move {
@@ -144,7 +144,7 @@ impl Rank {
         let mut capture = Capture::open(to.log, sink.clone()).await?;
         let ssh = link.node().await?;
         let mut process = ssh.spawn_remote(bin, plan.vllm_argv(), &plan_env(plan)).await?;
-        tokio::spawn(async move {
+        sparkgate_task::spawn("rank-remote-output", async move {
             while let Some(line) = process.lines.recv().await {
                 capture.chunk(line.as_bytes()).await;
                 capture.chunk(b"\n").await;
@@ -181,7 +181,7 @@ impl Rank {
         };
         // Adopted: follow from now (the earlier output is in the previous gateway's log file).
         let mut output = Box::pin(docker.logs(&id, adopted.then_some(0)));
-        tokio::spawn(async move {
+        sparkgate_task::spawn("rank-container-logs", async move {
             while let Some(chunk) = output.next().await {
                 capture.chunk(&chunk).await;
             }

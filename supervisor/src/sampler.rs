@@ -31,7 +31,7 @@ impl Sampler {
     /// named as its node is, over SSH).
     pub(crate) fn start(probe: Probe, meminfo: PathBuf, workers: Vec<(String, Node)>) -> Sampler {
         let (tx, samples) = mpsc::channel(1);
-        let task = tokio::spawn(async move {
+        let task = sparkgate_task::spawn("sampler", async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

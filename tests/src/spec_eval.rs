@@ -1,5 +1,5 @@
 //! Virtual-time evaluation of speculation policies: demand traces replayed second by second
-//! through the real `auto` policy (`sparkgate_supervisor::spec_policy`), fixed modes and an
+//! through the real `auto` policy (`sparkgate_spec::policy`), fixed modes and an
 //! oracle that knows the whole trace, with the profile's throughput tables and a restart cost.
 //!
 //! Model (requests in 0.1 s steps): the trace gives the demand width each second — that many
@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 
 use sparkgate_config::{default_max_num_seqs, seeded_throughput, ProfileId, SpecMethod};
-use sparkgate_supervisor::spec_policy::{AutoPolicy, ModeRates, PolicySettings};
+use sparkgate_spec::policy::{AutoPolicy, ModeRates, PolicySettings};
 
 /// Demand width for each second.
 #[derive(Debug, Clone)]

@@ -12,8 +12,8 @@
 
 use std::collections::VecDeque;
 
-use sparkgate_supervisor::spec_policy::{ModeRates, PolicySettings};
-use sparkgate_supervisor::spec_split::{allocate, changes, split_table, splits, SplitPolicy};
+use sparkgate_spec::policy::{ModeRates, PolicySettings};
+use sparkgate_spec::split::{allocate, changes, split_table, splits, SplitPolicy};
 
 use crate::spec_eval::{Modes, Outcome, Tally, Trace, REQUEST_TOKENS};
 

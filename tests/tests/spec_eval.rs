@@ -2,7 +2,7 @@
 //! restarts, margin 1): what `auto` must hold against fixed modes and the oracle.
 
 use sparkgate_config::ProfileId;
-use sparkgate_supervisor::spec_policy::PolicySettings;
+use sparkgate_spec::policy::PolicySettings;
 use sparkgate_tests::spec_eval::{auto, fixed, modes, oracle, traces, Outcome, Trace};
 
 fn trace(name_starts: &str) -> Trace {

@@ -617,7 +617,7 @@ pub(crate) fn mirror(control: GatewayControl, groups: Arc<Groups>) {
     for (index, g) in groups.all().iter().enumerate() {
         let Some(sup) = g.supervisor.clone() else { continue };
         let (control, groups) = (control.clone(), groups.clone());
-        tokio::spawn(async move {
+        sparkgate_task::spawn("group-mirror", async move {
             let mut rx = sup.subscribe();
             loop {
                 let view = view_of(&rx.borrow_and_update());

@@ -559,7 +559,7 @@ pub async fn serve(
     let app = App::new(config, control.clone(), groups.clone());
     match upstreams {
         Upstreams::Probe => {
-            tokio::spawn(probe_upstream(app.clone()));
+            sparkgate_task::spawn("upstream-probe", probe_upstream(app.clone()));
         }
         Upstreams::Supervised(list) if list.len() > 1 => {
             crate::groups::mirror(control.clone(), groups);
@@ -588,7 +588,7 @@ pub async fn serve(
         }
     }
     if let Some(l) = app.limiter.clone() {
-        tokio::spawn(async move {
+        sparkgate_task::spawn("rate-limit-housekeeping", async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(60)).await;
                 l.housekeeping();
@@ -597,7 +597,7 @@ pub async fn serve(
     }
     // The tokens/s that /admin/status reports: delivered tokens sampled each second.
     let sampled = control.clone();
-    tokio::spawn(async move {
+    sparkgate_task::spawn("token-rate", async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;

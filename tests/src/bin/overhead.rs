@@ -327,7 +327,7 @@ async fn non_streaming(
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
             let (client, base, stop, counting) = (client.clone(), base.to_owned(), stop.clone(), counting.clone());
-            tokio::spawn(async move {
+            sparkgate_task::spawn("overhead-client", async move {
                 let (mut latencies, mut errors) = (Vec::new(), 0u64);
                 while !stop.load(Ordering::Relaxed) {
                     let started = Instant::now();
@@ -386,7 +386,7 @@ async fn streaming(client: &HttpClient, base: &str, concurrency: usize, total: u
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
             let (client, base, next) = (client.clone(), base.to_owned(), next.clone());
-            tokio::spawn(async move {
+            sparkgate_task::spawn("overhead-stream", async move {
                 let (mut ttft, mut gaps, mut errors, mut tokens) = (Vec::new(), Vec::new(), 0u64, 0u64);
                 while next.fetch_add(1, Ordering::Relaxed) < total {
                     let started = Instant::now();
@@ -461,7 +461,7 @@ async fn idle_streams(front: &Front, n: usize) -> Value {
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
         let (client, base, tx, release) = (client.clone(), front.base.clone(), tx.clone(), release.clone());
-        tasks.push(tokio::spawn(async move {
+        tasks.push(sparkgate_task::spawn("overhead-idle-stream", async move {
             match client.request(post(&base, chat_body(true, 64))).await {
                 Ok(resp) if resp.status().is_success() => {
                     let _ = tx.send(true);

@@ -9,7 +9,7 @@
 //!        [--groups N [--scale F]]
 
 use sparkgate_config::ProfileId;
-use sparkgate_supervisor::spec_policy::PolicySettings;
+use sparkgate_spec::policy::PolicySettings;
 use sparkgate_tests::spec_eval::{auto, fixed, modes, oracle, traces, Modes, Outcome, REQUEST_TOKENS};
 use sparkgate_tests::spec_split_eval as split;
 

@@ -156,14 +156,14 @@ async fn run(args: ServeArgs) -> i32 {
     let ready_timeout = env_secs("VLLM_ENGINE_READY_TIMEOUT_S", 600.0);
     if let Some(after) = faults.crash_after {
         let f = faults.clone();
-        tokio::spawn(async move {
+        sparkgate_task::spawn("sim-crash-after", async move {
             tokio::time::sleep(after).await;
             f.crash();
         });
     }
     if let Some(after) = faults.hang_after {
         let f = faults.clone();
-        tokio::spawn(async move {
+        sparkgate_task::spawn("sim-hang-after", async move {
             tokio::time::sleep(after).await;
             f.hang();
         });
@@ -260,8 +260,8 @@ async fn run(args: ServeArgs) -> i32 {
         env_secs("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0),
         env_secs("SIM_WATCHDOG_S", 5.0),
     );
-    tokio::spawn(engine.clone().run());
-    tokio::spawn(stats_logger(metrics.clone(), env_secs("VLLM_LOG_STATS_INTERVAL", 10.0)));
+    sparkgate_task::spawn("sim-engine", engine.clone().run());
+    sparkgate_task::spawn("sim-stats", stats_logger(metrics.clone(), env_secs("VLLM_LOG_STATS_INTERVAL", 10.0)));
 
     let listener = match tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await {
         Ok(l) => l,
@@ -346,7 +346,7 @@ async fn run(args: ServeArgs) -> i32 {
         &format!("vllm-sim ready in {:.2}s", started.elapsed().as_secs_f64()),
     );
     if let Some(port) = env_f64("SIM_CONTROL_PORT") {
-        tokio::spawn(control::serve(port as u16, faults.clone(), engine));
+        sparkgate_task::spawn("sim-control", control::serve(port as u16, faults.clone(), engine));
     }
     api::serve(listener, app, faults).await;
     0

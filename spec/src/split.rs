@@ -1,7 +1,7 @@
 //! Speculation split across groups: with several identical groups the fleet may keep groups in
 //! different modes — one speculating for narrow demand, one not for wide demand — and route
 //! each stream to the group where it adds the most tokens/s. Pure, in caller-supplied time,
-//! like [`crate::spec_policy`], whose rule it reuses.
+//! like [`crate::policy`], whose rule it reuses.
 //!
 //! - A *split* gives each group a mode, as sorted mode indices (groups are alike, so `[0, 1]`
 //!   and `[1, 0]` are the same split).
@@ -14,7 +14,7 @@
 //!   since the groups that keep their mode keep serving. So the fleet changes a group's mode
 //!   only when the split itself should change, never to follow each burst.
 
-use crate::spec_policy::{AutoPolicy, Decision, ModeRates, PolicySettings};
+use crate::policy::{AutoPolicy, Decision, ModeRates, PolicySettings};
 
 /// Every split of `groups` groups over `modes` modes, each as sorted mode indices; the uniform
 /// splits (every group in one mode) come in mode order among them.

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use sparkgate_config::{Config, GroupConfig, LoadOptions, Source};
 use sparkgate_supervisor::SupervisorHandle;
 
-use crate::{GatewayControl, Upstreams};
+use sparkgate_gateway::{GatewayControl, Upstreams};
 
 /// True when UPSTREAM_URL was given (flag, environment or env file): front it, supervise nothing.
 fn gateway_only(config: &Config) -> bool {
@@ -33,7 +33,7 @@ pub(super) enum Logs {
 }
 
 pub(super) fn serve(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> anyhow::Result<ExitCode> {
-    let _log = crate::init_logging(config.gateway.log_format);
+    let _log = sparkgate_gateway::init_logging(config.gateway.log_format);
     // One thread (the default) is tokio's current-thread scheduler: the accept loop, the
     // connections and the supervisor share the thread that runs them, with no hand-off to a
     // worker and no cross-thread wake-up per request (a multi-threaded runtime with one worker
@@ -53,9 +53,9 @@ pub(super) fn serve(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> any
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (is PORT {} in use?)", config.ports.public))?;
-        let local = crate::local_addr(&listener)?;
+        let local = sparkgate_gateway::local_addr(&listener)?;
         let mode = config.speculation.active_mode();
-        let limits = crate::QueueLimits {
+        let limits = sparkgate_gateway::QueueLimits {
             depth: config.gateway.queue_depth,
             bytes: config.gateway.queue_max_bytes,
             timeout: config.gateway.queue_timeout,
@@ -101,7 +101,7 @@ pub(super) fn serve(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> any
             true => Upstreams::Probe,
             false => Upstreams::Supervised(supervised),
         };
-        crate::serve(config, listener, control, upstreams, shutdown_signal()).await?;
+        sparkgate_gateway::serve(config, listener, control, upstreams, shutdown_signal()).await?;
         // Each supervisor decides: process ranks stop with the gateway (they cannot be
         // adopted); containers stay for the next gateway unless STOP_RANKS_ON_EXIT=1.
         futures_util::future::join_all(handles.iter().map(|h| h.shutdown())).await;

@@ -185,7 +185,7 @@ async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::
                             body.clone(),
                         );
                         let timeout = Duration::from_secs(args.timeout_s);
-                        tokio::spawn(
+                        sparkgate_task::spawn("bench-stream", 
                             async move { stream_one(&client, &url, key.as_deref(), body, phase, timeout).await },
                         )
                     })

@@ -10,8 +10,8 @@ use clap::Parser;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = sparkgate_gateway::cli::Cli::parse();
-    match sparkgate_gateway::cli::run(cli) {
+    let cli = sparkgate_cli::Cli::parse();
+    match sparkgate_cli::run(cli) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("sparkgate: {err:#}");
