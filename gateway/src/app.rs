@@ -1,17 +1,16 @@
 //! The state every handler shares (`App`, behind `Shared`): the normaliser, the upstream
-//! client, admission and upstream state, keys, limits and the speculation policy — its own
-//! module, so the server, the edge layers and `/admin` depend on it and not on each other.
+//! client, admission and upstream state, limits and the speculation policy: the layer between
+//! what serves one request (`pipeline`, `admin`) and the parts it is made of.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_config::{Config, Secret};
+use sparkgate_config::Config;
 
-use crate::edge::Limiter;
+use crate::api::normalize::Normalizer;
+use crate::control::state::GatewayControl;
 use crate::groups::Groups;
-use crate::normalize::Normalizer;
-use crate::state::GatewayControl;
 
 /// Everything the handlers share.
 #[derive(Debug)]
@@ -20,23 +19,18 @@ pub(crate) struct App {
     /// The rank groups (one without GROUPS_FILE), each with its upstream and supervisor.
     pub(crate) groups: Arc<Groups>,
     pub(crate) control: GatewayControl,
-    pub(crate) api_keys: Vec<Secret>,
-    pub(crate) admin_token: Option<Secret>,
-    /// `/metrics` answers without an API key (METRICS_PUBLIC).
-    pub(crate) metrics_public: bool,
-    pub(crate) limiter: Option<Arc<Limiter>>,
     pub(crate) drain_timeout: Duration,
     pub(crate) first_token_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) request_timeout: Duration,
     /// MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE: how a request body is read.
-    pub(crate) body: crate::body::BodyLimits,
+    pub(crate) body: crate::api::body::BodyLimits,
     pub(crate) profile: String,
     /// The profile's speculation modes (what `/admin/spec` may switch to).
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
-    pub(crate) spec_policy: Arc<crate::spec::ModePolicy>,
+    pub(crate) spec_policy: Arc<crate::control::spec::ModePolicy>,
     /// Who a generation is for in the admission queue.
-    pub(crate) clients: crate::clients::Clients,
+    pub(crate) clients: crate::control::clients::Clients,
     /// Bodies whose group was lost under them, and those no longer sent.
     pub(crate) quarantine: Arc<crate::quarantine::Quarantine>,
 }
@@ -55,15 +49,11 @@ impl App {
             )),
             groups,
             control,
-            api_keys: config.secrets.api_keys.clone(),
-            admin_token: config.secrets.admin_token.clone(),
-            metrics_public: g.metrics_public,
-            limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
             drain_timeout: g.drain_timeout,
             first_token_timeout: g.first_token_timeout,
             idle_timeout: g.stream_idle_timeout,
             request_timeout: g.request_timeout,
-            body: crate::body::BodyLimits {
+            body: crate::api::body::BodyLimits {
                 max: g.max_body_bytes,
                 timeout: g.body_timeout,
                 min_rate: g.body_min_rate,
@@ -71,8 +61,12 @@ impl App {
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
             quarantine: Arc::default(),
-            spec_policy: crate::spec::ModePolicy::new(&config.speculation),
-            clients: crate::clients::Clients::new(g.queue_policy, config.serving.scheduling_policy, &g.client_weights),
+            spec_policy: crate::control::spec::ModePolicy::new(&config.speculation),
+            clients: crate::control::clients::Clients::new(
+                g.queue_policy,
+                config.serving.scheduling_policy,
+                &g.client_weights,
+            ),
         })
     }
 }

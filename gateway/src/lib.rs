@@ -1,40 +1,39 @@
-//! sparkgate's front door: the only crate that knows OpenAI JSON. The HTTP
-//! server (`server`), request normalisation (`normalize`), admission (`admission`), the upstream
-//! client, its wire and the SSE relay (`upstream`, `wire`, `relay`), edge layers (`edge`), errors (`error`) and
-//! observability (`observe`).
+//! sparkgate's front door: the only crate that knows OpenAI JSON. Its layers, each a folder
+//! that imports only the layers listed before it (ARCHITECTURE.md):
+//! `observe` (metrics, logs) → `api` (families, routes, errors, bodies, normalisation) →
+//! `control` (admission, fair queue, upstream state, speculation) → `upstream` (the client to
+//! rank 0, its wire, its metrics) → `groups` (rank groups, leases, the abort fence) → `quarantine`
+//! (poison requests) → `app`
+//! (the shared state) → `pipeline` (a request's stages) → `admin` (the gateway's own routes) →
+//! `http` (the connection loop, the edge steps, `serve`).
+
+mod observe;
+
+mod api;
+
+mod control;
+
+mod upstream;
+
+mod groups;
+
+mod quarantine;
+
+mod app;
+
+mod pipeline;
 
 mod admin;
-mod admission;
-mod app;
-mod body;
-mod clients;
-mod decimal;
-mod dispatch;
-mod edge;
-mod error;
-mod exposition;
-mod fairq;
-mod groups;
-mod listen;
-mod logline;
-mod logwriter;
+
+mod http;
+
 #[doc(hidden)]
 pub mod microbench;
-mod normalize;
-mod observe;
-mod quarantine;
-mod relay;
-mod routes;
-mod server;
-mod spec;
-mod state;
-mod upstream;
-mod wire;
 
-pub use admission::{AdmissionSnapshot, QueueLimits};
-pub use error::GatewayError;
+pub use api::error::GatewayError;
+pub use control::admission::{AdmissionSnapshot, QueueLimits};
+pub use control::state::{GatewayControl, UpstreamState};
 pub use groups::Upstreams;
-pub use logwriter::LogGuard;
+pub use http::serve::{local_addr, serve};
 pub use observe::init_logging;
-pub use server::{local_addr, serve};
-pub use state::{GatewayControl, UpstreamState};
+pub use observe::logwriter::LogGuard;

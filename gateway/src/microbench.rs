@@ -13,11 +13,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use sparkgate_config::{ProfileId, SpecMethod};
 
-use crate::admission::{Admission, QueueLimits};
-use crate::body::prepare_now;
-use crate::normalize::{Api, Normalizer};
-use crate::relay::Tap;
-use crate::state::GatewayControl;
+use crate::api::body::prepare_now;
+use crate::api::family::Api;
+use crate::api::normalize::Normalizer;
+use crate::control::admission::{Admission, QueueLimits};
+use crate::control::state::GatewayControl;
+use crate::pipeline::relay::Tap;
 
 /// One case: a name, what one iteration does, and the loop that runs it `iters` times.
 #[derive(Debug, Clone, Copy)]
@@ -144,7 +145,7 @@ fn admission(iters: u64) {
         timeout: Duration::from_secs(60),
     };
     let admission = Admission::new(2, limits);
-    let client = crate::fairq::Client::new("bench", 1);
+    let client = crate::control::fairq::Client::new("bench", 1);
     let mut cx = Context::from_waker(Waker::noop());
     for _ in 0..iters {
         let mut acquire = std::pin::pin!(admission_once(&admission, &client));
@@ -153,7 +154,7 @@ fn admission(iters: u64) {
     }
 }
 
-async fn admission_once(admission: &Arc<Admission>, client: &crate::fairq::Client) {
+async fn admission_once(admission: &Arc<Admission>, client: &crate::control::fairq::Client) {
     let permit = admission.acquire(1, 512, client).await;
     black_box(permit.is_ok());
 }

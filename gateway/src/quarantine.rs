@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use metrics::counter;
 
-use crate::clients::Caller;
+use crate::control::clients::Caller;
 use crate::groups::Group;
 use crate::observe;
 
@@ -194,19 +194,7 @@ impl Dispatched {
 }
 
 /// Where a request is quarantined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stage {
-    /// After its group was lost under it.
-    Dispatch,
-    /// At arrival: two requests with the same body were quarantined before.
-    Arrival,
-}
-
-impl Stage {
-    pub(crate) fn label(self) -> &'static str {
-        observe::QUARANTINE_STAGES[self as usize]
-    }
-}
+pub(crate) use crate::observe::QuarantineStage as Stage;
 
 /// A request whose group was lost while vLLM held it, with what judging it needs.
 #[derive(Debug)]

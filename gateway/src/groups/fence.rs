@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sparkgate_supervisor::Progress;
 
-use super::{Group, Lease};
+use super::group::{Fenced, Group, Lease};
 
 impl Lease {
     /// Keeps this lease, and `with` (the request's admission permit), until vLLM has let go of
@@ -32,7 +32,8 @@ impl Lease {
         let mut fence = group.fence.lock().expect("fence");
         fence.push(fenced);
         if fence.len() == 1 {
-            runtime.spawn(watch_fence(group.clone()));
+            let _enter = runtime.enter();
+            sparkgate_task::spawn("abort-fence", watch_fence(group.clone()));
         }
     }
 }
@@ -43,22 +44,6 @@ const FENCE_MAX: Duration = Duration::from_secs(2);
 const FENCE_IDLE: Duration = Duration::from_millis(250);
 /// How often rank 0's load is read while slots are fenced.
 const FENCE_POLL: Duration = Duration::from_millis(20);
-
-/// A cut generation's slots and what holds them (its lease and admission permit).
-pub(crate) struct Fenced {
-    seqs: u32,
-    since: Instant,
-    until: Instant,
-    _held: Box<dyn Send>,
-}
-
-impl std::fmt::Debug for Fenced {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fenced")
-            .field("seqs", &self.seqs)
-            .finish_non_exhaustive()
-    }
-}
 
 /// Whether vLLM has let go of the fenced requests: rank 0's running + waiting count no more
 /// than the group's other leases; or its engine has made no step for [`FENCE_IDLE`] while it
@@ -74,7 +59,7 @@ async fn watch_fence(group: Arc<Group>) {
     let mut still: Option<(f64, Instant)> = None;
     loop {
         tokio::time::sleep(FENCE_POLL).await;
-        let progress = crate::exposition::engine_progress(&group.upstream).await;
+        let progress = crate::upstream::exposition::engine_progress(&group.upstream).await;
         let now = Instant::now();
         if let Some(p) = &progress {
             if still.is_none_or(|(steps, _)| steps != p.steps) {

@@ -1,9 +1,11 @@
 //! The groups' tests: a held slot goes to its request, and a full group is worth waiting for
 //! only while no other sits idle.
 
+use super::group::{held, leases};
 use super::*;
-use crate::admission::{Admission, QueueLimits};
-use crate::fairq::Client;
+use crate::control::admission::{Admission, QueueLimits};
+use crate::control::fairq::Client;
+use sparkgate_config::SpecMethod;
 
 /// Groups `a` and `b` of one slot each, without supervisors (open), routed by affinity.
 fn two_groups_of_one_slot() -> Arc<Groups> {

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use crate::admission::Permit;
+use crate::control::admission::Permit;
 use crate::groups::Lease;
 
 /// A response body that keeps the generation's slots until it is fully sent or dropped,
@@ -20,9 +20,9 @@ pub(super) trait Cut {
     fn cut_upstream(&self) -> bool;
 }
 
-impl Cut for crate::relay::Relay {
+impl Cut for crate::pipeline::relay::Relay {
     fn cut_upstream(&self) -> bool {
-        crate::relay::Relay::cut_upstream(self)
+        crate::pipeline::relay::Relay::cut_upstream(self)
     }
 }
 

@@ -8,16 +8,7 @@ use metrics::counter;
 use crate::observe;
 
 /// Where a generation waits for its answer to begin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(super) enum Waiting {
-    /// Reading and checking the request.
-    Request = 0,
-    /// In the admission queue.
-    Queue = 1,
-    /// Sent to vLLM (or waiting for its group to come back).
-    Upstream = 2,
-}
+pub(super) use crate::observe::Waiting;
 
 /// A generation whose answer has not begun: if its client leaves first (hyper drops the
 /// handler), the drop says so in the log and in `sparkgate_client_gone_total{stage}`.
@@ -56,7 +47,7 @@ impl Drop for Pending<'_> {
         if !self.open.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        let stage = observe::CLIENT_GONE_STAGES[usize::from(self.at.load(std::sync::atomic::Ordering::Relaxed))];
+        let stage = Waiting::ALL[usize::from(self.at.load(std::sync::atomic::Ordering::Relaxed))].label();
         counter!(observe::CLIENT_GONE, "stage" => stage).increment(1);
         tracing::info!(
             request_id = self.request_id,

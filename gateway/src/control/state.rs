@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use serde::Serialize;
 use sparkgate_config::SpecMethod;
 
-use crate::admission::{Admission, AdmissionSnapshot, QueueLimits};
+use crate::control::admission::{Admission, AdmissionSnapshot, QueueLimits};
 use crate::observe;
 
 /// The upstream's condition as the gateway reports it on `/ready`.

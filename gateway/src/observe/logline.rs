@@ -15,7 +15,7 @@ use tracing_subscriber::fmt::format::{Format, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::decimal::Decimal;
+use crate::observe::decimal::Decimal;
 
 /// The fast text format, with the default one (same layout) for what it leaves to it.
 pub(crate) struct TextLine {

@@ -7,44 +7,14 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 use sparkgate_config::ProfileId;
 
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
+use crate::api::family::Api;
 
 /// How deep a literal `extra_body` may nest inside another.
 const EXTRA_BODY_DEPTH: usize = 4;
 /// Bounds on `chat_template_kwargs`: it reaches a Jinja template, keep it small.
 const KWARGS_MAX_KEYS: usize = 64;
 const KWARGS_MAX_BYTES: usize = 16 * 1024;
-
-/// Which API a request is for; decides which fields are normalised.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Api {
-    Chat,
-    Completions,
-    Responses,
-    /// `/v1/chat/completions/batch`: `messages` is a list of conversations, one permit each.
-    Batch,
-    /// Anthropic's `/v1/messages`.
-    Messages,
-    /// SageMaker's `/invocations`: chat when the body has `messages`, else completions.
-    Invocations,
-    /// Engine routes whose bodies the gateway does not interpret (`/v1/decisions`, …): the
-    /// model is resolved and one permit taken.
-    Opaque,
-    /// `/tokenize`, `/detokenize`, `count_tokens`: only the model is resolved.
-    Utility,
-}
-
-impl Api {
-    /// The API a body is handled as: `/invocations` is chat when the body has `messages`, else
-    /// completions (vLLM dispatches by the body's shape); every other API is itself.
-    pub(crate) fn for_body(self, has_messages: bool) -> Api {
-        match self {
-            Api::Invocations if has_messages => Api::Chat,
-            Api::Invocations => Api::Completions,
-            other => other,
-        }
-    }
-}
 
 /// A normalised request, ready for admission and the upstream.
 #[derive(Debug)]

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use axum::http::HeaderMap;
 use sparkgate_config::{QueuePolicy, SchedulingPolicy, Secret};
 
-use crate::fairq::{name_hash, Client};
+use crate::control::fairq::{name_hash, Client};
 
 /// The header a client may name itself by (when no API key names it).
 const CLIENT_HEADER: &str = "x-sparkgate-client";

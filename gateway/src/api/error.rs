@@ -8,7 +8,8 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::routes::{Family, Framing};
+use crate::api::family::{Family, Framing};
+use crate::observe::{Rejection, StreamEnd};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -169,45 +170,22 @@ impl GatewayError {
         }
     }
 
-    /// The label admission rejections are counted under (one of `REJECTION_REASONS`).
-    pub fn rejection_reason(&self) -> Option<&'static str> {
-        match self {
-            GatewayError::RateLimited { .. } => Some("rate_limit"),
-            GatewayError::QueueFull { .. } => Some("queue_full"),
-            GatewayError::QueueBytesFull { .. } => Some("queue_bytes"),
-            GatewayError::QueueTimeout { .. } => Some("queue_timeout"),
-            GatewayError::Restarting => Some("restarting"),
-            GatewayError::NotRunning(_) => Some("not_running"),
-            GatewayError::ShuttingDown => Some("shutting_down"),
-            GatewayError::TooManySequences { .. } | GatewayError::OverCapacity { .. } => Some("too_many_sequences"),
-            _ => None,
-        }
+    /// Why admission refused it, for `sparkgate_admission_rejections_total`; `None` for an
+    /// error that is not an admission refusal.
+    pub(crate) fn rejection(&self) -> Option<Rejection> {
+        Some(match self {
+            GatewayError::RateLimited { .. } => Rejection::RateLimit,
+            GatewayError::QueueFull { .. } => Rejection::QueueFull,
+            GatewayError::QueueBytesFull { .. } => Rejection::QueueBytes,
+            GatewayError::QueueTimeout { .. } => Rejection::QueueTimeout,
+            GatewayError::Restarting => Rejection::Restarting,
+            GatewayError::NotRunning(_) => Rejection::NotRunning,
+            GatewayError::ShuttingDown => Rejection::ShuttingDown,
+            GatewayError::TooManySequences { .. } | GatewayError::OverCapacity { .. } => Rejection::TooManySequences,
+            _ => return None,
+        })
     }
 }
-
-/// Every value of `rejection_reason`, for metrics that exist before the first rejection.
-pub(crate) const REJECTION_REASONS: &[&str] = &[
-    "rate_limit",
-    "queue_full",
-    "queue_bytes",
-    "queue_timeout",
-    "restarting",
-    "not_running",
-    "shutting_down",
-    "too_many_sequences",
-];
-
-/// Every reason a stream ends with an error: `stream_outcome`'s values and the upstream's own
-/// error event.
-pub(crate) const STREAM_OUTCOMES: &[&str] = &[
-    "first_token_timeout",
-    "idle_timeout",
-    "upstream_broken",
-    "upstream_truncated",
-    "drain_timeout",
-    "gateway_error",
-    "upstream_error_event",
-];
 
 impl GatewayError {
     /// Anthropic's error type for this failure (its envelope has no `param` or `code`).
@@ -272,16 +250,14 @@ impl GatewayError {
 
     /// Why a stream this error ended was cut, as the logs and `sparkgate_stream_errors_total`
     /// name it.
-    /// The label a stream the gateway ended is counted and logged under (one of
-    /// `STREAM_OUTCOMES`).
-    pub(crate) fn stream_outcome(&self) -> &'static str {
+    pub(crate) fn stream_end(&self) -> StreamEnd {
         match self {
-            GatewayError::FirstTokenTimeout { .. } => "first_token_timeout",
-            GatewayError::StreamIdle { .. } => "idle_timeout",
-            GatewayError::UpstreamBroke => "upstream_broken",
-            GatewayError::UpstreamTruncated => "upstream_truncated",
-            GatewayError::DrainTimeout { .. } | GatewayError::ShuttingDown => "drain_timeout",
-            _ => "gateway_error",
+            GatewayError::FirstTokenTimeout { .. } => StreamEnd::FirstTokenTimeout,
+            GatewayError::StreamIdle { .. } => StreamEnd::IdleTimeout,
+            GatewayError::UpstreamBroke => StreamEnd::UpstreamBroken,
+            GatewayError::UpstreamTruncated => StreamEnd::UpstreamTruncated,
+            GatewayError::DrainTimeout { .. } | GatewayError::ShuttingDown => StreamEnd::DrainTimeout,
+            _ => StreamEnd::GatewayError,
         }
     }
 

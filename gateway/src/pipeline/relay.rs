@@ -18,10 +18,10 @@ use metrics::counter;
 use serde_json::Value;
 use sparkgate_config::SpecMethod;
 
-use crate::error::GatewayError;
-use crate::observe;
-use crate::routes::Framing;
-use crate::state::{GatewayControl, Lifecycle};
+use crate::api::error::GatewayError;
+use crate::api::family::Framing;
+use crate::control::state::{GatewayControl, Lifecycle};
+use crate::observe::{self, StreamEnd};
 use crate::upstream::{UpstreamBody, UpstreamError};
 
 /// What a relay needs to know about its request.
@@ -135,7 +135,7 @@ fn fingerprint_of(payload: &[u8]) -> Value {
 impl Relay {
     /// Ends the stream with the gateway's own error, rendered for this stream's framing.
     fn error_event(&mut self, err: GatewayError) {
-        let outcome = err.stream_outcome();
+        let outcome = err.stream_end().label();
         if matches!(
             err,
             GatewayError::UpstreamBroke | GatewayError::UpstreamTruncated | GatewayError::StreamIdle { .. }
@@ -182,8 +182,8 @@ impl Relay {
             return;
         }
         if payload.starts_with(b"{\"error\"") {
-            counter!(observe::STREAM_ERRORS, "reason" => "upstream_error_event").increment(1);
-            self.outcome = "upstream_error_event";
+            counter!(observe::STREAM_ERRORS, "reason" => StreamEnd::UpstreamErrorEvent.label()).increment(1);
+            self.outcome = StreamEnd::UpstreamErrorEvent.label();
             self.out.push_back(event);
             return;
         }
@@ -228,8 +228,8 @@ impl Relay {
         } else if contains!(event, b"event: message_stop") {
             self.saw_done = true;
         } else if event.starts_with(b"event: error") {
-            counter!(observe::STREAM_ERRORS, "reason" => "upstream_error_event").increment(1);
-            self.outcome = "upstream_error_event";
+            counter!(observe::STREAM_ERRORS, "reason" => StreamEnd::UpstreamErrorEvent.label()).increment(1);
+            self.outcome = StreamEnd::UpstreamErrorEvent.label();
         }
     }
 
@@ -498,7 +498,7 @@ mod tests {
             .unwrap();
         let tap = {
             let _entered = rt.enter();
-            let limits = crate::admission::QueueLimits {
+            let limits = crate::control::admission::QueueLimits {
                 depth: 8,
                 bytes: 1 << 20,
                 timeout: Duration::from_secs(60),

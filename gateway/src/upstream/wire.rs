@@ -6,7 +6,7 @@
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::decimal::Decimal;
+use crate::observe::decimal::Decimal;
 
 /// Most response headers accepted from rank 0 (uvicorn sends about five).
 const MAX_HEADERS: usize = 64;

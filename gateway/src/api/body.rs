@@ -16,8 +16,9 @@ use serde_json::{Map, Value};
 
 use metrics::counter;
 
-use crate::error::GatewayError;
-use crate::normalize::{lax_integer, Api, Normalized, Normalizer};
+use crate::api::error::GatewayError;
+use crate::api::family::Api;
+use crate::api::normalize::{lax_integer, Normalized, Normalizer};
 use crate::observe;
 
 /// How a request body is read: MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE.

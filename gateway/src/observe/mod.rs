@@ -1,5 +1,14 @@
 //! Observability: the Prometheus recorder and the gateway's metric names, and the tracing
-//! subscriber for access and event logs (text or JSON).
+//! subscriber for access and event logs (text or JSON): the bottom layer, importing nothing of
+//! the gateway's. `logline` writes a log line, `logwriter` writes lines from a thread of its own,
+//! `decimal` writes integers.
+
+pub(crate) mod decimal;
+mod labels;
+mod logline;
+pub(crate) mod logwriter;
+
+pub(crate) use labels::{Affinity, QuarantineStage, Rejection, StreamEnd, UpstreamErrorKind, Waiting};
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -33,9 +42,6 @@ pub(crate) const SUSPECTS: &str = "sparkgate_poison_suspects_total";
 pub(crate) const QUARANTINED: &str = "sparkgate_quarantined_requests_total";
 pub(crate) const ABORT_FENCE_SECONDS: &str = "sparkgate_abort_fence_seconds";
 pub(crate) const CLIENT_GONE: &str = "sparkgate_client_gone_total";
-
-/// Where a generation's client left before its answer began (`server::Waiting`, in order).
-pub(crate) const CLIENT_GONE_STAGES: [&str; 3] = ["request", "queue", "upstream"];
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
@@ -143,37 +149,27 @@ fn register() {
     counter!(EXTRA_BODY_REPAIRS).absolute(0);
     counter!(BODY_TIMEOUTS).absolute(0);
     counter!(SUSPECTS).absolute(0);
-    for stage in CLIENT_GONE_STAGES {
-        counter!(CLIENT_GONE, "stage" => stage).absolute(0);
+    for stage in Waiting::ALL {
+        counter!(CLIENT_GONE, "stage" => stage.label()).absolute(0);
     }
-    for stage in QUARANTINE_STAGES {
-        counter!(QUARANTINED, "stage" => stage).absolute(0);
+    for stage in QuarantineStage::ALL {
+        counter!(QUARANTINED, "stage" => stage.label()).absolute(0);
     }
-    for reason in crate::error::REJECTION_REASONS {
-        counter!(REJECTIONS, "reason" => *reason).absolute(0);
+    for reason in Rejection::ALL {
+        counter!(REJECTIONS, "reason" => reason.label()).absolute(0);
     }
-    for reason in crate::error::STREAM_OUTCOMES {
-        counter!(STREAM_ERRORS, "reason" => *reason).absolute(0);
+    for reason in StreamEnd::ALL {
+        counter!(STREAM_ERRORS, "reason" => reason.label()).absolute(0);
     }
-    for kind in UPSTREAM_ERROR_KINDS {
-        counter!(UPSTREAM_ERRORS, "kind" => *kind).absolute(0);
+    for kind in UpstreamErrorKind::ALL {
+        counter!(UPSTREAM_ERRORS, "kind" => kind.label()).absolute(0);
     }
-    for outcome in AFFINITY_OUTCOMES {
-        counter!(AFFINITY_WAITS, "outcome" => outcome).absolute(0);
+    for outcome in Affinity::ALL {
+        counter!(AFFINITY_WAITS, "outcome" => outcome.label()).absolute(0);
     }
     gauge!(QUEUE_DEPTH).set(0.0);
     gauge!(IN_FLIGHT).set(0.0);
 }
-
-/// The `kind` label of UPSTREAM_ERRORS: the connect failed, or the request after it.
-/// Where a request is quarantined: after its group's loss, or at arrival.
-pub(crate) const QUARANTINE_STAGES: [&str; 2] = ["dispatch", "arrival"];
-
-pub(crate) const UPSTREAM_ERROR_KINDS: &[&str] = &["connect", "request"];
-
-/// The `outcome` label of AFFINITY_WAITS: the waiter was admitted when its group had room, or
-/// when its wait ran out or its group closed (to run elsewhere).
-pub(crate) const AFFINITY_OUTCOMES: [&str; 2] = ["home", "elsewhere"];
 
 /// Handles of the families every request touches, looked up once: a lookup through the
 /// recorder builds a key, hashes the name and labels and searches a map, on every call.
@@ -259,11 +255,11 @@ pub(crate) fn tokens(mode: SpecMethod, n: u64) {
 /// Installs the log subscriber: `RUST_LOG`-style filtering via `SPARKGATE_LOG` (default info),
 /// text or JSON lines on stderr, written by a thread of their own (`logwriter`). Keep the guard
 /// until the end of `main`: dropping it writes what is still queued.
-pub fn init_logging(format: sparkgate_config::LogFormat) -> crate::logwriter::LogGuard {
+pub fn init_logging(format: sparkgate_config::LogFormat) -> crate::observe::logwriter::LogGuard {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SPARKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let (writer, guard) = crate::logwriter::start(std::io::stderr());
+    let (writer, guard) = crate::observe::logwriter::start(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
@@ -273,7 +269,9 @@ pub fn init_logging(format: sparkgate_config::LogFormat) -> crate::logwriter::Lo
         sparkgate_config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
         // Coloured lines for a terminal; elsewhere the same layout, written faster.
         sparkgate_config::LogFormat::Text if ansi => builder.try_init(),
-        sparkgate_config::LogFormat::Text => builder.event_format(crate::logline::TextLine::new()).try_init(),
+        sparkgate_config::LogFormat::Text => builder
+            .event_format(crate::observe::logline::TextLine::new())
+            .try_init(),
     };
     guard
 }

@@ -5,36 +5,7 @@
 //! `//v1/./chat/completions/`) reaches the engine around admission. A path the table does not
 //! know is answered 404 by the gateway without reaching vLLM.
 
-use crate::normalize::Api;
-
-/// Which API a route speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Family {
-    OpenAi,
-    Anthropic,
-}
-
-/// The event framing of a stream, which decides how it ends and how the gateway's own error
-/// event is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Framing {
-    /// `data: {…}` chunks ending with `data: [DONE]` (chat, completions).
-    Chat,
-    /// `event: response.*` frames; the stream ends with the connection.
-    Responses,
-    /// Anthropic's `event: message_*` frames ending with `message_stop`.
-    Anthropic,
-}
-
-impl Framing {
-    pub(crate) fn of(family: Family, api: Api) -> Framing {
-        match (family, api) {
-            (Family::Anthropic, _) => Framing::Anthropic,
-            (_, Api::Responses) => Framing::Responses,
-            _ => Framing::Chat,
-        }
-    }
-}
+use crate::api::family::{Api, Family};
 
 /// What the gateway does with a request on a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

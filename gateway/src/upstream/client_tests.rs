@@ -265,7 +265,10 @@ async fn a_body_cut_short_is_an_error_for_its_reader() {
         .unwrap();
     let err = r.into_body().collect().await.unwrap_err();
     assert!(
-        matches!(err, super::UpstreamError::Wire(crate::wire::WireError::Incomplete)),
+        matches!(
+            err,
+            super::UpstreamError::Wire(crate::upstream::wire::WireError::Incomplete)
+        ),
         "{err:?}"
     );
 }

@@ -22,7 +22,7 @@ use sparkgate_config::Secret;
 use tokio::io::{AsyncRead, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::wire::{self, Decoder, RequestHead, Step, WireError};
+use crate::upstream::wire::{self, Decoder, RequestHead, Step, WireError};
 
 const POOL_IDLE: Duration = Duration::from_secs(3);
 const POOL_MAX_IDLE: usize = 256;
@@ -440,5 +440,5 @@ impl Upstream {
 }
 
 #[cfg(test)]
-#[path = "upstream_tests.rs"]
+#[path = "client_tests.rs"]
 mod tests;

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::dispatch::Dispatch;
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
+use crate::http::dispatch::Dispatch;
 
 /// What the loop needs from the configuration.
 #[derive(Debug, Clone, Copy)]

@@ -33,9 +33,30 @@ use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 use sparkgate_config::Secret;
 
-use crate::app::App;
-use crate::error::GatewayError;
-use crate::routes::Route;
+use crate::api::error::GatewayError;
+use crate::api::routes::Route;
+
+/// What the edge steps know: the keys and the limiter, from the configuration.
+#[derive(Debug)]
+pub(crate) struct Edge {
+    api_keys: Vec<Secret>,
+    admin_token: Option<Secret>,
+    /// `/metrics` answers without an API key (METRICS_PUBLIC).
+    metrics_public: bool,
+    pub(crate) limiter: Option<Arc<Limiter>>,
+}
+
+impl Edge {
+    pub(crate) fn new(config: &sparkgate_config::Config) -> Edge {
+        let g = &config.gateway;
+        Edge {
+            api_keys: config.secrets.api_keys.clone(),
+            admin_token: config.secrets.admin_token.clone(),
+            metrics_public: g.metrics_public,
+            limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
+        }
+    }
+}
 
 /// The request's id, as accepted or generated.
 #[derive(Debug, Clone)]
@@ -119,7 +140,7 @@ impl AccessLine {
     pub(crate) fn begin(head: &Head<'_>) -> Option<AccessLine> {
         if head
             .route
-            .is_some_and(|r| matches!(r.role, crate::routes::Role::Generate(_)))
+            .is_some_and(|r| matches!(r.role, crate::api::routes::Role::Generate(_)))
         {
             return None;
         }
@@ -162,10 +183,10 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
 
 /// What the API keys guard: every upstream route that reaches the model or its tokenizer, and
 /// `/metrics` unless METRICS_PUBLIC is set.
-fn guarded(app: &App, route: Option<&Route>, path: &str) -> bool {
+fn guarded(edge: &Edge, route: Option<&Route>, path: &str) -> bool {
     match route {
         Some(r) => r.needs_key(),
-        None => path == "/metrics" && !app.metrics_public,
+        None => path == "/metrics" && !edge.metrics_public,
     }
 }
 
@@ -188,10 +209,10 @@ impl ValidatedKey {
 }
 
 /// Step 3: the request may pass (with the API key it was checked by, if any), or its refusal.
-pub(crate) fn authenticate(app: &App, head: &Head<'_>) -> Result<Option<ValidatedKey>, GatewayError> {
+pub(crate) fn authenticate(edge: &Edge, head: &Head<'_>) -> Result<Option<ValidatedKey>, GatewayError> {
     let mut validated = None;
-    if !app.api_keys.is_empty() && guarded(app, head.route, head.path) {
-        let key = presented_key(head.headers).filter(|k| matches_any(Some(k), &app.api_keys));
+    if !edge.api_keys.is_empty() && guarded(edge, head.route, head.path) {
+        let key = presented_key(head.headers).filter(|k| matches_any(Some(k), &edge.api_keys));
         let Some(key) = key else {
             return Err(GatewayError::Unauthorized);
         };
@@ -199,7 +220,7 @@ pub(crate) fn authenticate(app: &App, head: &Head<'_>) -> Result<Option<Validate
         validated = Some(ValidatedKey(key.to_owned()));
     }
     if head.path.starts_with("/admin") {
-        match &app.admin_token {
+        match &edge.admin_token {
             Some(token) if !matches_any(presented_key(head.headers), std::slice::from_ref(token)) => {
                 return Err(GatewayError::AdminUnauthorized);
             }
@@ -250,7 +271,7 @@ pub(crate) struct Allowance {
 
 impl Allowance {
     pub(crate) fn stamp(self, resp: &mut Response) {
-        crate::error::rate_limit_headers(resp.headers_mut(), self.limit, self.remaining);
+        crate::api::error::rate_limit_headers(resp.headers_mut(), self.limit, self.remaining);
     }
 }
 
@@ -258,11 +279,11 @@ impl Allowance {
 /// refusal (whose headers `GatewayError` renders). Upstream routes only, and only when
 /// RATE_LIMIT_RPM is set.
 pub(crate) fn rate_limit(
-    app: &App,
+    edge: &Edge,
     head: &Head<'_>,
     key: Option<&ValidatedKey>,
 ) -> Result<Option<Allowance>, GatewayError> {
-    let Some(limiter) = app.limiter.as_ref().filter(|_| head.route.is_some()) else {
+    let Some(limiter) = edge.limiter.as_ref().filter(|_| head.route.is_some()) else {
         return Ok(None);
     };
     // A validated key, or else the client address: never a header nobody checked, which a
@@ -277,7 +298,8 @@ pub(crate) fn rate_limit(
             remaining: snapshot.remaining_burst_capacity(),
         })),
         Err(not_until) => {
-            metrics::counter!(crate::observe::REJECTIONS, "reason" => "rate_limit").increment(1);
+            metrics::counter!(crate::observe::REJECTIONS, "reason" => crate::observe::Rejection::RateLimit.label())
+                .increment(1);
             Err(GatewayError::RateLimited {
                 limit: limiter.rpm,
                 retry_after: not_until.wait_time_from(DefaultClock::default().now()),

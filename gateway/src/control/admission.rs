@@ -16,8 +16,8 @@ use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
-use crate::error::GatewayError;
-use crate::fairq::{Client, FairQueue, Place};
+use crate::api::error::GatewayError;
+use crate::control::fairq::{Client, FairQueue, Place};
 
 /// A point-in-time view for `/ready`, `/admin/status` and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,9 +171,13 @@ impl State {
                 continue;
             }
             if let (Some(_), Some(p)) = (w.passed_at, &w.prefer) {
-                let [home, elsewhere] = crate::observe::AFFINITY_OUTCOMES;
-                let outcome = if p.home.has_room() { home } else { elsewhere };
-                metrics::counter!(crate::observe::AFFINITY_WAITS, "outcome" => outcome).increment(1);
+                use crate::observe::Affinity;
+                let outcome = if p.home.has_room() {
+                    Affinity::Home
+                } else {
+                    Affinity::Elsewhere
+                };
+                metrics::counter!(crate::observe::AFFINITY_WAITS, "outcome" => outcome.label()).increment(1);
             }
             self.order.admit(place);
             self.in_use += w.n;

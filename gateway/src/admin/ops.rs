@@ -14,11 +14,11 @@ use serde_json::json;
 use sparkgate_config::SpecPolicy;
 use sparkgate_supervisor::{Answer, SupervisorHandle};
 
-use crate::admission::Hold;
+use crate::api::error::GatewayError;
 use crate::app::{status_json, App, Shared};
-use crate::error::GatewayError;
+use crate::control::admission::Hold;
+use crate::control::state::UpstreamState;
 use crate::groups::Group;
-use crate::state::UpstreamState;
 
 fn no_supervisor() -> GatewayError {
     GatewayError::NotFound("/admin: this gateway supervises no ranks (gateway-only mode)".into())

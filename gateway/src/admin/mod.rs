@@ -1,0 +1,6 @@
+//! The gateway's own routes: health, readiness and metrics (`probes`) and the operator's
+//! `/admin/*` (`ops`), behind one axum router (`routes`).
+
+pub(crate) mod ops;
+mod probes;
+pub(crate) mod routes;

@@ -1,0 +1,125 @@
+//! `serve`: builds the shared state, starts the background tasks (the upstream probe or the
+//! groups' mirrors, the speculation policy, the limiter's housekeeping, the token-rate sampler)
+//! and runs the connection loop until shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sparkgate_config::Config;
+use tokio::net::TcpListener;
+
+use super::dispatch::Dispatch;
+use super::edge::Edge;
+use super::listen::{ListenConfig, ShutdownHooks};
+use crate::admin::ops as admin;
+use crate::app::{App, Shared};
+use crate::control::state::{GatewayControl, UpstreamState};
+use crate::groups::{Groups, Upstreams};
+use crate::observe;
+
+/// In gateway-only mode nobody supervises the upstream: probe its `/health` every second.
+async fn probe_upstream(app: Shared) {
+    let upstream = &app.groups.first().upstream;
+    loop {
+        let state = if upstream.healthy().await {
+            UpstreamState::Ready
+        } else {
+            UpstreamState::Unreachable(format!("{}/health does not answer 200", upstream.base()))
+        };
+        app.control.set_upstream(state);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Serves the gateway on `listener` until `shutdown` resolves, then drains connections for at
+/// most the configured drain timeout.
+pub async fn serve(
+    config: &Config,
+    listener: TcpListener,
+    control: GatewayControl,
+    upstreams: Upstreams,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    observe::metrics_handle();
+    let groups = Arc::new(Groups::of(config, &upstreams));
+    let app = App::new(config, control.clone(), groups.clone());
+    let edge = Arc::new(Edge::new(config));
+    watch_upstreams(&app, upstreams, groups);
+    background(&app, &edge);
+    let cfg = ListenConfig {
+        header_read_timeout: config.gateway.header_read_timeout,
+        drain_timeout: config.gateway.drain_timeout,
+        max_connections: config.gateway.max_connections,
+    };
+    let (drain, close) = (control.clone(), control);
+    let hooks = ShutdownHooks {
+        draining: Box::new(move || drain.begin_drain()),
+        closing: Box::new(move || close.close()),
+    };
+    super::listen::run(Dispatch::new(app, edge), listener, cfg, shutdown, hooks).await;
+    Ok(())
+}
+
+/// Who tells the gateway the upstream's state: its own health probe (gateway-only mode), or
+/// each group's supervisor through `groups::mirror` — and with one supervised group, the
+/// speculation policy that switches its mode.
+fn watch_upstreams(app: &Shared, upstreams: Upstreams, groups: Arc<Groups>) {
+    let control = &app.control;
+    match upstreams {
+        Upstreams::Probe => {
+            sparkgate_task::spawn("upstream-probe", probe_upstream(app.clone()));
+        }
+        Upstreams::Supervised(list) if list.len() > 1 => {
+            crate::groups::mirror(control.clone(), groups);
+            if list
+                .iter()
+                .any(|(g, _)| g.config.speculation.policy == sparkgate_config::SpecPolicy::Auto)
+            {
+                tracing::warn!(
+                    "SPEC_POLICY=auto runs with one group only; with GROUPS_FILE each group keeps its SPEC_METHOD"
+                );
+            }
+        }
+        Upstreams::Supervised(mut list) => {
+            crate::groups::mirror(control.clone(), groups);
+            let h = list.pop().expect("one group").1;
+            let (for_switch, demand) = (app.clone(), control.clone());
+            crate::control::spec::run(
+                app.spec_policy.clone(),
+                h,
+                move || {
+                    let s = demand.snapshot();
+                    (s.in_use + s.queued as u32, demand.delivered_tokens())
+                },
+                move |mode| admin::auto_switch(&for_switch, mode),
+            );
+        }
+    }
+}
+
+/// The periodic upkeep: the rate limiter's forgotten keys, the tokens/s `/admin/status` reports.
+fn background(app: &Shared, edge: &Edge) {
+    if let Some(l) = edge.limiter.clone() {
+        sparkgate_task::spawn("rate-limit-housekeeping", async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                l.housekeeping();
+            }
+        });
+    }
+    let sampled = app.control.clone();
+    sparkgate_task::spawn("token-rate", async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            sampled.sample_rate();
+        }
+    });
+}
+
+/// The address a listener ended up on (for logs when PORT is 0).
+pub fn local_addr(listener: &TcpListener) -> std::io::Result<SocketAddr> {
+    listener.local_addr()
+}

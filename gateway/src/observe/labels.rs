@@ -1,0 +1,131 @@
+//! The label values of the gateway's labelled metrics, each set an enum declared once with its
+//! spellings (`labels!`): the code names a variant, `label()` spells it, and `ALL` is the list
+//! every family is registered with at zero — so the list and the `match` cannot drift apart.
+
+/// Declares an enum whose variants each have one label spelling, with `ALL` and `label()`.
+macro_rules! labels {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident => $label:literal,)+ }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum $name {
+            $($(#[$vm])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub(crate) const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The label value as metrics and logs spell it.
+            pub(crate) const fn label(self) -> &'static str {
+                match self {
+                    $($name::$variant => $label,)+
+                }
+            }
+        }
+    };
+}
+
+labels! {
+    /// Why admission refused a generation (`sparkgate_admission_rejections_total{reason}`).
+    Rejection {
+        RateLimit => "rate_limit",
+        QueueFull => "queue_full",
+        QueueBytes => "queue_bytes",
+        QueueTimeout => "queue_timeout",
+        Restarting => "restarting",
+        NotRunning => "not_running",
+        ShuttingDown => "shutting_down",
+        TooManySequences => "too_many_sequences",
+    }
+}
+
+labels! {
+    /// Why a stream ended with an error (`sparkgate_stream_errors_total{reason}`): the gateway
+    /// cut it, or rank 0 sent its own error event.
+    StreamEnd {
+        FirstTokenTimeout => "first_token_timeout",
+        IdleTimeout => "idle_timeout",
+        UpstreamBroken => "upstream_broken",
+        UpstreamTruncated => "upstream_truncated",
+        DrainTimeout => "drain_timeout",
+        GatewayError => "gateway_error",
+        UpstreamErrorEvent => "upstream_error_event",
+    }
+}
+
+labels! {
+    /// Where a request was waiting when its client left (`sparkgate_client_gone_total{stage}`).
+    Waiting {
+        /// Its body was being read or prepared.
+        Request => "request",
+        /// In the admission queue.
+        Queue => "queue",
+        /// Sent, before rank 0's answer began.
+        Upstream => "upstream",
+    }
+}
+
+labels! {
+    /// Where a request was quarantined (`sparkgate_quarantined_requests_total{stage}`).
+    QuarantineStage {
+        /// After its group was lost under it.
+        Dispatch => "dispatch",
+        /// At arrival: two requests with the same body were quarantined before.
+        Arrival => "arrival",
+    }
+}
+
+labels! {
+    /// What failed on the way to rank 0 (`sparkgate_upstream_errors_total{kind}`).
+    UpstreamErrorKind {
+        Connect => "connect",
+        Request => "request",
+    }
+}
+
+impl UpstreamErrorKind {
+    pub(crate) fn of(connect: bool) -> UpstreamErrorKind {
+        if connect {
+            UpstreamErrorKind::Connect
+        } else {
+            UpstreamErrorKind::Request
+        }
+    }
+}
+
+labels! {
+    /// How an affinity wait ended (`sparkgate_affinity_waits_total{outcome}`): admitted with a
+    /// slot of its group free, or elsewhere when the wait ran out or the group closed.
+    Affinity {
+        Home => "home",
+        Elsewhere => "elsewhere",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_label_is_spelled_once_in_snake_case() {
+        let sets: [Vec<&str>; 6] = [
+            Rejection::ALL.iter().map(|v| v.label()).collect(),
+            StreamEnd::ALL.iter().map(|v| v.label()).collect(),
+            Waiting::ALL.iter().map(|v| v.label()).collect(),
+            QuarantineStage::ALL.iter().map(|v| v.label()).collect(),
+            UpstreamErrorKind::ALL.iter().map(|v| v.label()).collect(),
+            Affinity::ALL.iter().map(|v| v.label()).collect(),
+        ];
+        for set in sets {
+            let mut unique = set.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), set.len(), "{set:?}");
+            assert!(set
+                .iter()
+                .all(|l| l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')));
+        }
+        assert_eq!(Rejection::ALL.len(), 8);
+        assert_eq!(Waiting::ALL[1].label(), "queue");
+    }
+}

@@ -1,0 +1,81 @@
+//! The one struct every stage of a generation takes (`Ctx`), and what the stages hand on:
+//! `Prepared` (the body as it will be sent, with what admission and routing read of it) and
+//! `Sent` (rank 0's answer with the slots it holds).
+
+use std::time::Instant;
+
+use axum::http::HeaderMap;
+use bytes::Bytes;
+
+use super::pending::Pending;
+use crate::api::family::Api;
+use crate::api::normalize::{Normalized, Sequences};
+use crate::api::routes::Route;
+use crate::app::App;
+use crate::control::admission::Permit;
+use crate::control::clients::Caller;
+use crate::control::fairq::Client;
+use crate::groups::Lease;
+use crate::quarantine::Dispatched;
+use crate::upstream::UpstreamBody;
+
+/// One generation on its way through the stages.
+pub(super) struct Ctx<'a> {
+    pub(super) app: &'a App,
+    pub(super) request_id: &'a str,
+    pub(super) route: &'static Route,
+    pub(super) api: Api,
+    pub(super) caller: Caller,
+    pub(super) headers: HeaderMap,
+    /// Where it waits until its answer begins (for the client-gone count); its start time.
+    pub(super) pending: Pending<'a>,
+}
+
+impl<'a> Ctx<'a> {
+    pub(super) fn new(
+        app: &'a App,
+        request_id: &'a str,
+        route: &'static Route,
+        api: Api,
+        caller: Caller,
+        headers: HeaderMap,
+    ) -> Ctx<'a> {
+        let pending = Pending::new(request_id, route.label, Instant::now());
+        Ctx {
+            app,
+            request_id,
+            route,
+            api,
+            caller,
+            headers,
+            pending,
+        }
+    }
+
+    pub(super) fn started(&self) -> Instant {
+        self.pending.started
+    }
+}
+
+/// What `prepare` made of the request.
+pub(super) struct Prepared {
+    pub(super) norm: Normalized,
+    /// The body as it is sent to rank 0.
+    pub(super) forward: Bytes,
+    /// Its conversation's prefix, when groups are routed by prefix affinity.
+    pub(super) prefix: Option<u64>,
+    /// Who it is for in the admission queue.
+    pub(super) client: Client,
+    /// The sequences it makes vLLM run: the permits and group slots it takes.
+    pub(super) seqs: Sequences,
+}
+
+/// Rank 0's answer to a sent request, with the slots it holds until the answer ends.
+pub(super) struct Sent {
+    pub(super) upstream: hyper::Response<UpstreamBody>,
+    pub(super) lease: Lease,
+    pub(super) permit: Permit,
+    pub(super) dispatched: Dispatched,
+    /// The request's losses so far (`quarantine`).
+    pub(super) strikes: u32,
+}

@@ -1,0 +1,73 @@
+//! A generation from its head to its answer: the stages in order (`prepare` → `admit` →
+//! `send` → `respond`), then its outcome written once — a stream's line is the relay's when it
+//! ends; a whole answer's or a refusal's is written here — with the request metrics.
+
+use axum::response::Response;
+use hyper::body::Incoming;
+use metrics::counter;
+
+use super::admit::admit;
+use super::context::Ctx;
+use super::prepare::prepare;
+use super::respond::{respond, Reply};
+use super::send::send;
+use crate::api::error::GatewayError;
+use crate::observe;
+
+pub(super) async fn generate(ctx: Ctx<'_>, body: Incoming) -> Response {
+    let result = stages(&ctx, body).await;
+    ctx.pending.answered();
+    finish(&ctx, result)
+}
+
+async fn stages(ctx: &Ctx<'_>, body: Incoming) -> Result<Reply, GatewayError> {
+    let req = prepare(ctx, body).await?;
+    let permit = admit(ctx, &req).await?;
+    let sent = send(ctx, &req, permit).await?;
+    respond(ctx, req, sent).await
+}
+
+/// The answer's log line and metrics, by how the stages ended.
+fn finish(ctx: &Ctx<'_>, result: Result<Reply, GatewayError>) -> Response {
+    let label = ctx.route.label;
+    let (resp, whole) = match result {
+        // A stream's line is written by the relay when the stream ends.
+        Ok(Reply::Stream(resp)) => (resp, None),
+        Ok(Reply::Whole { resp, usage, model }) => {
+            let outcome = if resp.status().is_success() {
+                "completed"
+            } else {
+                "upstream_error"
+            };
+            (resp, Some((usage, model, outcome)))
+        }
+        Err(e) => {
+            let outcome = match e.rejection() {
+                Some(reason) => {
+                    counter!(observe::REJECTIONS, "reason" => reason.label()).increment(1);
+                    reason.label()
+                }
+                None => e.stream_end().label(),
+            };
+            (
+                e.render(ctx.route.family),
+                Some((observe::Usage::default(), None, outcome)),
+            )
+        }
+    };
+    let elapsed = ctx.started().elapsed();
+    if let Some((usage, model, outcome)) = whole {
+        observe::generation_done(&observe::Finished {
+            request_id: ctx.request_id,
+            route: label,
+            status: resp.status().as_u16(),
+            model: model.as_deref(),
+            usage,
+            ttft: None,
+            duration: elapsed,
+            outcome,
+        });
+    }
+    observe::request_done(label, resp.status().as_u16(), elapsed.as_secs_f64());
+    resp
+}

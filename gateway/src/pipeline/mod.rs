@@ -1,0 +1,53 @@
+//! A request on an upstream route, as named stages. A generation goes `prepare` → `admit` →
+//! `send` (lease a group's slot and send, or go back to the queue: `send::Attempt`) →
+//! `respond` (the relayed stream or the whole body), each a function over the one context
+//! (`context::Ctx`), and `generate` writes its one log line and metrics; utilities and the rest
+//! of vLLM's surface are forwarded (`forward`). Below the stages: the response body (`relay`), the slots an answer holds (`hold`) and the
+//! client-gone accounting (`pending`).
+
+mod admit;
+mod answer;
+mod context;
+mod forward;
+mod generate;
+mod hold;
+mod pending;
+mod prepare;
+pub(crate) mod relay;
+mod respond;
+mod send;
+
+use axum::response::Response;
+use hyper::body::Incoming;
+
+use crate::api::error::GatewayError;
+use crate::api::routes::{Role, Route};
+use crate::app::App;
+use crate::control::clients::Caller;
+
+/// A request on an upstream route (`routes::ROUTES`): the methods it answers, then its role's
+/// handler. Called by `http::dispatch` after the edge steps, without a router in between.
+pub(crate) async fn upstream_route(
+    app: &App,
+    route: &'static Route,
+    request_id: &str,
+    req: hyper::Request<Incoming>,
+    caller: Caller,
+) -> Response {
+    if !route.methods.allow(req.method()) {
+        return GatewayError::MethodNotAllowed.render(route.family);
+    }
+    let (parts, body) = req.into_parts();
+    match route.role {
+        Role::Generate(api) => {
+            let ctx = context::Ctx::new(app, request_id, route, api, caller, parts.headers);
+            generate::generate(ctx, body).await
+        }
+        Role::Utility => forward::utility(app, request_id, parts, body)
+            .await
+            .unwrap_or_else(|e| e.render(route.family)),
+        Role::Forward => forward::passthrough(app, request_id, parts, body)
+            .await
+            .unwrap_or_else(|e| e.render(route.family)),
+    }
+}

@@ -1,0 +1,61 @@
+//! Stage 1, `prepare`: the body read within its limits, parsed and normalised, then every check
+//! that needs no slot — the ranks stopped or failed, a quarantined body, more sequences than a
+//! group holds — and what admission and routing read of it.
+
+use hyper::body::Incoming;
+use metrics::counter;
+
+use super::answer::quarantined;
+use super::context::{Ctx, Prepared};
+use crate::api::body::check_content_type;
+use crate::api::error::GatewayError;
+use crate::control::state::UpstreamState;
+use crate::observe;
+use crate::quarantine::Stage;
+
+pub(super) async fn prepare(ctx: &Ctx<'_>, body: Incoming) -> Result<Prepared, GatewayError> {
+    let app = ctx.app;
+    check_content_type(&ctx.headers)?;
+    let bytes = crate::api::body::read(body, &app.body).await?;
+    let crate::api::body::Prepared {
+        norm,
+        forward,
+        user,
+        priority,
+    } = crate::api::body::prepare(&app.normalizer, ctx.api, bytes).await?;
+    if norm.extra_body_repaired {
+        counter!(observe::EXTRA_BODY_REPAIRS).increment(1);
+    }
+    if let Some((from, to)) = &norm.effort_mapping {
+        counter!(observe::EFFORT_MAPPINGS, "from" => from.clone(), "to" => to.clone()).increment(1);
+    }
+    match app.control.upstream() {
+        UpstreamState::Failed(reason) => return Err(GatewayError::NotRunning(reason)),
+        UpstreamState::Stopped => return Err(GatewayError::NotRunning("the ranks were stopped by an operator".into())),
+        _ => {}
+    }
+    // A body quarantined twice (under two requests) is refused before it reaches a rank.
+    if app.quarantine.refuses(&forward) {
+        return Err(quarantined(ctx.request_id, &ctx.caller, Stage::Arrival));
+    }
+    let seqs = norm.sequences;
+    // A request runs on one group: with several, its sequences must fit the largest.
+    if app.groups.all().len() > 1 && seqs.total() > app.groups.largest_capacity() {
+        return Err(seqs.refusal(app.groups.largest_capacity()));
+    }
+    let prefix = app
+        .groups
+        .wants_prefix()
+        .then(|| crate::groups::prefix_key(&forward))
+        .flatten();
+    let client = app
+        .clients
+        .identify(&ctx.caller, &ctx.headers, user.as_deref(), priority);
+    Ok(Prepared {
+        norm,
+        forward,
+        prefix,
+        client,
+        seqs,
+    })
+}
