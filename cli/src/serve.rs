@@ -60,7 +60,7 @@ pub(super) fn serve(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> any
             bytes: config.gateway.queue_max_bytes,
             timeout: config.gateway.queue_timeout,
         };
-        let control = GatewayControl::new(mode.max_num_seqs, limits, mode.method);
+        let control = GatewayControl::new(limits);
         let mut supervised = Vec::new();
         if !gateway_only(config) {
             // One supervisor per group, each with its own preflight; a group that cannot start

@@ -8,8 +8,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use serde::Deserialize;
 use serde_json::Value;
 use sparkgate_config::SpecMethod;
+use sparkgate_supervisor::GroupState;
 
 /// How a command that changes the group waits.
 #[derive(Debug, Args)]
@@ -85,39 +87,54 @@ fn shown(mode: Option<SpecMethod>) -> &'static str {
     mode.map_or("?", SpecMethod::as_str)
 }
 
+/// What the wait reads of `/admin/status`'s `supervisor` beside its lifecycle (`GroupState`,
+/// read typed from the same object): its epoch, mode and ranks.
+#[derive(Debug, Deserialize)]
+struct Seen {
+    #[serde(default)]
+    epoch: u64,
+    /// Read as text: a mode this build does not know is shown as `?`, not a failed wait.
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    ranks: Vec<RankSeen>,
+    #[serde(default)]
+    preparing: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RankSeen {
+    running: bool,
+}
+
 /// The phase a `/admin/status` answer shows.
 pub(super) fn phase_of(status: &Value) -> Phase {
-    let s = &status["supervisor"];
-    let epoch = s["epoch"].as_u64().unwrap_or(0);
-    let text = |v: &Value| v.as_str().unwrap_or("?").to_owned();
-    match s["state"].as_str().unwrap_or("") {
-        "ready" if status["admission"]["open"] == false => Phase::Draining {
+    let supervisor = &status["supervisor"];
+    let (Ok(state), Ok(seen)) = (GroupState::deserialize(supervisor), Seen::deserialize(supervisor)) else {
+        return Phase::ShuttingDown;
+    };
+    let epoch = seen.epoch;
+    match state {
+        GroupState::Ready { .. } if status["admission"]["open"] == false => Phase::Draining {
             in_flight: status["admission"]["in_flight"].as_u64().unwrap_or(0),
         },
-        "ready" => Phase::Ready {
+        GroupState::Ready { .. } => Phase::Ready {
             epoch,
-            mode: s["mode"].as_str().and_then(|m| m.parse().ok()),
+            mode: seen.mode.and_then(|m| m.parse().ok()),
         },
-        "starting" => match s.get("preparing").and_then(Value::as_str) {
-            Some(p) => Phase::Preparing(p.to_owned()),
-            None => {
-                let ranks = s["ranks"].as_array().map_or(0, Vec::len);
-                let up = s["ranks"]
-                    .as_array()
-                    .map_or(0, |r| r.iter().filter(|r| r["running"] == true).count());
-                Phase::Starting { epoch, up, ranks }
-            }
+        GroupState::Starting { .. } => match seen.preparing {
+            Some(p) => Phase::Preparing(p),
+            None => Phase::Starting {
+                epoch,
+                up: seen.ranks.iter().filter(|r| r.running).count(),
+                ranks: seen.ranks.len(),
+            },
         },
-        "restarting" if s["retry_in_s"].as_f64().unwrap_or(0.0) > 0.0 => Phase::Backoff {
-            reason: text(&s["reason"]),
-            retry_in_s: s["retry_in_s"].as_f64().unwrap_or(0.0),
-        },
-        "restarting" | "stopping" => Phase::Stopping,
-        "stopped" => Phase::Stopped,
-        "failed" => Phase::Failed {
-            reason: text(&s["reason"]),
-        },
-        _ => Phase::ShuttingDown,
+        GroupState::Backoff { reason, retry_in_s } => Phase::Backoff { reason, retry_in_s },
+        GroupState::Restarting { .. } | GroupState::Stopping => Phase::Stopping,
+        GroupState::Stopped => Phase::Stopped,
+        GroupState::Failed { reason } => Phase::Failed { reason },
+        GroupState::ShuttingDown => Phase::ShuttingDown,
     }
 }
 
@@ -251,12 +268,12 @@ mod tests {
             phase_of(&status(starting, false)).to_string(),
             "starting epoch 4: 1/2 ranks up, loading"
         );
-        let backoff = json!({"state": "restarting", "epoch": 4, "reason": "rank 1 exited", "retry_in_s": 10.2});
+        let backoff = json!({"state": "backoff", "epoch": 4, "reason": "rank 1 exited", "retry_in_s": 10.2});
         assert_eq!(
             phase_of(&status(backoff, false)).to_string(),
             "backing off 10 s after: rank 1 exited"
         );
-        let stopping = json!({"state": "restarting", "epoch": 4, "reason": "operator", "retry_in_s": 0.0});
+        let stopping = json!({"state": "restarting", "epoch": 4, "reason": "operator"});
         assert_eq!(phase_of(&status(stopping, false)), Phase::Stopping);
     }
 

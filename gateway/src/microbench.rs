@@ -121,15 +121,13 @@ fn sse_tap(iters: u64) {
         .build()
         .expect("a runtime");
     let _entered = rt.enter();
-    let control = GatewayControl::new(
-        2,
-        QueueLimits {
-            depth: 8,
-            bytes: 1 << 20,
-            timeout: Duration::from_secs(60),
-        },
-        SpecMethod::Dspark,
-    );
+    let control = GatewayControl::new(QueueLimits {
+        depth: 8,
+        bytes: 1 << 20,
+        timeout: Duration::from_secs(60),
+    });
+    control.admission().set_capacity(2);
+    control.set_mode(SpecMethod::Dspark);
     let mut tap = Tap::chat(control);
     let frame = Bytes::from_static(FRAME);
     for _ in 0..iters {

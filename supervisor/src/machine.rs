@@ -225,11 +225,8 @@ impl Machine {
             Phase::Stopping {
                 then: Then::Start { reason } | Then::Retry(Failure { reason, .. }),
                 ..
-            } => GroupState::Restarting {
-                reason: reason.clone(),
-                retry_in_s: 0.0,
-            },
-            Phase::Backoff { reason, delay, .. } => GroupState::Restarting {
+            } => GroupState::Restarting { reason: reason.clone() },
+            Phase::Backoff { reason, delay, .. } => GroupState::Backoff {
                 reason: reason.clone(),
                 retry_in_s: delay.as_secs_f64(),
             },

@@ -2,13 +2,14 @@
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sparkgate_config::{NodeRole, Runtime, SpecMethod};
 
 /// The group's state as published: the supervisor's phase (`machine::Phase`) seen from outside.
-/// `Stopped → Starting(epoch) → Ready(epoch) → Restarting → …`, or `Failed` when the restart
-/// budget is spent.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// `Stopped → Starting(epoch) → Ready(epoch) → Restarting → Backoff → Starting …`, or `Failed`
+/// when the restart budget is spent. Serialised once (tagged by `state`) into `/admin/status`
+/// and read back typed by the CLI.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum GroupState {
     Stopped,
@@ -18,7 +19,13 @@ pub enum GroupState {
     Ready {
         epoch: u64,
     },
+    /// Stopping the ranks to start them again (an operator's restart or mode switch, or a
+    /// failure with no backoff due).
     Restarting {
+        reason: String,
+    },
+    /// Waiting `retry_in_s` before the next start after a failure.
+    Backoff {
         reason: String,
         retry_in_s: f64,
     },
@@ -32,7 +39,7 @@ pub enum GroupState {
 }
 
 /// One rank as last seen.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankStatus {
     pub rank: u32,
     pub node: NodeRole,
@@ -45,7 +52,7 @@ pub struct RankStatus {
     pub log: PathBuf,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LastRestart {
     pub reason: String,
     pub at_unix: u64,
@@ -69,7 +76,7 @@ impl LastRestart {
 }
 
 /// The supervisor's published status.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Status {
     #[serde(flatten)]
     pub state: GroupState,
@@ -92,7 +99,7 @@ pub struct Status {
     pub stalled_s: Option<f64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeMemory {
     /// `head`, `worker`, or `worker <rank>` when the group has several workers.
     pub node: String,

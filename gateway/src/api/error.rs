@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 use crate::api::family::{Family, Framing};
+use crate::api::{anthropic, openai};
 use crate::observe::{Rejection, StreamEnd};
 
 #[derive(Debug, thiserror::Error)]
@@ -188,29 +188,13 @@ impl GatewayError {
 }
 
 impl GatewayError {
-    /// Anthropic's error type for this failure (its envelope has no `param` or `code`).
-    fn anthropic_kind(&self) -> &'static str {
-        match self.status().as_u16() {
-            401 => "authentication_error",
-            403 => "permission_error",
-            404 => "not_found_error",
-            413 => "request_too_large",
-            429 => "rate_limit_error",
-            503 => "overloaded_error",
-            504 => "timeout_error",
-            500..=599 => "api_error",
-            _ => "invalid_request_error",
-        }
-    }
-
     /// The error as its route's family answers it: vLLM's OpenAI envelope, or Anthropic's
     /// `{"type":"error","error":{"type","message"}}` on `/v1/messages`.
     pub(crate) fn render(self, family: Family) -> Response {
         match family {
             Family::OpenAi => self.into_response(),
             Family::Anthropic => {
-                let body =
-                    json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": self.to_string()}});
+                let body = anthropic::envelope(self.status().as_u16(), &self.to_string());
                 self.respond(body)
             }
         }
@@ -265,30 +249,15 @@ impl GatewayError {
     /// `[DONE]`, or `event: error` (Responses; Anthropic with its envelope).
     pub(crate) fn stream_event(&self, framing: Framing) -> Vec<bytes::Bytes> {
         let message = self.to_string();
-        let event = |e: serde_json::Value| bytes::Bytes::from(format!("event: error\ndata: {e}\n\n"));
         match framing {
-            Framing::Responses => {
-                vec![event(
-                    json!({"type": "error", "code": self.kind(), "message": message, "param": null}),
-                )]
-            }
-            Framing::Anthropic => {
-                vec![event(
-                    json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": message}}),
-                )]
-            }
-            Framing::Chat => {
-                let e = json!({"error": {"message": message, "type": self.kind(), "param": null, "code": self.status().as_u16()}});
-                vec![
-                    bytes::Bytes::from(format!("data: {e}\n\n")),
-                    bytes::Bytes::from_static(b"data: [DONE]\n\n"),
-                ]
-            }
+            Framing::Responses => openai::responses_stream_error(&message, self.kind()),
+            Framing::Anthropic => anthropic::stream_error(self.status().as_u16(), &message),
+            Framing::Chat => openai::chat_stream_error(&message, self.kind(), self.status().as_u16()),
         }
     }
 
     fn openai_body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.to_string(), "type": self.kind(), "param": self.param(), "code": self.status().as_u16()}})
+        openai::envelope(&self.to_string(), self.kind(), self.param(), self.status().as_u16())
     }
 
     /// The whole HTTP/1.1 answer, for the connection loop's errors that come before (or instead

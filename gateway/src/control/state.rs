@@ -69,13 +69,15 @@ pub struct GatewayControl {
 }
 
 impl GatewayControl {
-    pub fn new(capacity: u32, limits: QueueLimits, mode: SpecMethod) -> Self {
+    /// The control state before any group is known: no capacity and no mode until `serve`
+    /// seeds both from the groups (`groups::seed`), which then keep them current.
+    pub fn new(limits: QueueLimits) -> Self {
         Self {
             inner: Arc::new(Inner {
                 lifecycle: tokio::sync::watch::Sender::new(Lifecycle::Serving),
                 upstream: RwLock::new(UpstreamState::Starting),
-                mode: RwLock::new(mode),
-                admission: Admission::new(capacity, limits),
+                mode: RwLock::new(SpecMethod::None),
+                admission: Admission::new(0, limits),
                 delivered_tokens: AtomicU64::new(0),
                 rate: std::sync::Mutex::new(std::collections::VecDeque::new()),
                 logged_at: std::sync::Mutex::new(None),
@@ -202,7 +204,9 @@ mod tests {
             bytes: 1 << 20,
             timeout: std::time::Duration::from_secs(1),
         };
-        let c = GatewayControl::new(2, limits, SpecMethod::Dspark);
+        let c = GatewayControl::new(limits);
+        c.admission().set_capacity(2);
+        c.set_mode(SpecMethod::Dspark);
         assert_eq!(c.tokens_per_s(), 0.0, "no sample yet");
         c.sample_rate();
         c.count_tokens(SpecMethod::Dspark, 50);

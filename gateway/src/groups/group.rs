@@ -173,7 +173,7 @@ impl Group {
         self.supervisor.as_ref().is_some_and(|s| {
             matches!(
                 s.status().state,
-                GroupState::Starting { .. } | GroupState::Restarting { .. }
+                GroupState::Starting { .. } | GroupState::Restarting { .. } | GroupState::Backoff { .. }
             )
         })
     }

@@ -298,7 +298,9 @@ fn view_of(status: &Status) -> View {
         )),
         GroupState::Ready { .. } => UpstreamState::Ready,
         GroupState::Starting { epoch } => UpstreamState::Restarting(format!("starting epoch {epoch}")),
-        GroupState::Restarting { reason, .. } => UpstreamState::Restarting(reason.clone()),
+        GroupState::Restarting { reason } | GroupState::Backoff { reason, .. } => {
+            UpstreamState::Restarting(reason.clone())
+        }
         GroupState::Failed { reason } => UpstreamState::Failed(reason.clone()),
         GroupState::Stopped | GroupState::Stopping | GroupState::ShuttingDown => UpstreamState::Stopped,
     };
@@ -307,6 +309,16 @@ fn view_of(status: &Status) -> View {
         mode: status.mode,
         capacity: status.max_num_seqs,
     }
+}
+
+/// Seeds admission from the groups as configured (their capacity and the first one's mode),
+/// before anything is served: the one place capacity comes from config. From then on
+/// `apply` keeps it to what the open groups take.
+pub(crate) fn seed(control: &GatewayControl, groups: &Groups) {
+    control
+        .admission()
+        .set_capacity(groups.all().iter().map(|g| g.capacity()).sum());
+    control.set_mode(groups.first().mode());
 }
 
 /// Applies every group's view to the shared admission: its capacity is what the open groups

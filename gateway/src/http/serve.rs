@@ -44,6 +44,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     observe::metrics_handle();
     let groups = Arc::new(Groups::of(config, &upstreams));
+    crate::groups::seed(&control, &groups);
     let app = App::new(config, control.clone(), groups.clone());
     let edge = Arc::new(Edge::new(config));
     watch_upstreams(&app, upstreams, groups);

@@ -503,7 +503,11 @@ mod tests {
                 bytes: 1 << 20,
                 timeout: Duration::from_secs(60),
             };
-            Tap::chat(GatewayControl::new(2, limits, SpecMethod::Dspark))
+            Tap::chat({
+                let c = GatewayControl::new(limits);
+                c.set_mode(SpecMethod::Dspark);
+                c
+            })
         };
         (rt, tap)
     }
