@@ -94,6 +94,8 @@ fn instructions(name: &str, iters: u64) -> Result<u64, String> {
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let status = Command::new("valgrind")
         .args(["--tool=callgrind", "--quiet"])
+        // Only the case's iterations (`microbench::counted_loop`), not its set-up.
+        .arg("--toggle-collect=*microbench*counted_loop*")
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(&me)
         .args(["--run", name, &iters.to_string()])

@@ -80,22 +80,39 @@ fn normalizer() -> Normalizer {
 
 const TYPICAL: &str = r#"{"model":"DeepSeek-v4.1-Flash-EXL3","messages":[{"role":"system","content":"You are a careful assistant. Answer briefly and cite the function names you use."},{"role":"user","content":"How does the gateway decide when a request may start? Explain admission in two sentences."},{"role":"assistant","content":"A request starts when a slot under MAX_NUM_SEQS is free; otherwise it waits in a bounded queue, in arrival order, until one is released or its timeout passes."},{"role":"user","content":"And what happens to the queue when the ranks restart? Keep it short."}],"max_tokens":256,"temperature":0.6,"top_p":0.95,"stream":true,"stream_options":{"include_usage":true}}"#;
 
+/// The iterations callgrind counts: `hot_path` collects inside this function only
+/// (`--toggle-collect`), after one warm-up iteration outside it, so a case's set-up and its
+/// one-time initialisation — quanta's clock calibration on the first histogram sample runs a
+/// loop whose length varies from run to run — never enter the count.
+#[inline(never)]
+pub(crate) fn counted(iters: u64, mut one: impl FnMut()) {
+    one();
+    counted_loop(iters.saturating_sub(1), &mut one);
+}
+
+#[inline(never)]
+fn counted_loop<F: FnMut()>(iters: u64, one: &mut F) {
+    for _ in 0..iters {
+        one();
+    }
+}
+
 fn prepare_typical(iters: u64) {
     let n = normalizer();
-    for _ in 0..iters {
+    counted(iters, || {
         let p = prepare_now(&n, Api::Chat, black_box(&Bytes::from_static(TYPICAL.as_bytes()))).expect("a valid body");
         black_box(p.forward.len());
-    }
+    });
 }
 
 fn prepare_rewritten(iters: u64) {
     let n = normalizer();
     let body = Bytes::from(TYPICAL.replace(r#","stream_options":{"include_usage":true}"#, ""));
-    for _ in 0..iters {
+    counted(iters, || {
         let p = prepare_now(&n, Api::Chat, black_box(&body)).expect("a valid body");
         assert!(p.norm.usage_injected);
         black_box(p.forward.len());
-    }
+    });
 }
 
 fn prepare_large(iters: u64) {
@@ -104,10 +121,10 @@ fn prepare_large(iters: u64) {
     let body = Bytes::from(format!(
         r#"{{"model":"DeepSeek-v4.1-Flash-EXL3","messages":[{{"role":"user","content":"{text}"}}],"max_tokens":16}}"#
     ));
-    for _ in 0..iters {
+    counted(iters, || {
         let p = prepare_now(&n, Api::Chat, black_box(&body)).expect("a valid body");
         black_box(p.forward.len());
-    }
+    });
 }
 
 const FRAME: &[u8] = br#"data: {"id":"chatcmpl-4f1c2a","object":"chat.completion.chunk","created":1764600000,"model":"DeepSeek-v4.1-Flash-EXL3","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null,"token_ids":null}]}
@@ -130,10 +147,10 @@ fn sse_tap(iters: u64) {
     control.set_mode(SpecMethod::Dspark);
     let mut tap = Tap::chat(control);
     let frame = Bytes::from_static(FRAME);
-    for _ in 0..iters {
+    counted(iters, || {
         let out = tap.feed(black_box(frame.clone()));
         black_box(out.map(|b| b.len()));
-    }
+    });
 }
 
 fn admission(iters: u64) {
@@ -145,11 +162,11 @@ fn admission(iters: u64) {
     let admission = Admission::new(2, limits);
     let client = crate::control::fairq::Client::new("bench", 1);
     let mut cx = Context::from_waker(Waker::noop());
-    for _ in 0..iters {
+    counted(iters, || {
         let mut acquire = std::pin::pin!(admission_once(&admission, &client));
         // Uncontended, the permit is ready on the first poll: no runtime needed.
         assert!(acquire.as_mut().poll(&mut cx).is_ready(), "an uncontended permit");
-    }
+    });
 }
 
 async fn admission_once(admission: &Arc<Admission>, client: &crate::control::fairq::Client) {

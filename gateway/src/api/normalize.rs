@@ -375,14 +375,7 @@ impl Normalizer {
             Effort::Named(n) => {
                 body.insert("reasoning_effort".into(), Value::String((*n).to_owned()));
             }
-            Effort::Int(v) => {
-                kwargs_entry(body).insert("reasoning_effort".into(), Value::from(*v));
-            }
-            Effort::Off => {
-                kwargs_entry(body)
-                    .entry("enable_thinking")
-                    .or_insert(Value::Bool(false));
-            }
+            other => effort_in_kwargs(body, other),
         }
         Ok(mapping(&original, &effort))
     }
@@ -407,19 +400,26 @@ impl Normalizer {
             Effort::Named(n @ ("low" | "high")) => {
                 reasoning.insert("effort".into(), Value::String((*n).to_owned()));
             }
-            Effort::Named(n) => {
-                kwargs_entry(body).insert("reasoning_effort".into(), Value::String((*n).to_owned()));
-            }
-            Effort::Int(v) => {
-                kwargs_entry(body).insert("reasoning_effort".into(), Value::from(*v));
-            }
-            Effort::Off => {
-                kwargs_entry(body)
-                    .entry("enable_thinking")
-                    .or_insert(Value::Bool(false));
-            }
+            other => effort_in_kwargs(body, other),
         }
         Ok(mapping(&value, &effort))
+    }
+}
+
+/// `effort` where the chat template reads it: a name or an integer as `reasoning_effort`, off as
+/// `enable_thinking: false` (unless the client set it).
+fn effort_in_kwargs(body: &mut Map<String, Value>, effort: &Effort) {
+    let kwargs = kwargs_entry(body);
+    match effort {
+        Effort::Named(n) => {
+            kwargs.insert("reasoning_effort".into(), Value::String((*n).to_owned()));
+        }
+        Effort::Int(v) => {
+            kwargs.insert("reasoning_effort".into(), Value::from(*v));
+        }
+        Effort::Off => {
+            kwargs.entry("enable_thinking").or_insert(Value::Bool(false));
+        }
     }
 }
 

@@ -64,35 +64,18 @@ use Family::{Anthropic, OpenAi};
 use Methods::{Get, GetPost, Post};
 use Role::{Forward, Generate, Utility};
 
-/// Every vLLM route the gateway serves.
+/// Every vLLM route the gateway serves (one row a route: a table, not rustfmt's layout).
+#[rustfmt::skip]
 pub(crate) const ROUTES: &[Route] = &[
     route("/v1/chat/completions", Post, Generate(Api::Chat), OpenAi, "chat"),
-    route(
-        "/v1/chat/completions/batch",
-        Post,
-        Generate(Api::Batch),
-        OpenAi,
-        "chat_batch",
-    ),
-    route(
-        "/v1/completions",
-        Post,
-        Generate(Api::Completions),
-        OpenAi,
-        "completions",
-    ),
+    route("/v1/chat/completions/batch", Post, Generate(Api::Batch), OpenAi, "chat_batch"),
+    route("/v1/completions", Post, Generate(Api::Completions), OpenAi, "completions"),
     route("/v1/responses", Post, Generate(Api::Responses), OpenAi, "responses"),
     route("/v1/messages", Post, Generate(Api::Messages), Anthropic, "messages"),
     route("/invocations", Post, Generate(Api::Invocations), OpenAi, "invocations"),
     route("/v1/decisions", Post, Generate(Api::Opaque), OpenAi, "decisions"),
     route("/v1/systemone", Post, Generate(Api::Opaque), OpenAi, "systemone"),
-    route(
-        "/generative_scoring",
-        Post,
-        Generate(Api::Opaque),
-        OpenAi,
-        "generative_scoring",
-    ),
+    route("/generative_scoring", Post, Generate(Api::Opaque), OpenAi, "generative_scoring"),
     route("/tokenize", Post, Utility, OpenAi, "tokenize"),
     route("/detokenize", Post, Utility, OpenAi, "detokenize"),
     route("/v1/messages/count_tokens", Post, Utility, Anthropic, "count_tokens"),
@@ -169,27 +152,8 @@ fn rewrite<B>(req: &mut hyper::Request<B>) {
 
 /// Decodes `%XX` escapes; `None` when they do not decode to UTF-8 (or hold a NUL).
 fn percent_decode(path: &str) -> Option<String> {
-    let bytes = path.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (
-            bytes[i],
-            bytes.get(i + 1).copied().and_then(hex),
-            bytes.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok().filter(|s| !s.contains('\0'))
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8().ok()?;
+    (!decoded.contains('\0')).then(|| decoded.into_owned())
 }
 
 /// Whether `path` is already in canonical form (`canonical` would return it unchanged): no

@@ -154,8 +154,11 @@ impl State {
     /// Grants waiters in the queue's order while they fit (a large head blocks: nobody
     /// overtakes it); a waiter holding out for its full preferred group is passed over.
     fn dispatch(&mut self) {
-        // The clock is read only when a waiter has a preference to weigh: a release with
-        // nobody queued (most of them) costs no clock read.
+        // Nobody queued (most releases): nothing to walk, not even the order's first entry.
+        if self.order.is_empty() {
+            return;
+        }
+        // The clock is read only when a waiter has a preference to weigh.
         let mut now = None;
         let mut passed = None;
         while self.holds == 0 && !self.closed {

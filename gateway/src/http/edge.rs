@@ -31,7 +31,6 @@ use governor::clock::{Clock, DefaultClock};
 use governor::middleware::StateInformationMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
-use sparkgate_config::Secret;
 
 use crate::api::error::GatewayError;
 use crate::api::routes::Route;
@@ -39,8 +38,9 @@ use crate::api::routes::Route;
 /// What the edge steps know: the keys and the limiter, from the configuration.
 #[derive(Debug)]
 pub(crate) struct Edge {
-    api_keys: Vec<Secret>,
-    admin_token: Option<Secret>,
+    /// API_KEYS and ADMIN_TOKEN as they are compared: their SHA-256 digests (`KeyDigest`).
+    api_keys: Vec<KeyDigest>,
+    admin_token: Option<KeyDigest>,
     /// `/metrics` answers without an API key (METRICS_PUBLIC).
     metrics_public: bool,
     pub(crate) limiter: Option<Arc<Limiter>>,
@@ -50,8 +50,13 @@ impl Edge {
     pub(crate) fn new(config: &sparkgate_config::Config) -> Edge {
         let g = &config.gateway;
         Edge {
-            api_keys: config.secrets.api_keys.clone(),
-            admin_token: config.secrets.admin_token.clone(),
+            api_keys: config
+                .secrets
+                .api_keys
+                .iter()
+                .map(|k| KeyDigest::of(k.expose()))
+                .collect(),
+            admin_token: config.secrets.admin_token.as_ref().map(|t| KeyDigest::of(t.expose())),
             metrics_public: g.metrics_public,
             limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
         }
@@ -166,8 +171,21 @@ impl AccessLine {
     }
 }
 
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// A key's SHA-256: keys are compared as digests of one length, in constant time (`subtle`),
+/// so neither a key's length nor where a guess first differs shows in the time taken.
+struct KeyDigest([u8; 32]);
+
+impl KeyDigest {
+    fn of(key: &str) -> KeyDigest {
+        use sha2::Digest as _;
+        KeyDigest(sha2::Sha256::digest(key.as_bytes()).into())
+    }
+}
+
+impl std::fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyDigest(<redacted>)")
+    }
 }
 
 /// The key a client presents: `Authorization: Bearer …` (OpenAI SDKs, Claude Code's
@@ -190,12 +208,15 @@ fn guarded(edge: &Edge, route: Option<&Route>, path: &str) -> bool {
     }
 }
 
-fn matches_any(token: Option<&str>, keys: &[Secret]) -> bool {
+fn matches_any(token: Option<&str>, keys: &[KeyDigest]) -> bool {
+    use subtle::ConstantTimeEq as _;
     let Some(token) = token else { return false };
-    // Compare against every key so the time taken does not reveal which one matched.
-    keys.iter().fold(false, |hit, k| {
-        constant_time_eq(k.expose().as_bytes(), token.as_bytes()) | hit
-    })
+    let presented = KeyDigest::of(token);
+    // Compared with every key, so the time taken does not reveal which one matched.
+    let hit = keys
+        .iter()
+        .fold(subtle::Choice::from(0), |hit, k| hit | k.0.ct_eq(&presented.0));
+    hit.into()
 }
 
 /// An API key `authenticate` checked against API_KEYS.

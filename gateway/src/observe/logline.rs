@@ -7,15 +7,13 @@
 
 use std::cell::RefCell;
 use std::fmt::{self, Write as _};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::{Format, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
-
-use crate::observe::decimal::Decimal;
 
 /// The fast text format, with the default one (same layout) for what it leaves to it.
 pub(crate) struct TextLine {
@@ -74,47 +72,7 @@ fn render(out: &mut String, now: SystemTime, event: &Event<'_>) -> bool {
 
 /// `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC, microseconds), as the default format's timer writes it.
 fn timestamp(out: &mut String, now: SystemTime) {
-    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs();
-    let (year, month, day) = civil_from_days((secs / 86_400) as i64);
-    let rem = secs % 86_400;
-    for (value, width, then) in [
-        (year as u64, 4, '-'),
-        (month, 2, '-'),
-        (day, 2, 'T'),
-        (rem / 3600, 2, ':'),
-        (rem % 3600 / 60, 2, ':'),
-        (rem % 60, 2, '.'),
-        (u64::from(since.subsec_micros()), 6, 'Z'),
-    ] {
-        push_digits(out, value, width);
-        out.push(then);
-    }
-}
-
-/// `value` as exactly `width` decimal digits (zero-padded; wider values keep their low digits).
-fn push_digits(out: &mut String, mut value: u64, width: usize) {
-    let mut buf = [b'0'; 6];
-    for slot in buf[..width].iter_mut().rev() {
-        *slot = b'0' + (value % 10) as u8;
-        value /= 10;
-    }
-    out.extend(buf[..width].iter().map(|&b| char::from(b)));
-}
-
-/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar (the
-/// well-known era-based conversion).
-fn civil_from_days(days: i64) -> (i64, u64, u64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u64;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u64;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+    let _ = write!(out, "{}", humantime::format_rfc3339_micros(now));
 }
 
 /// The fields as the default visitor writes them: the message bare (control characters
@@ -165,16 +123,13 @@ impl Visit for Fields<'_> {
 
     fn record_u64(&mut self, field: &Field, value: u64) {
         if self.begin(field) {
-            self.out.push_str(Decimal::of(value).as_str());
+            self.out.push_str(itoa::Buffer::new().format(value));
         }
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
         if self.begin(field) {
-            if value < 0 {
-                self.out.push('-');
-            }
-            self.out.push_str(Decimal::of(value.unsigned_abs()).as_str());
+            self.out.push_str(itoa::Buffer::new().format(value));
         }
     }
 
@@ -221,7 +176,7 @@ fn push_tenths(out: &mut String, value: f64) -> bool {
         return false;
     }
     let tenths = tenths as u64;
-    out.push_str(Decimal::of(tenths / 10).as_str());
+    out.push_str(itoa::Buffer::new().format(tenths / 10));
     out.push('.');
     out.push(char::from(b'0' + (tenths % 10) as u8));
     true

@@ -1,9 +1,7 @@
 //! Observability: the Prometheus recorder and the gateway's metric names, and the tracing
 //! subscriber for access and event logs (text or JSON): the bottom layer, importing nothing of
-//! the gateway's. `logline` writes a log line, `logwriter` writes lines from a thread of its own,
-//! `decimal` writes integers.
+//! the gateway's. `logline` writes a log line, `logwriter` writes lines from a thread of its own.
 
-pub(crate) mod decimal;
 mod labels;
 mod logline;
 pub(crate) mod logwriter;
@@ -259,7 +257,7 @@ pub fn init_logging(format: sparkgate_config::LogFormat) -> crate::observe::logw
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SPARKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let (writer, guard) = crate::observe::logwriter::start(std::io::stderr());
+    let (writer, guard) = crate::observe::logwriter::start(std::io::stderr);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)

@@ -6,8 +6,6 @@
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::observe::decimal::Decimal;
-
 /// Most response headers accepted from rank 0 (uvicorn sends about five).
 const MAX_HEADERS: usize = 64;
 /// Longest response head, and longest chunk-size or trailer line, before the answer is refused.
@@ -59,7 +57,11 @@ pub(crate) fn encode_request(out: &mut Vec<u8>, req: &RequestHead<'_>, skip: imp
         &Method::GET | &Method::HEAD | &Method::DELETE | &Method::OPTIONS
     );
     if bodied || req.body_len > 0 {
-        line(out, b"content-length", Decimal::of(req.body_len as u64).as_bytes());
+        line(
+            out,
+            b"content-length",
+            itoa::Buffer::new().format(req.body_len).as_bytes(),
+        );
     }
     out.extend_from_slice(b"\r\n");
 }
