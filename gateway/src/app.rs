@@ -23,8 +23,6 @@ pub(crate) struct App {
     pub(crate) first_token_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) request_timeout: Duration,
-    /// MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE: how a request body is read.
-    pub(crate) body: crate::api::body::BodyLimits,
     pub(crate) profile: String,
     /// The profile's speculation modes (what `/admin/spec` may switch to).
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
@@ -53,11 +51,6 @@ impl App {
             first_token_timeout: g.first_token_timeout,
             idle_timeout: g.stream_idle_timeout,
             request_timeout: g.request_timeout,
-            body: crate::api::body::BodyLimits {
-                max: g.max_body_bytes,
-                timeout: g.body_timeout,
-                min_rate: g.body_min_rate,
-            },
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
             quarantine: Arc::default(),

@@ -6,7 +6,7 @@
 //! blocking thread so `/health` and running streams are not held up by a parse.
 
 use std::borrow::Cow;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::{header, HeaderMap};
 use bytes::Bytes;
@@ -14,12 +14,10 @@ use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use metrics::counter;
 
 use crate::api::error::GatewayError;
 use crate::api::family::Api;
 use crate::api::normalize::{lax_integer, Normalized, Normalizer};
-use crate::observe;
 
 /// How a request body is read: MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE.
 #[derive(Debug, Clone, Copy)]
@@ -30,56 +28,48 @@ pub(crate) struct BodyLimits {
     pub(crate) min_rate: u64,
 }
 
-/// Reads the whole body: more than `max` bytes is 413; a body still arriving after `timeout`
-/// is 408 unless it has averaged `min_rate` since the head (then it is looked at again each
-/// second), so a client trickling bytes holds its connection for `timeout` at most.
-pub(crate) async fn read<B>(body: B, limits: &BodyLimits) -> Result<Bytes, GatewayError>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: std::fmt::Display,
-{
-    use http_body_util::BodyExt;
-    let started = Instant::now();
-    let mut body = std::pin::pin!(body);
-    let mut parts: Vec<Bytes> = Vec::new();
-    let mut len = 0usize;
-    let deadline = tokio::time::sleep_until((started + limits.timeout).into());
-    let mut deadline = std::pin::pin!(deadline);
-    loop {
-        tokio::select! {
-            biased;
-            frame = body.frame() => match frame {
-                None => break,
-                Some(Ok(frame)) => {
-                    let Ok(data) = frame.into_data() else { continue };
-                    len += data.len();
-                    if len > limits.max {
-                        return Err(GatewayError::PayloadTooLarge { limit: limits.max });
-                    }
-                    parts.push(data);
-                }
-                Some(Err(e)) => return Err(GatewayError::InvalidJson(format!("could not read the body: {e}"))),
-            },
-            () = &mut deadline => {
-                let elapsed = started.elapsed();
-                let earned = limits.min_rate as f64 * elapsed.as_secs_f64();
-                if limits.min_rate == 0 || (len as f64) < earned {
-                    counter!(observe::BODY_TIMEOUTS).increment(1);
-                    return Err(GatewayError::BodyTimeout { after: limits.timeout, received: len });
-                }
-                deadline.as_mut().reset((Instant::now() + Duration::from_secs(1)).into());
-            }
+/// Why a request body could not be read whole (`http::body_guard` enforces the limits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BodyError {
+    /// More than MAX_BODY_BYTES.
+    TooLarge { limit: usize },
+    /// Still arriving BODY_TIMEOUT after the head, slower than BODY_MIN_RATE.
+    Timeout { after: Duration, received: usize },
+    /// The connection failed while the body was read.
+    Read(String),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::TooLarge { limit } => write!(f, "the body is over {limit} bytes"),
+            BodyError::Timeout { after, received } => write!(f, "the body took over {after:?} ({received} bytes came)"),
+            BodyError::Read(e) => write!(f, "could not read the body: {e}"),
         }
     }
-    Ok(match parts.len() {
-        0 => Bytes::new(),
-        1 => parts.pop().expect("one part"),
-        _ => {
-            let mut whole = Vec::with_capacity(len);
-            parts.iter().for_each(|p| whole.extend_from_slice(p));
-            Bytes::from(whole)
+}
+
+impl std::error::Error for BodyError {}
+
+impl From<BodyError> for GatewayError {
+    fn from(e: BodyError) -> GatewayError {
+        match e {
+            BodyError::TooLarge { limit } => GatewayError::PayloadTooLarge { limit },
+            BodyError::Timeout { after, received } => GatewayError::BodyTimeout { after, received },
+            BodyError::Read(e) => GatewayError::InvalidJson(format!("could not read the body: {e}")),
         }
-    })
+    }
+}
+
+/// A request body as the handlers get it: within the body guard's limits.
+pub(crate) trait RequestBody: http_body::Body<Data = Bytes, Error = BodyError> + Send + 'static {}
+
+impl<T: http_body::Body<Data = Bytes, Error = BodyError> + Send + 'static> RequestBody for T {}
+
+/// Reads the whole body (its bounds are the body guard's); a body in one piece is not copied.
+pub(crate) async fn read(body: impl RequestBody) -> Result<Bytes, GatewayError> {
+    use http_body_util::BodyExt;
+    Ok(body.collect().await?.to_bytes())
 }
 
 /// Fields the normaliser reads or rewrites; every other field passes as raw text.

@@ -82,6 +82,9 @@ pub enum GatewayError {
     ShuttingDown,
     #[error("the gateway shut down: the request was still running after DRAIN_TIMEOUT={}s", drain.as_secs())]
     DrainTimeout { drain: Duration },
+    /// A handler panicked: the request ends here, the gateway keeps serving.
+    #[error("the gateway failed on this request (an internal error, logged); retry it")]
+    Internal,
 }
 
 fn unparseable_message(status: StatusCode) -> &'static str {
@@ -128,6 +131,7 @@ impl GatewayError {
             | GatewayError::DrainTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::FirstTokenTimeout { .. } | GatewayError::StreamIdle { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::UpstreamBroke | GatewayError::UpstreamTruncated => StatusCode::BAD_GATEWAY,
+            GatewayError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

@@ -154,6 +154,11 @@ impl GatewayControl {
         self.inner.lifecycle.send_replace(Lifecycle::Closing);
     }
 
+    /// Where the gateway is in its life now.
+    pub(crate) fn lifecycle_now(&self) -> Lifecycle {
+        *self.inner.lifecycle.borrow()
+    }
+
     pub(crate) fn lifecycle(&self) -> tokio::sync::watch::Receiver<Lifecycle> {
         self.inner.lifecycle.subscribe()
     }

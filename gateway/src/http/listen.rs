@@ -18,8 +18,39 @@ use std::time::{Duration, Instant};
 use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
 
+use super::access::Peer;
 use crate::api::error::GatewayError;
-use crate::http::dispatch::Dispatch;
+
+/// The service every connection's requests go to (`stack::stack`).
+pub(crate) trait Stack:
+    tower::Service<
+        hyper::Request<Incoming>,
+        Response = hyper::Response<Self::Body>,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    type Body: http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static;
+}
+
+impl<S, B> Stack for S
+where
+    S: tower::Service<
+            hyper::Request<Incoming>,
+            Response = hyper::Response<B>,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    B: http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static,
+{
+    type Body = B;
+}
 
 /// What the loop needs from the configuration.
 #[derive(Debug, Clone, Copy)]
@@ -309,10 +340,10 @@ where
 }
 
 /// Serves one connection (HTTP/1.1 or h2c) until it closes or `stop` turns true.
-async fn connection(
+async fn connection<S: Stack>(
     stream: TcpStream,
     peer: SocketAddr,
-    dispatch: Arc<Dispatch>,
+    stack: S,
     cfg: ListenConfig,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -323,12 +354,11 @@ async fn connection(
         _ = async { let _ = stop.wait_for(|s| *s).await; tokio::time::sleep(FRESH_GRACE).await } => None,
     };
     let Some(protocol) = protocol else { return };
-    // Boxed: hyper keeps the allocation of a connection's in-flight service future for as
-    // long as the connection lives, so inline, the generation path's whole state machine would
-    // be held by every idle connection; boxed, it is freed once the response head is sent.
-    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-        let dispatch = dispatch.clone();
-        Box::pin(async move { Ok::<_, std::convert::Infallible>(dispatch.call(req, peer).await) })
+    // Each request goes through the stack (`stack.rs`) with its peer's address; the stack's
+    // handler boxes its own future, so an idle connection holds no generation's state.
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut().insert(Peer(peer));
+        tower::ServiceExt::oneshot(stack.clone(), req)
     });
     let handoff = Arc::new(Handoff::default());
     let io = hyper_util::rt::TokioIo::new(ClientIo {
@@ -392,14 +422,13 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Accepts until `shutdown` resolves, then drains: in-flight requests get DRAIN_TIMEOUT, then
 /// whatever still runs is ended with an error (`ShutdownHooks`), then the connections close.
-pub(crate) async fn run(
-    dispatch: Dispatch,
+pub(crate) async fn run<S: Stack>(
+    stack: S,
     listener: TcpListener,
     cfg: ListenConfig,
     shutdown: impl Future<Output = ()> + Send,
     hooks: ShutdownHooks,
 ) {
-    let dispatch = Arc::new(dispatch);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let mut backoff = Backoff::default();
@@ -415,7 +444,7 @@ pub(crate) async fn run(
                         sparkgate_task::spawn("over-connections-answer", async move { answer(&stream, GatewayError::TooManyConnections { max }).await });
                         continue;
                     }
-                    connections.spawn(connection(stream, peer, dispatch.clone(), cfg, stop_rx.clone()));
+                    connections.spawn(connection(stream, peer, stack.clone(), cfg, stop_rx.clone()));
                 }
                 Err(e) => tokio::time::sleep(backoff.failed(&e)).await,
             },

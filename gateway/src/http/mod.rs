@@ -1,7 +1,12 @@
-//! The front door, the top layer: the connection loop (`listen`), one request's walk through the
-//! edge steps to its handler (`dispatch`, `edge`) and `serve`, which starts it all.
+//! The front door, the top layer: the connection loop (`listen`), the tower stack every request
+//! goes through (`stack`: its layers and their order), the edge's own steps (`step`, `ids`,
+//! `access`, `edge`, `body_guard`) and `serve`, which starts it all.
 
-mod dispatch;
+mod access;
+mod body_guard;
 mod edge;
+mod ids;
 mod listen;
 pub(crate) mod serve;
+mod stack;
+mod step;

@@ -10,10 +10,10 @@ use std::time::Duration;
 use sparkgate_config::Config;
 use tokio::net::TcpListener;
 
-use super::dispatch::Dispatch;
 use super::edge::Edge;
 use super::listen::{ListenConfig, ShutdownHooks};
 use crate::admin::ops as admin;
+use crate::api::body::BodyLimits;
 use crate::app::{App, Shared};
 use crate::control::state::{GatewayControl, UpstreamState};
 use crate::groups::{Groups, Upstreams};
@@ -59,7 +59,12 @@ pub async fn serve(
         draining: Box::new(move || drain.begin_drain()),
         closing: Box::new(move || close.close()),
     };
-    super::listen::run(Dispatch::new(app, edge), listener, cfg, shutdown, hooks).await;
+    let limits = BodyLimits {
+        max: config.gateway.max_body_bytes,
+        timeout: config.gateway.body_timeout,
+        min_rate: config.gateway.body_min_rate,
+    };
+    super::listen::run(super::stack::stack(app, edge, limits), listener, cfg, shutdown, hooks).await;
     Ok(())
 }
 

@@ -6,10 +6,9 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method};
 use axum::response::Response;
 use bytes::Bytes;
-use hyper::body::Incoming;
 
 use super::answer::{response_head, unreachable};
-use crate::api::body::{check_content_type, Prepared};
+use crate::api::body::{check_content_type, Prepared, RequestBody};
 use crate::api::error::GatewayError;
 use crate::api::family::Api;
 use crate::app::App;
@@ -19,10 +18,10 @@ pub(super) async fn utility(
     app: &App,
     request_id: &str,
     parts: Parts,
-    body: Incoming,
+    body: impl RequestBody,
 ) -> Result<Response, GatewayError> {
     check_content_type(&parts.headers)?;
-    let bytes = crate::api::body::read(body, &app.body).await?;
+    let bytes = crate::api::body::read(body).await?;
     let Prepared { forward, .. } = crate::api::body::prepare(&app.normalizer, Api::Utility, bytes).await?;
     forward_as_is(app, request_id, parts.method, parts.uri.path(), &parts.headers, forward).await
 }
@@ -32,9 +31,9 @@ pub(super) async fn passthrough(
     app: &App,
     request_id: &str,
     parts: Parts,
-    body: Incoming,
+    body: impl RequestBody,
 ) -> Result<Response, GatewayError> {
-    let bytes = crate::api::body::read(body, &app.body).await?;
+    let bytes = crate::api::body::read(body).await?;
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
     forward_as_is(app, request_id, parts.method, &path, &parts.headers, bytes).await
 }

@@ -3,7 +3,6 @@
 //! ends; a whole answer's or a refusal's is written here — with the request metrics.
 
 use axum::response::Response;
-use hyper::body::Incoming;
 use metrics::counter;
 
 use super::admit::admit;
@@ -11,16 +10,17 @@ use super::context::Ctx;
 use super::prepare::prepare;
 use super::respond::{respond, Reply};
 use super::send::send;
+use crate::api::body::RequestBody;
 use crate::api::error::GatewayError;
 use crate::observe;
 
-pub(super) async fn generate(ctx: Ctx<'_>, body: Incoming) -> Response {
+pub(super) async fn generate(ctx: Ctx<'_>, body: impl RequestBody) -> Response {
     let result = stages(&ctx, body).await;
     ctx.pending.answered();
     finish(&ctx, result)
 }
 
-async fn stages(ctx: &Ctx<'_>, body: Incoming) -> Result<Reply, GatewayError> {
+async fn stages(ctx: &Ctx<'_>, body: impl RequestBody) -> Result<Reply, GatewayError> {
     let req = prepare(ctx, body).await?;
     let permit = admit(ctx, &req).await?;
     let sent = send(ctx, &req, permit).await?;

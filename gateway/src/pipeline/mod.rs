@@ -18,8 +18,8 @@ mod respond;
 mod send;
 
 use axum::response::Response;
-use hyper::body::Incoming;
 
+use crate::api::body::RequestBody;
 use crate::api::error::GatewayError;
 use crate::api::routes::{Role, Route};
 use crate::app::App;
@@ -31,7 +31,7 @@ pub(crate) async fn upstream_route(
     app: &App,
     route: &'static Route,
     request_id: &str,
-    req: hyper::Request<Incoming>,
+    req: hyper::Request<impl RequestBody>,
     caller: Caller,
 ) -> Response {
     if !route.methods.allow(req.method()) {

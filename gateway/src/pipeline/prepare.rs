@@ -2,21 +2,20 @@
 //! that needs no slot — the ranks stopped or failed, a quarantined body, more sequences than a
 //! group holds — and what admission and routing read of it.
 
-use hyper::body::Incoming;
 use metrics::counter;
 
 use super::answer::quarantined;
 use super::context::{Ctx, Prepared};
-use crate::api::body::check_content_type;
+use crate::api::body::{check_content_type, RequestBody};
 use crate::api::error::GatewayError;
 use crate::control::state::UpstreamState;
 use crate::observe;
 use crate::quarantine::Stage;
 
-pub(super) async fn prepare(ctx: &Ctx<'_>, body: Incoming) -> Result<Prepared, GatewayError> {
+pub(super) async fn prepare(ctx: &Ctx<'_>, body: impl RequestBody) -> Result<Prepared, GatewayError> {
     let app = ctx.app;
     check_content_type(&ctx.headers)?;
-    let bytes = crate::api::body::read(body, &app.body).await?;
+    let bytes = crate::api::body::read(body).await?;
     let crate::api::body::Prepared {
         norm,
         forward,

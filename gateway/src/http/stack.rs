@@ -1,0 +1,156 @@
+//! The gateway's HTTP service: one `tower::ServiceBuilder` stack, each cross-cutting concern a
+//! layer, in the order they run (outermost first):
+//!
+//! 1. `CatchPanicLayer` (tower-http) — a handler that panics answers 500 in vLLM's envelope
+//!    and the connection, and the gateway, keep serving;
+//! 2. `SetSensitiveRequestHeadersLayer` (tower-http) — `Authorization` and `x-api-key` are
+//!    marked sensitive before anything could log them (their `Debug` is `Sensitive`);
+//! 3. `UsableRequestId` (ours) → `SetRequestIdLayer` → `PropagateRequestIdLayer` (tower-http)
+//!    — a client's usable `X-Request-Id` kept, else ours (`sg-…`), echoed on every response;
+//! 4. `Routing` (ours) — the path made canonical and matched against the route table once;
+//! 5. `AccessLog` (ours) — one line per response that is not a generation's;
+//! 6. `Authenticate` (ours) — API keys and the admin token;
+//! 7. `RateLimit` (ours, governor) — per validated key, else per client address;
+//! 8. `AdmissionGate` (ours) — a generation arriving while the gateway shuts down is answered
+//!    503 before its body is read;
+//! 9. `BodyGuardLayer` (ours) — MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE on the body;
+//! 10. `Handler` — an upstream route's handler (`pipeline::upstream_route`) or the admin router.
+//!
+//! A step's refusal is answered in the route's own envelope (`step::StepLayer`) and passes back
+//! out through the layers above it (logged, its id echoed).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use hyper::body::Incoming;
+use hyper::Request;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
+
+use super::access::{AccessLog, Peer, Routing};
+use super::body_guard::{BodyGuardLayer, Guarded};
+use super::edge::{Authenticate, Edge, RateLimit};
+use super::ids::{SgIds, UsableRequestId};
+use super::step::{Routed, Step, StepLayer};
+use crate::api::body::BodyLimits;
+use crate::api::error::GatewayError;
+use crate::api::routes::Role;
+use crate::app::Shared;
+use crate::control::clients::Caller;
+use crate::control::state::Lifecycle;
+
+/// The whole stack over `app`, with the edge's keys and limiter and the body's limits.
+pub(crate) fn stack(
+    app: Shared,
+    edge: Arc<Edge>,
+    limits: BodyLimits,
+) -> impl tower::Service<
+    Request<Incoming>,
+    Response = Response<impl http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + Sync
+       + 'static {
+    let x_request_id = axum::http::HeaderName::from_static(super::ids::X_REQUEST_ID);
+    let gate = AdmissionGate(app.clone());
+    ServiceBuilder::new()
+        .layer(CatchPanicLayer::custom(answer_panic))
+        .layer(SetSensitiveRequestHeadersLayer::new([
+            axum::http::header::AUTHORIZATION,
+            axum::http::HeaderName::from_static("x-api-key"),
+        ]))
+        .layer(StepLayer(UsableRequestId))
+        .layer(SetRequestIdLayer::new(x_request_id.clone(), SgIds))
+        .layer(PropagateRequestIdLayer::new(x_request_id))
+        .layer(StepLayer(Routing))
+        .layer(StepLayer(AccessLog))
+        .layer(StepLayer(Authenticate(edge.clone())))
+        .layer(StepLayer(RateLimit(edge)))
+        .layer(StepLayer(gate))
+        .layer(BodyGuardLayer(limits))
+        .service(Handler::new(app))
+}
+
+/// A handler's panic as its answer: 500 in vLLM's envelope, the panic logged (its message
+/// only: no request data).
+fn answer_panic(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let message = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)");
+    tracing::error!(panic = message, "a request handler panicked; the request was answered 500");
+    GatewayError::Internal.into_response()
+}
+
+/// Refuses a generation at once while the gateway shuts down (DESIGN.md's shutdown contract:
+/// new requests are answered 503 + Retry-After), before its body is read.
+#[derive(Debug, Clone)]
+pub(crate) struct AdmissionGate(Shared);
+
+impl Step for AdmissionGate {
+    type Carry = ();
+
+    fn on_request<B>(&self, req: &mut Request<B>) -> Result<(), GatewayError> {
+        let generation = Routed::of(req).is_some_and(|r| matches!(r.role, Role::Generate(_)));
+        if generation && self.0.control.lifecycle_now() != Lifecycle::Serving {
+            return Err(GatewayError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    fn on_response(&self, (): (), _: &mut Response) {}
+}
+
+/// The innermost service: an upstream route's handler, or the gateway's own routes.
+#[derive(Debug, Clone)]
+pub(crate) struct Handler {
+    app: Shared,
+    own: Router,
+}
+
+impl Handler {
+    fn new(app: Shared) -> Handler {
+        let own = crate::admin::routes::own_routes(app.clone());
+        Handler { app, own }
+    }
+}
+
+impl tower::Service<Request<Guarded<Incoming>>> for Handler {
+    type Response = Response;
+    type Error = Infallible;
+    // Boxed: hyper keeps a connection's in-flight service future for the connection's life,
+    // so inline, the generation path's whole state machine would be held by every idle
+    // connection; boxed, it is freed once the response head is sent.
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<Guarded<Incoming>>) -> Self::Future {
+        let (app, own) = (self.app.clone(), self.own.clone());
+        Box::pin(async move {
+            let Some(route) = Routed::of(&req) else {
+                use tower::ServiceExt as _;
+                return own.oneshot(req.map(Body::new)).await;
+            };
+            let caller = req.extensions_mut().remove::<Caller>().unwrap_or_else(|| Caller {
+                key: None,
+                addr: Peer::of(&req).ip(),
+            });
+            let id = super::ids::of(&req).to_owned();
+            Ok(crate::pipeline::upstream_route(&app, route, &id, req, caller).await)
+        })
+    }
+}
