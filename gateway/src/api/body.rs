@@ -14,7 +14,6 @@ use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-
 use crate::api::error::GatewayError;
 use crate::api::family::Api;
 use crate::api::normalize::{lax_integer, Normalized, Normalizer};

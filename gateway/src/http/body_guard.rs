@@ -120,9 +120,14 @@ where
                 counter!(observe::BODY_TIMEOUTS).increment(1);
                 *this.ended = true;
                 let received = *this.received;
-                return Poll::Ready(Some(Err(BodyError::Timeout { after: limits.timeout, received })));
+                return Poll::Ready(Some(Err(BodyError::Timeout {
+                    after: limits.timeout,
+                    received,
+                })));
             }
-            deadline.as_mut().reset((Instant::now() + Duration::from_secs(1)).into());
+            deadline
+                .as_mut()
+                .reset((Instant::now() + Duration::from_secs(1)).into());
         }
         Poll::Pending
     }

@@ -32,6 +32,17 @@ pub(crate) struct Edge {
 }
 
 impl Edge {
+    /// No keys and no limit (tests).
+    #[cfg(test)]
+    pub(crate) fn empty() -> Edge {
+        Edge {
+            api_keys: Vec::new(),
+            admin_token: None,
+            metrics_public: false,
+            limiter: None,
+        }
+    }
+
     pub(crate) fn new(config: &sparkgate_config::Config) -> Edge {
         let g = &config.gateway;
         Edge {
@@ -195,7 +206,8 @@ impl Step for RateLimit {
                 remaining: snapshot.remaining_burst_capacity(),
             })),
             Err(not_until) => {
-                metrics::counter!(crate::observe::REJECTIONS, "reason" => crate::observe::Rejection::RateLimit.label()).increment(1);
+                metrics::counter!(crate::observe::REJECTIONS, "reason" => crate::observe::Rejection::RateLimit.label())
+                    .increment(1);
                 Err(GatewayError::RateLimited {
                     limit: limiter.rpm,
                     retry_after: not_until.wait_time_from(DefaultClock::default().now()),

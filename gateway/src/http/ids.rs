@@ -1,36 +1,24 @@
 //! Request ids: a client's `X-Request-Id` is kept when usable (printable, 1–128 bytes) and
-//! dropped otherwise (`UsableRequestId`, a step before tower-http's `SetRequestIdLayer`), and
+//! dropped otherwise (`drop_unusable`, a request map before tower-http's `SetRequestIdLayer`), and
 //! a request without one gets ours (`SgIds`): `sg-` and 24 hexadecimal digits.
 
 use axum::http::HeaderValue;
-use axum::response::Response;
 use hyper::Request;
 use tower_http::request_id::{MakeRequestId, RequestId};
 
-use super::step::Step;
-use crate::api::error::GatewayError;
-
 pub(crate) const X_REQUEST_ID: &str = "x-request-id";
 
-/// Drops a client's request id that could not be logged or echoed safely, so `SgIds` makes one.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct UsableRequestId;
-
-impl Step for UsableRequestId {
-    type Carry = ();
-
-    fn on_request<B>(&self, req: &mut Request<B>) -> Result<(), GatewayError> {
-        let usable = |v: &HeaderValue| {
-            let b = v.as_bytes();
-            !b.is_empty() && b.len() <= 128 && b.iter().all(u8::is_ascii_graphic)
-        };
-        if req.headers().get(X_REQUEST_ID).is_some_and(|v| !usable(v)) {
-            req.headers_mut().remove(X_REQUEST_ID);
-        }
-        Ok(())
+/// Drops a client's request id that could not be logged or echoed safely (not printable, empty
+/// or over 128 bytes), so `SgIds` makes one: a `MapRequestLayer` before `SetRequestIdLayer`.
+pub(crate) fn drop_unusable<B>(mut req: Request<B>) -> Request<B> {
+    let usable = |v: &HeaderValue| {
+        let b = v.as_bytes();
+        !b.is_empty() && b.len() <= 128 && b.iter().all(u8::is_ascii_graphic)
+    };
+    if req.headers().get(X_REQUEST_ID).is_some_and(|v| !usable(v)) {
+        req.headers_mut().remove(X_REQUEST_ID);
     }
-
-    fn on_response(&self, (): (), _: &mut Response) {}
+    req
 }
 
 /// The gateway's request ids.
@@ -102,13 +90,11 @@ mod tests {
     #[test]
     fn an_unusable_client_id_is_dropped_and_a_usable_one_kept() {
         for (given, kept) in [("abc-123", true), ("", false), ("has space", false)] {
-            let mut req = Request::builder().header(X_REQUEST_ID, given).body(()).unwrap();
-            UsableRequestId.on_request(&mut req).unwrap();
+            let req = drop_unusable(Request::builder().header(X_REQUEST_ID, given).body(()).unwrap());
             assert_eq!(req.headers().contains_key(X_REQUEST_ID), kept, "{given:?}");
         }
         let long = "x".repeat(129);
-        let mut req = Request::builder().header(X_REQUEST_ID, long).body(()).unwrap();
-        UsableRequestId.on_request(&mut req).unwrap();
+        let req = drop_unusable(Request::builder().header(X_REQUEST_ID, long).body(()).unwrap());
         assert!(!req.headers().contains_key(X_REQUEST_ID));
     }
 }

@@ -1,12 +1,12 @@
 //! The gateway's HTTP service: one `tower::ServiceBuilder` stack, each cross-cutting concern a
 //! layer, in the order they run (outermost first):
 //!
-//! 1. `CatchPanicLayer` (tower-http) — a handler that panics answers 500 in vLLM's envelope
-//!    and the connection, and the gateway, keep serving;
-//! 2. `SetSensitiveRequestHeadersLayer` (tower-http) — `Authorization` and `x-api-key` are
+//! 1. `SetSensitiveRequestHeadersLayer` (tower-http) — `Authorization` and `x-api-key` are
 //!    marked sensitive before anything could log them (their `Debug` is `Sensitive`);
-//! 3. `UsableRequestId` (ours) → `SetRequestIdLayer` → `PropagateRequestIdLayer` (tower-http)
+//! 2. `ids::drop_unusable` (ours) → `SetRequestIdLayer` → `PropagateRequestIdLayer` (tower-http)
 //!    — a client's usable `X-Request-Id` kept, else ours (`sg-…`), echoed on every response;
+//! 3. `CatchPanicLayer` (tower-http) — a panic below answers 500 in vLLM's envelope (with its
+//!    request id) and the connection, and the gateway, keep serving;
 //! 4. `Routing` (ours) — the path made canonical and matched against the route table once;
 //! 5. `AccessLog` (ours) — one line per response that is not a generation's;
 //! 6. `Authenticate` (ours) — API keys and the admin token;
@@ -38,7 +38,7 @@ use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use super::access::{AccessLog, Peer, Routing};
 use super::body_guard::{BodyGuardLayer, Guarded};
 use super::edge::{Authenticate, Edge, RateLimit};
-use super::ids::{SgIds, UsableRequestId};
+use super::ids::SgIds;
 use super::step::{Routed, Step, StepLayer};
 use crate::api::body::BodyLimits;
 use crate::api::error::GatewayError;
@@ -61,24 +61,50 @@ pub(crate) fn stack(
        + Send
        + Sync
        + 'static {
+    layers(app.clone(), edge, limits, Handler::new(app))
+}
+
+/// The layers, in their order, around `inner` (the handler; a test's own service in tests).
+fn layers<B, S>(
+    app: Shared,
+    edge: Arc<Edge>,
+    limits: BodyLimits,
+    inner: S,
+) -> impl tower::Service<
+    Request<B>,
+    Response = Response<impl http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + Sync
+       + 'static
+where
+    B: Send + 'static,
+    S: tower::Service<Request<Guarded<B>>, Response = Response, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+{
     let x_request_id = axum::http::HeaderName::from_static(super::ids::X_REQUEST_ID);
     let gate = AdmissionGate(app.clone());
     ServiceBuilder::new()
-        .layer(CatchPanicLayer::custom(answer_panic))
         .layer(SetSensitiveRequestHeadersLayer::new([
             axum::http::header::AUTHORIZATION,
             axum::http::HeaderName::from_static("x-api-key"),
         ]))
-        .layer(StepLayer(UsableRequestId))
+        .layer(tower::util::MapRequestLayer::new(super::ids::drop_unusable))
         .layer(SetRequestIdLayer::new(x_request_id.clone(), SgIds))
         .layer(PropagateRequestIdLayer::new(x_request_id))
+        .layer(CatchPanicLayer::custom(answer_panic))
         .layer(StepLayer(Routing))
         .layer(StepLayer(AccessLog))
         .layer(StepLayer(Authenticate(edge.clone())))
         .layer(StepLayer(RateLimit(edge)))
         .layer(StepLayer(gate))
         .layer(BodyGuardLayer(limits))
-        .service(Handler::new(app))
+        .service(inner)
 }
 
 /// A handler's panic as its answer: 500 in vLLM's envelope, the panic logged (its message
@@ -89,7 +115,10 @@ fn answer_panic(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
         .map(String::as_str)
         .or_else(|| panic.downcast_ref::<&str>().copied())
         .unwrap_or("(no message)");
-    tracing::error!(panic = message, "a request handler panicked; the request was answered 500");
+    tracing::error!(
+        panic = message,
+        "a request handler panicked; the request was answered 500"
+    );
     GatewayError::Internal.into_response()
 }
 
@@ -152,5 +181,86 @@ impl tower::Service<Request<Guarded<Incoming>>> for Handler {
             let id = super::ids::of(&req).to_owned();
             Ok(crate::pipeline::upstream_route(&app, route, &id, req, caller).await)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+
+    /// A handler that panics on `/v1/completions`, in its future, and answers 200 otherwise.
+    #[derive(Clone)]
+    struct Panicky;
+
+    impl<B: Send + 'static> tower::Service<Request<B>> for Panicky {
+        type Response = Response;
+        type Error = Infallible;
+        type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: Request<B>) -> Self::Future {
+            let panics = req.uri().path() == "/v1/completions";
+            Box::pin(async move {
+                assert!(!panics, "a bug in a handler");
+                Ok(Response::new(Body::from("fine")))
+            })
+        }
+    }
+
+    fn app() -> Shared {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = [
+            ("DEPLOY_DIR", dir.path().to_str().unwrap()),
+            ("UPSTREAM_URL", "http://127.0.0.1:9"),
+        ];
+        let config = sparkgate_config::Config::load(&sparkgate_config::LoadOptions {
+            process_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            working_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        })
+        .expect("a test configuration");
+        let limits = crate::control::admission::QueueLimits {
+            depth: 8,
+            bytes: 1 << 20,
+            timeout: std::time::Duration::from_secs(1),
+        };
+        let groups = Arc::new(crate::groups::Groups::of(&config, &crate::groups::Upstreams::Probe));
+        crate::app::App::new(&config, crate::control::state::GatewayControl::new(limits), groups)
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_in_the_openai_envelope_and_the_stack_keeps_serving() {
+        let limits = BodyLimits {
+            max: 1 << 20,
+            timeout: std::time::Duration::from_secs(5),
+            min_rate: 0,
+        };
+        let app = app();
+        let edge = Arc::new(Edge::empty());
+        let svc = layers(app, edge, limits, Panicky);
+        let post = |path: &str| {
+            let mut req = Request::post(path)
+                .body(http_body_util::Full::new(bytes::Bytes::from("{}")))
+                .unwrap();
+            req.extensions_mut().insert(Peer(([127, 0, 0, 1], 1).into()));
+            req
+        };
+        let resp = svc.clone().oneshot(post("/v1/completions")).await.unwrap();
+        assert_eq!(resp.status(), 500);
+        assert!(
+            resp.headers().get("x-request-id").is_some(),
+            "the id is echoed on a panic too"
+        );
+        let Ok(body) = resp.into_body().collect().await.map(|c| c.to_bytes()) else {
+            panic!("the 500's body reads")
+        };
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], 500, "{v}");
+        assert_eq!(v["error"]["type"], "Internal Server Error", "{v}");
+        let resp = svc.oneshot(post("/v1/chat/completions")).await.unwrap();
+        assert_eq!(resp.status(), 200, "the next request is served");
     }
 }
