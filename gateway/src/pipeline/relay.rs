@@ -108,8 +108,27 @@ macro_rules! contains {
     };
 }
 
-fn find_blank_line(buf: &[u8], from: usize) -> Option<usize> {
-    find!(&buf[from..], b"\n\n").map(|p| from + p)
+/// Where the first event in `buf[from..]` ends: just past the empty line after a line's end,
+/// each end LF or CRLF (vLLM writes LF; the SSE format allows CRLF too). Kept by hand, not read
+/// by eventsource-stream: it finds the cut in place so whole events leave without a copy; a
+/// property test holds it to eventsource-stream's reading (tests below).
+fn event_end(buf: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    while let Some(p) = memchr::memchr(b'\n', &buf[at..]) {
+        let next = at + p + 1;
+        match buf.get(next) {
+            Some(b'\n') => return Some(next + 1),
+            Some(b'\r') if buf.get(next + 1) == Some(&b'\n') => return Some(next + 2),
+            _ => at = next,
+        }
+    }
+    None
+}
+
+/// Where the re-scan of a buffer with an unfinished tail starts: far enough back that a blank
+/// line split across frames (`\r\n` + `\r\n`) is still seen whole.
+fn rescan_from(len: usize) -> usize {
+    len.saturating_sub(3)
 }
 
 /// Inserts `,"system_fingerprint":FP` before the closing brace of a held `data: {…}\n\n` chunk.
@@ -165,9 +184,11 @@ impl Relay {
             Some(_) => self.itl.record(now.duration_since(self.last_at).as_secs_f64()),
         }
         self.last_at = now;
-        let payload = event
-            .strip_prefix(b"data: ")
-            .map(|p| p.strip_suffix(b"\n\n").unwrap_or(p));
+        let payload = event.strip_prefix(b"data: ").map(|p| {
+            p.strip_suffix(b"\n\n")
+                .or_else(|| p.strip_suffix(b"\r\n\r\n"))
+                .unwrap_or(p)
+        });
         let Some(payload) = payload else {
             self.on_named_event(&event);
             self.out.push_back(event);
@@ -237,21 +258,21 @@ impl Relay {
         if self.buf.is_empty() {
             // The usual frame holds whole events: they are cut from it without a copy, and only
             // an unfinished tail waits in `buf`.
-            while let Some(pos) = find_blank_line(&data, 0) {
-                let event = data.split_to(pos + 2);
+            while let Some(end) = event_end(&data, 0) {
+                let event = data.split_to(end);
                 self.on_event(event);
             }
             self.buf.extend_from_slice(&data);
-            self.scanned = self.buf.len().saturating_sub(1);
+            self.scanned = rescan_from(self.buf.len());
             return;
         }
         self.buf.extend_from_slice(&data);
-        while let Some(pos) = find_blank_line(&self.buf, self.scanned) {
-            let event = self.buf.split_to(pos + 2).freeze();
+        while let Some(end) = event_end(&self.buf, self.scanned) {
+            let event = self.buf.split_to(end).freeze();
             self.scanned = 0;
             self.on_event(event);
         }
-        self.scanned = self.buf.len().saturating_sub(1);
+        self.scanned = rescan_from(self.buf.len());
         if self.buf.is_empty() {
             // Nothing unfinished: the buffer's allocation goes with the events cut from it.
             self.buf = BytesMut::new();
@@ -532,9 +553,66 @@ mod tests {
     }
 
     #[test]
-    fn events_split_on_blank_lines_across_frames() {
-        assert_eq!(find_blank_line(b"data: a\n\ndata: b", 0), Some(7));
-        assert_eq!(find_blank_line(b"data: a\n", 0), None);
-        assert_eq!(find_blank_line(b"xx\n\n", 2), Some(2));
+    fn events_end_at_blank_lines_of_lf_or_crlf() {
+        assert_eq!(event_end(b"data: a\n\ndata: b", 0), Some(9));
+        assert_eq!(event_end(b"data: a\n", 0), None);
+        assert_eq!(event_end(b"xx\n\n", 2), Some(4));
+        assert_eq!(event_end(b"data: a\r\n\r\ndata: b", 0), Some(11));
+        assert_eq!(event_end(b"data: a\r\ndata: b\r\n", 0), None);
+    }
+
+    /// Streams of the shapes SSE allows: LF and CRLF line ends, comments, several `data:`
+    /// lines, named events, an `id:`.
+    const STREAMS: &[&str] = &[
+        "data: {\"a\":1}\n\ndata: {\"b\":2}\n\ndata: [DONE]\n\n",
+        "data: one\r\n\r\ndata: two\r\n\r\n",
+        ": keep-alive\n\ndata: x\n\n: another\r\n\r\ndata: y\r\n\r\n",
+        "data: first line\ndata: second line\n\nevent: message_stop\ndata: {}\n\n",
+        "event: response.completed\r\nid: 7\r\ndata: {\"r\":1}\r\n\r\ndata: z\n\r\n",
+    ];
+
+    /// What eventsource-stream reads from `chunks` (each a frame of the same stream).
+    fn read_events(rt: &tokio::runtime::Runtime, chunks: Vec<Bytes>) -> Vec<(String, String)> {
+        use eventsource_stream::Eventsource as _;
+        use futures_util::StreamExt as _;
+        let frames = futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::convert::Infallible>));
+        rt.block_on(
+            frames
+                .eventsource()
+                .map(|e| e.expect("a valid stream"))
+                .collect::<Vec<_>>(),
+        )
+        .into_iter()
+        .map(|e| (e.event, e.data))
+        .collect()
+    }
+
+    /// The events the tap cuts from `frames`, each as the bytes it passes on.
+    fn cut(tap: &mut Tap, frames: &[&[u8]]) -> Vec<Bytes> {
+        for f in frames {
+            tap.0.on_data(Bytes::copy_from_slice(f));
+        }
+        tap.0.out.drain(..).collect()
+    }
+
+    #[test]
+    fn the_tap_cuts_events_where_eventsource_stream_reads_them_at_every_split() {
+        let (rt, _) = tap();
+        for stream in STREAMS {
+            let bytes = stream.as_bytes();
+            let whole = read_events(&rt, vec![Bytes::copy_from_slice(bytes)]);
+            assert!(!whole.is_empty(), "{stream:?}");
+            for at in 0..=bytes.len() {
+                let (_, mut t) = tap();
+                let events = cut(&mut t, &[&bytes[..at], &bytes[at..]]);
+                assert_eq!(events.concat(), bytes, "the tap passes every byte on, split at {at}");
+                // Each cut event alone reads as the events of the whole stream, in order.
+                let one_by_one: Vec<_> = events.iter().flat_map(|e| read_events(&rt, vec![e.clone()])).collect();
+                assert_eq!(one_by_one, whole, "{stream:?} split at {at}");
+            }
+            let (_, mut t) = tap();
+            let singles: Vec<&[u8]> = bytes.chunks(1).collect();
+            assert_eq!(cut(&mut t, &singles).concat(), bytes, "byte by byte");
+        }
     }
 }
