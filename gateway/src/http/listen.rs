@@ -19,38 +19,8 @@ use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::access::Peer;
+use super::stack::Stack;
 use crate::api::error::GatewayError;
-
-/// The service every connection's requests go to (`stack::stack`).
-pub(crate) trait Stack:
-    tower::Service<
-        hyper::Request<Incoming>,
-        Response = hyper::Response<Self::Body>,
-        Error = std::convert::Infallible,
-        Future: Send + 'static,
-    > + Clone
-    + Send
-    + Sync
-    + 'static
-{
-    type Body: http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static;
-}
-
-impl<S, B> Stack for S
-where
-    S: tower::Service<
-            hyper::Request<Incoming>,
-            Response = hyper::Response<B>,
-            Error = std::convert::Infallible,
-            Future: Send + 'static,
-        > + Clone
-        + Send
-        + Sync
-        + 'static,
-    B: http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static,
-{
-    type Body = B;
-}
 
 /// What the loop needs from the configuration.
 #[derive(Debug, Clone, Copy)]
@@ -340,7 +310,7 @@ where
 }
 
 /// Serves one connection (HTTP/1.1 or h2c) until it closes or `stop` turns true.
-async fn connection<S: Stack>(
+async fn connection<S: Stack<Incoming>>(
     stream: TcpStream,
     peer: SocketAddr,
     stack: S,
@@ -422,7 +392,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Accepts until `shutdown` resolves, then drains: in-flight requests get DRAIN_TIMEOUT, then
 /// whatever still runs is ended with an error (`ShutdownHooks`), then the connections close.
-pub(crate) async fn run<S: Stack>(
+pub(crate) async fn run<S: Stack<Incoming>>(
     stack: S,
     listener: TcpListener,
     cfg: ListenConfig,

@@ -47,38 +47,37 @@ use crate::app::Shared;
 use crate::control::clients::Caller;
 use crate::control::state::Lifecycle;
 
+/// A service of the stack's shape over requests with bodies of type `B`: what `listen` runs
+/// (with hyper's `Incoming`) and what the tests drive.
+pub(crate) trait Stack<B>:
+    tower::Service<Request<B>, Response = Response<Self::Body>, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    type Body: http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static;
+}
+
+impl<S, B, RB> Stack<B> for S
+where
+    S: tower::Service<Request<B>, Response = Response<RB>, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    RB: http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static,
+{
+    type Body = RB;
+}
+
 /// The whole stack over `app`, with the edge's keys and limiter and the body's limits.
-pub(crate) fn stack(
-    app: Shared,
-    edge: Arc<Edge>,
-    limits: BodyLimits,
-) -> impl tower::Service<
-    Request<Incoming>,
-    Response = Response<impl http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static>,
-    Error = Infallible,
-    Future: Send + 'static,
-> + Clone
-       + Send
-       + Sync
-       + 'static {
+pub(crate) fn stack(app: Shared, edge: Arc<Edge>, limits: BodyLimits) -> impl Stack<Incoming> {
     layers(app.clone(), edge, limits, Handler::new(app))
 }
 
 /// The layers, in their order, around `inner` (the handler; a test's own service in tests).
-fn layers<B, S>(
-    app: Shared,
-    edge: Arc<Edge>,
-    limits: BodyLimits,
-    inner: S,
-) -> impl tower::Service<
-    Request<B>,
-    Response = Response<impl http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static>,
-    Error = Infallible,
-    Future: Send + 'static,
-> + Clone
-       + Send
-       + Sync
-       + 'static
+fn layers<B, S>(app: Shared, edge: Arc<Edge>, limits: BodyLimits, inner: S) -> impl Stack<B>
 where
     B: Send + 'static,
     S: tower::Service<Request<Guarded<B>>, Response = Response, Error = Infallible, Future: Send + 'static>
