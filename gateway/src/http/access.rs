@@ -1,5 +1,5 @@
 //! Two edge steps: `Routing` makes the path canonical and matches it against the route table
-//! once (the route rides in the request's extensions, `step::Routed`, for every step and
+//! once (the route rides in the request's extensions, `step::Seen`, for every step and
 //! handler after it), and `AccessLog` writes one structured line per response — polls (health,
 //! readiness, metrics, status) at DEBUG; generations skip it, since each gets one INFO line
 //! with tokens and TTFT when it ends (`observe::generation_done`).
@@ -11,21 +11,9 @@ use axum::http::Method;
 use axum::response::Response;
 use hyper::Request;
 
-use super::step::{Routed, Step};
+use super::step::{Seen, Step};
 use crate::api::error::GatewayError;
 use crate::api::routes::Role;
-
-/// The client's address, as the connection loop puts it in every request's extensions.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Peer(pub(crate) SocketAddr);
-
-impl Peer {
-    pub(crate) fn of<B>(req: &Request<B>) -> SocketAddr {
-        req.extensions()
-            .get::<Peer>()
-            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |p| p.0)
-    }
-}
 
 /// The canonical path and its route.
 #[derive(Debug, Clone, Copy)]
@@ -36,7 +24,9 @@ impl Step for Routing {
 
     fn on_request<B>(&self, req: &mut Request<B>) -> Result<(), GatewayError> {
         let route = crate::api::routes::canonicalize(req);
-        req.extensions_mut().insert(Routed(route));
+        if let Some(seen) = Seen::of_mut(req) {
+            seen.route = route;
+        }
         Ok(())
     }
 
@@ -71,7 +61,7 @@ impl Step for AccessLog {
     type Carry = Option<AccessLine>;
 
     fn on_request<B>(&self, req: &mut Request<B>) -> Result<Option<AccessLine>, GatewayError> {
-        if Routed::of(req).is_some_and(|r| matches!(r.role, Role::Generate(_))) {
+        if Seen::route(req).is_some_and(|r| matches!(r.role, Role::Generate(_))) {
             return Ok(None);
         }
         let (path, method) = (req.uri().path(), req.method());
@@ -85,7 +75,7 @@ impl Step for AccessLog {
             method: method.clone(),
             path: path.to_owned(),
             id: super::ids::of(req).to_owned(),
-            peer: Peer::of(req),
+            peer: Seen::peer(req),
         }))
     }
 

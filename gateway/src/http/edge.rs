@@ -14,11 +14,9 @@ use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 use hyper::Request;
 
-use super::access::Peer;
-use super::step::{Routed, Step};
+use super::step::{Seen, Step};
 use crate::api::error::GatewayError;
 use crate::api::routes::Route;
-use crate::control::clients::Caller;
 
 /// What the edge steps know: the keys and the limiter, from the configuration.
 #[derive(Debug)]
@@ -109,8 +107,8 @@ fn matches_any(token: Option<&str>, keys: &[KeyDigest]) -> bool {
 
 /// Checks API keys on the routes that reach the model or its tokenizer and on `/metrics`
 /// (unless METRICS_PUBLIC), and the admin token on `/admin/*` (loopback peers only when no token
-/// is set); what it validated rides on as the request's `Caller`, which the rate limit and the
-/// fair queue key on.
+/// is set); the key it validated rides on in `Seen`, which the rate limit and the fair queue
+/// key on.
 #[derive(Debug, Clone)]
 pub(crate) struct Authenticate(pub(crate) Arc<Edge>);
 
@@ -119,9 +117,9 @@ impl Step for Authenticate {
 
     fn on_request<B>(&self, req: &mut Request<B>) -> Result<(), GatewayError> {
         let edge = &self.0;
-        let (path, headers, peer) = (req.uri().path(), req.headers(), Peer::of(req));
+        let (path, headers, peer) = (req.uri().path(), req.headers(), Seen::peer(req));
         let mut key = None;
-        if !edge.api_keys.is_empty() && guarded(edge, Routed::of(req), path) {
+        if !edge.api_keys.is_empty() && guarded(edge, Seen::route(req), path) {
             let presented = presented_key(headers).filter(|k| matches_any(Some(k), &edge.api_keys));
             let Some(presented) = presented else {
                 return Err(GatewayError::Unauthorized);
@@ -143,7 +141,9 @@ impl Step for Authenticate {
                 None => {}
             }
         }
-        req.extensions_mut().insert(Caller { key, addr: peer.ip() });
+        if let Some(seen) = Seen::of_mut(req) {
+            seen.key = key;
+        }
         Ok(())
     }
 
@@ -193,12 +193,12 @@ impl Step for RateLimit {
     type Carry = Option<Allowance>;
 
     fn on_request<B>(&self, req: &mut Request<B>) -> Result<Option<Allowance>, GatewayError> {
-        let Some(limiter) = self.0.limiter.as_ref().filter(|_| Routed::of(req).is_some()) else {
+        let Some(limiter) = self.0.limiter.as_ref().filter(|_| Seen::route(req).is_some()) else {
             return Ok(None);
         };
-        let key = match req.extensions().get::<Caller>() {
-            Some(Caller { key: Some(k), .. }) => format!("key:{k}"),
-            _ => format!("ip:{}", Peer::of(req).ip()),
+        let key = match Seen::of(req) {
+            Some(Seen { key: Some(k), .. }) => format!("key:{k}"),
+            _ => format!("ip:{}", Seen::peer(req).ip()),
         };
         match limiter.limiter.check_key(&key) {
             Ok(snapshot) => Ok(Some(Allowance {

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::access::Peer;
 use super::stack::Stack;
+use super::step::Seen;
 use crate::api::error::GatewayError;
 
 /// What the loop needs from the configuration.
@@ -327,7 +327,7 @@ async fn connection<S: Stack<Incoming>>(
     // Each request goes through the stack (`stack.rs`) with its peer's address; the stack's
     // handler boxes its own future, so an idle connection holds no generation's state.
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-        req.extensions_mut().insert(Peer(peer));
+        req.extensions_mut().insert(Seen::arrived(peer));
         tower::ServiceExt::oneshot(stack.clone(), req)
     });
     let handoff = Arc::new(Handoff::default());

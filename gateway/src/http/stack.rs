@@ -5,8 +5,8 @@
 //!    marked sensitive before anything could log them (their `Debug` is `Sensitive`);
 //! 2. `ids::drop_unusable` (ours) → `SetRequestIdLayer` → `PropagateRequestIdLayer` (tower-http)
 //!    — a client's usable `X-Request-Id` kept, else ours (`sg-…`), echoed on every response;
-//! 3. `CatchPanicLayer` (tower-http) — a panic below answers 500 in vLLM's envelope (with its
-//!    request id) and the connection, and the gateway, keep serving;
+//! 3. `ContainLayer` (ours, `contain.rs`) — a panic below answers 500 in vLLM's envelope (with
+//!    its request id) and the connection, and the gateway, keep serving;
 //! 4. `Routing` (ours) — the path made canonical and matched against the route table once;
 //! 5. `AccessLog` (ours) — one line per response that is not a generation's;
 //! 6. `Authenticate` (ours) — API keys and the admin token;
@@ -26,20 +26,20 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::Request;
 use tower::ServiceBuilder;
-use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 
-use super::access::{AccessLog, Peer, Routing};
+use super::access::{AccessLog, Routing};
 use super::body_guard::{BodyGuardLayer, Guarded};
+use super::contain::ContainLayer;
 use super::edge::{Authenticate, Edge, RateLimit};
 use super::ids::SgIds;
-use super::step::{Routed, Step, StepLayer};
+use super::step::{Seen, Step, StepLayer};
 use crate::api::body::BodyLimits;
 use crate::api::error::GatewayError;
 use crate::api::routes::Role;
@@ -96,7 +96,7 @@ where
         .layer(tower::util::MapRequestLayer::new(super::ids::drop_unusable))
         .layer(SetRequestIdLayer::new(x_request_id.clone(), SgIds))
         .layer(PropagateRequestIdLayer::new(x_request_id))
-        .layer(CatchPanicLayer::custom(answer_panic))
+        .layer(ContainLayer)
         .layer(StepLayer(Routing))
         .layer(StepLayer(AccessLog))
         .layer(StepLayer(Authenticate(edge.clone())))
@@ -104,21 +104,6 @@ where
         .layer(StepLayer(gate))
         .layer(BodyGuardLayer(limits))
         .service(inner)
-}
-
-/// A handler's panic as its answer: 500 in vLLM's envelope, the panic logged (its message
-/// only: no request data).
-fn answer_panic(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let message = panic
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| panic.downcast_ref::<&str>().copied())
-        .unwrap_or("(no message)");
-    tracing::error!(
-        panic = message,
-        "a request handler panicked; the request was answered 500"
-    );
-    GatewayError::Internal.into_response()
 }
 
 /// Refuses a generation at once while the gateway shuts down (DESIGN.md's shutdown contract:
@@ -130,7 +115,7 @@ impl Step for AdmissionGate {
     type Carry = ();
 
     fn on_request<B>(&self, req: &mut Request<B>) -> Result<(), GatewayError> {
-        let generation = Routed::of(req).is_some_and(|r| matches!(r.role, Role::Generate(_)));
+        let generation = Seen::route(req).is_some_and(|r| matches!(r.role, Role::Generate(_)));
         if generation && self.0.control.lifecycle_now() != Lifecycle::Serving {
             return Err(GatewayError::ShuttingDown);
         }
@@ -169,14 +154,20 @@ impl tower::Service<Request<Guarded<Incoming>>> for Handler {
     fn call(&mut self, mut req: Request<Guarded<Incoming>>) -> Self::Future {
         let (app, own) = (self.app.clone(), self.own.clone());
         Box::pin(async move {
-            let Some(route) = Routed::of(&req) else {
+            let Some(route) = Seen::route(&req) else {
                 use tower::ServiceExt as _;
                 return own.oneshot(req.map(Body::new)).await;
             };
-            let caller = req.extensions_mut().remove::<Caller>().unwrap_or_else(|| Caller {
-                key: None,
-                addr: Peer::of(&req).ip(),
-            });
+            let caller = match req.extensions_mut().remove::<Seen>() {
+                Some(seen) => Caller {
+                    key: seen.key,
+                    addr: seen.peer.ip(),
+                },
+                None => Caller {
+                    key: None,
+                    addr: std::net::Ipv4Addr::UNSPECIFIED.into(),
+                },
+            };
             let id = super::ids::of(&req).to_owned();
             Ok(crate::pipeline::upstream_route(&app, route, &id, req, caller).await)
         })
@@ -244,7 +235,7 @@ mod tests {
             let mut req = Request::post(path)
                 .body(http_body_util::Full::new(bytes::Bytes::from("{}")))
                 .unwrap();
-            req.extensions_mut().insert(Peer(([127, 0, 0, 1], 1).into()));
+            req.extensions_mut().insert(Seen::arrived(([127, 0, 0, 1], 1).into()));
             req
         };
         let resp = svc.clone().oneshot(post("/v1/completions")).await.unwrap();

@@ -5,6 +5,7 @@
 //! that is a plain state machine — no step costs a request an allocation.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -15,19 +16,46 @@ use crate::api::error::GatewayError;
 use crate::api::family::Family;
 use crate::api::routes::Route;
 
-/// The upstream route a request's canonical path matched (`None`: the gateway's own or
-/// unknown), as the routing step leaves it in the request's extensions.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Routed(pub(crate) Option<&'static Route>);
+/// What the edge learns of a request, in one extension (one allocation, one lookup each): its
+/// peer (put there by the connection loop), its route (`access::Routing`: the upstream route the
+/// canonical path matched; `None` for the gateway's own or an unknown path) and the API key it
+/// was validated by (`edge::Authenticate`).
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    pub(crate) peer: SocketAddr,
+    pub(crate) route: Option<&'static Route>,
+    pub(crate) key: Option<String>,
+}
 
-impl Routed {
-    pub(crate) fn of<B>(req: &Request<B>) -> Option<&'static Route> {
-        req.extensions().get::<Routed>().and_then(|r| r.0)
+impl Seen {
+    /// A request as it arrives from `peer`.
+    pub(crate) fn arrived(peer: SocketAddr) -> Seen {
+        Seen {
+            peer,
+            route: None,
+            key: None,
+        }
+    }
+
+    pub(crate) fn of<B>(req: &Request<B>) -> Option<&Seen> {
+        req.extensions().get::<Seen>()
+    }
+
+    pub(crate) fn of_mut<B>(req: &mut Request<B>) -> Option<&mut Seen> {
+        req.extensions_mut().get_mut::<Seen>()
+    }
+
+    pub(crate) fn route<B>(req: &Request<B>) -> Option<&'static Route> {
+        Seen::of(req).and_then(|s| s.route)
+    }
+
+    pub(crate) fn peer<B>(req: &Request<B>) -> SocketAddr {
+        Seen::of(req).map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |s| s.peer)
     }
 
     /// The envelope a refusal of `req` is answered in: its route's family, vLLM's otherwise.
     pub(crate) fn family<B>(req: &Request<B>) -> Family {
-        Routed::of(req).map_or(Family::OpenAi, |r| r.family)
+        Seen::route(req).map_or(Family::OpenAi, |r| r.family)
     }
 }
 
@@ -84,7 +112,7 @@ where
                 after: Some((self.step.clone(), carry)),
             },
             Err(refused) => StepFuture::Refused {
-                resp: Some(refused.render(Routed::family(&req))),
+                resp: Some(refused.render(Seen::family(&req))),
             },
         }
     }
