@@ -74,7 +74,7 @@ impl Step for AccessLog {
             started: Instant::now(),
             method: method.clone(),
             path: path.to_owned(),
-            id: super::ids::of(req).to_owned(),
+            id: Seen::id(req).to_owned(),
             peer: Seen::peer(req),
         }))
     }

@@ -1,6 +1,6 @@
 //! The request body's bounds, as one layer: every request's body is wrapped (`Guarded`) so that
 //! more than MAX_BODY_BYTES ends it with `BodyError::TooLarge` (413), and a body still arriving
-//! BODY_TIMEOUT after the head ends with `BodyError::Timeout` (408) unless it has averaged
+//! BODY_TIMEOUT after it was first waited for (right after the head) ends with `BodyError::Timeout` (408) unless it has averaged
 //! BODY_MIN_RATE bytes a second since (then it is looked at again each second) — so a client
 //! trickling bytes holds its connection for BODY_TIMEOUT at most. The handler that reads the
 //! body renders the error in its route's envelope.
@@ -59,7 +59,9 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: B,
         limits: BodyLimits,
-        started: Instant,
+        // When the body first had to be waited for: the head came just before (a body that
+        // arrives with its head never reads the clock).
+        started: Option<Instant>,
         received: usize,
         // Armed on the first poll that waits: a body that arrives with its head never
         // needs a timer.
@@ -73,7 +75,7 @@ impl<B> Guarded<B> {
         Guarded {
             inner,
             limits,
-            started: Instant::now(),
+            started: None,
             received: 0,
             deadline: None,
             ended: false,
@@ -111,11 +113,12 @@ where
             Poll::Pending => {}
         }
         let limits = *this.limits;
+        let started = *this.started.get_or_insert_with(Instant::now);
         let deadline = this
             .deadline
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until((*this.started + limits.timeout).into())));
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until((started + limits.timeout).into())));
         while deadline.as_mut().poll(cx).is_ready() {
-            let earned = limits.min_rate as f64 * this.started.elapsed().as_secs_f64();
+            let earned = limits.min_rate as f64 * started.elapsed().as_secs_f64();
             if limits.min_rate == 0 || (*this.received as f64) < earned {
                 counter!(observe::BODY_TIMEOUTS).increment(1);
                 *this.ended = true;

@@ -1,45 +1,53 @@
-//! Request ids: a client's `X-Request-Id` is kept when usable (printable, 1–128 bytes) and
-//! dropped otherwise (`drop_unusable`, a request map before tower-http's `SetRequestIdLayer`), and
-//! a request without one gets ours (`SgIds`): `sg-` and 24 hexadecimal digits.
+//! Request ids, as one edge step (`RequestIds`): a client's `X-Request-Id` is kept when usable
+//! (printable, 1–128 bytes), else the request gets ours (`sg-` and 24 hexadecimal digits); the
+//! id rides in `step::Seen` for the access log and the handlers, and is echoed on every
+//! response, refusals and panics included.
+//!
+//! Ours rather than tower-http's `SetRequestIdLayer` + `PropagateRequestIdLayer`, which write the
+//! id into the request's headers and its extensions and read it back on the way out: 3 060
+//! instructions a request against 1 510 for this step (BENCHMARKS.md, "The request as a staged
+//! pipeline").
 
 use axum::http::HeaderValue;
+use axum::response::Response;
 use hyper::Request;
-use tower_http::request_id::{MakeRequestId, RequestId};
+
+use super::step::{Seen, Step};
+use crate::api::error::GatewayError;
 
 pub(crate) const X_REQUEST_ID: &str = "x-request-id";
 
-/// Drops a client's request id that could not be logged or echoed safely (not printable, empty
-/// or over 128 bytes), so `SgIds` makes one: a `MapRequestLayer` before `SetRequestIdLayer`.
-pub(crate) fn drop_unusable<B>(mut req: Request<B>) -> Request<B> {
-    let usable = |v: &HeaderValue| {
-        let b = v.as_bytes();
-        !b.is_empty() && b.len() <= 128 && b.iter().all(u8::is_ascii_graphic)
-    };
-    if req.headers().get(X_REQUEST_ID).is_some_and(|v| !usable(v)) {
-        req.headers_mut().remove(X_REQUEST_ID);
-    }
-    req
-}
-
-/// The gateway's request ids.
+/// The request-id step.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct SgIds;
+pub(crate) struct RequestIds;
 
-impl MakeRequestId for SgIds {
-    fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
-        HeaderValue::from_str(&generate_id()).ok().map(RequestId::new)
+impl Step for RequestIds {
+    type Carry = HeaderValue;
+
+    fn on_request<B>(&self, req: &mut Request<B>) -> Result<HeaderValue, GatewayError> {
+        let id = match req.headers().get(X_REQUEST_ID).filter(|v| usable(v)) {
+            Some(given) => given.clone(),
+            None => generate_id(),
+        };
+        if let Some(seen) = Seen::of_mut(req) {
+            seen.id = id.clone();
+        }
+        Ok(id)
+    }
+
+    fn on_response(&self, id: HeaderValue, resp: &mut Response) {
+        resp.headers_mut().insert(X_REQUEST_ID, id);
     }
 }
 
-/// The request's id as the steps and handlers read it (set by `SetRequestIdLayer`).
-pub(crate) fn of<B>(req: &Request<B>) -> &str {
-    req.extensions()
-        .get::<RequestId>()
-        .and_then(|id| id.header_value().to_str().ok())
-        .unwrap_or("-")
+/// An id that can be logged and echoed safely.
+fn usable(v: &HeaderValue) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty() && b.len() <= 128 && b.iter().all(u8::is_ascii_graphic)
 }
 
-fn generate_id() -> String {
+/// `sg-` and 24 hexadecimal digits, written straight into the header value.
+fn generate_id() -> HeaderValue {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -50,19 +58,19 @@ fn generate_id() -> String {
     static PID: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| u64::from(std::process::id()));
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let mixed = (nanos ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ *PID).wrapping_mul(0xff51_afd7_ed55_8ccd);
-    // Written by hand: `format!` with hex widths cost more than the rest of the edge steps.
-    let mut id = String::with_capacity(27);
-    id.push_str("sg-");
-    push_hex(&mut id, mixed, 16);
-    push_hex(&mut id, n, 8);
-    id
+    let mut id = [0u8; 27];
+    id[..3].copy_from_slice(b"sg-");
+    hex(&mut id[3..19], mixed);
+    hex(&mut id[19..], n);
+    HeaderValue::from_bytes(&id).expect("sg- ids are ASCII")
 }
 
-/// The low `digits` hexadecimal digits of `v`, zero-padded.
-fn push_hex(out: &mut String, v: u64, digits: u32) {
-    for i in (0..digits).rev() {
-        let nibble = ((v >> (4 * i)) & 0xf) as u32;
-        out.push(char::from_digit(nibble, 16).unwrap_or('0'));
+/// The low `out.len()` hexadecimal digits of `v`, zero-padded.
+fn hex(out: &mut [u8], v: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let width = out.len();
+    for (i, slot) in out.iter_mut().enumerate() {
+        *slot = DIGITS[((v >> (4 * (width - 1 - i))) & 0xf) as usize];
     }
 }
 
@@ -73,7 +81,7 @@ mod tests {
     #[test]
     fn a_generated_id_is_sg_and_24_hex_digits_and_differs_each_time() {
         let (a, b) = (generate_id(), generate_id());
-        for id in [&a, &b] {
+        for id in [a.to_str().unwrap(), b.to_str().unwrap()] {
             let hex = id.strip_prefix("sg-").expect("sg- prefix");
             assert_eq!(hex.len(), 24, "{id}");
             assert!(
@@ -82,19 +90,28 @@ mod tests {
             );
         }
         assert_ne!(a, b);
-        let mut s = String::new();
-        push_hex(&mut s, 0xab, 4);
-        assert_eq!(s, "00ab");
+        let mut s = [0u8; 4];
+        hex(&mut s, 0xab);
+        assert_eq!(&s, b"00ab");
     }
 
     #[test]
-    fn an_unusable_client_id_is_dropped_and_a_usable_one_kept() {
-        for (given, kept) in [("abc-123", true), ("", false), ("has space", false)] {
-            let req = drop_unusable(Request::builder().header(X_REQUEST_ID, given).body(()).unwrap());
-            assert_eq!(req.headers().contains_key(X_REQUEST_ID), kept, "{given:?}");
-        }
+    fn a_usable_client_id_is_kept_and_an_unusable_one_replaced() {
         let long = "x".repeat(129);
-        let req = drop_unusable(Request::builder().header(X_REQUEST_ID, long).body(()).unwrap());
-        assert!(!req.headers().contains_key(X_REQUEST_ID));
+        for (given, kept) in [
+            ("abc-123", true),
+            ("", false),
+            ("has space", false),
+            (long.as_str(), false),
+        ] {
+            let mut req = Request::builder().header(X_REQUEST_ID, given).body(()).unwrap();
+            req.extensions_mut().insert(Seen::arrived(([127, 0, 0, 1], 1).into()));
+            let id = RequestIds.on_request(&mut req).unwrap();
+            assert_eq!(id == given, kept, "{given:?}");
+            assert_eq!(Seen::of(&req).unwrap().id, id, "the handlers see the same id");
+            let mut resp = Response::new(axum::body::Body::empty());
+            RequestIds.on_response(id.clone(), &mut resp);
+            assert_eq!(resp.headers()[X_REQUEST_ID], id, "echoed");
+        }
     }
 }

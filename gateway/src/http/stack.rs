@@ -1,10 +1,10 @@
 //! The gateway's HTTP service: one `tower::ServiceBuilder` stack, each cross-cutting concern a
 //! layer, in the order they run (outermost first):
 //!
-//! 1. `SetSensitiveRequestHeadersLayer` (tower-http) — `Authorization` and `x-api-key` are
-//!    marked sensitive before anything could log them (their `Debug` is `Sensitive`);
-//! 2. `ids::drop_unusable` (ours) → `SetRequestIdLayer` → `PropagateRequestIdLayer` (tower-http)
-//!    — a client's usable `X-Request-Id` kept, else ours (`sg-…`), echoed on every response;
+//! 1. `MapRequestLayer(mark_sensitive)` — `Authorization` and `x-api-key` are marked sensitive
+//!    before anything could log them (their `Debug` is `Sensitive`);
+//! 2. `RequestIds` (ours, `ids.rs`) — a client's usable `X-Request-Id` kept, else ours
+//!    (`sg-…`), echoed on every response;
 //! 3. `ContainLayer` (ours, `contain.rs`) — a panic below answers 500 in vLLM's envelope (with
 //!    its request id) and the connection, and the gateway, keep serving;
 //! 4. `Routing` (ours) — the path made canonical and matched against the route table once;
@@ -31,14 +31,12 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper::Request;
 use tower::ServiceBuilder;
-use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 
 use super::access::{AccessLog, Routing};
 use super::body_guard::{BodyGuardLayer, Guarded};
 use super::contain::ContainLayer;
 use super::edge::{Authenticate, Edge, RateLimit};
-use super::ids::SgIds;
+use super::ids::RequestIds;
 use super::step::{Seen, Step, StepLayer};
 use crate::api::body::BodyLimits;
 use crate::api::error::GatewayError;
@@ -86,16 +84,10 @@ where
         + Sync
         + 'static,
 {
-    let x_request_id = axum::http::HeaderName::from_static(super::ids::X_REQUEST_ID);
     let gate = AdmissionGate(app.clone());
     ServiceBuilder::new()
-        .layer(SetSensitiveRequestHeadersLayer::new([
-            axum::http::header::AUTHORIZATION,
-            axum::http::HeaderName::from_static("x-api-key"),
-        ]))
-        .layer(tower::util::MapRequestLayer::new(super::ids::drop_unusable))
-        .layer(SetRequestIdLayer::new(x_request_id.clone(), SgIds))
-        .layer(PropagateRequestIdLayer::new(x_request_id))
+        .layer(tower::util::MapRequestLayer::new(mark_sensitive))
+        .layer(StepLayer(RequestIds))
         .layer(ContainLayer)
         .layer(StepLayer(Routing))
         .layer(StepLayer(AccessLog))
@@ -104,6 +96,22 @@ where
         .layer(StepLayer(gate))
         .layer(BodyGuardLayer(limits))
         .service(inner)
+}
+
+/// Marks the headers that carry keys as sensitive, so no `Debug` of the request prints them.
+/// Ours rather than tower-http's `SetSensitiveRequestHeadersLayer`, whose entry walk over its
+/// header list ran 892 instructions a request against 120 for these two lookups (BENCHMARKS.md).
+fn mark_sensitive<B>(mut req: Request<B>) -> Request<B> {
+    let headers = req.headers_mut();
+    for name in [
+        axum::http::header::AUTHORIZATION,
+        axum::http::HeaderName::from_static("x-api-key"),
+    ] {
+        if let Some(v) = headers.get_mut(&name) {
+            v.set_sensitive(true);
+        }
+    }
+    req
 }
 
 /// Refuses a generation at once while the gateway shuts down (DESIGN.md's shutdown contract:
@@ -152,24 +160,20 @@ impl tower::Service<Request<Guarded<Incoming>>> for Handler {
     }
 
     fn call(&mut self, mut req: Request<Guarded<Incoming>>) -> Self::Future {
-        let (app, own) = (self.app.clone(), self.own.clone());
+        use tower::ServiceExt as _;
+        let seen = req.extensions_mut().remove::<Seen>();
+        let Some((route, seen)) = seen.and_then(|s| Some((s.route?, s))) else {
+            return Box::pin(self.own.clone().oneshot(req.map(Body::new)));
+        };
+        let caller = Caller {
+            key: seen.key,
+            addr: seen.peer.ip(),
+        };
+        let id = seen.id;
+        let app = self.app.clone();
         Box::pin(async move {
-            let Some(route) = Seen::route(&req) else {
-                use tower::ServiceExt as _;
-                return own.oneshot(req.map(Body::new)).await;
-            };
-            let caller = match req.extensions_mut().remove::<Seen>() {
-                Some(seen) => Caller {
-                    key: seen.key,
-                    addr: seen.peer.ip(),
-                },
-                None => Caller {
-                    key: None,
-                    addr: std::net::Ipv4Addr::UNSPECIFIED.into(),
-                },
-            };
-            let id = super::ids::of(&req).to_owned();
-            Ok(crate::pipeline::upstream_route(&app, route, &id, req, caller).await)
+            let id = id.to_str().unwrap_or("-");
+            Ok(crate::pipeline::upstream_route(&app, route, id, req, caller).await)
         })
     }
 }

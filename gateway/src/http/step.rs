@@ -17,12 +17,14 @@ use crate::api::family::Family;
 use crate::api::routes::Route;
 
 /// What the edge learns of a request, in one extension (one allocation, one lookup each): its
-/// peer (put there by the connection loop), its route (`access::Routing`: the upstream route the
+/// peer (put there by the connection loop), its id (`ids::RequestIds`), its route (`access::Routing`: the upstream route the
 /// canonical path matched; `None` for the gateway's own or an unknown path) and the API key it
 /// was validated by (`edge::Authenticate`).
 #[derive(Debug, Clone)]
 pub(crate) struct Seen {
     pub(crate) peer: SocketAddr,
+    /// Its id (`ids::RequestIds`).
+    pub(crate) id: axum::http::HeaderValue,
     pub(crate) route: Option<&'static Route>,
     pub(crate) key: Option<String>,
 }
@@ -32,6 +34,7 @@ impl Seen {
     pub(crate) fn arrived(peer: SocketAddr) -> Seen {
         Seen {
             peer,
+            id: axum::http::HeaderValue::from_static("-"),
             route: None,
             key: None,
         }
@@ -47,6 +50,11 @@ impl Seen {
 
     pub(crate) fn route<B>(req: &Request<B>) -> Option<&'static Route> {
         Seen::of(req).and_then(|s| s.route)
+    }
+
+    /// The request's id as text.
+    pub(crate) fn id<B>(req: &Request<B>) -> &str {
+        Seen::of(req).and_then(|s| s.id.to_str().ok()).unwrap_or("-")
     }
 
     pub(crate) fn peer<B>(req: &Request<B>) -> SocketAddr {
