@@ -185,9 +185,9 @@ async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::
                             body.clone(),
                         );
                         let timeout = Duration::from_secs(args.timeout_s);
-                        sparkgate_task::spawn("bench-stream", 
-                            async move { stream_one(&client, &url, key.as_deref(), body, phase, timeout).await },
-                        )
+                        sparkgate_task::spawn("bench-stream", async move {
+                            stream_one(&client, &url, key.as_deref(), body, phase, timeout).await
+                        })
                     })
                     .collect();
                 let mut run = Vec::new();

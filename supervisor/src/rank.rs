@@ -104,8 +104,14 @@ impl Rank {
         })?;
         let pid = child.id().unwrap_or(0);
         let readers = [
-            child.stdout.take().map(|s| sparkgate_task::spawn("rank-stdout", out.follow(s))),
-            child.stderr.take().map(|s| sparkgate_task::spawn("rank-stderr", err.follow(s))),
+            child
+                .stdout
+                .take()
+                .map(|s| sparkgate_task::spawn("rank-stdout", out.follow(s))),
+            child
+                .stderr
+                .take()
+                .map(|s| sparkgate_task::spawn("rank-stderr", err.follow(s))),
         ];
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let exited = watch_exit(to.epoch, plan.rank, to.exits, async move {

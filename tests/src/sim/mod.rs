@@ -261,7 +261,10 @@ async fn run(args: ServeArgs) -> i32 {
         env_secs("SIM_WATCHDOG_S", 5.0),
     );
     sparkgate_task::spawn("sim-engine", engine.clone().run());
-    sparkgate_task::spawn("sim-stats", stats_logger(metrics.clone(), env_secs("VLLM_LOG_STATS_INTERVAL", 10.0)));
+    sparkgate_task::spawn(
+        "sim-stats",
+        stats_logger(metrics.clone(), env_secs("VLLM_LOG_STATS_INTERVAL", 10.0)),
+    );
 
     let listener = match tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await {
         Ok(l) => l,
