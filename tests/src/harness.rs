@@ -20,6 +20,8 @@ struct Lines {
 pub struct Proc {
     child: Child,
     lines: Arc<(Mutex<Lines>, Condvar)>,
+    /// A directory the process works in that goes when it does (removed after the kill).
+    dir: Option<tempfile::TempDir>,
 }
 
 impl std::fmt::Debug for Proc {
@@ -71,7 +73,17 @@ impl Proc {
                 }
             });
         }
-        Proc { child, lines }
+        Proc {
+            child,
+            lines,
+            dir: None,
+        }
+    }
+
+    /// This process, keeping `dir` until the process is gone.
+    pub fn keeping(mut self, dir: tempfile::TempDir) -> Proc {
+        self.dir = Some(dir);
+        self
     }
 
     /// The first line containing `needle` (waiting for it), or a panic with the log so far.
@@ -482,9 +494,6 @@ pub fn sse_data(body: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// A free TCP port on 127.0.0.1 for tools that cannot take port 0 (a rank's VLLM_PORT, the
-/// rendezvous port). Chosen below the kernel's ephemeral range (32768+), so no `port 0` socket of
-/// another test can take it between this check and its use; test processes stride apart by pid.
 /// The value after `flag` in a benchmark binary's arguments (`--seconds 5`).
 pub fn flag_value(args: &[String], flag: &str) -> Option<String> {
     args.iter()
@@ -493,6 +502,9 @@ pub fn flag_value(args: &[String], flag: &str) -> Option<String> {
         .cloned()
 }
 
+/// A free TCP port on 127.0.0.1 for tools that cannot take port 0 (a rank's VLLM_PORT, the
+/// rendezvous port). Chosen below the kernel's ephemeral range (32768+), so no `port 0` socket of
+/// another test can take it between this check and its use; test processes stride apart by pid.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -537,31 +549,8 @@ impl Gateway {
         post_json(self.addr, "/v1/chat/completions", &body).json()
     }
 
-    /// Starts the gateway (port 0 on 127.0.0.1) and waits until `/ready` answers 200.
-    pub fn start(sparkgate: &str, profile: &str, upstream: SocketAddr, env: &[(&str, &str)]) -> Gateway {
-        let gw = Self::start_unready(sparkgate, profile, &format!("http://{upstream}"), env);
-        gw.wait_ready();
-        gw
-    }
-
-    /// Starts the gateway without waiting for its upstream.
-    pub fn start_unready(sparkgate: &str, profile: &str, upstream: &str, env: &[(&str, &str)]) -> Gateway {
-        let args: Vec<String> = [
-            "--profile",
-            profile,
-            "serve",
-            "--upstream",
-            upstream,
-            "--port",
-            "0",
-            "--bind",
-            "127.0.0.1",
-        ]
-        .map(String::from)
-        .to_vec();
-        let mut full_env: Vec<(&str, &str)> = vec![("SPARKGATE_LOG", "info")];
-        full_env.extend_from_slice(env);
-        let proc = Proc::spawn(sparkgate, &args, &full_env);
+    /// The gateway `proc` runs, once its log says where it listens.
+    pub fn listening(proc: Proc) -> Gateway {
         let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
         Gateway { proc, addr }
     }

@@ -14,3 +14,4 @@ pub mod snapshot;
 pub mod spec_eval;
 pub mod spec_split_eval;
 pub mod supervised;
+pub mod test_gateway;

@@ -6,11 +6,12 @@ use std::net::SocketAddr;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{post_json, Gateway, Streaming};
+use sparkgate_tests::harness::{post_json, Streaming};
 use sparkgate_tests::realvllm::RealVllm;
 
 mod common;
 use common::ds_pair;
+use sparkgate_tests::test_gateway::TestGateway;
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 
@@ -111,7 +112,7 @@ fn integer_efforts_on_messages_render_in_front_of_vllm_sim() {
 #[test]
 fn integer_efforts_on_messages_render_in_front_of_the_real_frontend() {
     let real = RealVllm::start(ProfileId::DeepSeekV41Flash);
-    let gw = Gateway::start(&common::sparkgate(), "deepseek-v4.1-flash", real.addr, &[]);
+    let gw = TestGateway::builder(common::SIM).upstream(real.addr).start();
     integer_efforts_render(gw.addr);
 }
 

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{post_json, request, sse_data, Gateway, Sim, Streaming};
+use sparkgate_tests::harness::{post_json, request, sse_data, Sim, Streaming};
 
 mod common;
-use common::{chat, ds_pair, sparkgate, SIM};
+use common::{chat, ds_pair, SIM};
+use sparkgate_tests::test_gateway::TestGateway;
 
 /// Masks the `"created":<seconds>` field, the one value that differs between two identical runs.
 fn mask_created(s: &str) -> String {
@@ -39,12 +40,10 @@ fn streams_are_byte_faithful_to_what_vllm_would_send() {
         ],
         &[],
     );
-    let gw = Gateway::start(
-        &sparkgate(),
-        "deepseek-v4.1-flash",
-        sim.addr(),
-        &[("SERVED_MODEL_NAME", "M"), ("MAX_NUM_SEQS", "8")],
-    );
+    let gw = TestGateway::builder(SIM)
+        .upstream(sim.addr())
+        .envs(&[("SERVED_MODEL_NAME", "M"), ("MAX_NUM_SEQS", "8")])
+        .start();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = |n: u64| {
         rng ^= rng << 13;

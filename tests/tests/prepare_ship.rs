@@ -9,15 +9,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_tests::harness::{
-    addr_in, binary_next_to, free_port, post_json, sim_image, Gateway, Proc, Sshd, WorkerDaemon,
-};
+use sparkgate_tests::harness::{free_port, post_json, sim_image, Gateway, Proc, Sshd, WorkerDaemon};
+use sparkgate_tests::test_gateway::sparkgate_bin;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 /// A head (this machine's daemon) and a worker (its own daemon behind sshd), with the
 /// directories a DeepSeek deployment names.
@@ -108,7 +103,7 @@ impl Topology {
 
     /// `sparkgate --profile deepseek-v4.1-flash ARGS` to completion: (success, output).
     fn run(&self, args: &[&str], extra: &[(&str, &str)]) -> (bool, String) {
-        let out = Command::new(sparkgate())
+        let out = Command::new(sparkgate_bin(SIM))
             .args(["--profile", "deepseek-v4.1-flash"])
             .args(args)
             .envs(self.env_with(extra))
@@ -123,7 +118,7 @@ impl Topology {
     fn spawn(&self, args: &[&str], extra: &[(&str, &str)]) -> Proc {
         let mut argv = vec!["--profile".to_owned(), "deepseek-v4.1-flash".to_owned()];
         argv.extend(args.iter().map(|a| (*a).to_owned()));
-        Proc::spawn(&sparkgate(), &argv, &self.env_with(extra))
+        Proc::spawn(&sparkgate_bin(SIM), &argv, &self.env_with(extra))
     }
 
     fn head_layers(&self) -> String {
@@ -172,7 +167,7 @@ fn head_layers(image: &str) -> String {
 
 /// `sparkgate ship` with the head as the only node (GLM profile, worker = head): (success, output).
 fn ship_on_the_head(env: &[(&str, &str)]) -> (bool, String) {
-    let out = Command::new(sparkgate())
+    let out = Command::new(sparkgate_bin(SIM))
         .args(["--profile", "glm-5.3-flash", "ship"])
         .envs([("HEAD_IP", "127.0.0.1"), ("WORKER_IP", "127.0.0.1")])
         .envs(env.iter().copied())
@@ -313,8 +308,7 @@ fn a_worker_daemon_without_room_for_the_layers_is_refused_before_sending() {
 
 fn serve(t: &Topology, extra: &[(&str, &str)]) -> Gateway {
     let proc = t.spawn(&["serve"], extra);
-    let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
-    Gateway { proc, addr }
+    Gateway::listening(proc)
 }
 
 #[test]

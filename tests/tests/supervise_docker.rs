@@ -6,13 +6,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, free_port, post_json, request, sse_data, Gateway, Proc, Streaming};
+use sparkgate_tests::harness::{free_port, post_json, request, sse_data, Gateway, Proc, Streaming};
+use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 /// Containers of this test, removed whatever happens.
 struct Cleanup(String);
@@ -87,7 +84,11 @@ impl Deployment {
     }
 
     fn start(&self, profile: &str) -> Gateway {
-        Gateway::supervise_unready(&sparkgate(), SIM, profile, self._logs.path(), &self.env())
+        TestGateway::builder(SIM)
+            .profile(profile)
+            .logs(self._logs.path())
+            .envs(&self.env)
+            .start_unready()
     }
 
     fn smoke(&self, gw: &Gateway) -> Value {
@@ -241,7 +242,7 @@ fn a_restarted_gateway_adopts_the_running_group_and_stop_removes_it() {
     assert_eq!(gw.status()["supervisor"]["epoch"], 1);
     assert_eq!(d.smoke(&gw)["choices"][0]["message"]["content"], "323");
     let port = gw.addr.port().to_string();
-    let out = Command::new(sparkgate())
+    let out = Command::new(sparkgate_bin(SIM))
         .arg("stop")
         .env("PORT", &port)
         .output()
@@ -268,7 +269,10 @@ fn a_different_configuration_is_not_adopted() {
     gw.proc.wait_exit(Duration::from_secs(30));
     let mut env = d.env();
     env.push(("MAX_MODEL_LEN", "500000"));
-    let gw = Gateway::supervise_unready(&sparkgate(), SIM, "deepseek-v4.1-flash", d._logs.path(), &env);
+    let gw = TestGateway::builder(SIM)
+        .logs(d._logs.path())
+        .envs(&env)
+        .start_unready();
     gw.proc.wait_for("not adopting");
     gw.wait_ready();
     let after = containers(&d.group);
@@ -334,7 +338,7 @@ fn preflight_refuses_a_missing_image_naming_it() {
         &[("IMAGE", "sparkgate/does-not-exist:1"), ("SKIP_PULL", "1")],
     );
     let mut p = Proc::spawn(
-        &sparkgate(),
+        &sparkgate_bin(SIM),
         &["serve".to_owned()],
         &[d.env(), vec![("PORT", "0"), ("BIND_ADDR", "127.0.0.1")]].concat(),
     );
@@ -398,7 +402,7 @@ fn an_unreachable_worker_fails_preflight_naming_it() {
     drop(sshd);
     let env = d.env();
     let mut p = Proc::spawn(
-        &sparkgate(),
+        &sparkgate_bin(SIM),
         &["serve".to_owned()],
         &[env, vec![("PORT", "0"), ("BIND_ADDR", "127.0.0.1")]].concat(),
     );

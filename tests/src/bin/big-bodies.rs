@@ -7,8 +7,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_tests::harness::{binary_next_to, request, Gateway, Sim, Streaming};
+use sparkgate_tests::harness::{binary_next_to, request, Sim, Streaming};
 use sparkgate_tests::load::deepseek_sim_args;
+use sparkgate_tests::test_gateway::TestGateway;
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 
@@ -36,12 +37,7 @@ fn main() {
     let exe = std::env::current_exe().expect("exe").to_string_lossy().into_owned();
     let sim_bin = binary_next_to(&exe, "vllm-sim");
     let sim = Sim::start(&sim_bin, &deepseek_sim_args("2"), &[("SIM_SPEED", "1")]);
-    let gw = Gateway::start(
-        &binary_next_to(&exe, "sparkgate"),
-        "deepseek-v4.1-flash",
-        sim.addr(),
-        &[],
-    );
+    let gw = TestGateway::builder(&sim_bin).upstream(sim.addr()).start();
     let pid = gw.proc.pid();
     let addr = gw.addr;
     let hold = json!({"messages": [{"role": "user", "content": "hold"}], "max_tokens": 100000, "ignore_eos": true, "stream": true});
