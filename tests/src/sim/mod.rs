@@ -9,6 +9,7 @@ mod control;
 mod counting;
 mod engine;
 mod faults;
+mod flags;
 mod group;
 mod log;
 mod metric_families;
