@@ -571,5 +571,3 @@ impl Gateway {
         format!("http://{}/v1", self.addr)
     }
 }
-
-pub use crate::hosts::{kill_pid, processes_with, sim_image, Sshd, WorkerDaemon};

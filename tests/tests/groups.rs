@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{free_port, kill_pid, post_json, Gateway};
+use sparkgate_tests::harness::{free_port, post_json, Gateway};
+use sparkgate_tests::hosts::kill_pid;
 use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

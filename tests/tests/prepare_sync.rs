@@ -7,7 +7,7 @@ use std::process::Command;
 
 mod common;
 use common::SIM;
-use sparkgate_tests::harness::Sshd;
+use sparkgate_tests::hosts::Sshd;
 use sparkgate_tests::test_gateway::sparkgate_bin;
 
 const SHARD_BYTES: u64 = 512 << 20;

@@ -351,13 +351,13 @@ fn preflight_refuses_a_missing_image_naming_it() {
     );
 }
 
-fn ssh_env(sshd: &sparkgate_tests::harness::Sshd, control: &std::path::Path) -> Vec<(String, String)> {
+fn ssh_env(sshd: &sparkgate_tests::hosts::Sshd, control: &std::path::Path) -> Vec<(String, String)> {
     sshd.worker_env(control)
 }
 
 #[test]
 fn the_worker_rank_runs_through_its_daemon_forwarded_over_ssh() {
-    let mut sshd = sparkgate_tests::harness::Sshd::start();
+    let mut sshd = sparkgate_tests::hosts::Sshd::start();
     let control = tempfile::Builder::new().prefix("sgc").tempdir_in("/tmp").unwrap();
     let mut d = Deployment::new("deepseek-v4.1-flash", "ssh", &[("RESTART_BUDGET", "50")]);
     d.env.extend(ssh_env(&sshd, control.path()));
@@ -395,7 +395,7 @@ fn the_worker_rank_runs_through_its_daemon_forwarded_over_ssh() {
 
 #[test]
 fn an_unreachable_worker_fails_preflight_naming_it() {
-    let sshd = sparkgate_tests::harness::Sshd::start();
+    let sshd = sparkgate_tests::hosts::Sshd::start();
     let control = tempfile::Builder::new().prefix("sgc").tempdir_in("/tmp").unwrap();
     let mut d = Deployment::new("deepseek-v4.1-flash", "nossh", &[]);
     d.env.extend(ssh_env(&sshd, control.path()));

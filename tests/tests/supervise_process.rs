@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{kill_pid, post_json, processes_with, request, sse_data, Gateway, Streaming, SMOKE};
+use sparkgate_tests::harness::{post_json, request, sse_data, Gateway, Streaming, SMOKE};
+use sparkgate_tests::hosts::{kill_pid, processes_with};
 use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
@@ -326,7 +327,7 @@ fn preflight_refuses_busy_ports_too_little_memory_or_disk() {
 
 #[test]
 fn a_remote_worker_runs_its_rank_over_ssh() {
-    let sshd = sparkgate_tests::harness::Sshd::start();
+    let sshd = sparkgate_tests::hosts::Sshd::start();
     let control = tempfile::Builder::new().prefix("sgc").tempdir_in("/tmp").unwrap();
     let logs = tempfile::tempdir().unwrap();
     let user = std::env::var("USER").unwrap_or_else(|_| "root".into());

@@ -18,6 +18,7 @@ mod prefix;
 mod structured;
 mod text;
 mod tools;
+mod vocab;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -14,6 +14,7 @@ use super::validate;
 use super::{error, json_response, ApiError, App, Shared};
 use crate::sim::structured::Constraint;
 use crate::sim::text::{self, ToolCall};
+use crate::sim::vocab;
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     match run(&app, &headers, &body) {
@@ -83,7 +84,7 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value
     let n = request::n_choices(&req)?;
     let rendering = app.template.render(&kwargs);
     let prompt = text::render_prompt(&messages, &rendering);
-    let prompt_tokens = text::count_tokens(&prompt);
+    let prompt_tokens = vocab::count_tokens(&prompt);
     request::check_prompt_length(app, prompt_tokens)?;
     let budget = (app.args.max_model_len as usize - prompt_tokens).min(max_tokens.map_or(usize::MAX, |m| m as usize));
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);

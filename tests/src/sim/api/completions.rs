@@ -13,6 +13,7 @@ use super::request::{self, invalid};
 use super::{bad_request, logprobs, validate, App};
 use super::{error, json_response, ApiError, Shared};
 use crate::sim::text::{self, Output};
+use crate::sim::vocab;
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
@@ -24,7 +25,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let stream = request::stream_options(&app, &req)?;
     let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
     let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);
-    request::check_prompt_length(&app, prompts.iter().map(|p| text::count_tokens(p)).max().unwrap_or(0))?;
+    request::check_prompt_length(&app, prompts.iter().map(|p| vocab::count_tokens(p)).max().unwrap_or(0))?;
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let choices: Vec<ChoicePlan> = prompts
         .iter()

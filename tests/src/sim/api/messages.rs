@@ -16,6 +16,7 @@ use super::generate::{Job, Step};
 use super::pydantic::{Field, Kind};
 use super::{json_response, request, validate, ApiError, App, Shared};
 use crate::sim::text;
+use crate::sim::vocab;
 
 const MESSAGES: &[Field] = &[
     ("model", Kind::Str, false),
@@ -358,7 +359,7 @@ pub(crate) async fn count_tokens(
         .cloned()
         .unwrap_or_default();
     let kwargs = request::template_kwargs(&app, &chat)?;
-    let n = text::count_tokens(&text::render_prompt(&messages, &app.template.render(&kwargs)));
+    let n = vocab::count_tokens(&text::render_prompt(&messages, &app.template.render(&kwargs)));
     Ok(json_response(
         StatusCode::OK,
         &json!({"input_tokens": n, "context_management": {"original_input_tokens": n}}),

@@ -27,6 +27,7 @@ use super::args::ServeArgs;
 use super::engine::Engine;
 use super::metrics::Metrics;
 use super::text::{self, Template};
+use super::vocab;
 
 pub(crate) use serve::serve;
 
@@ -229,7 +230,7 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
             ]))
         }
     };
-    let tokens = text::tokenize(&text);
+    let tokens = vocab::tokenize(&text);
     Ok(json_response(
         StatusCode::OK,
         &json!({"count": tokens.len(), "max_model_len": app.args.max_model_len, "tokens": tokens, "token_strs": null}),
@@ -254,7 +255,7 @@ async fn detokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) 
         .get("tokens")
         .and_then(Value::as_array)
         .and_then(|a| a.iter().map(Value::as_u64).collect());
-    match ids.and_then(|ids| text::detokenize(&ids)) {
+    match ids.and_then(|ids| vocab::detokenize(&ids)) {
         Some(prompt) => Ok(json_response(StatusCode::OK, &json!({"prompt": prompt}))),
         None => Err(error(
             StatusCode::BAD_REQUEST,

@@ -13,6 +13,7 @@ use super::request::{self, invalid};
 use super::{error, json_response, ApiError, App, Shared};
 use crate::sim::structured::Constraint;
 use crate::sim::text;
+use crate::sim::vocab;
 
 /// Responses `input` (plus `instructions`) as chat messages.
 fn messages(req: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
@@ -213,7 +214,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         .cloned();
     let rendering = app.template.render(&kwargs);
     let prompt = text::render_prompt(&msgs, &rendering);
-    let prompt_tokens = text::count_tokens(&prompt);
+    let prompt_tokens = vocab::count_tokens(&prompt);
     request::check_prompt_length(&app, prompt_tokens)?;
     let budget =
         (app.args.max_model_len as usize - prompt_tokens).min(max_output_tokens.map_or(usize::MAX, |m| m as usize));
@@ -276,7 +277,7 @@ async fn whole(
         ));
     }
     let plan = &job.choices[0];
-    let reasoning = plan.reasoning_text().map_or(0, |r| text::count_tokens(&r));
+    let reasoning = plan.reasoning_text().map_or(0, |r| vocab::count_tokens(&r));
     let status = if plan.finish == "length" {
         "incomplete"
     } else {
@@ -458,7 +459,7 @@ impl Events {
             self.emit("response.output_item.done", json!({"item": item, "output_index": idx}));
         }
         let plan = &self.job.choices[0];
-        let reasoning = plan.reasoning_text().map_or(0, |r| text::count_tokens(&r));
+        let reasoning = plan.reasoning_text().map_or(0, |r| vocab::count_tokens(&r));
         let output = final_output(&self.turn, plan, true);
         let u = usage(
             self.prompt_tokens,
