@@ -4,14 +4,16 @@
 //! tree read from /proc. A second sparkgate binary (`baseline`, e.g. an earlier commit's build)
 //! can run beside the current one, so "no worse than before" is a same-run ratio.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::{free_port, try_request};
+use crate::harness::free_port;
 
 pub mod load;
 pub mod ratios;
+pub mod ready;
 
 /// Which front a measurement goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,35 +136,29 @@ impl Front {
         Ok(front)
     }
 
+    /// Waits until the front answers `GET /v1/models` with 200, so no load goes through it
+    /// before it listens and serves; Err: what the last probe saw (or how it exited), and the
+    /// end of its log.
     fn wait_answering(&mut self, within: Duration) -> Result<(), String> {
-        let addr = self
+        let addr: SocketAddr = self
             .base
             .trim_start_matches("http://")
             .parse()
-            .map_err(|e| format!("{e}"))?;
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(r) = try_request(addr, "GET", "/v1/models", &[], b"") {
-                if r.status == 200 {
-                    return Ok(());
-                }
-            }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                return Err(format!(
-                    "{} exited ({status}) before answering: {}",
-                    self.kind.name(),
-                    self.log_tail()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{} never answered GET /v1/models: {}",
-                    self.kind.name(),
-                    self.log_tail()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        let child = &mut self.child;
+        let exited = || {
+            child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+                .map(|status| status.to_string())
+        };
+        ready::wait_ready(addr, "/v1/models", within, exited).map_err(|why| {
+            format!(
+                "{} at {addr} {why} (GET /v1/models): {}",
+                self.kind.name(),
+                self.log_tail()
+            )
+        })
     }
 
     fn log_tail(&self) -> String {

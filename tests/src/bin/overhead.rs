@@ -428,6 +428,27 @@ fn report_idle(results: &[Value], o: &Options) {
             num(&i["kib_per_stream"])
         );
     }
+    // Streams that did not open, and why: a refusal, an error status, or no headers in time.
+    for r in results.iter().filter(|r| r["idle"]["open"] != r["idle"]["wanted"]) {
+        let i = &r["idle"];
+        if i["wanted"].is_null() {
+            continue;
+        }
+        let reasons: Vec<&str> = i["failed_because"]
+            .as_array()
+            .map(|w| w.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let why = match reasons.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", reasons.join("; ")),
+        };
+        println!(
+            "\n{}: {} failed{why}, {} without response headers after 180 s",
+            front_name(r),
+            i["failed"],
+            i["no_headers"]
+        );
+    }
 }
 
 fn machine() -> Value {

@@ -201,7 +201,7 @@ pub async fn idle_streams(front: &Front, n: usize) -> Value {
     let Some(baseline) = front.usage() else {
         return json!({"note": "no front process (direct)"});
     };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<bool>();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Result<(), String>>();
     let release = Arc::new(tokio::sync::Notify::new());
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
@@ -209,12 +209,15 @@ pub async fn idle_streams(front: &Front, n: usize) -> Value {
         tasks.push(sparkgate_task::spawn("overhead-idle-stream", async move {
             match client.request(post(&base, chat_body(true, 64))).await {
                 Ok(resp) if resp.status().is_success() => {
-                    let _ = tx.send(true);
+                    let _ = tx.send(Ok(()));
                     let _body = resp.into_body();
                     release.notified().await;
                 }
-                _ => {
-                    let _ = tx.send(false);
+                Ok(resp) => {
+                    let _ = tx.send(Err(format!("HTTP {}", resp.status())));
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(error_chain(&e)));
                 }
             }
         }));
@@ -224,12 +227,12 @@ pub async fn idle_streams(front: &Front, n: usize) -> Value {
         }
     }
     drop(tx);
-    let (mut open, mut failed) = (0usize, 0usize);
+    let (mut open, mut failed) = (0usize, Vec::<String>::new());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    while open + failed < n {
+    while open + failed.len() < n {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(true)) => open += 1,
-            Ok(Some(false)) => failed += 1,
+            Ok(Some(Ok(()))) => open += 1,
+            Ok(Some(Err(why))) => failed.push(why),
             _ => break,
         }
     }
@@ -248,10 +251,38 @@ pub async fn idle_streams(front: &Front, n: usize) -> Value {
     json!({
         "wanted": n,
         "open": open,
-        "failed": failed,
+        "failed": failed.len(),
+        // Streams whose response headers had not come when the wait ended (a front that holds
+        // them until the first token does not count as holding idle streams).
+        "no_headers": n - open - failed.len(),
+        "failed_because": reasons(&failed),
         "rss_before_kib": baseline.rss_kib,
         "rss_held_kib": held.rss_kib,
         "kib_per_stream": per_stream,
         "processes": held.processes,
     })
+}
+
+/// An error with its sources (hyper's "client error (Connect)" says little on its own).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
+/// Each distinct reason with how often it came, most frequent first, at most three.
+fn reasons(failed: &[String]) -> Vec<String> {
+    let mut counted: Vec<(usize, &String)> = Vec::new();
+    for why in failed {
+        match counted.iter_mut().find(|(_, w)| *w == why) {
+            Some((n, _)) => *n += 1,
+            None => counted.push((1, why)),
+        }
+    }
+    counted.sort_by_key(|c| std::cmp::Reverse(c.0));
+    counted.iter().take(3).map(|(n, why)| format!("{n} × {why}")).collect()
 }
