@@ -130,6 +130,15 @@ impl Proc {
         self.child.id()
     }
 
+    /// SIGTERM, as `docker stop` or an init system sends it: the process decides how to end.
+    pub fn terminate(&self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "SIGTERM to {}: {sent}", self.pid());
+    }
+
     /// SIGKILL, as a crashing node or `docker kill` would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -334,6 +343,17 @@ impl Streaming {
         Self::read_head(BufReader::new(stream))
     }
 
+    /// `POST path` with a JSON body on a new connection, its status line and headers read.
+    pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Streaming {
+        Self::open(
+            addr,
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+    }
+
     fn read_head(mut reader: BufReader<TcpStream>) -> Streaming {
         let mut line = String::new();
         reader.read_line(&mut line).expect("status line");
@@ -461,6 +481,18 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
     }
 }
 
+/// `n` streaming chat completions of `body` at `addr`, each read past its first chunk — so each
+/// holds a running slot while the test loads what is left.
+pub fn hold_streams(addr: SocketAddr, n: usize, body: &serde_json::Value) -> Vec<Streaming> {
+    (0..n)
+        .map(|_| {
+            let mut s = Streaming::post_json(addr, "/v1/chat/completions", body);
+            s.next_chunk().expect("a first chunk");
+            s
+        })
+        .collect()
+}
+
 /// The requests a vLLM (or vllm-sim) at `addr` holds now — its own `/metrics`'
 /// `num_requests_running` plus `num_requests_waiting`, read as the supervisor reads them.
 pub fn in_vllm(addr: SocketAddr) -> u64 {
@@ -471,13 +503,13 @@ pub fn in_vllm(addr: SocketAddr) -> u64 {
 
 /// `POST path` with a JSON body.
 pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> HttpResponse {
-    request(
-        addr,
-        "POST",
-        path,
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    )
+    let mut s = Streaming::post_json(addr, path, body);
+    let body = s.read_all();
+    HttpResponse {
+        status: s.status,
+        headers: s.headers.clone(),
+        body,
+    }
 }
 
 /// The `data:` payloads of an SSE body, in order, checking the framing on the way.

@@ -3,12 +3,23 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{request, Gateway, STARTUP};
+use crate::harness::{request, Gateway, HttpResponse, STARTUP};
 
 impl Gateway {
     /// `GET /admin/status` (loopback, no token) as JSON.
     pub fn status(&self) -> serde_json::Value {
         request(self.addr, "GET", "/admin/status", &[], b"").json()
+    }
+
+    /// `method path` without a body, with `Authorization: Bearer token`.
+    pub fn with_token(&self, method: &str, path: &str, token: &str) -> HttpResponse {
+        request(
+            self.addr,
+            method,
+            path,
+            &[("Authorization", &format!("Bearer {token}"))],
+            b"",
+        )
     }
 
     /// Polls `/admin/status` until `pred` holds.

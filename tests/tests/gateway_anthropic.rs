@@ -121,13 +121,7 @@ fn a_rank_lost_mid_stream_ends_the_stream_with_anthropics_error_event() {
     let (mut sim, gw) = ds_pair(&[("SIM_SPEED", "0.5")], &[]);
     let b = json!({"model": MODEL, "max_tokens": 2000, "stream": true,
                    "messages": [{"role": "user", "content": "Explain tensor parallel inference."}]});
-    let mut s = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/messages",
-        &[("Content-Type", "application/json")],
-        b.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(gw.addr, "/v1/messages", &b);
     assert_eq!(s.status, 200);
     let first = String::from_utf8(s.next_chunk().expect("a first event")).unwrap();
     assert!(first.contains("event: message_start"), "{first}");

@@ -55,13 +55,7 @@ fn random_disconnects(gw: SocketAddr, sample: impl Fn() -> u64 + Send + 'static)
             let body = json!({"messages": [{"role": "user", "content": format!("stream {i}")}],
                                   "max_tokens": 400, "ignore_eos": true, "stream": true,
                                   "chat_template_kwargs": {"enable_thinking": false}});
-            let mut s = Streaming::open(
-                gw,
-                "POST",
-                "/v1/chat/completions",
-                &[("Content-Type", "application/json")],
-                body.to_string().as_bytes(),
-            );
+            let mut s = Streaming::post_json(gw, "/v1/chat/completions", &body);
             assert_eq!(s.status, 200);
             if i >= 20 {
                 // These run to the end, after the cut ones queued before them.

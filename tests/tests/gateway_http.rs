@@ -334,13 +334,7 @@ fn sigterm_drains_and_exits() {
     let (_sim, mut gw) = ds_pair(&[("SIM_SPEED", "4")], &[("DRAIN_TIMEOUT", "30")]);
     let body =
         json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "ignore_eos": true, "stream": true});
-    let mut s = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     s.next_chunk().unwrap();
     let pid = gw.proc.pid().to_string();
     assert!(std::process::Command::new("kill")

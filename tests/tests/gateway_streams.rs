@@ -101,13 +101,7 @@ fn streams_are_byte_faithful_to_what_vllm_would_send() {
 fn a_rank_killed_mid_stream_ends_the_stream_with_an_error_event() {
     let (mut sim, gw) = ds_pair(&[("SIM_SPEED", "1")], &[]);
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": true, "stream": true});
-    let mut s = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     let mut got = s.next_chunk().unwrap();
     got.extend(s.next_chunk().unwrap());
     sim.proc.kill();
@@ -138,13 +132,7 @@ fn a_hung_upstream_ends_the_stream_after_the_idle_timeout() {
         &[("STREAM_IDLE_TIMEOUT", "1"), ("FIRST_TOKEN_TIMEOUT", "1")],
     );
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": true, "stream": true});
-    let mut s = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     let mut got = s.next_chunk().unwrap();
     sim.fault("/fault/hang");
     got.extend(s.read_all());

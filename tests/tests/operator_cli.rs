@@ -24,17 +24,7 @@ fn operator_commands_through_the_cli() {
         401,
         "the token is required"
     );
-    assert_eq!(
-        request(
-            gw.addr,
-            "POST",
-            "/admin/restart",
-            &[("Authorization", "Bearer wrong")],
-            b""
-        )
-        .status,
-        401
-    );
+    assert_eq!(gw.with_token("POST", "/admin/restart", "wrong").status, 401);
     let port = gw.addr.port().to_string();
     let log_dir = logs.path().display().to_string();
     // Numbers, the log directory and the port are masked; words, order and layout are compared.
@@ -295,11 +285,7 @@ fn a_demo_with_its_own_log_dir_keeps_it_and_says_so() {
     let gw = Gateway::listening(proc);
     gw.wait_ready();
     let mut proc = gw.proc;
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    proc.terminate();
     assert!(proc.wait_exit(Duration::from_secs(60)).success());
     assert!(log_dir.join("epoch-1/rank0.log").is_file(), "the logs are still there");
 }
@@ -341,11 +327,7 @@ fn two_demos_run_side_by_side_and_each_removes_its_logs_on_exit() {
     }
     assert_ne!(dirs[0], dirs[1]);
     for gw in &demos {
-        assert!(std::process::Command::new("kill")
-            .args(["-TERM", &gw.proc.pid().to_string()])
-            .status()
-            .unwrap()
-            .success());
+        gw.proc.terminate();
     }
     for (gw, dir) in demos.iter_mut().zip(&dirs) {
         assert!(gw.proc.wait_exit(Duration::from_secs(60)).success());

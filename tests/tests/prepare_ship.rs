@@ -359,11 +359,7 @@ fn serve_prepares_both_nodes_ships_once_and_mounts_the_engram_pack() {
         log.contains("page cache"),
         "the page-cache drop reported on each node: {log}"
     );
-    assert!(Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     assert!(gw.proc.wait_exit(Duration::from_secs(60)).success());
 
     // Pack, on each node, with that node's rank; a second pack skips both. A pack cut after its

@@ -140,13 +140,7 @@ fn a_killed_worker_container_restarts_the_group_in_a_new_epoch() {
     let old = containers(&d.group);
     // One stream in flight, one more request filling MAX_NUM_SEQS=2, one queued.
     let long = json!({"model": d.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "ignore_eos": true, "stream": true});
-    let mut stream = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        long.to_string().as_bytes(),
-    );
+    let mut stream = Streaming::post_json(gw.addr, "/v1/chat/completions", &long);
     let mut got = stream.next_chunk().unwrap();
     let (addr, model) = (gw.addr, d.model.clone());
     let second = std::thread::spawn(move || {
@@ -224,11 +218,7 @@ fn a_restarted_gateway_adopts_the_running_group_and_stop_removes_it() {
     let mut gw = d.start("glm-5.3-flash");
     gw.wait_ready();
     let before = containers(&d.group);
-    assert!(Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
     assert_eq!(containers(&d.group), before, "the containers outlive the gateway");
     let gw = d.start("glm-5.3-flash");
@@ -261,11 +251,7 @@ fn a_different_configuration_is_not_adopted() {
     let mut gw = d.start("deepseek-v4.1-flash");
     gw.wait_ready();
     let before = containers(&d.group);
-    assert!(Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     gw.proc.wait_exit(Duration::from_secs(30));
     let mut env = d.env();
     env.push(("MAX_MODEL_LEN", "500000"));
@@ -427,11 +413,7 @@ fn status_reports_node_memory_and_stop_on_exit_stops_containers() {
     assert_eq!(head["node"], "head");
     assert!(head["mem_available_gib"].as_f64().unwrap() > 0.0, "{s}");
     assert_eq!(containers(&d.group).len(), 2);
-    assert!(Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
     assert!(
         containers(&d.group).is_empty(),

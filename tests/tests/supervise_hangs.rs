@@ -165,13 +165,7 @@ fn stopped_rank_is_restarted(rank: u64, work: Work) {
     };
     body["stream"] = json!(true);
     let (steps, _) = engine(rank0);
-    let mut stream = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut stream = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     let deadline = Instant::now() + Duration::from_secs(30);
     while engine(rank0).0 < steps + 2.0 {
         assert!(Instant::now() < deadline, "the engine steps ({work:?})");

@@ -53,13 +53,7 @@ fn start_on_a_running_group_touches_nothing() {
     let body = json!({"messages": [{"role": "user", "content": "Explain tensor parallel inference."}],
                       "max_tokens": 120, "ignore_eos": true, "stream": true,
                       "chat_template_kwargs": {"enable_thinking": false}});
-    let mut stream = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut stream = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     assert!(stream.next_chunk().is_some(), "the stream runs");
     for _ in 0..2 {
         let r = request(gw.addr, "POST", "/admin/start", &[], b"");
@@ -122,13 +116,7 @@ fn ctrl_c_to_the_foreground_group_drains_the_gateway_and_never_reaches_the_ranks
     let body = json!({"messages": [{"role": "user", "content": "Explain tensor parallel inference."}],
                       "max_tokens": 80, "ignore_eos": true, "stream": true,
                       "chat_template_kwargs": {"enable_thinking": false}});
-    let mut stream = Streaming::open(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut stream = Streaming::post_json(addr, "/v1/chat/completions", &body);
     assert!(stream.next_chunk().is_some(), "the stream runs");
     // What a terminal does on Ctrl-C: SIGINT to every process of the foreground group.
     signal(&format!("-{gw_pid}"), "-INT");
@@ -226,14 +214,7 @@ fn ranks_see_the_plans_environment_and_none_of_the_gateways_secrets() {
             ("NCCL_DEBUG", "INFO"),
         ])
         .start();
-    let status = request(
-        gw.addr,
-        "GET",
-        "/admin/status",
-        &[("Authorization", "Bearer admin-secret-1")],
-        b"",
-    )
-    .json();
+    let status = gw.with_token("GET", "/admin/status", "admin-secret-1").json();
     let pids = rank_pids(&status);
     assert_eq!(pids.len(), 2, "{status}");
     for pid in pids {

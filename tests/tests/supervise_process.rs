@@ -70,13 +70,7 @@ fn a_killed_worker_restarts_the_group_and_queued_requests_complete() {
     let old_pids = pids(&old);
     // One stream in flight, one more request filling MAX_NUM_SEQS=2, one queued.
     let long = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "ignore_eos": true, "stream": true});
-    let mut stream = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        long.to_string().as_bytes(),
-    );
+    let mut stream = Streaming::post_json(gw.addr, "/v1/chat/completions", &long);
     let mut got = stream.next_chunk().unwrap();
     let addr = gw.addr;
     let second = std::thread::spawn(move || {
@@ -232,11 +226,7 @@ fn a_stalled_start_writes_diagnostics_and_fails_clearly() {
 fn sigterm_stops_the_rank_processes() {
     let mut gw = TestGateway::builder(SIM).start();
     let ranks = pids(&gw.status());
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
     for pid in ranks {
         assert!(
@@ -246,15 +236,17 @@ fn sigterm_stops_the_rank_processes() {
     }
 }
 
+/// The log of a gateway over `logs` with `env` that refuses to start (it exits unsuccessfully).
+fn refused(logs: &std::path::Path, env: &[(&str, &str)]) -> String {
+    let mut p = TestGateway::builder(SIM).logs(logs).envs(env).spawn();
+    assert!(!p.wait_exit(Duration::from_secs(30)).success());
+    p.log().join("\n")
+}
+
 #[test]
 fn memguard_restarts_the_group_when_memory_stays_low() {
     let logs = tempfile::tempdir().unwrap();
-    let mut p = TestGateway::builder(SIM)
-        .logs(logs.path())
-        .env("MIN_FREE_DISK_GIB", "1000000")
-        .spawn();
-    assert!(!p.wait_exit(Duration::from_secs(30)).success());
-    let log = p.log().join("\n");
+    let log = refused(logs.path(), &[("MIN_FREE_DISK_GIB", "1000000")]);
     assert!(log.contains("GiB free but MIN_FREE_DISK_GIB is 1000000"), "{log}");
     let meminfo = logs.path().join("meminfo");
     std::fs::write(&meminfo, "MemTotal: 25165824 kB\nMemAvailable: 8388608 kB\n").unwrap();
@@ -289,36 +281,24 @@ fn preflight_refuses_busy_ports_too_little_memory_or_disk() {
     let logs = tempfile::tempdir().unwrap();
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().port().to_string();
-    let mut p = TestGateway::builder(SIM)
-        .logs(logs.path())
-        .env("VLLM_PORT", &port)
-        .spawn();
-    assert!(!p.wait_exit(Duration::from_secs(30)).success());
-    let log = p.log().join("\n");
+    let log = refused(logs.path(), &[("VLLM_PORT", &port)]);
     assert!(
         log.contains(&format!("preflight: head: VLLM_PORT={port} is already in use")),
         "{log}"
     );
-    let mut p = TestGateway::builder(SIM)
-        .logs(logs.path())
-        .env("MIN_FREE_DISK_GIB", "1000000")
-        .spawn();
-    assert!(!p.wait_exit(Duration::from_secs(30)).success());
-    let log = p.log().join("\n");
+    let log = refused(logs.path(), &[("MIN_FREE_DISK_GIB", "1000000")]);
     assert!(log.contains("GiB free but MIN_FREE_DISK_GIB is 1000000"), "{log}");
     let meminfo = logs.path().join("meminfo");
     std::fs::write(&meminfo, "MemAvailable: 20971520 kB\n").unwrap();
     let path = meminfo.display().to_string();
-    let mut p = TestGateway::builder(SIM)
-        .logs(logs.path())
-        .envs(&[
+    let log = refused(
+        logs.path(),
+        &[
             ("WEIGHTS_GIB_PER_RANK", "99.5"),
             ("BOOT_MARGIN_GIB", "12"),
             ("MEMINFO_PATH", &path),
-        ])
-        .spawn();
-    assert!(!p.wait_exit(Duration::from_secs(30)).success());
-    let log = p.log().join("\n");
+        ],
+    );
     assert!(
         log.contains("preflight: head: MemAvailable is 20.0 GiB but a rank needs 111.5 GiB"),
         "{log}"
@@ -380,11 +360,7 @@ fn a_remote_worker_runs_its_rank_over_ssh() {
     let worker_pid = pid_of(&new, 1);
     assert!(alive(worker_pid));
     assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
     assert!(!alive(worker_pid), "the remote rank was stopped over SSH");
 }

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_tests::harness::{binary_next_to, request, HttpResponse, Sim, Streaming};
+use sparkgate_tests::harness::{binary_next_to, hold_streams, request, HttpResponse, Sim, Streaming};
 use sparkgate_tests::load::deepseek_sim_args;
 use sparkgate_tests::test_gateway::TestGateway;
 
@@ -97,21 +97,7 @@ fn queued(addr: SocketAddr) -> u64 {
 /// first chunk, so every body after them queues.
 fn hold_both_slots(addr: SocketAddr) -> Vec<Streaming> {
     let hold = json!({"messages": [{"role": "user", "content": "hold"}], "max_tokens": 100000, "ignore_eos": true, "stream": true});
-    let mut holders: Vec<Streaming> = (0..2)
-        .map(|_| {
-            Streaming::open(
-                addr,
-                "POST",
-                "/v1/chat/completions",
-                &[("Content-Type", "application/json")],
-                hold.to_string().as_bytes(),
-            )
-        })
-        .collect();
-    for h in &mut holders {
-        h.next_chunk();
-    }
-    holders
+    hold_streams(addr, 2, &hold)
 }
 
 /// The worst `/health` latency while `body` is sent, read and parsed (until it queues), and the

@@ -11,7 +11,7 @@ use super::generate::{ChoicePlan, Delta, Job, Step};
 use super::logprobs;
 use super::request;
 use super::validate;
-use super::{error, json_response, ApiError, App, Shared};
+use super::{internal_error, json_response, ApiError, App, Shared};
 use crate::sim::structured::Constraint;
 use crate::sim::text::{self, ToolCall};
 use crate::sim::vocab;
@@ -25,7 +25,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
                 &ctx.request_id,
                 json_response(StatusCode::OK, &full_body(&app, &job, &ctx)),
             ),
-            Err(msg) => error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None).into_response(),
+            Err(msg) => internal_error(&msg).into_response(),
         },
         Err(e) => e.into_response(),
     }

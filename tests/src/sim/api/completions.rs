@@ -11,7 +11,7 @@ use super::chat::{error_frame, frame, now_secs, sse_response, with_request_id, D
 use super::generate::{ChoicePlan, Delta, Job, Step};
 use super::request::{self, invalid};
 use super::{bad_request, logprobs, validate, App};
-use super::{error, json_response, ApiError, Shared};
+use super::{internal_error, json_response, ApiError, Shared};
 use crate::sim::text::{self, Output};
 use crate::sim::vocab;
 
@@ -95,14 +95,7 @@ impl Reply {
 
 /// The whole completion in one body, once every choice is done.
 async fn whole(app: &Shared, mut job: Job, reply: &Reply, request_id: &str) -> Result<Response, ApiError> {
-    if let Err(msg) = job.complete().await {
-        return Err(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalServerError",
-            &msg,
-            None,
-        ));
-    }
+    job.complete().await.map_err(|msg| internal_error(&msg))?;
     let top = reply.top;
     let choices: Vec<Value> = job
         .choices

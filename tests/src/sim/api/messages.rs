@@ -176,7 +176,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         return event_stream(app, job, ctx.id);
     }
     if let Err(msg) = job.complete().await {
-        return super::error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None).into_anthropic();
+        return super::internal_error(&msg).into_anthropic();
     }
     let c = &job.choices[0];
     let mut content = Vec::new();

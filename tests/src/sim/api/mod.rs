@@ -97,6 +97,11 @@ pub(crate) fn error(status: StatusCode, kind: &'static str, message: &str, param
     }
 }
 
+/// vLLM's 500 for a request the engine failed (a lost rank, an injected fault).
+pub(crate) fn internal_error(message: &str) -> ApiError {
+    error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", message, None)
+}
+
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
     (status, [("content-type", "application/json")], body.to_string()).into_response()
 }

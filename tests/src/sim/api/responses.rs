@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use super::chat::{now_secs, sse_response, with_request_id};
 use super::generate::{ChoicePlan, Job, Step};
 use super::request::{self, invalid};
-use super::{error, json_response, ApiError, App, Shared};
+use super::{internal_error, json_response, ApiError, App, Shared};
 use crate::sim::structured::Constraint;
 use crate::sim::text;
 use crate::sim::vocab;
@@ -268,14 +268,7 @@ async fn whole(
     prompt_tokens: usize,
     request_id: &str,
 ) -> Result<Response, ApiError> {
-    if let Err(msg) = job.complete().await {
-        return Err(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalServerError",
-            &msg,
-            None,
-        ));
-    }
+    job.complete().await.map_err(|msg| internal_error(&msg))?;
     let plan = &job.choices[0];
     let reasoning = plan.reasoning_text().map_or(0, |r| vocab::count_tokens(&r));
     let status = if plan.finish == "length" {
