@@ -278,10 +278,36 @@ fn age(seconds: f64) -> String {
     }
 }
 
+fn text(v: &serde_json::Value) -> String {
+    v.as_str().unwrap_or("?").to_owned()
+}
+
 /// `/admin/status` as the table `sparkgate status` prints.
 pub(super) fn status_table(v: &serde_json::Value) -> String {
+    let mut out = gateway_lines(v);
+    let groups: Vec<&serde_json::Value> = v["groups"].as_array().into_iter().flatten().collect();
+    if groups.len() > 1 {
+        // Several groups: one line each; `sparkgate status --json` has every group's ranks.
+        for g in groups {
+            out += &group_line(g);
+        }
+        return out;
+    }
+    let Some(s) = v.get("supervisor").filter(|s| !s.is_null()) else {
+        out += &format!(
+            "group      not supervised (gateway-only, upstream {})\n",
+            text(&v["upstream_url"])
+        );
+        return out;
+    };
+    out += &supervisor_lines(v, s);
+    out += &rank_lines(s);
+    out
+}
+
+/// The gateway's lines: model, readiness and mode, admission, throughput.
+fn gateway_lines(v: &serde_json::Value) -> String {
     use std::fmt::Write as _;
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_owned();
     let mut out = String::new();
     let a = &v["admission"];
     let _ = writeln!(out, "model      {} ({})", text(&v["model"]), text(&v["profile"]));
@@ -303,33 +329,28 @@ pub(super) fn status_table(v: &serde_json::Value) -> String {
     if let Some(rate) = v["tokens_per_s"].as_f64() {
         let _ = writeln!(out, "throughput {rate:.1} tokens/s over the last 10 s");
     }
-    let groups: Vec<&serde_json::Value> = v["groups"].as_array().into_iter().flatten().collect();
-    if groups.len() > 1 {
-        // Several groups: one line each; `sparkgate status --json` has every group's ranks.
-        for g in groups {
-            let state = g["upstream"]["state"].as_str().unwrap_or("?");
-            let _ = writeln!(
-                out,
-                "group {:<4} {state} · mode {} · {} in flight of {} · epoch {} · {} routed · {}",
-                text(&g["name"]),
-                text(&g["mode"]),
-                g["in_flight"],
-                g["capacity"],
-                g["supervisor"]["epoch"],
-                g["routed"],
-                text(&g["upstream_url"])
-            );
-        }
-        return out;
-    }
-    let Some(s) = v.get("supervisor").filter(|s| !s.is_null()) else {
-        let _ = writeln!(
-            out,
-            "group      not supervised (gateway-only, upstream {})",
-            text(&v["upstream_url"])
-        );
-        return out;
-    };
+    out
+}
+
+/// One group's line when the gateway has several.
+fn group_line(g: &serde_json::Value) -> String {
+    let state = g["upstream"]["state"].as_str().unwrap_or("?");
+    format!(
+        "group {:<4} {state} · mode {} · {} in flight of {} · epoch {} · {} routed · {}\n",
+        text(&g["name"]),
+        text(&g["mode"]),
+        g["in_flight"],
+        g["capacity"],
+        g["supervisor"]["epoch"],
+        g["routed"],
+        text(&g["upstream_url"])
+    )
+}
+
+/// The supervised group's lines: phase and restarts, the last restart, the nodes' memory.
+fn supervisor_lines(v: &serde_json::Value, s: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
     let _ = writeln!(
         out,
         "group      {} · {} runtime · {} restarts",
@@ -359,6 +380,13 @@ pub(super) fn status_table(v: &serde_json::Value) -> String {
     if !memory.is_empty() {
         let _ = writeln!(out, "memory     {}", memory.join(" · "));
     }
+    out
+}
+
+/// The ranks' table, by rank.
+fn rank_lines(s: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
     let mut ranks: Vec<&serde_json::Value> = s["ranks"].as_array().into_iter().flatten().collect();
     ranks.sort_by_key(|r| r["rank"].as_u64());
     if !ranks.is_empty() {

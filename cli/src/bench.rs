@@ -6,11 +6,10 @@
 use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use clap::{Args, ValueEnum};
-use http_body_util::{BodyExt, Full};
+use clap::Args;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -18,34 +17,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use sparkgate_config::Config;
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Phase {
-    /// A counting task with a structured (JSON) answer: speculation's best case.
-    Structured,
-    /// An explanation in prose: speculation's typical case.
-    Prose,
-}
-
-impl Phase {
-    fn prompt(self) -> &'static str {
-        match self {
-            Phase::Structured => {
-                "Count from 1 to 150. Answer with only a JSON array of the numbers, like [1, 2, 3], nothing else."
-            }
-            Phase::Prose => "Explain in plain prose how a hash map works: hashing, buckets, collisions and resizing.",
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Phase::Structured => "structured",
-            Phase::Prose => "prose",
-        }
-    }
-}
+use crate::bench_request::{first_model, percentile, stream_one, HttpClient, Phase, RequestResult};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -85,27 +57,6 @@ pub struct BenchArgs {
     /// Seconds one request may take before it counts as failed.
     #[arg(long, default_value_t = 600)]
     timeout_s: u64,
-}
-
-/// One streamed request's figures.
-#[derive(Debug, Clone, Serialize)]
-struct RequestResult {
-    ok: bool,
-    error: Option<String>,
-    tokens: u64,
-    ttft_s: Option<f64>,
-    /// Decode tokens/s after the first token: (tokens − 1) / (last − first).
-    tokens_per_s: Option<f64>,
-    itl_mean_s: Option<f64>,
-    /// 95th percentile of the gaps between streamed chunks.
-    itl_p95_s: Option<f64>,
-    coherent: Option<bool>,
-    /// Why the answer is not usable (when `coherent` is false).
-    incoherent_because: Option<String>,
-    #[serde(skip)]
-    first_at: Option<Instant>,
-    #[serde(skip)]
-    last_at: Option<Instant>,
 }
 
 /// One phase at one concurrency, over its runs.
@@ -156,6 +107,9 @@ pub(super) fn run(config: &Config, args: BenchArgs) -> anyhow::Result<ExitCode> 
     runtime.block_on(bench(&base, api_key, args))
 }
 
+/// Every run's requests of one phase at one concurrency.
+type Results = Vec<(Phase, u32, Vec<Vec<RequestResult>>)>;
+
 async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -164,67 +118,18 @@ async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::
         Some(m) => m.clone(),
         None => first_model(&client, base, api_key.as_deref()).await?,
     };
-    let total_runs = args.phase.len() * args.concurrency.len() * args.runs as usize;
-    let progress = Progress::new(total_runs);
-    let mut results: Vec<(Phase, u32, Vec<Vec<RequestResult>>)> = Vec::new();
-    println!(
-        "sparkgate bench: {base} model {model}, max_tokens {}, {} run(s) each",
-        args.max_tokens, args.runs
-    );
-    for &phase in &args.phase {
-        for &concurrency in &args.concurrency {
-            let mut runs = Vec::new();
-            for _ in 0..args.runs {
-                let body = request_body(&model, phase, &args);
-                let tasks: Vec<_> = (0..concurrency)
-                    .map(|_| {
-                        let (client, url, key, body) = (
-                            client.clone(),
-                            format!("{base}/chat/completions"),
-                            api_key.clone(),
-                            body.clone(),
-                        );
-                        let timeout = Duration::from_secs(args.timeout_s);
-                        sparkgate_task::spawn("bench-stream", async move {
-                            stream_one(&client, &url, key.as_deref(), body, phase, timeout).await
-                        })
-                    })
-                    .collect();
-                let mut run = Vec::new();
-                for t in tasks {
-                    let mut r = t.await?;
-                    if r.ok && !args.skip_coherence {
-                        r.coherent = Some(r.coherent.unwrap_or(false));
-                    } else {
-                        r.coherent = None;
-                    }
-                    run.push(r);
-                }
-                progress.advance(phase, concurrency, aggregate_rate(&run));
-                runs.push(run);
-            }
-            results.push((phase, concurrency, runs));
-        }
-    }
-    progress.finish();
+    let bench = Bench {
+        client,
+        base,
+        api_key,
+        model,
+        args,
+    };
+    let results = bench.all_runs().await?;
     let aggregates: Vec<Aggregate> = results.iter().map(|(p, c, runs)| aggregate(*p, *c, runs)).collect();
     print_table(&aggregates);
-    if let Some(path) = &args.out {
-        let requests: Vec<Value> = results
-            .iter()
-            .map(|(p, c, runs)| json!({"phase": p, "concurrency": c, "runs": runs}))
-            .collect();
-        let doc = json!({
-            "base_url": base,
-            "model": model,
-            "max_tokens": args.max_tokens,
-            "ignore_eos": args.ignore_eos,
-            "aggregates": aggregates,
-            "requests": requests,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-        println!("wrote {}", path.display());
+    if let Some(path) = &bench.args.out {
+        bench.write_out(path, &results, &aggregates)?;
     }
     let reasons = failure_reasons(&results);
     if !reasons.is_empty() {
@@ -238,6 +143,92 @@ async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One benchmark: the client, the endpoint and model, and the command line.
+struct Bench<'a> {
+    client: HttpClient,
+    base: &'a str,
+    api_key: Option<String>,
+    model: String,
+    args: BenchArgs,
+}
+
+impl Bench<'_> {
+    /// Every phase at every concurrency, `--runs` times each, with a progress bar.
+    async fn all_runs(&self) -> anyhow::Result<Results> {
+        let args = &self.args;
+        let progress = Progress::new(args.phase.len() * args.concurrency.len() * args.runs as usize);
+        let mut results: Results = Vec::new();
+        println!(
+            "sparkgate bench: {} model {}, max_tokens {}, {} run(s) each",
+            self.base, self.model, args.max_tokens, args.runs
+        );
+        for &phase in &args.phase {
+            for &concurrency in &args.concurrency {
+                let mut runs = Vec::new();
+                for _ in 0..args.runs {
+                    let run = self.run(phase, concurrency).await?;
+                    progress.advance(phase, concurrency, aggregate_rate(&run));
+                    runs.push(run);
+                }
+                results.push((phase, concurrency, runs));
+            }
+        }
+        progress.finish();
+        Ok(results)
+    }
+
+    /// One run: `concurrency` streams of `phase` at once; each answer checked unless
+    /// `--skip-coherence`.
+    async fn run(&self, phase: Phase, concurrency: u32) -> anyhow::Result<Vec<RequestResult>> {
+        let body = request_body(&self.model, phase, &self.args);
+        let tasks: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let (client, url, key, body) = (
+                    self.client.clone(),
+                    format!("{}/chat/completions", self.base),
+                    self.api_key.clone(),
+                    body.clone(),
+                );
+                let timeout = Duration::from_secs(self.args.timeout_s);
+                sparkgate_task::spawn("bench-stream", async move {
+                    stream_one(&client, &url, key.as_deref(), body, phase, timeout).await
+                })
+            })
+            .collect();
+        let mut run = Vec::new();
+        for t in tasks {
+            let mut r = t.await?;
+            if r.ok && !self.args.skip_coherence {
+                r.coherent = Some(r.coherent.unwrap_or(false));
+            } else {
+                r.coherent = None;
+            }
+            run.push(r);
+        }
+        Ok(run)
+    }
+
+    /// `--out`: every request's figures and the aggregates as JSON.
+    fn write_out(&self, path: &std::path::Path, results: &Results, aggregates: &[Aggregate]) -> anyhow::Result<()> {
+        let requests: Vec<Value> = results
+            .iter()
+            .map(|(p, c, runs)| json!({"phase": p, "concurrency": c, "runs": runs}))
+            .collect();
+        let doc = json!({
+            "base_url": self.base,
+            "model": self.model,
+            "max_tokens": self.args.max_tokens,
+            "ignore_eos": self.args.ignore_eos,
+            "aggregates": aggregates,
+            "requests": requests,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+        Ok(())
+    }
 }
 
 fn request_body(model: &str, phase: Phase, args: &BenchArgs) -> Bytes {
@@ -256,187 +247,6 @@ fn request_body(model: &str, phase: Phase, args: &BenchArgs) -> Bytes {
     Bytes::from(body.to_string())
 }
 
-async fn first_model(client: &HttpClient, base: &str, api_key: Option<&str>) -> anyhow::Result<String> {
-    let url = format!("{base}/models");
-    let mut req = hyper::Request::get(&url);
-    if let Some(k) = api_key {
-        req = req.header("authorization", format!("Bearer {k}"));
-    }
-    let resp = client
-        .request(req.body(Full::new(Bytes::new()))?)
-        .await
-        .map_err(|e| anyhow::anyhow!("nothing answers at {url}: {e}"))?;
-    let status = resp.status();
-    let body = resp.into_body().collect().await?.to_bytes();
-    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    if !status.is_success() {
-        anyhow::bail!("GET {url}: {status}: {}", error_message(&v));
-    }
-    v["data"][0]["id"]
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| anyhow::anyhow!("GET {url} lists no model; pass --model"))
-}
-
-/// Sends one streaming chat request and times its chunks.
-async fn stream_one(
-    client: &HttpClient,
-    url: &str,
-    api_key: Option<&str>,
-    body: Bytes,
-    phase: Phase,
-    timeout: Duration,
-) -> RequestResult {
-    match tokio::time::timeout(timeout, stream_inner(client, url, api_key, body, phase == Phase::Prose)).await {
-        Ok(r) => r,
-        Err(_) => failed(format!("no complete answer within {} s", timeout.as_secs())),
-    }
-}
-
-fn failed(error: String) -> RequestResult {
-    RequestResult {
-        ok: false,
-        error: Some(error),
-        tokens: 0,
-        ttft_s: None,
-        tokens_per_s: None,
-        itl_mean_s: None,
-        itl_p95_s: None,
-        coherent: None,
-        incoherent_because: None,
-        first_at: None,
-        last_at: None,
-    }
-}
-
-async fn stream_inner(
-    client: &HttpClient,
-    url: &str,
-    api_key: Option<&str>,
-    body: Bytes,
-    prose: bool,
-) -> RequestResult {
-    let mut req = hyper::Request::post(url).header("content-type", "application/json");
-    if let Some(k) = api_key {
-        req = req.header("authorization", format!("Bearer {k}"));
-    }
-    let req = match req.body(Full::new(body)) {
-        Ok(r) => r,
-        Err(e) => return failed(e.to_string()),
-    };
-    let started = Instant::now();
-    let resp = match client.request(req).await {
-        Ok(r) => r,
-        Err(e) => return failed(format!("{url}: {e}")),
-    };
-    let status = resp.status();
-    let mut body = resp.into_body();
-    if !status.is_success() {
-        let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        return failed(format!("{status}: {}", error_message(&v)));
-    }
-    let (mut buf, mut text, mut chunk_times) = (Vec::<u8>::new(), String::new(), Vec::<Instant>::new());
-    let (mut tokens, mut done, mut finish) = (None::<u64>, false, None::<String>);
-    while let Some(frame) = body.frame().await {
-        let data = match frame {
-            Ok(f) => match f.into_data() {
-                Ok(d) => d,
-                Err(_) => continue,
-            },
-            Err(e) => return failed(format!("stream broke: {e}")),
-        };
-        let now = Instant::now();
-        buf.extend_from_slice(&data);
-        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..end + 2).collect();
-            let Some(payload) = event.strip_prefix(b"data: ") else {
-                continue;
-            };
-            let payload = &payload[..payload.len() - 2];
-            if payload == b"[DONE]" {
-                done = true;
-                continue;
-            }
-            let v: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
-            if let Some(msg) = v["error"]["message"].as_str() {
-                return failed(format!("error event: {msg}"));
-            }
-            if let Some(t) = v["usage"]["completion_tokens"].as_u64() {
-                tokens = Some(t);
-            }
-            if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
-                finish = Some(f.to_owned());
-            }
-            let delta = &v["choices"][0]["delta"];
-            let piece = [&delta["content"], &delta["reasoning_content"], &delta["reasoning"]]
-                .iter()
-                .filter_map(|p| p.as_str())
-                .collect::<String>();
-            if !piece.is_empty() {
-                chunk_times.push(now);
-                if delta["content"].is_string() {
-                    text.push_str(delta["content"].as_str().unwrap_or_default());
-                }
-            }
-        }
-    }
-    if !done {
-        return failed("the stream ended without [DONE]".into());
-    }
-    let tokens = tokens.unwrap_or(chunk_times.len() as u64);
-    let (first, last) = (chunk_times.first().copied(), chunk_times.last().copied());
-    let span = match (first, last) {
-        (Some(f), Some(l)) => l.duration_since(f).as_secs_f64(),
-        _ => 0.0,
-    };
-    let mut gaps: Vec<f64> = chunk_times
-        .windows(2)
-        .map(|w| w[1].duration_since(w[0]).as_secs_f64())
-        .collect();
-    gaps.sort_by(f64::total_cmp);
-    let decode = (tokens > 1 && span > 0.0).then(|| (tokens - 1) as f64 / span);
-    RequestResult {
-        ok: true,
-        error: None,
-        tokens,
-        ttft_s: first.map(|f| f.duration_since(started).as_secs_f64()),
-        tokens_per_s: decode,
-        itl_mean_s: decode.map(|d| 1.0 / d),
-        itl_p95_s: (!gaps.is_empty()).then(|| percentile(&gaps, 0.95)),
-        coherent: Some(incoherence(&text, prose, finish.as_deref()).is_none()),
-        incoherent_because: incoherence(&text, prose, finish.as_deref()),
-        first_at: first,
-        last_at: last,
-    }
-}
-
-/// The message of an OpenAI error envelope, or of FastAPI's `{"detail": …}` (unknown routes).
-fn error_message(v: &Value) -> String {
-    match (&v["error"]["message"], &v["detail"]) {
-        (Value::String(m), _) | (_, Value::String(m)) => m.clone(),
-        (_, Value::Null) => "no detail".to_owned(),
-        (_, other) => other.to_string(),
-    }
-}
-
-/// Why an answer is not usable, if it is not: structured answers must parse as JSON (an
-/// object or array); prose needs at least ten words. A cut at max_tokens is said so.
-fn incoherence(text: &str, prose: bool, finish: Option<&str>) -> Option<String> {
-    let cut = if finish == Some("length") {
-        " (cut at max_tokens: raise --max-tokens)"
-    } else {
-        ""
-    };
-    if prose {
-        let words = text.split_whitespace().count();
-        (words < 10).then(|| format!("prose answer of {words} words, fewer than 10{cut}"))
-    } else {
-        let parses = serde_json::from_str::<Value>(text.trim()).is_ok_and(|v| v.is_array() || v.is_object());
-        (!parses).then(|| format!("structured answer is not a JSON object or array{cut}"))
-    }
-}
-
 /// Σ(tokens − 1) over the run's requests / (the run's last token − its first token).
 fn aggregate_rate(run: &[RequestResult]) -> Option<f64> {
     let ok: Vec<&RequestResult> = run.iter().filter(|r| r.ok && r.first_at.is_some()).collect();
@@ -445,14 +255,6 @@ fn aggregate_rate(run: &[RequestResult]) -> Option<f64> {
     let span = last.duration_since(first).as_secs_f64();
     let tokens: u64 = ok.iter().map(|r| r.tokens.saturating_sub(1)).sum();
     (span > 0.0 && tokens > 0).then(|| tokens as f64 / span)
-}
-
-/// Nearest-rank percentile of sorted values (0 for none).
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
@@ -487,7 +289,7 @@ fn aggregate(phase: Phase, concurrency: u32, runs: &[Vec<RequestResult>]) -> Agg
 }
 
 /// Each distinct reason a request failed or was unusable, with how often.
-fn failure_reasons(results: &[(Phase, u32, Vec<Vec<RequestResult>>)]) -> Vec<(String, usize)> {
+fn failure_reasons(results: &Results) -> Vec<(String, usize)> {
     let mut reasons: Vec<(String, usize)> = Vec::new();
     let all = results
         .iter()
@@ -573,37 +375,5 @@ impl Progress {
         if self.tty {
             eprintln!();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn coherence_rules_say_why() {
-        assert_eq!(incoherence("[1, 2, 3]", false, Some("stop")), None);
-        assert_eq!(
-            incoherence("The numbers are one two three.", false, Some("stop")).as_deref(),
-            Some("structured answer is not a JSON object or array")
-        );
-        assert_eq!(
-            incoherence("[1, 2,", false, Some("length")).as_deref(),
-            Some("structured answer is not a JSON object or array (cut at max_tokens: raise --max-tokens)")
-        );
-        let prose = "A hash map stores keys and values in buckets chosen by hashing the key.";
-        assert_eq!(incoherence(prose, true, None), None);
-        assert_eq!(
-            incoherence("", true, None).as_deref(),
-            Some("prose answer of 0 words, fewer than 10")
-        );
-    }
-
-    #[test]
-    fn percentiles_use_the_nearest_rank() {
-        let v = [1.0, 2.0, 3.0, 4.0, 5.0];
-        assert_eq!(percentile(&v, 0.5), 3.0);
-        assert_eq!(percentile(&v, 0.95), 5.0);
-        assert_eq!(percentile(&[], 0.5), 0.0);
     }
 }

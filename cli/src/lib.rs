@@ -5,6 +5,7 @@
 
 mod admin;
 mod bench;
+mod bench_request;
 mod prepare;
 mod serve;
 mod smoke;
@@ -218,40 +219,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         return admin_command(cli.command, &admin::Endpoint::from_url(&url));
     }
     let mut options = LoadOptions::from_process(cli.source.env_file, cli.source.profile);
-    if let Command::Serve { upstream, port, bind } = &cli.command {
-        for (name, value) in [
-            ("UPSTREAM_URL", upstream.clone()),
-            ("PORT", port.map(|p| p.to_string())),
-            ("BIND_ADDR", bind.clone()),
-        ] {
-            if let Some(v) = value {
-                options.overrides.insert(name.to_owned(), v);
-            }
-        }
-    }
-    let demo = match &cli.command {
-        Command::Demo {
-            port,
-            keep_logs,
-            groups,
-        } => {
-            if let Some(p) = port {
-                options.overrides.insert("PORT".to_owned(), p.to_string());
-            }
-            Some((serve::Simulator::BuildIfMissing, *keep_logs, *groups))
-        }
-        Command::Config { demo: true, .. } | Command::Plan { demo: true, .. } => {
-            Some((serve::Simulator::NameOnly, true, 1))
-        }
-        _ => None,
-    };
-    let logs = match demo.map(|(sim, keep, groups)| serve::demo_defaults(&mut options, sim, keep, groups)) {
-        Some(Err(e)) => {
+    serve_flags(&cli.command, &mut options);
+    let logs = match demo_defaults(&cli.command, &mut options) {
+        Err(e) => {
             eprintln!("sparkgate demo: {e:#}");
             return Ok(ExitCode::FAILURE);
         }
-        Some(Ok(logs)) => logs,
-        None => serve::Logs::Keep,
+        Ok(logs) => logs,
     };
     let config = match Config::load(&options) {
         Ok(config) => config,
@@ -268,20 +242,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config { json: true, .. } => serde_json::to_string_pretty(&config.settings_json())? + "\n",
         Command::Config { .. } => sparkgate_config::settings_table(&config),
         Command::Plan { json, rank, .. } => render_plan(&config, json, rank)?,
-        Command::Serve { .. } | Command::Demo { .. } => {
-            let groups = match Config::load_groups(&options) {
-                Ok(groups) => groups,
-                Err(err) => {
-                    eprintln!("sparkgate: {err}");
-                    return Ok(ExitCode::from(EXIT_CONFIG));
-                }
-            };
-            let mode = match cli.command {
-                Command::Demo { .. } => serve::Mode::Demo(logs),
-                _ => serve::Mode::Serve,
-            };
-            return serve::serve(&config, groups, mode);
-        }
+        Command::Serve { .. } | Command::Demo { .. } => return serve_command(&cli.command, &config, &options, logs),
         Command::Status { ref target, .. }
         | Command::Restart { ref target, .. }
         | Command::Spec { ref target, .. }
@@ -292,18 +253,88 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let ep = admin::Endpoint::of(&config, target);
             return admin_command(cli.command, &ep);
         }
-        Command::Bench(args) => return bench::run(&config, args),
-        Command::Download { dry_run } => return prepare::download(&config, dry_run),
-        Command::Sync { force } => return prepare::sync(&config, force),
-        Command::Ship { mode } => return prepare::ship(&config, mode.as_deref()),
-        Command::Pack => return prepare::pack(&config),
-        Command::Verify => return prepare::verify(&config),
-        Command::Smoke { url, timeout_s } => {
-            return smoke::run(&config, url.as_deref(), std::time::Duration::from_secs(timeout_s))
-        }
+        other => return node_command(other, &config),
     };
     emit(&output)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `serve`'s flags, which win over the environment.
+fn serve_flags(command: &Command, options: &mut LoadOptions) {
+    if let Command::Serve { upstream, port, bind } = command {
+        for (name, value) in [
+            ("UPSTREAM_URL", upstream.clone()),
+            ("PORT", port.map(|p| p.to_string())),
+            ("BIND_ADDR", bind.clone()),
+        ] {
+            if let Some(v) = value {
+                options.overrides.insert(name.to_owned(), v);
+            }
+        }
+    }
+}
+
+/// The demo's defaults under the user's settings (for `demo`, and for `config`/`plan --demo`),
+/// and what becomes of its logs; `Logs::Keep` for every other command.
+fn demo_defaults(command: &Command, options: &mut LoadOptions) -> anyhow::Result<serve::Logs> {
+    let demo = match command {
+        Command::Demo {
+            port,
+            keep_logs,
+            groups,
+        } => {
+            if let Some(p) = port {
+                options.overrides.insert("PORT".to_owned(), p.to_string());
+            }
+            Some((serve::Simulator::BuildIfMissing, *keep_logs, *groups))
+        }
+        Command::Config { demo: true, .. } | Command::Plan { demo: true, .. } => {
+            Some((serve::Simulator::NameOnly, true, 1))
+        }
+        _ => None,
+    };
+    match demo {
+        Some((sim, keep, groups)) => serve::demo_defaults(options, sim, keep, groups),
+        None => Ok(serve::Logs::Keep),
+    }
+}
+
+/// `serve` or `demo`: the gateway and its groups (GROUPS_FILE's, or the one of the settings).
+fn serve_command(
+    command: &Command,
+    config: &Config,
+    options: &LoadOptions,
+    logs: serve::Logs,
+) -> anyhow::Result<ExitCode> {
+    let groups = match Config::load_groups(options) {
+        Ok(groups) => groups,
+        Err(err) => {
+            eprintln!("sparkgate: {err}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
+    let mode = match command {
+        Command::Demo { .. } => serve::Mode::Demo(logs),
+        _ => serve::Mode::Serve,
+    };
+    serve::serve(config, groups, mode)
+}
+
+/// The commands that prepare or measure the nodes: bench, download, sync, ship, pack, verify,
+/// smoke.
+fn node_command(command: Command, config: &Config) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Bench(args) => bench::run(config, args),
+        Command::Download { dry_run } => prepare::download(config, dry_run),
+        Command::Sync { force } => prepare::sync(config, force),
+        Command::Ship { mode } => prepare::ship(config, mode.as_deref()),
+        Command::Pack => prepare::pack(config),
+        Command::Verify => prepare::verify(config),
+        Command::Smoke { url, timeout_s } => {
+            smoke::run(config, url.as_deref(), std::time::Duration::from_secs(timeout_s))
+        }
+        other => unreachable!("not a node command: {other:?}"),
+    }
 }
 
 /// The `--url` of an operator command, when it has one.

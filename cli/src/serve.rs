@@ -48,72 +48,86 @@ pub(super) fn serve(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> any
         }
     };
     let runtime = builder.enable_all().build()?;
-    runtime.block_on(async {
-        let addr = std::net::SocketAddr::new(config.gateway.bind, config.ports.public);
-        let listener = tokio::net::TcpListener::bind(addr)
+    runtime.block_on(run_gateway(config, groups, run))
+}
+
+/// Listens, starts a supervisor per group (none in gateway-only mode), serves until a signal,
+/// then lets each supervisor stop its ranks (or leave its containers).
+async fn run_gateway(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> anyhow::Result<ExitCode> {
+    let addr = std::net::SocketAddr::new(config.gateway.bind, config.ports.public);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (is PORT {} in use?)", config.ports.public))?;
+    let local = sparkgate_gateway::local_addr(&listener)?;
+    let mode = config.speculation.active_mode();
+    let limits = sparkgate_gateway::QueueLimits {
+        depth: config.gateway.queue_depth,
+        bytes: config.gateway.queue_max_bytes,
+        timeout: config.gateway.queue_timeout,
+    };
+    let control = GatewayControl::new(limits);
+    let supervised = if gateway_only(config) {
+        Vec::new()
+    } else {
+        supervise(groups).await?
+    };
+    tracing::info!(
+        profile = %config.profile,
+        model = %config.serving.served_model_name,
+        upstream = %config.gateway.upstream,
+        supervised = !supervised.is_empty(),
+        groups = supervised.len().max(1),
+        max_num_seqs = mode.max_num_seqs,
+        "sparkgate listening on http://{local}"
+    );
+    if let Mode::Demo(logs) = &run {
+        demo_banner(config, logs, local);
+    }
+    let handles: Vec<SupervisorHandle> = supervised.iter().map(|(_, h)| h.clone()).collect();
+    let upstreams = match supervised.is_empty() {
+        true => Upstreams::Probe,
+        false => Upstreams::Supervised(supervised),
+    };
+    sparkgate_gateway::serve(config, listener, control, upstreams, shutdown_signal()).await?;
+    // Each supervisor decides: process ranks stop with the gateway (they cannot be
+    // adopted); containers stay for the next gateway unless STOP_RANKS_ON_EXIT=1.
+    futures_util::future::join_all(handles.iter().map(|h| h.shutdown())).await;
+    tracing::info!("sparkgate stopped");
+    if let Mode::Demo(Logs::RemoveOnExit(dir)) = &run {
+        // Only the directory the demo made: a LOG_DIR the operator set is theirs.
+        if *dir == config.supervision.log_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One supervisor per group, each with its own preflight; a group that cannot start stops the
+/// whole start here, before any port is served.
+async fn supervise(groups: Vec<GroupConfig>) -> anyhow::Result<Vec<(GroupConfig, SupervisorHandle)>> {
+    let mut supervised = Vec::new();
+    for g in groups {
+        let handle = SupervisorHandle::spawn(&g.config)
             .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (is PORT {} in use?)", config.ports.public))?;
-        let local = sparkgate_gateway::local_addr(&listener)?;
-        let mode = config.speculation.active_mode();
-        let limits = sparkgate_gateway::QueueLimits {
-            depth: config.gateway.queue_depth,
-            bytes: config.gateway.queue_max_bytes,
-            timeout: config.gateway.queue_timeout,
-        };
-        let control = GatewayControl::new(limits);
-        let mut supervised = Vec::new();
-        if !gateway_only(config) {
-            // One supervisor per group, each with its own preflight; a group that cannot start
-            // stops the whole start here, before any port is served.
-            for g in groups {
-                let handle = SupervisorHandle::spawn(&g.config)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("group {}: {e}", g.name))?;
-                supervised.push((g, handle));
-            }
-        }
-        tracing::info!(
-            profile = %config.profile,
-            model = %config.serving.served_model_name,
-            upstream = %config.gateway.upstream,
-            supervised = !supervised.is_empty(),
-            groups = supervised.len().max(1),
-            max_num_seqs = mode.max_num_seqs,
-            "sparkgate listening on http://{local}"
-        );
-        if let Mode::Demo(logs) = &run {
-            // A LOG_DIR the user set is theirs: only the demo's own temporary one is removed.
-            let kept = match logs {
-                Logs::RemoveOnExit(temp) if *temp == config.supervision.log_dir => {
-                    " (removed on exit; --keep-logs keeps it)"
-                }
-                Logs::RemoveOnExit(_) | Logs::Keep => "",
-            };
-            eprintln!(
-                "\nsparkgate demo: {} with two simulated ranks (vllm-sim) on http://{local}/v1\n  logs: {}{kept}\n  try:  curl -s http://{local}/v1/chat/completions -H 'Content-Type: application/json' \\\n          -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"What is 17*19? Reply with the integer only.\"}}],\"max_tokens\":32,\"chat_template_kwargs\":{{\"enable_thinking\":false}}}}'\n  stop: Ctrl-C\n",
-                config.profile,
-                config.supervision.log_dir.display(),
-                config.serving.served_model_name
-            );
-        }
-        let handles: Vec<SupervisorHandle> = supervised.iter().map(|(_, h)| h.clone()).collect();
-        let upstreams = match supervised.is_empty() {
-            true => Upstreams::Probe,
-            false => Upstreams::Supervised(supervised),
-        };
-        sparkgate_gateway::serve(config, listener, control, upstreams, shutdown_signal()).await?;
-        // Each supervisor decides: process ranks stop with the gateway (they cannot be
-        // adopted); containers stay for the next gateway unless STOP_RANKS_ON_EXIT=1.
-        futures_util::future::join_all(handles.iter().map(|h| h.shutdown())).await;
-        tracing::info!("sparkgate stopped");
-        if let Mode::Demo(Logs::RemoveOnExit(dir)) = &run {
-            // Only the directory the demo made: a LOG_DIR the operator set is theirs.
-            if *dir == config.supervision.log_dir {
-                let _ = std::fs::remove_dir_all(dir);
-            }
-        }
-        Ok(ExitCode::SUCCESS)
-    })
+            .map_err(|e| anyhow::anyhow!("group {}: {e}", g.name))?;
+        supervised.push((g, handle));
+    }
+    Ok(supervised)
+}
+
+/// What the demo says on start: where it serves, where its logs go, a request to try.
+fn demo_banner(config: &Config, logs: &Logs, local: std::net::SocketAddr) {
+    // A LOG_DIR the user set is theirs: only the demo's own temporary one is removed.
+    let kept = match logs {
+        Logs::RemoveOnExit(temp) if *temp == config.supervision.log_dir => " (removed on exit; --keep-logs keeps it)",
+        Logs::RemoveOnExit(_) | Logs::Keep => "",
+    };
+    eprintln!(
+        "\nsparkgate demo: {} with two simulated ranks (vllm-sim) on http://{local}/v1\n  logs: {}{kept}\n  try:  curl -s http://{local}/v1/chat/completions -H 'Content-Type: application/json' \\\n          -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"What is 17*19? Reply with the integer only.\"}}],\"max_tokens\":32,\"chat_template_kwargs\":{{\"enable_thinking\":false}}}}'\n  stop: Ctrl-C\n",
+        config.profile,
+        config.supervision.log_dir.display(),
+        config.serving.served_model_name
+    );
 }
 
 async fn shutdown_signal() {

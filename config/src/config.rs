@@ -1,19 +1,17 @@
-//! The typed `Config`: every value parsed and validated once, before anything starts.
+//! The typed `Config`: every value parsed and validated once, before anything starts. Loading
+//! it (layers, knobs, rules) is the `load` module's; this one declares what a loaded one holds.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::choice::choice;
-use crate::dotenv::DotEnv;
-use crate::error::ConfigError;
-use crate::knobs::{self, Group};
 use crate::profile::ProfileId;
-use crate::resolve::{Layers, Resolver};
-use crate::secret::{Secret, REDACTED};
+use crate::secret::Secret;
+use crate::section::Group;
 use crate::source::Source;
 use crate::spec::{SpecMethod, SpecMode};
 
@@ -545,39 +543,6 @@ pub struct Setting {
 }
 
 impl Config {
-    /// Loads, layers and validates. Every invalid value is reported, not just the first.
-    pub fn load(options: &LoadOptions) -> Result<Config, ConfigError> {
-        Self::load_in(options, None)
-    }
-
-    /// Loads with one group's section of GROUPS_FILE as the highest layer.
-    pub(crate) fn load_in(options: &LoadOptions, group: Option<&DotEnv>) -> Result<Config, ConfigError> {
-        let env_file = match &options.env_file {
-            Some(path) => Some(absolute(&options.working_dir, path)),
-            None => Some(options.working_dir.join(".env")).filter(|p| p.is_file()),
-        };
-        let process = |name: &str| options.process_env.get(name).cloned();
-        let dotenv = env_file.as_deref().map(|p| DotEnv::read(p, &process)).transpose()?;
-        let deploy_dir = env_file
-            .as_deref()
-            .and_then(Path::parent)
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| options.working_dir.clone());
-        let mut command_line = options.overrides.clone();
-        if let Some(profile) = &options.profile {
-            command_line.insert("PROFILE".to_owned(), profile.clone());
-        }
-        let layers = Layers {
-            group,
-            command_line: &command_line,
-            process: &options.process_env,
-            dotenv: dotenv.as_ref(),
-            demo: &options.demo,
-            deploy_dir: deploy_dir.display().to_string(),
-        };
-        crate::build::build(layers, env_file)
-    }
-
     /// Every variable the profile uses, with its value (secrets redacted) and source.
     pub fn settings(&self) -> &[Setting] {
         &self.settings
@@ -601,38 +566,4 @@ impl Config {
             "warnings": self.warnings,
         })
     }
-
-    pub(crate) fn redact(name: &str, value: &str) -> String {
-        let secret = knobs::knob(name).is_some_and(|k| k.secret);
-        if secret && !value.is_empty() {
-            REDACTED.to_owned()
-        } else {
-            value.to_owned()
-        }
-    }
-}
-
-fn absolute(base: &Path, path: &Path) -> PathBuf {
-    if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        base.join(path)
-    }
-}
-
-pub(crate) fn resolver_settings(r: &Resolver<'_>) -> Vec<Setting> {
-    knobs::KNOBS
-        .iter()
-        .filter(|k| r.applies(k))
-        .map(|k| {
-            let resolved = r.get(k.name);
-            Setting {
-                name: k.name,
-                value: Config::redact(k.name, &resolved.value),
-                source: resolved.source,
-                alias: resolved.alias,
-                group: k.group,
-            }
-        })
-        .collect()
 }

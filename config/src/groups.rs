@@ -11,7 +11,8 @@ use std::path::Path;
 use crate::config::{Config, LoadOptions};
 use crate::dotenv::{Assignment, DotEnv};
 use crate::error::{ConfigError, InvalidValue};
-use crate::knobs::{self, Group};
+use crate::knobs;
+use crate::section::Group;
 use crate::source::Source;
 
 /// One rank group: its name (the section's) and its whole configuration.

@@ -13,6 +13,8 @@ use crate::config::{
 };
 use crate::profile::ProfileId;
 use crate::rule::Rule::{self, *};
+use crate::secret::REDACTED;
+use crate::section::Group::{self, *};
 
 /// A knob's default in one profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,42 +25,6 @@ pub(crate) enum Def {
     Value(&'static str),
     /// Computed by the resolver from other values; the text says how.
     Derived(&'static str),
-}
-
-/// Sections of the configuration reference.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Group {
-    General,
-    Nodes,
-    Nccl,
-    Serving,
-    Speculation,
-    Runtime,
-    Containers,
-    Storage,
-    Preparation,
-    Supervision,
-    Gateway,
-    Secrets,
-}
-
-impl Group {
-    pub(crate) fn title(self) -> &'static str {
-        match self {
-            Group::General => "General",
-            Group::Nodes => "Nodes and network pins",
-            Group::Nccl => "NCCL (passed into both rank containers)",
-            Group::Serving => "Serving (`vllm serve` arguments)",
-            Group::Speculation => "Speculative decoding",
-            Group::Runtime => "Rank runtime environment (passed into both rank containers)",
-            Group::Containers => "Rank containers",
-            Group::Storage => "Weights and caches (host paths)",
-            Group::Preparation => "Node preparation (image, shipping, weights at start, Engram pack)",
-            Group::Supervision => "Supervision",
-            Group::Gateway => "Gateway (the OpenAI front door)",
-            Group::Secrets => "Secrets (never printed)",
-        }
-    }
 }
 
 /// One configuration variable.
@@ -148,8 +114,6 @@ impl Knob {
         self
     }
 }
-
-use Group::*;
 
 /// Variable name prefixes whose unknown members still pass into the rank containers, as the
 /// launchers passed every model-specific knob through.
@@ -421,4 +385,14 @@ pub(crate) fn knob(name: &str) -> Option<&'static Knob> {
 /// The knob `name` refers to, by its name or one of its aliases.
 pub(crate) fn knob_by_any_name(name: &str) -> Option<&'static Knob> {
     KNOBS.iter().find(|k| k.name == name || k.aliases.contains(&name))
+}
+
+/// `value` as it may be shown: the redaction marker for a secret knob's non-empty value.
+pub(crate) fn redact(name: &str, value: &str) -> String {
+    let secret = knob(name).is_some_and(|k| k.secret);
+    if secret && !value.is_empty() {
+        REDACTED.to_owned()
+    } else {
+        value.to_owned()
+    }
 }

@@ -10,6 +10,7 @@ mod dotenv;
 mod error;
 mod groups;
 mod knobs;
+mod load;
 mod passthrough;
 mod plan;
 mod profile;
@@ -18,8 +19,10 @@ mod render;
 mod resolve;
 mod rule;
 mod secret;
+mod section;
 mod source;
 mod spec;
+mod words;
 
 pub use choice::UnknownWord;
 pub use config::{

@@ -4,8 +4,9 @@
 use std::fmt::Write as _;
 
 use crate::config::Config;
-use crate::knobs::{Def, Group, Knob, KNOBS};
+use crate::knobs::{Def, Knob, KNOBS};
 use crate::profile::ProfileId;
+use crate::section::Group;
 
 fn cell(def: Def) -> String {
     match def {

@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
+use crate::config::Setting;
 use crate::dotenv::DotEnv;
 use crate::knobs::{self, Def, Knob};
 use crate::profile::ProfileId;
@@ -218,4 +219,23 @@ fn pairs_of(raw: &str) -> usize {
 /// `org/name` → `models--org--name`, the Hugging Face cache directory of a repository.
 pub(crate) fn hf_cache_name(repo: &str) -> String {
     format!("models--{}", repo.replace('/', "--"))
+}
+
+/// Every knob the profile uses as `sparkgate config` shows it: value (secrets redacted),
+/// source and group.
+pub(crate) fn settings(r: &Resolver<'_>) -> Vec<Setting> {
+    knobs::KNOBS
+        .iter()
+        .filter(|k| r.applies(k))
+        .map(|k| {
+            let resolved = r.get(k.name);
+            Setting {
+                name: k.name,
+                value: knobs::redact(k.name, &resolved.value),
+                source: resolved.source,
+                alias: resolved.alias,
+                group: k.group,
+            }
+        })
+        .collect()
 }

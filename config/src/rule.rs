@@ -102,7 +102,7 @@ impl Rule {
             }
             ShellWords => shlex::split(raw).is_some(),
             Command if raw.trim().is_empty() => return Err("must not be empty".into()),
-            Command => crate::build::shell_words(raw).is_some(),
+            Command => crate::words::shell_words(raw).is_some(),
             JsonObject => matches!(
                 serde_json::from_str::<serde_json::Value>(raw),
                 Ok(serde_json::Value::Object(_))

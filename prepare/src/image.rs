@@ -80,57 +80,9 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
                 sources.dockerfile.display()
             )));
         }
-        let recipe = Recipe::of(config);
-        let stamp = recipe.stamp()?;
-        match &present {
-            Some(id) if id.labels.get(RECIPE_STAMP_LABEL) == Some(&stamp) => {
-                report.line(&format!(
-                    "image {image}: built from this recipe already (stamp {stamp}); not rebuilding"
-                ));
-                HeadImage::Present
-            }
-            _ => build(config, head, &recipe, &stamp, report).await?,
-        }
+        build_unless_stamped(config, head, present.as_ref(), report).await?
     } else if sources.can_pull && (p.pull || present.is_none()) {
-        report.line(&format!("image {image}: pulling on the head"));
-        // The GHCR token goes only to the registry it is for, never to whatever IMAGE names.
-        let creds = config
-            .secrets
-            .ghcr_token
-            .as_ref()
-            .filter(|_| registry_host(image) == p.ghcr_registry)
-            .map(|t| (config.secrets.ghcr_user.clone(), t.expose().to_owned()));
-        let mut layers: HashMap<String, (u64, u64)> = HashMap::new();
-        let pulled = head
-            .pull(image, creds, |pr| {
-                if let (Some(c), Some(t)) = (pr.current, pr.total) {
-                    layers.insert(pr.layer.clone(), (c, t));
-                    let (done, total) = layers.values().fold((0, 0), |(d, t), (c, n)| (d + c, t + n));
-                    report.bytes("pull", done, Some(total));
-                }
-            })
-            .await;
-        match pulled {
-            Ok(()) => HeadImage::Pulled,
-            // A registry outage must not replace the head's copy with a local build.
-            Err(e) if present.is_some() => {
-                report.line(&format!("image {image}: pull failed ({e}); using the head's copy"));
-                HeadImage::Present
-            }
-            Err(e) if sources.can_build => {
-                report.line(&format!("image {image}: pull failed ({e}); building it instead"));
-                build_from_recipe(config, head, report).await?
-            }
-            Err(e) => {
-                return Err(PrepareError::NoImage {
-                    image: image.clone(),
-                    why: format!(
-                        "{e}; if the registry needs a login, set GHCR_USER and GHCR_TOKEN (a token with read:packages) \
-                         and GHCR_REGISTRY to its host, or build it (BUILD=1) / load it on the head yourself"
-                    ),
-                })
-            }
-        }
+        pull(config, head, present.is_some(), &sources, report).await?
     } else if present.is_none() {
         // Not pullable here (the branch above takes every pullable missing image).
         if !sources.can_build {
@@ -152,6 +104,76 @@ pub async fn ensure_on_head(config: &Config, head: &Node, report: &dyn Report) -
         ));
     }
     Ok(id)
+}
+
+/// BUILD=1: builds IMAGE unless the head's copy (`present`) carries this recipe's stamp.
+async fn build_unless_stamped(
+    config: &Config,
+    head: &Node,
+    present: Option<&ImageIdentity>,
+    report: &dyn Report,
+) -> Result<HeadImage, PrepareError> {
+    let recipe = Recipe::of(config);
+    let stamp = recipe.stamp()?;
+    match present {
+        Some(id) if id.labels.get(RECIPE_STAMP_LABEL) == Some(&stamp) => {
+            report.line(&format!(
+                "image {}: built from this recipe already (stamp {stamp}); not rebuilding",
+                config.serving.image
+            ));
+            Ok(HeadImage::Present)
+        }
+        _ => build(config, head, &recipe, &stamp, report).await,
+    }
+}
+
+/// Pulls IMAGE on the head, its layers' progress reported; when the pull fails, the head's
+/// copy (`present`) or a build stands in.
+async fn pull(
+    config: &Config,
+    head: &Node,
+    present: bool,
+    sources: &Sources,
+    report: &dyn Report,
+) -> Result<HeadImage, PrepareError> {
+    let image = &config.serving.image;
+    report.line(&format!("image {image}: pulling on the head"));
+    // The GHCR token goes only to the registry it is for, never to whatever IMAGE names.
+    let creds = config
+        .secrets
+        .ghcr_token
+        .as_ref()
+        .filter(|_| registry_host(image) == config.preparation.ghcr_registry)
+        .map(|t| (config.secrets.ghcr_user.clone(), t.expose().to_owned()));
+    let mut layers: HashMap<String, (u64, u64)> = HashMap::new();
+    let pulled = head
+        .pull(image, creds, |pr| {
+            if let (Some(c), Some(t)) = (pr.current, pr.total) {
+                layers.insert(pr.layer.clone(), (c, t));
+                let (done, total) = layers.values().fold((0, 0), |(d, t), (c, n)| (d + c, t + n));
+                report.bytes("pull", done, Some(total));
+            }
+        })
+        .await;
+    match pulled {
+        Ok(()) => Ok(HeadImage::Pulled),
+        // A registry outage must not replace the head's copy with a local build.
+        Err(e) if present => {
+            report.line(&format!("image {image}: pull failed ({e}); using the head's copy"));
+            Ok(HeadImage::Present)
+        }
+        Err(e) if sources.can_build => {
+            report.line(&format!("image {image}: pull failed ({e}); building it instead"));
+            build_from_recipe(config, head, report).await
+        }
+        Err(e) => Err(PrepareError::NoImage {
+            image: image.clone(),
+            why: format!(
+                "{e}; if the registry needs a login, set GHCR_USER and GHCR_TOKEN (a token with read:packages) \
+                 and GHCR_REGISTRY to its host, or build it (BUILD=1) / load it on the head yourself"
+            ),
+        }),
+    }
 }
 
 /// Builds from BUILD_CONTEXT's recipe, stamped.

@@ -12,6 +12,7 @@ pub mod progress;
 pub mod recipe;
 pub mod share;
 pub mod ship;
+mod staging;
 pub mod sync;
 pub mod verify;
 pub mod weights;

@@ -4,7 +4,7 @@
 //! skipped; when they exist the launch plan mounts them (see [`packed_ranks`]).
 
 use futures_util::StreamExt;
-use sparkgate_config::{Config, Mount, NodeRole, WeightSync, Weights};
+use sparkgate_config::{Config, ContainerSpec, EngramPack, LaunchPlan, Mount, NodeRole, WeightSync, Weights};
 use sparkgate_docker::Node;
 
 use crate::progress::Report;
@@ -100,38 +100,86 @@ pub async fn pack(
             config.profile
         )));
     };
-    let plan = &config.plan();
-    let tp = config.serving.tp;
-    let jobs = nodes.iter().map(|(rank, role, node)| async move {
-        let dir = &packed_dir(config, *rank).expect("pack is configured");
-        if is_packed(node, dir, *rank, tp).await? {
-            report.line(&format!(
+    let run = PackRun {
+        config,
+        plan: config.plan(),
+        pack,
+        report,
+    };
+    let jobs = nodes.iter().map(|(rank, role, node)| run.rank(*rank, *role, node));
+    futures_util::future::join_all(jobs).await.into_iter().collect()
+}
+
+/// What every rank's pack shares: the configuration, its launch plan (whose rank containers
+/// the packer's containers copy), the packer command, and where progress is reported.
+struct PackRun<'a> {
+    config: &'a Config,
+    plan: LaunchPlan,
+    pack: &'a EngramPack,
+    report: &'a dyn Report,
+}
+
+impl PackRun<'_> {
+    /// Packs `rank` on `node` unless its files are there: the in-progress marker first, the
+    /// packer's container, then the marker removed once every file is.
+    async fn rank(&self, rank: u32, role: NodeRole, node: &Node) -> Result<(u32, Packed), PrepareError> {
+        let (config, tp) = (self.config, self.config.serving.tp);
+        let dir = &packed_dir(config, rank).expect("pack is configured");
+        if is_packed(node, dir, rank, tp).await? {
+            self.report.line(&format!(
                 "pack rank {rank} ({}): {} exists; skipped",
                 node.name(),
-                packed_file(dir, PACKED_LAYERS[0], *rank, tp)
+                packed_file(dir, PACKED_LAYERS[0], rank, tp)
             ));
-            return Ok((*rank, Packed::AlreadyPacked));
+            return Ok((rank, Packed::AlreadyPacked));
         }
         node.shell(&format!(
             "mkdir -p {d} && : > {p}",
             d = quote(dir),
-            p = quote(&in_progress(dir, *rank, tp))
+            p = quote(&in_progress(dir, rank, tp))
         ))
         .await?;
-        if *role == NodeRole::Worker && config.storage.weight_sync == WeightSync::Nfs {
+        if role == NodeRole::Worker && config.storage.weight_sync == WeightSync::Nfs {
             // Docker would create a missing volume empty and the packer would read nothing.
             crate::share::ensure_worker_volumes(config, node).await?;
         }
-        let rank_plan = plan
+        let spec = self.packer(rank, dir)?;
+        self.report.line(&format!(
+            "pack rank {rank} ({}): running {}",
+            node.name(),
+            self.pack.cmd.join(" ")
+        ));
+        let (status, tail) = self.run_packer(node, &spec).await?;
+        if status == "exit status: 0" {
+            node.shell(&format!("rm -f {}", quote(&in_progress(dir, rank, tp))))
+                .await?;
+        }
+        if status != "exit status: 0" || !is_packed(node, dir, rank, tp).await? {
+            return Err(PrepareError::Local(format!(
+                "pack rank {rank} ({}) failed ({status}); last lines:\n{}",
+                node.name(),
+                tail.iter().rev().take(20).rev().cloned().collect::<Vec<_>>().join("\n")
+            )));
+        }
+        self.report.line(&format!("pack rank {rank} ({}): done", node.name()));
+        Ok((rank, Packed::Packed))
+    }
+
+    /// The packer's container for `rank`: the rank's own container (image, devices,
+    /// environment) running the pack command over the Engram shards, writing into `dir`.
+    fn packer(&self, rank: u32, dir: &str) -> Result<ContainerSpec, PrepareError> {
+        let (config, tp) = (self.config, self.config.serving.tp);
+        let rank_plan = self
+            .plan
             .ranks
             .iter()
-            .find(|r| r.rank == *rank)
+            .find(|r| r.rank == rank)
             .ok_or_else(|| PrepareError::Local(format!("the launch plan has no rank {rank}")))?;
         let mut spec = rank_plan.container.clone();
         spec.name = format!("{}-pack", spec.name);
         spec.labels.clear();
-        spec.entrypoint = pack.cmd[..1].to_vec();
-        spec.cmd = pack.cmd[1..].to_vec();
+        spec.entrypoint = self.pack.cmd[..1].to_vec();
+        spec.cmd = self.pack.cmd[1..].to_vec();
         spec.cmd.extend(
             [
                 "--model",
@@ -145,7 +193,7 @@ pub async fn pack(
             ]
             .map(str::to_owned),
         );
-        let source = engram_source(config, *rank)
+        let source = engram_source(config, rank)
             .ok_or_else(|| PrepareError::Local(format!("profile {} has no Engram shards", config.profile)))?;
         spec.mounts = vec![
             source,
@@ -156,12 +204,13 @@ pub async fn pack(
             },
         ];
         spec.env.retain(|(k, _)| k != "DSV41_PACKED_DIR");
-        report.line(&format!(
-            "pack rank {rank} ({}): running {}",
-            node.name(),
-            pack.cmd.join(" ")
-        ));
-        let id = node.run(&spec, &[]).await?;
+        Ok(spec)
+    }
+
+    /// Runs the packer's container to its end, relaying its output line by line: its exit
+    /// status and every line it wrote.
+    async fn run_packer(&self, node: &Node, spec: &ContainerSpec) -> Result<(String, Vec<String>), PrepareError> {
+        let id = node.run(spec, &[]).await?;
         let mut logs = std::pin::pin!(node.logs(&id, None));
         let name = node.name().to_owned();
         let relay = async {
@@ -172,7 +221,7 @@ pub async fn pack(
                 while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
                     let line: Vec<u8> = pending.drain(..=pos).collect();
                     let line = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
-                    report.line(&format!("  [{name}] {line}"));
+                    self.report.line(&format!("  [{name}] {line}"));
                     tail.push(line);
                 }
             }
@@ -180,21 +229,8 @@ pub async fn pack(
         };
         let (status, tail) = tokio::join!(node.wait_exit(&id), relay);
         let _ = node.kill_and_remove(&id).await;
-        if status == "exit status: 0" {
-            node.shell(&format!("rm -f {}", quote(&in_progress(dir, *rank, tp))))
-                .await?;
-        }
-        if status != "exit status: 0" || !is_packed(node, dir, *rank, tp).await? {
-            return Err(PrepareError::Local(format!(
-                "pack rank {rank} ({}) failed ({status}); last lines:\n{}",
-                node.name(),
-                tail.iter().rev().take(20).rev().cloned().collect::<Vec<_>>().join("\n")
-            )));
-        }
-        report.line(&format!("pack rank {rank} ({}): done", node.name()));
-        Ok((*rank, Packed::Packed))
-    });
-    futures_util::future::join_all(jobs).await.into_iter().collect()
+        Ok((status, tail))
+    }
 }
 
 /// The Engram shards as the node's packer reads them at /models.

@@ -56,42 +56,10 @@ pub fn check(config: &Config) -> Vec<Tree> {
             hf_model_repo,
             hf_engram_repo,
             ..
-        } => {
-            let model = PathBuf::from(model_host);
-            let engram = PathBuf::from(engram_dir);
-            vec![
-                Tree {
-                    name: "model",
-                    missing: model_gaps(&model, expected),
-                    fetch: Fetch {
-                        repo: hf_model_repo.clone(),
-                        revision: None,
-                        include: Vec::new(),
-                        local_dir: Some(model.clone()),
-                        hf_home: None,
-                        max_workers: Some(8),
-                    },
-                    dir: model,
-                },
-                Tree {
-                    name: "engram",
-                    missing: ENGRAM_FILES
-                        .iter()
-                        .filter(|f| !non_empty_file(&engram.join(f)))
-                        .map(|f| format!("{f} is missing or empty"))
-                        .collect(),
-                    fetch: Fetch {
-                        repo: hf_engram_repo.clone(),
-                        revision: None,
-                        include: ENGRAM_FILES.iter().map(|f| (*f).to_owned()).collect(),
-                        local_dir: Some(engram.clone()),
-                        hf_home: None,
-                        max_workers: None,
-                    },
-                    dir: engram,
-                },
-            ]
-        }
+        } => vec![
+            deepseek_model(PathBuf::from(model_host), hf_model_repo, expected),
+            engram(PathBuf::from(engram_dir), hf_engram_repo),
+        ],
         Weights::Glm {
             hf_home,
             model,
@@ -116,32 +84,76 @@ pub fn check(config: &Config) -> Vec<Tree> {
             }];
             let dflash = config.speculation.modes.iter().any(|m| m.method == SpecMethod::Dflash);
             if let (true, Some(draft)) = (dflash, &config.speculation.dflash) {
-                let snapshots = home.join("hub").join(cache_dir_name(&draft.repo)).join("snapshots");
-                let has_model = std::fs::read_dir(&snapshots)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .any(|e| non_empty_file(&e.path().join("model.safetensors")));
-                trees.push(Tree {
-                    name: "dflash draft",
-                    missing: if has_model {
-                        Vec::new()
-                    } else {
-                        vec!["no snapshot holds model.safetensors".to_owned()]
-                    },
-                    fetch: Fetch {
-                        repo: draft.repo.clone(),
-                        revision: None,
-                        include: Vec::new(),
-                        local_dir: None,
-                        hf_home: Some(home),
-                        max_workers: None,
-                    },
-                    dir: snapshots,
-                });
+                trees.push(dflash_draft(home, &draft.repo));
             }
             trees
         }
+    }
+}
+
+/// DeepSeek's model directory (MODEL_HOST), fetched whole into it.
+fn deepseek_model(model: PathBuf, repo: &str, expected: usize) -> Tree {
+    Tree {
+        name: "model",
+        missing: model_gaps(&model, expected),
+        fetch: Fetch {
+            repo: repo.to_owned(),
+            revision: None,
+            include: Vec::new(),
+            local_dir: Some(model.clone()),
+            hf_home: None,
+            max_workers: Some(8),
+        },
+        dir: model,
+    }
+}
+
+/// DeepSeek's Engram subset of the original checkpoint (ENGRAM_FILES), fetched file by file.
+fn engram(engram: PathBuf, repo: &str) -> Tree {
+    Tree {
+        name: "engram",
+        missing: ENGRAM_FILES
+            .iter()
+            .filter(|f| !non_empty_file(&engram.join(f)))
+            .map(|f| format!("{f} is missing or empty"))
+            .collect(),
+        fetch: Fetch {
+            repo: repo.to_owned(),
+            revision: None,
+            include: ENGRAM_FILES.iter().map(|f| (*f).to_owned()).collect(),
+            local_dir: Some(engram.clone()),
+            hf_home: None,
+            max_workers: None,
+        },
+        dir: engram,
+    }
+}
+
+/// GLM's DFlash2 draft model in the HF cache under `home`: complete when any snapshot holds
+/// its `model.safetensors`.
+fn dflash_draft(home: PathBuf, repo: &str) -> Tree {
+    let snapshots = home.join("hub").join(cache_dir_name(repo)).join("snapshots");
+    let has_model = std::fs::read_dir(&snapshots)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| non_empty_file(&e.path().join("model.safetensors")));
+    Tree {
+        name: "dflash draft",
+        missing: if has_model {
+            Vec::new()
+        } else {
+            vec!["no snapshot holds model.safetensors".to_owned()]
+        },
+        fetch: Fetch {
+            repo: repo.to_owned(),
+            revision: None,
+            include: Vec::new(),
+            local_dir: None,
+            hf_home: Some(home),
+            max_workers: None,
+        },
+        dir: snapshots,
     }
 }
 

@@ -3,7 +3,7 @@
 //! rank 0 is ready — the model stays loaded. Anything else is removed, saying why.
 
 use sparkgate_config::{labels, RankPlan, SpecMethod};
-use sparkgate_docker::Node;
+use sparkgate_docker::{ContainerInfo, Node};
 
 use crate::start::Starter;
 
@@ -23,7 +23,12 @@ pub(crate) enum Found {
     },
 }
 
-pub(crate) async fn find(starter: &Starter, group: &str) -> Found {
+/// A container labelled with group and rank, and the node it is on.
+type Listed = (u32, Node, ContainerInfo);
+
+/// Every container of `group`, rank by rank; none when a node cannot be reached or listed (then
+/// nothing is adopted or removed).
+async fn list(starter: &Starter, group: &str) -> Option<Vec<Listed>> {
     let mut found = Vec::new();
     let ranks: Vec<u32> = starter.modes[0].plan.ranks.iter().map(|r| r.rank).collect();
     for rank in ranks {
@@ -31,9 +36,9 @@ pub(crate) async fn find(starter: &Starter, group: &str) -> Found {
             Some(Ok(n)) => n,
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "cannot reach a node to look for running ranks");
-                return Found::Nothing;
+                return None;
             }
-            None => return Found::Nothing,
+            None => return None,
         };
         match node
             .list(&[(labels::GROUP, group), (labels::RANK, &rank.to_string())])
@@ -42,13 +47,20 @@ pub(crate) async fn find(starter: &Starter, group: &str) -> Found {
             Ok(list) => found.extend(list.into_iter().map(|c| (rank, node.clone(), c))),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list existing rank containers");
-                return Found::Nothing;
+                return None;
             }
         }
     }
-    if found.is_empty() {
-        return Found::Nothing;
-    }
+    Some(found)
+}
+
+/// Adopts the group's running containers when they are a complete, ready epoch of one mode's
+/// configuration; removes them otherwise.
+pub(crate) async fn find(starter: &Starter, group: &str) -> Found {
+    let found = match list(starter, group).await {
+        Some(found) if !found.is_empty() => found,
+        _ => return Found::Nothing,
+    };
     let epoch = found
         .iter()
         .filter_map(|(_, _, c)| c.labels.get(labels::EPOCH)?.parse::<u64>().ok())

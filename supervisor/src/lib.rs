@@ -169,19 +169,13 @@ impl SupervisorHandle {
                 stall_timeout: s.stall_timeout,
             },
         };
-        let (status_tx, status_rx) = watch::channel(Status {
-            state: GroupState::Stopped,
-            epoch: 0,
+        let (status_tx, status_rx) = watch::channel(Status::fresh(
+            GroupState::Stopped,
+            0,
             mode,
-            max_num_seqs: config.speculation.active_mode().max_num_seqs,
-            runtime: starter.backend.runtime(),
-            ranks: Vec::new(),
-            restarts: 0,
-            last_restart: None,
-            memory: Vec::new(),
-            preparing: None,
-            stalled_s: None,
-        });
+            config.speculation.active_mode().max_num_seqs,
+            starter.backend.runtime(),
+        ));
         let actor = actor::Actor::new(machine, starter, setup, rx, status_tx);
         sparkgate_task::spawn("supervisor", actor.run());
         Ok(SupervisorHandle {

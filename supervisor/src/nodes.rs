@@ -129,19 +129,13 @@ mod tests {
 
     #[test]
     fn preparation_progress_is_published_in_the_status() {
-        let (tx, rx) = tokio::sync::watch::channel(Status {
-            state: GroupState::Starting { epoch: 1 },
-            epoch: 1,
-            mode: sparkgate_config::SpecMethod::None,
-            max_num_seqs: 4,
-            runtime: sparkgate_config::Runtime::Docker,
-            ranks: Vec::new(),
-            restarts: 0,
-            last_restart: None,
-            memory: Vec::new(),
-            preparing: None,
-            stalled_s: None,
-        });
+        let (tx, rx) = tokio::sync::watch::channel(Status::fresh(
+            GroupState::Starting { epoch: 1 },
+            1,
+            sparkgate_config::SpecMethod::None,
+            4,
+            sparkgate_config::Runtime::Docker,
+        ));
         let report = StatusReport::new(&tx);
         report.line("image x: streaming head → worker");
         assert_eq!(

@@ -107,6 +107,30 @@ pub struct NodeMemory {
 }
 
 impl Status {
+    /// A group's status before anything happened to it: no ranks, restarts, memory readings or
+    /// preparation.
+    pub(crate) fn fresh(
+        state: GroupState,
+        epoch: u64,
+        mode: SpecMethod,
+        max_num_seqs: u32,
+        runtime: Runtime,
+    ) -> Status {
+        Status {
+            state,
+            epoch,
+            mode,
+            max_num_seqs,
+            runtime,
+            ranks: Vec::new(),
+            restarts: 0,
+            last_restart: None,
+            memory: Vec::new(),
+            preparing: None,
+            stalled_s: None,
+        }
+    }
+
     pub fn is_ready(&self) -> bool {
         matches!(self.state, GroupState::Ready { .. })
     }

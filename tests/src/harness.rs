@@ -20,6 +20,8 @@ struct Lines {
 pub struct Proc {
     child: Child,
     lines: Arc<(Mutex<Lines>, Condvar)>,
+    /// A directory the process works in that goes when it does (removed after the kill).
+    dir: Option<tempfile::TempDir>,
 }
 
 impl std::fmt::Debug for Proc {
@@ -71,7 +73,17 @@ impl Proc {
                 }
             });
         }
-        Proc { child, lines }
+        Proc {
+            child,
+            lines,
+            dir: None,
+        }
+    }
+
+    /// This process, keeping `dir` until the process is gone.
+    pub fn keeping(mut self, dir: tempfile::TempDir) -> Proc {
+        self.dir = Some(dir);
+        self
     }
 
     /// The first line containing `needle` (waiting for it), or a panic with the log so far.
@@ -116,6 +128,15 @@ impl Proc {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// SIGTERM, as `docker stop` or an init system sends it: the process decides how to end.
+    pub fn terminate(&self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "SIGTERM to {}: {sent}", self.pid());
     }
 
     /// SIGKILL, as a crashing node or `docker kill` would.
@@ -322,6 +343,17 @@ impl Streaming {
         Self::read_head(BufReader::new(stream))
     }
 
+    /// `POST path` with a JSON body on a new connection, its status line and headers read.
+    pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Streaming {
+        Self::open(
+            addr,
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+    }
+
     fn read_head(mut reader: BufReader<TcpStream>) -> Streaming {
         let mut line = String::new();
         reader.read_line(&mut line).expect("status line");
@@ -449,6 +481,18 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
     }
 }
 
+/// `n` streaming chat completions of `body` at `addr`, each read past its first chunk — so each
+/// holds a running slot while the test loads what is left.
+pub fn hold_streams(addr: SocketAddr, n: usize, body: &serde_json::Value) -> Vec<Streaming> {
+    (0..n)
+        .map(|_| {
+            let mut s = Streaming::post_json(addr, "/v1/chat/completions", body);
+            s.next_chunk().expect("a first chunk");
+            s
+        })
+        .collect()
+}
+
 /// The requests a vLLM (or vllm-sim) at `addr` holds now — its own `/metrics`'
 /// `num_requests_running` plus `num_requests_waiting`, read as the supervisor reads them.
 pub fn in_vllm(addr: SocketAddr) -> u64 {
@@ -459,13 +503,13 @@ pub fn in_vllm(addr: SocketAddr) -> u64 {
 
 /// `POST path` with a JSON body.
 pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> HttpResponse {
-    request(
-        addr,
-        "POST",
-        path,
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    )
+    let mut s = Streaming::post_json(addr, path, body);
+    let body = s.read_all();
+    HttpResponse {
+        status: s.status,
+        headers: s.headers.clone(),
+        body,
+    }
 }
 
 /// The `data:` payloads of an SSE body, in order, checking the framing on the way.
@@ -482,9 +526,6 @@ pub fn sse_data(body: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// A free TCP port on 127.0.0.1 for tools that cannot take port 0 (a rank's VLLM_PORT, the
-/// rendezvous port). Chosen below the kernel's ephemeral range (32768+), so no `port 0` socket of
-/// another test can take it between this check and its use; test processes stride apart by pid.
 /// The value after `flag` in a benchmark binary's arguments (`--seconds 5`).
 pub fn flag_value(args: &[String], flag: &str) -> Option<String> {
     args.iter()
@@ -493,6 +534,9 @@ pub fn flag_value(args: &[String], flag: &str) -> Option<String> {
         .cloned()
 }
 
+/// A free TCP port on 127.0.0.1 for tools that cannot take port 0 (a rank's VLLM_PORT, the
+/// rendezvous port). Chosen below the kernel's ephemeral range (32768+), so no `port 0` socket of
+/// another test can take it between this check and its use; test processes stride apart by pid.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -537,31 +581,8 @@ impl Gateway {
         post_json(self.addr, "/v1/chat/completions", &body).json()
     }
 
-    /// Starts the gateway (port 0 on 127.0.0.1) and waits until `/ready` answers 200.
-    pub fn start(sparkgate: &str, profile: &str, upstream: SocketAddr, env: &[(&str, &str)]) -> Gateway {
-        let gw = Self::start_unready(sparkgate, profile, &format!("http://{upstream}"), env);
-        gw.wait_ready();
-        gw
-    }
-
-    /// Starts the gateway without waiting for its upstream.
-    pub fn start_unready(sparkgate: &str, profile: &str, upstream: &str, env: &[(&str, &str)]) -> Gateway {
-        let args: Vec<String> = [
-            "--profile",
-            profile,
-            "serve",
-            "--upstream",
-            upstream,
-            "--port",
-            "0",
-            "--bind",
-            "127.0.0.1",
-        ]
-        .map(String::from)
-        .to_vec();
-        let mut full_env: Vec<(&str, &str)> = vec![("SPARKGATE_LOG", "info")];
-        full_env.extend_from_slice(env);
-        let proc = Proc::spawn(sparkgate, &args, &full_env);
+    /// The gateway `proc` runs, once its log says where it listens.
+    pub fn listening(proc: Proc) -> Gateway {
         let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
         Gateway { proc, addr }
     }
@@ -582,5 +603,3 @@ impl Gateway {
         format!("http://{}/v1", self.addr)
     }
 }
-
-pub use crate::hosts::{kill_pid, processes_with, sim_image, Sshd, WorkerDaemon};

@@ -12,6 +12,8 @@ pub mod registry;
 pub mod sim;
 pub mod snapshot;
 pub mod spec_eval;
+mod spec_replay;
 pub mod spec_split_eval;
 pub mod supervised;
+pub mod test_gateway;
 pub mod tidy;

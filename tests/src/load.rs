@@ -164,6 +164,52 @@ pub const DEEPSEEK_SIM_ARGS: [&str; 7] = [
     "2",
 ];
 
+/// One simulated rank's argv (from `serve`) in a group of `nnodes` on loopback (TP = nnodes, one
+/// GPU per node, as the siblings run; model `M` with DeepSeek's parser), meeting rank 0 at
+/// `master_port` (0: rank 0 picks one); the workers run headless.
+pub fn group_rank_args(rank: u32, nnodes: u32, master_port: u16) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "serve",
+        "/model",
+        "--served-model-name",
+        "M",
+        "--reasoning-parser",
+        "deepseek_v41",
+        "--tensor-parallel-size",
+    ]
+    .map(String::from)
+    .to_vec();
+    a.push(nnodes.to_string());
+    a.extend(
+        [
+            "--nnodes",
+            &nnodes.to_string(),
+            "--node-rank",
+            &rank.to_string(),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &master_port.to_string(),
+        ]
+        .map(String::from),
+    );
+    a.extend(
+        [
+            "--distributed-executor-backend",
+            "mp",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ]
+        .map(String::from),
+    );
+    if rank > 0 {
+        a.push("--headless".into());
+    }
+    a
+}
+
 /// The same with `max_num_seqs` slots.
 pub fn deepseek_sim_args(max_num_seqs: &'static str) -> [&'static str; 7] {
     let mut a = DEEPSEEK_SIM_ARGS;

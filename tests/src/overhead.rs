@@ -4,13 +4,16 @@
 //! tree read from /proc. A second sparkgate binary (`baseline`, e.g. an earlier commit's build)
 //! can run beside the current one, so "no worse than before" is a same-run ratio.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::{free_port, try_request};
+use crate::harness::free_port;
 
+pub mod load;
 pub mod ratios;
+pub mod ready;
 
 /// Which front a measurement goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,80 +98,19 @@ impl Front {
             });
         }
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("front.log")).map_err(|e| e.to_string())?;
+        let launch = Launch {
+            backend,
+            model,
+            dir: dir.path(),
+            port: free_port(),
+        };
         let mut cmd = match kind {
             FrontKind::Direct => unreachable!(),
-            FrontKind::Sparkgate | FrontKind::Baseline => {
-                let bin = match kind {
-                    FrontKind::Baseline => peers.baseline.as_deref().ok_or("no --baseline binary given")?,
-                    _ => sparkgate,
-                };
-                let mut c = Command::new(bin);
-                c.args([
-                    "serve",
-                    "--upstream",
-                    &format!("http://{backend}"),
-                    "--port",
-                    &port.to_string(),
-                ])
-                .env("PROFILE", "deepseek-v4.1-flash")
-                .env("SERVED_MODEL_NAME", model)
-                .env("MAX_NUM_SEQS", "20000")
-                .env("QUEUE_DEPTH", "20000")
-                .env("DEPLOY_DIR", dir.path());
-                c
-            }
-            FrontKind::Nginx => {
-                let conf = dir.path().join("nginx.conf");
-                std::fs::write(&conf, nginx_conf(port, backend, dir.path())).map_err(|e| e.to_string())?;
-                let mut c = Command::new(&peers.nginx);
-                c.args(["-e", "stderr", "-p"])
-                    .arg(dir.path())
-                    .arg("-c")
-                    .arg(&conf)
-                    .args(["-g", "daemon off;"]);
-                c
-            }
-            FrontKind::Smg => {
-                let mut c = Command::new(peers.venv.join("bin/smg"));
-                c.args([
-                    "launch",
-                    "--worker-urls",
-                    &format!("http://{backend}"),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    &port.to_string(),
-                    "--policy",
-                    "round_robin",
-                    "--max-concurrent-requests",
-                    "20000",
-                    "--rate-limit-tokens-per-second",
-                    "0",
-                    "--queue-size",
-                    "20000",
-                    "--queue-timeout-secs",
-                    "600",
-                    "--disable-retries",
-                    "--disable-circuit-breaker",
-                    "--prometheus-host",
-                    "127.0.0.1",
-                    "--prometheus-port",
-                    &free_port().to_string(),
-                ]);
-                c
-            }
-            FrontKind::Litellm => {
-                let cfg = dir.path().join("litellm.yaml");
-                std::fs::write(&cfg, litellm_conf(backend, model)).map_err(|e| e.to_string())?;
-                let mut c = Command::new(peers.venv.join("bin/litellm"));
-                c.arg("--config")
-                    .arg(&cfg)
-                    .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-                    .env("LITELLM_LOG", "ERROR");
-                c
-            }
+            FrontKind::Sparkgate => launch.sparkgate(sparkgate),
+            FrontKind::Baseline => launch.sparkgate(peers.baseline.as_deref().ok_or("no --baseline binary given")?),
+            FrontKind::Nginx => launch.nginx(&peers.nginx)?,
+            FrontKind::Smg => launch.smg(&peers.venv.join("bin/smg")),
+            FrontKind::Litellm => launch.litellm(&peers.venv.join("bin/litellm"))?,
         };
         let program = cmd.get_program().to_owned();
         if !Path::new(&program).exists() && kind != FrontKind::Sparkgate {
@@ -177,6 +119,7 @@ impl Front {
                 program.to_string_lossy()
             ));
         }
+        let log = std::fs::File::create(dir.path().join("front.log")).map_err(|e| e.to_string())?;
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
@@ -185,7 +128,7 @@ impl Front {
         let child = cmd.spawn().map_err(|e| format!("{}: {e}", program.to_string_lossy()))?;
         let mut front = Front {
             kind,
-            base: format!("http://127.0.0.1:{port}"),
+            base: format!("http://127.0.0.1:{}", launch.port),
             child: Some(child),
             _dir: Some(dir),
         };
@@ -193,35 +136,29 @@ impl Front {
         Ok(front)
     }
 
+    /// Waits until the front answers `GET /v1/models` with 200, so no load goes through it
+    /// before it listens and serves; Err: what the last probe saw (or how it exited), and the
+    /// end of its log.
     fn wait_answering(&mut self, within: Duration) -> Result<(), String> {
-        let addr = self
+        let addr: SocketAddr = self
             .base
             .trim_start_matches("http://")
             .parse()
-            .map_err(|e| format!("{e}"))?;
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(r) = try_request(addr, "GET", "/v1/models", &[], b"") {
-                if r.status == 200 {
-                    return Ok(());
-                }
-            }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                return Err(format!(
-                    "{} exited ({status}) before answering: {}",
-                    self.kind.name(),
-                    self.log_tail()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{} never answered GET /v1/models: {}",
-                    self.kind.name(),
-                    self.log_tail()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        let child = &mut self.child;
+        let exited = || {
+            child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+                .map(|status| status.to_string())
+        };
+        ready::wait_ready(addr, "/v1/models", within, exited).map_err(|why| {
+            format!(
+                "{} at {addr} {why} (GET /v1/models): {}",
+                self.kind.name(),
+                self.log_tail()
+            )
+        })
     }
 
     fn log_tail(&self) -> String {
@@ -259,6 +196,89 @@ impl Drop for Front {
 }
 
 use std::os::unix::process::CommandExt as _;
+
+/// Where a front is started: the simulator it fronts, the model it serves, its own directory
+/// (configuration, logs) and the port it listens on, on 127.0.0.1.
+#[derive(Debug)]
+struct Launch<'a> {
+    backend: &'a str,
+    model: &'a str,
+    dir: &'a Path,
+    port: u16,
+}
+
+impl Launch<'_> {
+    /// `sparkgate serve --upstream` (the binary `bin`) with admission wide enough for any load.
+    fn sparkgate(&self, bin: &Path) -> Command {
+        let mut c = Command::new(bin);
+        c.args([
+            "serve",
+            "--upstream",
+            &format!("http://{}", self.backend),
+            "--port",
+            &self.port.to_string(),
+        ])
+        .env("PROFILE", "deepseek-v4.1-flash")
+        .env("SERVED_MODEL_NAME", self.model)
+        .env("MAX_NUM_SEQS", "20000")
+        .env("QUEUE_DEPTH", "20000")
+        .env("DEPLOY_DIR", self.dir);
+        c
+    }
+
+    fn nginx(&self, bin: &Path) -> Result<Command, String> {
+        let conf = self.dir.join("nginx.conf");
+        std::fs::write(&conf, nginx_conf(self.port, self.backend, self.dir)).map_err(|e| e.to_string())?;
+        let mut c = Command::new(bin);
+        c.args(["-e", "stderr", "-p"])
+            .arg(self.dir)
+            .arg("-c")
+            .arg(&conf)
+            .args(["-g", "daemon off;"]);
+        Ok(c)
+    }
+
+    fn smg(&self, bin: &Path) -> Command {
+        let mut c = Command::new(bin);
+        c.args([
+            "launch",
+            "--worker-urls",
+            &format!("http://{}", self.backend),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &self.port.to_string(),
+            "--policy",
+            "round_robin",
+            "--max-concurrent-requests",
+            "20000",
+            "--rate-limit-tokens-per-second",
+            "0",
+            "--queue-size",
+            "20000",
+            "--queue-timeout-secs",
+            "600",
+            "--disable-retries",
+            "--disable-circuit-breaker",
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &free_port().to_string(),
+        ]);
+        c
+    }
+
+    fn litellm(&self, bin: &Path) -> Result<Command, String> {
+        let cfg = self.dir.join("litellm.yaml");
+        std::fs::write(&cfg, litellm_conf(self.backend, self.model)).map_err(|e| e.to_string())?;
+        let mut c = Command::new(bin);
+        c.arg("--config")
+            .arg(&cfg)
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .env("LITELLM_LOG", "ERROR");
+        Ok(c)
+    }
+}
 
 fn nginx_conf(port: u16, backend: &str, dir: &Path) -> String {
     format!(

@@ -6,15 +6,16 @@ use std::process::Command;
 use serde_json::Value;
 
 mod common;
-use common::{ds_pair, sparkgate, DS, SIM};
+use common::{ds_pair, DS, SIM};
 use sparkgate_tests::harness::Sim;
+use sparkgate_tests::test_gateway::sparkgate_bin;
 
 fn bench(args: &[&str]) -> (i32, String, String, Option<Value>) {
     let out_file = tempfile::NamedTempFile::new().expect("temp file");
     let out_path = out_file.path().to_str().expect("utf-8").to_owned();
     let mut all: Vec<&str> = args.to_vec();
     all.extend(["--out", &out_path]);
-    let out = Command::new(sparkgate())
+    let out = Command::new(sparkgate_bin(SIM))
         .arg("bench")
         .args(&all)
         .env_remove("OPENAI_API_KEY")
@@ -158,7 +159,7 @@ fn unusable_input_gets_a_clear_error() {
 }
 
 fn smoke(url: &str) -> (i32, String) {
-    let out = Command::new(sparkgate())
+    let out = Command::new(sparkgate_bin(SIM))
         .args(["smoke", "--url", url, "--timeout-s", "30"])
         .env_remove("OPENAI_API_KEY")
         .output()

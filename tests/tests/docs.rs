@@ -159,7 +159,7 @@ fn named_commands(text: &str) -> Vec<String> {
 
 /// The CLI's subcommands, from its own help.
 fn cli_commands() -> Vec<String> {
-    let sparkgate = sparkgate_tests::harness::binary_next_to(SIM, "sparkgate");
+    let sparkgate = sparkgate_tests::test_gateway::sparkgate_bin(SIM);
     let out = std::process::Command::new(sparkgate)
         .arg("--help")
         .output()

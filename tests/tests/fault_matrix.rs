@@ -10,8 +10,7 @@ const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
 #[test]
 fn each_fault_of_the_subset_loses_nothing_and_leaves_nothing() {
-    let sparkgate = sparkgate_tests::harness::binary_next_to(SIM, "sparkgate");
-    let mut rig = Rig::start(&sparkgate, SIM);
+    let mut rig = Rig::start(SIM);
     let mut rows = Vec::new();
     for fault in [
         Fault::KillRank0,
@@ -24,10 +23,10 @@ fn each_fault_of_the_subset_loses_nothing_and_leaves_nothing() {
         rows.push((fault, row));
     }
     drop(rig);
-    let mut rig = Rig::over_ssh(&sparkgate, SIM);
+    let mut rig = Rig::over_ssh(SIM);
     rows.push((Fault::SshCut, rig.run(Fault::SshCut, 6)));
     drop(rig);
-    let mut rig = Rig::docker_over_ssh(&sparkgate, SIM);
+    let mut rig = Rig::docker_over_ssh(SIM);
     rows.push((Fault::DockerSshCut, rig.run(Fault::DockerSshCut, 6)));
     drop(rig);
     let t = table(&rows);

@@ -3,10 +3,11 @@
 //! queue, 503 at the deadline, disconnects while queued or mid-stream freeing their slots, and
 //! priorities under SCHEDULING_POLICY=priority.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::json;
-use sparkgate_tests::harness::{post_json, request, sse_data, Streaming};
+use sparkgate_tests::harness::{hold_streams, post_json, request, sse_data, HttpResponse, Streaming};
 
 mod common;
 use common::{chat, ds_pair};
@@ -20,13 +21,7 @@ fn admission_caps_upstream_concurrency_at_max_num_seqs_in_fifo_order() {
         let body = json!({"messages": [{"role": "user", "content": format!("stream {i}")}], "max_tokens": 30, "ignore_eos": true,
                           "stream": true, "chat_template_kwargs": {"enable_thinking": false}});
         workers.push(std::thread::spawn(move || {
-            let mut s = Streaming::open(
-                addr,
-                "POST",
-                "/v1/chat/completions",
-                &[("Content-Type", "application/json")],
-                body.to_string().as_bytes(),
-            );
+            let mut s = Streaming::post_json(addr, "/v1/chat/completions", &body);
             let _ = s.next_chunk();
             let first_byte = std::time::Instant::now();
             let rest = s.read_all();
@@ -72,25 +67,17 @@ fn admission_caps_upstream_concurrency_at_max_num_seqs_in_fifo_order() {
     assert_eq!(inversions, 0, "first-byte order {order:?}");
 }
 
-#[test]
-fn full_queue_is_429_and_the_deadline_is_503_with_retry_after() {
-    let (sim, gw) = ds_pair(&[("SIM_SPEED", "1")], &[("QUEUE_DEPTH", "1"), ("QUEUE_TIMEOUT", "1")]);
-    let addr = gw.addr;
-    let long = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": true, "stream": true});
-    let mut holders: Vec<Streaming> = (0..2)
-        .map(|_| {
-            let mut s = Streaming::open(
-                addr,
-                "POST",
-                "/v1/chat/completions",
-                &[("Content-Type", "application/json")],
-                long.to_string().as_bytes(),
-            );
-            s.next_chunk().unwrap();
-            s
-        })
-        .collect();
-    sim.wait_state("2 running", |s| s["running"] == 2);
+/// Waits until the gateway's queue holds `n` requests.
+fn wait_queued(addr: SocketAddr, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"] != n {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A one-token chat from a thread of its own, once it waits in the gateway's queue.
+fn queue_one(addr: SocketAddr) -> std::thread::JoinHandle<HttpResponse> {
     let queued = std::thread::spawn(move || {
         post_json(
             addr,
@@ -98,11 +85,18 @@ fn full_queue_is_429_and_the_deadline_is_503_with_retry_after() {
             &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
         )
     });
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"] != 1 {
-        assert!(std::time::Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_queued(addr, 1);
+    queued
+}
+
+#[test]
+fn full_queue_is_429_and_the_deadline_is_503_with_retry_after() {
+    let (sim, gw) = ds_pair(&[("SIM_SPEED", "1")], &[("QUEUE_DEPTH", "1"), ("QUEUE_TIMEOUT", "1")]);
+    let addr = gw.addr;
+    let long = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let mut holders = hold_streams(addr, 2, &long);
+    sim.wait_state("2 running", |s| s["running"] == 2);
+    let queued = queue_one(addr);
     let full = post_json(
         addr,
         "/v1/chat/completions",
@@ -140,30 +134,14 @@ fn a_client_that_leaves_the_queue_frees_its_place_at_once() {
     let (sim, gw) = ds_pair(&[("SIM_SPEED", "1")], &[("QUEUE_DEPTH", "1")]);
     let addr = gw.addr;
     let long = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": true, "stream": true});
-    let _holders: Vec<Streaming> = (0..2)
-        .map(|_| {
-            let mut s = Streaming::open(
-                addr,
-                "POST",
-                "/v1/chat/completions",
-                &[("Content-Type", "application/json")],
-                long.to_string().as_bytes(),
-            );
-            s.next_chunk().unwrap();
-            s
-        })
-        .collect();
+    let _holders = hold_streams(addr, 2, &long);
     sim.wait_state("2 running", |s| s["running"] == 2);
     {
         let mut c = std::net::TcpStream::connect(addr).unwrap();
         use std::io::Write;
         let body = json!({"messages": [{"role": "user", "content": "hi"}]}).to_string();
         write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"] != 1 {
-            assert!(std::time::Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        wait_queued(addr, 1);
     } // the queued client disconnects here
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"] != 0 {
@@ -189,18 +167,7 @@ fn a_client_that_leaves_the_queue_frees_its_place_at_once() {
         "{metrics}"
     );
     // Its place is free: another request can queue (depth 1) instead of getting 429.
-    let waiting = std::thread::spawn(move || {
-        post_json(
-            addr,
-            "/v1/chat/completions",
-            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
-        )
-    });
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while request(addr, "GET", "/admin/status", &[], b"").json()["admission"]["queued"] != 1 {
-        assert!(std::time::Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let waiting = queue_one(addr);
     drop(_holders);
     assert_eq!(waiting.join().unwrap().status, 200);
 }

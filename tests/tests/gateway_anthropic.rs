@@ -6,11 +6,12 @@ use std::net::SocketAddr;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{post_json, Gateway, Streaming};
+use sparkgate_tests::harness::{post_json, Streaming};
 use sparkgate_tests::realvllm::RealVllm;
 
 mod common;
 use common::ds_pair;
+use sparkgate_tests::test_gateway::TestGateway;
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 
@@ -111,7 +112,7 @@ fn integer_efforts_on_messages_render_in_front_of_vllm_sim() {
 #[test]
 fn integer_efforts_on_messages_render_in_front_of_the_real_frontend() {
     let real = RealVllm::start(ProfileId::DeepSeekV41Flash);
-    let gw = Gateway::start(&common::sparkgate(), "deepseek-v4.1-flash", real.addr, &[]);
+    let gw = TestGateway::builder(common::SIM).upstream(real.addr).start();
     integer_efforts_render(gw.addr);
 }
 
@@ -120,13 +121,7 @@ fn a_rank_lost_mid_stream_ends_the_stream_with_anthropics_error_event() {
     let (mut sim, gw) = ds_pair(&[("SIM_SPEED", "0.5")], &[]);
     let b = json!({"model": MODEL, "max_tokens": 2000, "stream": true,
                    "messages": [{"role": "user", "content": "Explain tensor parallel inference."}]});
-    let mut s = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/messages",
-        &[("Content-Type", "application/json")],
-        b.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(gw.addr, "/v1/messages", &b);
     assert_eq!(s.status, 200);
     let first = String::from_utf8(s.next_chunk().expect("a first event")).unwrap();
     assert!(first.contains("event: message_start"), "{first}");

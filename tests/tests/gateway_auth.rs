@@ -44,10 +44,7 @@ fn api_keys_guard_the_tokenizer_messages_and_metrics_routes() {
     );
     assert_eq!(anthropic_sdk.status, 200, "{}", anthropic_sdk.text());
     assert_eq!(request(gw.addr, "GET", "/metrics", &[], b"").status, 401);
-    assert_eq!(
-        request(gw.addr, "GET", "/metrics", &[("Authorization", "Bearer k1")], b"").status,
-        200
-    );
+    assert_eq!(gw.with_token("GET", "/metrics", "k1").status, 200);
     for open in ["/ping", "/version", "/health"] {
         assert_eq!(request(gw.addr, "GET", open, &[], b"").status, 200, "{open} stays open");
     }
@@ -106,13 +103,7 @@ fn tokenize_takes_chats_kwargs_rules_and_admin_refusals_name_the_admin_token() {
     let r = request(gw.addr, "POST", "/tokenize", &[JSON], body.to_string().as_bytes());
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "chat_template_kwargs");
-    let admin = request(
-        gw.addr,
-        "GET",
-        "/admin/status",
-        &[("Authorization", "Bearer wrong")],
-        b"",
-    );
+    let admin = gw.with_token("GET", "/admin/status", "wrong");
     assert_eq!(admin.status, 401);
     assert!(
         admin.json()["error"]["message"]

@@ -5,9 +5,10 @@
 use std::net::SocketAddr;
 
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{binary_next_to, Gateway, Sim};
+use sparkgate_tests::harness::Sim;
 use sparkgate_tests::load::deepseek_sim_args;
 use sparkgate_tests::realvllm::RealVllm;
+use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
@@ -32,14 +33,11 @@ const TESTS: &[&str] = &[
 
 /// Runs the client suite against `backend` (the normal gateway) and `tight` (QUEUE_DEPTH=0).
 fn run_clients(backend: SocketAddr, tight_backend: SocketAddr, gw_env: &[(&str, &str)]) {
-    let sparkgate = binary_next_to(SIM, "sparkgate");
-    let gw = Gateway::start(&sparkgate, "deepseek-v4.1-flash", backend, gw_env);
-    let tight = Gateway::start(
-        &sparkgate,
-        "deepseek-v4.1-flash",
-        tight_backend,
-        &[("QUEUE_DEPTH", "0")],
-    );
+    let gw = TestGateway::builder(SIM).upstream(backend).envs(gw_env).start();
+    let tight = TestGateway::builder(SIM)
+        .upstream(tight_backend)
+        .env("QUEUE_DEPTH", "0")
+        .start();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/test_clients.py");
     // Client libraries' unclosed-socket warnings would interleave with unittest's verdict lines.
     let out = std::process::Command::new("python3")

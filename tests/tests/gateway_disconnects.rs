@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{binary_next_to, in_vllm, request, Gateway, Sim, Streaming};
+use sparkgate_tests::harness::{in_vllm, request, Sim, Streaming};
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
+use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const CAP: u64 = 2;
@@ -54,13 +55,7 @@ fn random_disconnects(gw: SocketAddr, sample: impl Fn() -> u64 + Send + 'static)
             let body = json!({"messages": [{"role": "user", "content": format!("stream {i}")}],
                                   "max_tokens": 400, "ignore_eos": true, "stream": true,
                                   "chat_template_kwargs": {"enable_thinking": false}});
-            let mut s = Streaming::open(
-                gw,
-                "POST",
-                "/v1/chat/completions",
-                &[("Content-Type", "application/json")],
-                body.to_string().as_bytes(),
-            );
+            let mut s = Streaming::post_json(gw, "/v1/chat/completions", &body);
             assert_eq!(s.status, 200);
             if i >= 20 {
                 // These run to the end, after the cut ones queued before them.
@@ -125,12 +120,7 @@ fn check(gw: SocketAddr, most: u64, upstream: &str) {
 #[test]
 fn random_disconnects_never_put_more_than_max_num_seqs_into_vllm_sim() {
     let sim = Sim::start(SIM, common_args(), &[("SIM_SPEED", "8")]);
-    let gw = Gateway::start(
-        &binary_next_to(SIM, "sparkgate"),
-        "deepseek-v4.1-flash",
-        sim.addr(),
-        &[],
-    );
+    let gw = TestGateway::builder(SIM).upstream(sim.addr()).start();
     let probe = sim.addr();
     let most = random_disconnects(gw.addr, move || in_vllm(probe));
     check(gw.addr, most, "vllm-sim");
@@ -143,7 +133,7 @@ fn random_disconnects_never_put_more_than_max_num_seqs_into_the_real_frontend() 
         &plan_argv(ProfileId::DeepSeekV41Flash, None),
         &[("FAKE_STEP_S", "0.01")],
     );
-    let gw = Gateway::start(&binary_next_to(SIM, "sparkgate"), "deepseek-v4.1-flash", real.addr, &[]);
+    let gw = TestGateway::builder(SIM).upstream(real.addr).start();
     let probe = real.addr;
     let most = random_disconnects(gw.addr, move || in_vllm(probe));
     check(gw.addr, most, "vLLM 0.33.0");

@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sparkgate_tests::harness::{post_json, request, sse_data, try_request, Gateway, Sim, Streaming};
+use sparkgate_tests::harness::{post_json, request, sse_data, try_request, Sim, Streaming};
 
 mod common;
-use common::{chat, ds_pair, reasoning_first_line, sparkgate, GLM, SIM};
+use common::{chat, ds_pair, reasoning_first_line, GLM, SIM};
+use sparkgate_tests::test_gateway::TestGateway;
 
 #[test]
 fn nested_extra_body_turns_thinking_off_through_the_gateway() {
@@ -103,7 +104,10 @@ fn deepseek_efforts_reach_the_template_as_documented() {
 #[test]
 fn glm_efforts_render_exactly_what_was_asked() {
     let sim = Sim::start(SIM, GLM, &[]);
-    let gw = Gateway::start(&sparkgate(), "glm-5.3-flash", sim.addr(), &[]);
+    let gw = TestGateway::builder(SIM)
+        .profile("glm-5.3-flash")
+        .upstream(sim.addr())
+        .start();
     let msgs = json!([{"role": "user", "content": "hi"}]);
     for (effort, expected) in [
         (json!("low"), Some("Reasoning Effort: Low")),
@@ -300,7 +304,9 @@ fn api_keys_admin_token_and_rate_limit() {
 
 #[test]
 fn ready_reports_an_absent_upstream_and_requests_get_502() {
-    let gw = Gateway::start_unready(&sparkgate(), "deepseek-v4.1-flash", "http://127.0.0.1:9", &[]);
+    let gw = TestGateway::builder(SIM)
+        .upstream_url("http://127.0.0.1:9")
+        .start_unready();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let ready = loop {
         let r = request(gw.addr, "GET", "/ready", &[], b"");
@@ -328,13 +334,7 @@ fn sigterm_drains_and_exits() {
     let (_sim, mut gw) = ds_pair(&[("SIM_SPEED", "4")], &[("DRAIN_TIMEOUT", "30")]);
     let body =
         json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "ignore_eos": true, "stream": true});
-    let mut s = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     s.next_chunk().unwrap();
     let pid = gw.proc.pid().to_string();
     assert!(std::process::Command::new("kill")

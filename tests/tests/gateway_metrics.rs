@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway};
+use sparkgate_tests::harness::{post_json, request, Gateway};
 use sparkgate_tests::realvllm::RealVllm;
 
 mod common;
 use common::{ds_pair, SIM};
+use sparkgate_tests::test_gateway::TestGateway;
 
 /// The family names prometheus_client's text parser finds in `text` (it raises on bad syntax).
 fn parse(text: &str) -> Vec<String> {
@@ -72,7 +73,7 @@ fn one_exposition_with_both_families_and_the_upstream_gauge() {
 #[test]
 fn the_real_frontends_families_merge_into_a_valid_exposition() {
     let real = RealVllm::start(ProfileId::DeepSeekV41Flash);
-    let gw = Gateway::start(&binary_next_to(SIM, "sparkgate"), "deepseek-v4.1-flash", real.addr, &[]);
+    let gw = TestGateway::builder(SIM).upstream(real.addr).start();
     let names = parse(&metrics(&gw));
     for family in [
         "vllm:iteration_tokens_total",

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{binary_next_to, in_vllm, post_json, Gateway};
+use sparkgate_tests::harness::{in_vllm, post_json};
 use sparkgate_tests::load::concurrent_streams;
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
+use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
@@ -22,7 +23,7 @@ fn every_spelling_and_messages_stay_under_max_num_seqs_in_the_real_frontend() {
         &plan_argv(ProfileId::DeepSeekV41Flash, None),
         &[("FAKE_STEP_S", "0.02")],
     );
-    let gw = Gateway::start(&binary_next_to(SIM, "sparkgate"), "deepseek-v4.1-flash", real.addr, &[]);
+    let gw = TestGateway::builder(SIM).upstream(real.addr).start();
     let prompt = json!([{"role": "user", "content": "Explain tensor parallel inference."}]);
     let chat = json!({"model": MODEL, "messages": prompt, "max_tokens": 60, "stream": true});
     let messages = json!({"model": MODEL, "messages": prompt, "max_tokens": 60, "stream": true});

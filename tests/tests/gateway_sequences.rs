@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sparkgate_config::{ProfileId, SpecMethod};
-use sparkgate_tests::harness::{binary_next_to, in_vllm, post_json, Gateway, Sim};
+use sparkgate_tests::harness::{in_vllm, post_json, Sim};
 use sparkgate_tests::load::deepseek_sim_args;
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
+use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
@@ -103,12 +104,10 @@ fn oversized_are_refused(gw: SocketAddr) {
 #[test]
 fn prompt_lists_and_batches_take_a_permit_per_sequence_in_front_of_vllm_sim() {
     let sim = Sim::start(SIM, &deepseek_sim_args("4"), &[("SIM_SPEED", "4")]);
-    let gw = Gateway::start(
-        &binary_next_to(SIM, "sparkgate"),
-        "deepseek-v4.1-flash",
-        sim.addr(),
-        &[("SPEC_METHOD", "none")],
-    );
+    let gw = TestGateway::builder(SIM)
+        .upstream(sim.addr())
+        .env("SPEC_METHOD", "none")
+        .start();
     oversized_are_refused(gw.addr);
     let most = mixed_load(gw.addr, sim.addr());
     assert!(
@@ -124,12 +123,10 @@ fn prompt_lists_and_batches_take_a_permit_per_sequence_in_front_of_the_real_fron
         &plan_argv(ProfileId::DeepSeekV41Flash, Some(SpecMethod::None)),
         &[("FAKE_STEP_S", "0.02")],
     );
-    let gw = Gateway::start(
-        &binary_next_to(SIM, "sparkgate"),
-        "deepseek-v4.1-flash",
-        real.addr,
-        &[("SPEC_METHOD", "none")],
-    );
+    let gw = TestGateway::builder(SIM)
+        .upstream(real.addr)
+        .env("SPEC_METHOD", "none")
+        .start();
     oversized_are_refused(gw.addr);
     let most = mixed_load(gw.addr, real.addr);
     assert!(
@@ -141,12 +138,10 @@ fn prompt_lists_and_batches_take_a_permit_per_sequence_in_front_of_the_real_fron
 #[test]
 fn an_eight_prompt_completion_takes_eight_permits() {
     let sim = Sim::start(SIM, &deepseek_sim_args("8"), &[("SIM_SPEED", "4")]);
-    let gw = Gateway::start(
-        &binary_next_to(SIM, "sparkgate"),
-        "deepseek-v4.1-flash",
-        sim.addr(),
-        &[("SPEC_METHOD", "none"), ("MAX_NUM_SEQS", "8")],
-    );
+    let gw = TestGateway::builder(SIM)
+        .upstream(sim.addr())
+        .envs(&[("SPEC_METHOD", "none"), ("MAX_NUM_SEQS", "8")])
+        .start();
     let (addr, upstream) = (gw.addr, sim.addr());
     let prompts: Vec<String> = (0..8).map(|i| format!("prompt number {i}")).collect();
     let eight = json!({"model": MODEL, "prompt": prompts, "max_tokens": 40, "ignore_eos": true});

@@ -20,13 +20,7 @@ fn long_chat(stream: bool) -> Value {
 }
 
 fn open_stream(addr: std::net::SocketAddr, path: &str, body: &Value) -> Streaming {
-    let mut s = Streaming::open(
-        addr,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(addr, path, body);
     assert!(s.next_chunk().is_some(), "{path} streams");
     s
 }
@@ -64,11 +58,7 @@ fn sigterm_answers_the_queue_at_once_and_ends_what_outlives_the_drain_with_an_er
         3
     );
 
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     // The queued requests are answered while the streams still run (not after the drain).
     for q in queued {
         let r = q.join().unwrap();

@@ -12,6 +12,7 @@ use sparkgate_tests::harness::{request, Gateway};
 
 mod common;
 use common::{ds_pair, SIM};
+use sparkgate_tests::test_gateway::TestGateway;
 
 const KEY: &str = "sk-slow-test";
 
@@ -161,19 +162,15 @@ fn a_body_arriving_at_the_minimum_rate_gets_past_the_timeout_and_one_below_it_do
     let body = json!({"messages": [{"role": "user", "content": padding}], "max_tokens": 2}).to_string();
     // 3 s at ~2 kB/s: past BODY_TIMEOUT=1, above BODY_MIN_RATE=1000.
     let sim = sparkgate_tests::harness::Sim::start(SIM, common::DS, &[]);
-    let steady = Gateway::start(
-        &common::sparkgate(),
-        "deepseek-v4.1-flash",
-        sim.addr(),
-        &[("API_KEYS", KEY), ("BODY_TIMEOUT", "1"), ("BODY_MIN_RATE", "1000")],
-    );
+    let steady = TestGateway::builder(common::SIM)
+        .upstream(sim.addr())
+        .envs(&[("API_KEYS", KEY), ("BODY_TIMEOUT", "1"), ("BODY_MIN_RATE", "1000")])
+        .start();
     assert_eq!(paced(&steady, body.as_bytes(), 30, Duration::from_millis(100)), 200);
     // The same pace with BODY_MIN_RATE=0: one second is the limit.
-    let strict = Gateway::start(
-        &common::sparkgate(),
-        "deepseek-v4.1-flash",
-        sim.addr(),
-        &[("API_KEYS", KEY), ("BODY_TIMEOUT", "1"), ("BODY_MIN_RATE", "0")],
-    );
+    let strict = TestGateway::builder(common::SIM)
+        .upstream(sim.addr())
+        .envs(&[("API_KEYS", KEY), ("BODY_TIMEOUT", "1"), ("BODY_MIN_RATE", "0")])
+        .start();
     assert_eq!(paced(&strict, body.as_bytes(), 30, Duration::from_millis(100)), 408);
 }

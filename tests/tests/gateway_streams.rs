@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{post_json, request, sse_data, Gateway, Sim, Streaming};
+use sparkgate_tests::harness::{post_json, request, sse_data, Sim, Streaming};
 
 mod common;
-use common::{chat, ds_pair, sparkgate, SIM};
+use common::{chat, ds_pair, SIM};
+use sparkgate_tests::test_gateway::TestGateway;
 
 /// Masks the `"created":<seconds>` field, the one value that differs between two identical runs.
 fn mask_created(s: &str) -> String {
@@ -39,12 +40,10 @@ fn streams_are_byte_faithful_to_what_vllm_would_send() {
         ],
         &[],
     );
-    let gw = Gateway::start(
-        &sparkgate(),
-        "deepseek-v4.1-flash",
-        sim.addr(),
-        &[("SERVED_MODEL_NAME", "M"), ("MAX_NUM_SEQS", "8")],
-    );
+    let gw = TestGateway::builder(SIM)
+        .upstream(sim.addr())
+        .envs(&[("SERVED_MODEL_NAME", "M"), ("MAX_NUM_SEQS", "8")])
+        .start();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = |n: u64| {
         rng ^= rng << 13;
@@ -102,13 +101,7 @@ fn streams_are_byte_faithful_to_what_vllm_would_send() {
 fn a_rank_killed_mid_stream_ends_the_stream_with_an_error_event() {
     let (mut sim, gw) = ds_pair(&[("SIM_SPEED", "1")], &[]);
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": true, "stream": true});
-    let mut s = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     let mut got = s.next_chunk().unwrap();
     got.extend(s.next_chunk().unwrap());
     sim.proc.kill();
@@ -139,13 +132,7 @@ fn a_hung_upstream_ends_the_stream_after_the_idle_timeout() {
         &[("STREAM_IDLE_TIMEOUT", "1"), ("FIRST_TOKEN_TIMEOUT", "1")],
     );
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": true, "stream": true});
-    let mut s = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     let mut got = s.next_chunk().unwrap();
     sim.fault("/fault/hang");
     got.extend(s.read_all());

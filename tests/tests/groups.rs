@@ -6,13 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, free_port, kill_pid, post_json, Gateway};
+use sparkgate_tests::harness::{free_port, post_json, Gateway};
+use sparkgate_tests::hosts::kill_pid;
+use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 /// A GROUPS_FILE of groups `a` and `b` on loopback, each with its own ports.
 fn groups_file(dir: &std::path::Path) -> String {
@@ -36,7 +34,7 @@ fn two_groups(env: &[(&str, &str)]) -> (tempfile::TempDir, Arc<Gateway>, Value) 
     let file = groups_file(dir.path());
     let mut full = vec![("GROUPS_FILE", file.as_str())];
     full.extend_from_slice(env);
-    let gw = Gateway::supervise_unready(&sparkgate(), SIM, "deepseek-v4.1-flash", dir.path(), &full);
+    let gw = TestGateway::builder(SIM).logs(dir.path()).envs(&full).start_unready();
     let ready = gw.wait_status("both groups ready", both_ready);
     (dir, Arc::new(gw), ready)
 }
@@ -159,7 +157,7 @@ fn restart_group_restarts_that_group_while_the_other_serves() {
         1,
         "one family, both groups"
     );
-    let out = std::process::Command::new(sparkgate())
+    let out = std::process::Command::new(sparkgate_bin(SIM))
         .args(["restart", "--group", "b", "--url", &format!("http://{}", gw.addr)])
         .output()
         .unwrap();
@@ -168,7 +166,7 @@ fn restart_group_restarts_that_group_while_the_other_serves() {
     let s = gw.status();
     assert_eq!(group(&s, "b")["supervisor"]["epoch"], 2, "{s}");
     assert_eq!(group(&s, "a")["supervisor"]["epoch"], 1, "{s}");
-    let unknown = std::process::Command::new(sparkgate())
+    let unknown = std::process::Command::new(sparkgate_bin(SIM))
         .args(["restart", "--group", "c", "--url", &format!("http://{}", gw.addr)])
         .output()
         .unwrap();
@@ -177,7 +175,7 @@ fn restart_group_restarts_that_group_while_the_other_serves() {
         !unknown.status.success() && text.contains("group \"c\" is not one of: a, b"),
         "{text}"
     );
-    let status = std::process::Command::new(sparkgate())
+    let status = std::process::Command::new(sparkgate_bin(SIM))
         .args(["status", "--url", &format!("http://{}", gw.addr)])
         .output()
         .unwrap();
@@ -230,12 +228,11 @@ fn affinity_keeps_a_conversation_on_its_group_and_its_prefix_cache() {
 #[test]
 fn the_demo_runs_two_groups() {
     let proc = sparkgate_tests::harness::Proc::spawn(
-        &sparkgate(),
+        &sparkgate_bin(SIM),
         &["demo", "--groups", "2", "--port", "0"].map(String::from),
         &[("SIM_LOAD_SECONDS", "0"), ("SIM_SPEED", "instant")],
     );
-    let addr = sparkgate_tests::harness::addr_in(&proc.wait_for("sparkgate listening on http://"));
-    let gw = Gateway { proc, addr };
+    let gw = Gateway::listening(proc);
     let s = gw.wait_status("both demo groups ready", |s| {
         ["g1", "g2"].iter().all(|g| group(s, g)["upstream"]["state"] == "ready")
     });

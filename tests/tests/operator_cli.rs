@@ -6,41 +6,25 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway};
+use sparkgate_tests::harness::{post_json, request, Gateway};
 use sparkgate_tests::snapshot::assert_snapshot;
+use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 #[test]
 fn operator_commands_through_the_cli() {
     let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[("ADMIN_TOKEN", "t0ken")],
-    );
+    let gw = TestGateway::builder(SIM)
+        .logs(logs.path())
+        .env("ADMIN_TOKEN", "t0ken")
+        .start();
     assert_eq!(
         request(gw.addr, "GET", "/admin/status", &[], b"").status,
         401,
         "the token is required"
     );
-    assert_eq!(
-        request(
-            gw.addr,
-            "POST",
-            "/admin/restart",
-            &[("Authorization", "Bearer wrong")],
-            b""
-        )
-        .status,
-        401
-    );
+    assert_eq!(gw.with_token("POST", "/admin/restart", "wrong").status, 401);
     let port = gw.addr.port().to_string();
     let log_dir = logs.path().display().to_string();
     // Numbers, the log directory and the port are masked; words, order and layout are compared.
@@ -62,7 +46,7 @@ fn operator_commands_through_the_cli() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let cli = |args: &[&str]| {
-        let out = std::process::Command::new(sparkgate())
+        let out = std::process::Command::new(sparkgate_bin(SIM))
             .args(args)
             .env("PORT", &port)
             .env("ADMIN_TOKEN", "t0ken")
@@ -187,7 +171,7 @@ fn operator_commands_through_the_cli() {
     );
     snap("status-nothing-listening", &out);
     // With --url no serving configuration is loaded: an invalid one does not matter.
-    let out = std::process::Command::new(sparkgate())
+    let out = std::process::Command::new(sparkgate_bin(SIM))
         .args(["status", "--url", &format!("http://{}", gw.addr)])
         .env("PORT", "18888")
         .env("ADMIN_TOKEN", "t0ken")
@@ -210,22 +194,17 @@ fn operator_commands_through_the_cli() {
 
 #[test]
 fn a_start_whose_group_fails_exits_non_zero_saying_why() {
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise_unready(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[
+    let gw = TestGateway::builder(SIM)
+        .envs(&[
             // Each rank dies while it loads: no start ever gets ready.
             ("SIM_LOAD_SECONDS", "1"),
             ("SIM_FAULT_CRASH_AFTER_S", "0.3"),
             ("RESTART_BUDGET", "1"),
             ("RESTART_BACKOFF_INITIAL", "0.1"),
-        ],
-    );
+        ])
+        .start_unready();
     gw.wait_status("failed", |s| s["supervisor"]["state"] == "failed");
-    let out = std::process::Command::new(sparkgate())
+    let out = std::process::Command::new(sparkgate_bin(SIM))
         .args(["start", "--url", &format!("http://{}", gw.addr)])
         .output()
         .unwrap();
@@ -254,10 +233,10 @@ fn the_demo_serves_the_smoke_request() {
         ("SIM_LOAD_SECONDS", "0"),
         ("SIM_SPEED", "20"),
     ];
-    let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate(), &["demo".to_owned()], &env);
-    let addr = sparkgate_tests::harness::addr_in(&proc.wait_for("sparkgate listening on http://"));
-    proc.wait_for("sparkgate demo: deepseek-v4.1-flash with two simulated ranks");
-    let gw = Gateway { proc, addr };
+    let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate_bin(SIM), &["demo".to_owned()], &env);
+    let gw = Gateway::listening(proc);
+    gw.proc
+        .wait_for("sparkgate demo: deepseek-v4.1-flash with two simulated ranks");
     gw.wait_ready();
     assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
     assert!(gw
@@ -296,22 +275,17 @@ fn a_demo_with_its_own_log_dir_keeps_it_and_says_so() {
         ("LOG_DIR", log_dir.to_str().unwrap()),
     ];
     let args = ["demo".to_owned(), "--port".to_owned(), port];
-    let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate(), &args, &env);
+    let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate_bin(SIM), &args, &env);
     let banner = proc.wait_for("  logs: ");
     assert!(banner.contains(log_dir.to_str().unwrap()), "{banner}");
     assert!(
         !banner.contains("removed on exit"),
         "a LOG_DIR the user set is kept: {banner}"
     );
-    let addr = sparkgate_tests::harness::addr_in(&proc.wait_for("sparkgate listening on http://"));
-    let gw = Gateway { proc, addr };
+    let gw = Gateway::listening(proc);
     gw.wait_ready();
     let mut proc = gw.proc;
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    proc.terminate();
     assert!(proc.wait_exit(Duration::from_secs(60)).success());
     assert!(log_dir.join("epoch-1/rank0.log").is_file(), "the logs are still there");
 }
@@ -328,9 +302,8 @@ fn two_demos_run_side_by_side_and_each_removes_its_logs_on_exit() {
         .iter()
         .map(|p| {
             let args = ["demo".to_owned(), "--port".to_owned(), p.to_string()];
-            let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate(), &args, &env);
-            let addr = sparkgate_tests::harness::addr_in(&proc.wait_for("sparkgate listening on http://"));
-            Gateway { proc, addr }
+            let proc = sparkgate_tests::harness::Proc::spawn(&sparkgate_bin(SIM), &args, &env);
+            Gateway::listening(proc)
         })
         .collect();
     let mut dirs = Vec::new();
@@ -354,18 +327,14 @@ fn two_demos_run_side_by_side_and_each_removes_its_logs_on_exit() {
     }
     assert_ne!(dirs[0], dirs[1]);
     for gw in &demos {
-        assert!(std::process::Command::new("kill")
-            .args(["-TERM", &gw.proc.pid().to_string()])
-            .status()
-            .unwrap()
-            .success());
+        gw.proc.terminate();
     }
     for (gw, dir) in demos.iter_mut().zip(&dirs) {
         assert!(gw.proc.wait_exit(Duration::from_secs(60)).success());
         assert!(!std::path::Path::new(dir).exists(), "{dir} removed on exit");
     }
     // What the demo runs, before running it.
-    let out = std::process::Command::new(sparkgate())
+    let out = std::process::Command::new(sparkgate_bin(SIM))
         .args(["config", "--demo"])
         .output()
         .unwrap();
@@ -392,7 +361,7 @@ fn two_demos_run_side_by_side_and_each_removes_its_logs_on_exit() {
 #[test]
 fn the_plan_of_a_four_node_group_gives_each_worker_its_rank_pins_and_directories() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(sparkgate())
+    let out = std::process::Command::new(sparkgate_bin(SIM))
         .args(["plan", "--profile", "glm-5.3-flash"])
         .current_dir(dir.path())
         .env_clear()

@@ -6,24 +6,18 @@
 //! The reproducer (a batch with n = 10⁹) is refused as vLLM refuses it.
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, request, Gateway, HttpResponse};
+use sparkgate_tests::harness::{request, Gateway, HttpResponse};
+use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const KEY: &str = "sk-poison-test-key";
 const MARK: &str = "POISON-7f3a";
 
-fn gateway(extra: &[(&str, &str)]) -> (Gateway, tempfile::TempDir) {
-    let logs = tempfile::tempdir().unwrap();
-    let mut env = vec![("SIM_FAULT_CRASH_ON", MARK), ("API_KEYS", KEY)];
-    env.extend_from_slice(extra);
-    let gw = Gateway::supervise(
-        &binary_next_to(SIM, "sparkgate"),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &env,
-    );
-    (gw, logs)
+fn gateway(extra: &[(&str, &str)]) -> Gateway {
+    TestGateway::builder(SIM)
+        .envs(&[("SIM_FAULT_CRASH_ON", MARK), ("API_KEYS", KEY)])
+        .envs(extra)
+        .start()
 }
 
 fn post(gw: &Gateway, path: &str, body: &Value) -> HttpResponse {
@@ -67,7 +61,7 @@ fn metric(gw: &Gateway, line: &str) -> bool {
 
 #[test]
 fn a_request_that_crashes_the_engine_alone_is_quarantined_within_one_restart() {
-    let (gw, _logs) = gateway(&[]);
+    let gw = gateway(&[]);
     // The reproducer is refused as vLLM refuses it (a batch takes no `n` but 1): no crash.
     let batch = json!({"messages": [[{"role": "user", "content": "hi"}]], "max_tokens": 4, "n": 1_000_000_000});
     let r = post(&gw, "/v1/chat/completions/batch", &batch);
@@ -117,7 +111,7 @@ fn a_request_that_crashes_the_engine_alone_is_quarantined_within_one_restart() {
 #[test]
 fn a_poison_request_beside_a_bystander_is_quarantined_and_the_bystander_answered() {
     // Slow enough that the bystander is still running when the poison request arrives.
-    let (gw, _logs) = gateway(&[("SIM_SPEED", "2")]);
+    let gw = gateway(&[("SIM_SPEED", "2")]);
     let addr = gw.addr;
     let bystander = std::thread::spawn(move || {
         let auth = format!("Bearer {KEY}");
@@ -158,7 +152,7 @@ fn a_poison_request_beside_a_bystander_is_quarantined_and_the_bystander_answered
 
 #[test]
 fn a_poison_stream_is_ended_and_its_body_refused_afterwards() {
-    let (gw, _logs) = gateway(&[]);
+    let gw = gateway(&[]);
     let mut poison = chat(&format!("{MARK} stream"), 8);
     poison["stream"] = json!(true);
     let first = post(&gw, "/v1/chat/completions", &poison);

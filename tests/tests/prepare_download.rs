@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::sparkgate;
+use common::SIM;
+use sparkgate_tests::test_gateway::sparkgate_bin;
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -29,7 +30,7 @@ impl Setup {
     /// Runs `sparkgate [--profile P] download ARGS` with the stand-in first on PATH.
     fn download(&self, profile: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
         let path = format!("{}:{}", self.bin.display(), std::env::var("PATH").unwrap_or_default());
-        let mut cmd = Command::new(sparkgate());
+        let mut cmd = Command::new(sparkgate_bin(SIM));
         // GLM's cache lives under HF_HOME; DeepSeek's trees are plain directories.
         if profile.starts_with("glm") {
             cmd.env("HF_HOME", self.path("hf-home"));

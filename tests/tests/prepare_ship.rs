@@ -9,15 +9,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_tests::harness::{
-    addr_in, binary_next_to, free_port, post_json, sim_image, Gateway, Proc, Sshd, WorkerDaemon,
-};
+use sparkgate_tests::harness::{free_port, post_json, Gateway, Proc};
+use sparkgate_tests::hosts::{sim_image, Sshd, WorkerDaemon};
+use sparkgate_tests::test_gateway::sparkgate_bin;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 /// A head (this machine's daemon) and a worker (its own daemon behind sshd), with the
 /// directories a DeepSeek deployment names.
@@ -108,7 +104,7 @@ impl Topology {
 
     /// `sparkgate --profile deepseek-v4.1-flash ARGS` to completion: (success, output).
     fn run(&self, args: &[&str], extra: &[(&str, &str)]) -> (bool, String) {
-        let out = Command::new(sparkgate())
+        let out = Command::new(sparkgate_bin(SIM))
             .args(["--profile", "deepseek-v4.1-flash"])
             .args(args)
             .envs(self.env_with(extra))
@@ -123,7 +119,7 @@ impl Topology {
     fn spawn(&self, args: &[&str], extra: &[(&str, &str)]) -> Proc {
         let mut argv = vec!["--profile".to_owned(), "deepseek-v4.1-flash".to_owned()];
         argv.extend(args.iter().map(|a| (*a).to_owned()));
-        Proc::spawn(&sparkgate(), &argv, &self.env_with(extra))
+        Proc::spawn(&sparkgate_bin(SIM), &argv, &self.env_with(extra))
     }
 
     fn head_layers(&self) -> String {
@@ -172,7 +168,7 @@ fn head_layers(image: &str) -> String {
 
 /// `sparkgate ship` with the head as the only node (GLM profile, worker = head): (success, output).
 fn ship_on_the_head(env: &[(&str, &str)]) -> (bool, String) {
-    let out = Command::new(sparkgate())
+    let out = Command::new(sparkgate_bin(SIM))
         .args(["--profile", "glm-5.3-flash", "ship"])
         .envs([("HEAD_IP", "127.0.0.1"), ("WORKER_IP", "127.0.0.1")])
         .envs(env.iter().copied())
@@ -313,8 +309,7 @@ fn a_worker_daemon_without_room_for_the_layers_is_refused_before_sending() {
 
 fn serve(t: &Topology, extra: &[(&str, &str)]) -> Gateway {
     let proc = t.spawn(&["serve"], extra);
-    let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
-    Gateway { proc, addr }
+    Gateway::listening(proc)
 }
 
 #[test]
@@ -364,11 +359,7 @@ fn serve_prepares_both_nodes_ships_once_and_mounts_the_engram_pack() {
         log.contains("page cache"),
         "the page-cache drop reported on each node: {log}"
     );
-    assert!(Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     assert!(gw.proc.wait_exit(Duration::from_secs(60)).success());
 
     // Pack, on each node, with that node's rank; a second pack skips both. A pack cut after its

@@ -6,8 +6,9 @@ use std::io::{Seek, SeekFrom, Write};
 use std::process::Command;
 
 mod common;
-use common::sparkgate;
-use sparkgate_tests::harness::Sshd;
+use common::SIM;
+use sparkgate_tests::hosts::Sshd;
+use sparkgate_tests::test_gateway::sparkgate_bin;
 
 const SHARD_BYTES: u64 = 512 << 20;
 const SHARDS: usize = 4;
@@ -46,7 +47,7 @@ impl Topology {
     fn sync(&self, env: &[(&str, &str)]) -> (i32, String, f64) {
         let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
         let started = std::time::Instant::now();
-        let out = Command::new(sparkgate())
+        let out = Command::new(sparkgate_bin(SIM))
             .args(["--profile", "deepseek-v4.1-flash", "sync"])
             .env("DEPLOY_DIR", self.dir.path())
             .env("HEAD_IP", "127.0.0.1")

@@ -7,55 +7,12 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sparkgate_tests::harness::{addr_in, post_json, request, sse_data, try_request, Proc, Sim, Streaming};
+use sparkgate_tests::load::group_rank_args;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
 fn rank_args(rank: u32, master_port: u16) -> Vec<String> {
-    ranks_args(rank, 2, master_port)
-}
-
-/// One rank's argv in a group of `nnodes` (TP = nnodes, one GPU per node, as the siblings run).
-fn ranks_args(rank: u32, nnodes: u32, master_port: u16) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "serve",
-        "/model",
-        "--served-model-name",
-        "M",
-        "--reasoning-parser",
-        "deepseek_v41",
-        "--tensor-parallel-size",
-    ]
-    .map(String::from)
-    .to_vec();
-    a.push(nnodes.to_string());
-    a.extend(
-        [
-            "--nnodes",
-            &nnodes.to_string(),
-            "--node-rank",
-            &rank.to_string(),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            &master_port.to_string(),
-        ]
-        .map(String::from),
-    );
-    a.extend(
-        [
-            "--distributed-executor-backend",
-            "mp",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-        ]
-        .map(String::from),
-    );
-    if rank > 0 {
-        a.push("--headless".into());
-    }
-    a
+    group_rank_args(rank, 2, master_port)
 }
 
 const FAST: &[(&str, &str)] = &[
@@ -151,10 +108,10 @@ fn in_flight_non_streaming_requests_get_500_when_the_group_breaks() {
 #[test]
 fn three_and_four_rank_groups_serve_only_once_every_rank_joined_and_break_on_any_loss() {
     for nnodes in [3u32, 4] {
-        let mut rank0 = Proc::spawn(SIM, &ranks_args(0, nnodes, 0), FAST);
+        let mut rank0 = Proc::spawn(SIM, &group_rank_args(0, nnodes, 0), FAST);
         let master = addr_in(&rank0.wait_for("torch.distributed rendezvous listening on"));
         let mut others: Vec<Proc> = (1..nnodes - 1)
-            .map(|r| Proc::spawn(SIM, &ranks_args(r, nnodes, master.port()), FAST))
+            .map(|r| Proc::spawn(SIM, &group_rank_args(r, nnodes, master.port()), FAST))
             .collect();
         for r in 1..nnodes - 1 {
             rank0.wait_for(&format!("Rank {r} joined"));
@@ -164,7 +121,11 @@ fn three_and_four_rank_groups_serve_only_once_every_rank_joined_and_break_on_any
             "{nnodes} ranks: not ready while rank {} is missing",
             nnodes - 1
         );
-        others.push(Proc::spawn(SIM, &ranks_args(nnodes - 1, nnodes, master.port()), FAST));
+        others.push(Proc::spawn(
+            SIM,
+            &group_rank_args(nnodes - 1, nnodes, master.port()),
+            FAST,
+        ));
         let http = addr_in(&rank0.wait_for("Starting vLLM server on http://"));
         rank0.wait_for("Application startup complete.");
         let b = post_json(http, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "What is 17*19? Reply with the integer only."}], "chat_template_kwargs": {"enable_thinking": false}})).json();
@@ -311,13 +272,7 @@ fn hang_fault_stops_tokens_and_logs_but_health_stays_up() {
         &[("SIM_SPEED", "1"), ("VLLM_LOG_STATS_INTERVAL", "0.1")],
     );
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "stream": true, "max_tokens": 1000, "ignore_eos": true});
-    let mut s = Streaming::open(
-        sim.addr(),
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(sim.addr(), "/v1/chat/completions", &body);
     s.next_chunk().unwrap();
     sim.proc.wait_for("Avg generation throughput");
     sim.fault("/fault/hang");

@@ -209,13 +209,7 @@ fn sse_framing_usage_chunk_and_done() {
     let sim = ds(&[], &[]);
     let mut req = smoke();
     req["stream"] = json!(true);
-    let mut s = Streaming::open(
-        sim.addr(),
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        req.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(sim.addr(), "/v1/chat/completions", &req);
     assert_eq!(s.status, 200);
     assert_eq!(s.header("content-type"), Some("text/event-stream; charset=utf-8"));
     let events = sse_data(&s.read_all());
@@ -377,13 +371,7 @@ fn keep_alive_connections_close_after_the_idle_timeout() {
 fn client_disconnect_aborts_the_request() {
     let sim = ds(&[], &[("SIM_SPEED", "1")]);
     let body = json!({"messages": [{"role": "user", "content": "Explain tensor parallel inference."}], "max_tokens": 500, "stream": true, "ignore_eos": true});
-    let mut s = Streaming::open(
-        sim.addr(),
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = Streaming::post_json(sim.addr(), "/v1/chat/completions", &body);
     s.next_chunk().expect("first chunk");
     sim.wait_state("running 1", |s| s["running"] == 1);
     drop(s);

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sparkgate_tests::harness::{addr_in, post_json, request};
+use sparkgate_tests::load::group_rank_args;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
@@ -70,54 +71,17 @@ fn image_builds_and_a_two_container_group_becomes_healthy() {
     let suffix = std::process::id();
     let (head, worker) = (format!("sim-head-{suffix}"), format!("sim-worker-{suffix}"));
     let guard = Containers(vec![head.clone(), worker.clone()]);
-    let common = [
-        "--served-model-name",
-        "M",
-        "--reasoning-parser",
-        "deepseek_v41",
-        "--tensor-parallel-size",
-        "2",
-        "--nnodes",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--distributed-executor-backend",
-        "mp",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-    ];
     let env = ["-e", "SIM_LOAD_SECONDS=0", "-e", "SIM_SPEED=instant"];
-    let mut run0 = vec!["run", "-d", "--name", &head, "--network", "host", "--restart", "no"];
-    run0.extend(env);
-    run0.extend([
-        tag.as_str(),
-        "serve",
-        "/model",
-        "--node-rank",
-        "0",
-        "--master-port",
-        "0",
-    ]);
-    run0.extend(common);
-    docker(&run0);
+    let run = |name: &str, rank_args: Vec<String>| {
+        let mut run = vec!["run", "-d", "--name", name, "--network", "host", "--restart", "no"];
+        run.extend(env);
+        run.push(tag.as_str());
+        run.extend(rank_args.iter().map(String::as_str));
+        docker(&run);
+    };
+    run(&head, group_rank_args(0, 2, 0));
     let master = addr_in(&wait_log(&head, "rendezvous listening on"));
-    let port = master.port().to_string();
-    let mut run1 = vec!["run", "-d", "--name", &worker, "--network", "host", "--restart", "no"];
-    run1.extend(env);
-    run1.extend([
-        tag.as_str(),
-        "serve",
-        "/model",
-        "--node-rank",
-        "1",
-        "--headless",
-        "--master-port",
-        &port,
-    ]);
-    run1.extend(common);
-    docker(&run1);
+    run(&worker, group_rank_args(1, 2, master.port()));
     let http = addr_in(&wait_log(&head, "Starting vLLM server on http://"));
     wait_log(&head, "Application startup complete.");
     assert_eq!(request(http, "GET", "/health", &[], b"").status, 200);

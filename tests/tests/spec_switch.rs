@@ -3,25 +3,19 @@
 //! the error envelope.
 
 use serde_json::json;
-use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway};
+use sparkgate_tests::harness::{post_json, request};
+use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const AUTH: (&str, &str) = ("Authorization", "Bearer t0ken");
 
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
-
 #[test]
 fn an_operator_switch_restarts_into_the_mode_with_its_capacity() {
     let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[("SIM_SPEED", "1")],
-    );
+    let gw = TestGateway::builder(SIM)
+        .logs(logs.path())
+        .env("SIM_SPEED", "1")
+        .start();
     let spec = request(gw.addr, "GET", "/admin/spec", &[AUTH], b"").json();
     assert_eq!(spec["mode"], "dspark");
     let none = spec["modes"]
@@ -60,7 +54,7 @@ fn an_operator_switch_restarts_into_the_mode_with_its_capacity() {
         )
     });
     gw.wait_status("one request running", |s| s["admission"]["in_flight"] == 1);
-    let out = std::process::Command::new(sparkgate())
+    let out = std::process::Command::new(sparkgate_bin(SIM))
         .args(["spec", "none"])
         .env("PORT", gw.addr.port().to_string())
         .env("ADMIN_TOKEN", "t0ken")
@@ -107,7 +101,7 @@ fn an_operator_switch_restarts_into_the_mode_with_its_capacity() {
     let again = request(gw.addr, "POST", "/admin/spec", &json_body, b"{\"mode\": \"none\"}");
     assert_eq!(again.status, 200);
     assert_eq!(again.json()["switching"], false);
-    let out = std::process::Command::new(sparkgate())
+    let out = std::process::Command::new(sparkgate_bin(SIM))
         .args(["spec"])
         .env("PORT", gw.addr.port().to_string())
         .env("ADMIN_TOKEN", "t0ken")
@@ -135,10 +129,9 @@ fn an_operator_switch_restarts_into_the_mode_with_its_capacity() {
 
 #[test]
 fn auto_switches_to_none_under_wide_load_and_back_with_nothing_lost() {
-    let logs = tempfile::tempdir().unwrap();
     let mut env = vec![("SIM_SPEED", "1")];
     env.extend(sparkgate_tests::load::FAST_AUTO_POLICY);
-    let gw = Gateway::supervise(&sparkgate(), SIM, "deepseek-v4.1-flash", logs.path(), &env);
+    let gw = TestGateway::builder(SIM).envs(&env).start();
     sparkgate_tests::load::assert_auto_round_trip(
         &gw,
         &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "ignore_eos": true}),

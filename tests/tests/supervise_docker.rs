@@ -6,13 +6,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, free_port, post_json, request, sse_data, Gateway, Proc, Streaming};
+use sparkgate_tests::harness::{free_port, post_json, request, sse_data, Gateway, Proc, Streaming};
+use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 /// Containers of this test, removed whatever happens.
 struct Cleanup(String);
@@ -87,7 +84,11 @@ impl Deployment {
     }
 
     fn start(&self, profile: &str) -> Gateway {
-        Gateway::supervise_unready(&sparkgate(), SIM, profile, self._logs.path(), &self.env())
+        TestGateway::builder(SIM)
+            .profile(profile)
+            .logs(self._logs.path())
+            .envs(&self.env)
+            .start_unready()
     }
 
     fn smoke(&self, gw: &Gateway) -> Value {
@@ -139,13 +140,7 @@ fn a_killed_worker_container_restarts_the_group_in_a_new_epoch() {
     let old = containers(&d.group);
     // One stream in flight, one more request filling MAX_NUM_SEQS=2, one queued.
     let long = json!({"model": d.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "ignore_eos": true, "stream": true});
-    let mut stream = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        long.to_string().as_bytes(),
-    );
+    let mut stream = Streaming::post_json(gw.addr, "/v1/chat/completions", &long);
     let mut got = stream.next_chunk().unwrap();
     let (addr, model) = (gw.addr, d.model.clone());
     let second = std::thread::spawn(move || {
@@ -223,11 +218,7 @@ fn a_restarted_gateway_adopts_the_running_group_and_stop_removes_it() {
     let mut gw = d.start("glm-5.3-flash");
     gw.wait_ready();
     let before = containers(&d.group);
-    assert!(Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
     assert_eq!(containers(&d.group), before, "the containers outlive the gateway");
     let gw = d.start("glm-5.3-flash");
@@ -241,7 +232,7 @@ fn a_restarted_gateway_adopts_the_running_group_and_stop_removes_it() {
     assert_eq!(gw.status()["supervisor"]["epoch"], 1);
     assert_eq!(d.smoke(&gw)["choices"][0]["message"]["content"], "323");
     let port = gw.addr.port().to_string();
-    let out = Command::new(sparkgate())
+    let out = Command::new(sparkgate_bin(SIM))
         .arg("stop")
         .env("PORT", &port)
         .output()
@@ -260,15 +251,14 @@ fn a_different_configuration_is_not_adopted() {
     let mut gw = d.start("deepseek-v4.1-flash");
     gw.wait_ready();
     let before = containers(&d.group);
-    assert!(Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     gw.proc.wait_exit(Duration::from_secs(30));
     let mut env = d.env();
     env.push(("MAX_MODEL_LEN", "500000"));
-    let gw = Gateway::supervise_unready(&sparkgate(), SIM, "deepseek-v4.1-flash", d._logs.path(), &env);
+    let gw = TestGateway::builder(SIM)
+        .logs(d._logs.path())
+        .envs(&env)
+        .start_unready();
     gw.proc.wait_for("not adopting");
     gw.wait_ready();
     let after = containers(&d.group);
@@ -334,7 +324,7 @@ fn preflight_refuses_a_missing_image_naming_it() {
         &[("IMAGE", "sparkgate/does-not-exist:1"), ("SKIP_PULL", "1")],
     );
     let mut p = Proc::spawn(
-        &sparkgate(),
+        &sparkgate_bin(SIM),
         &["serve".to_owned()],
         &[d.env(), vec![("PORT", "0"), ("BIND_ADDR", "127.0.0.1")]].concat(),
     );
@@ -347,13 +337,13 @@ fn preflight_refuses_a_missing_image_naming_it() {
     );
 }
 
-fn ssh_env(sshd: &sparkgate_tests::harness::Sshd, control: &std::path::Path) -> Vec<(String, String)> {
+fn ssh_env(sshd: &sparkgate_tests::hosts::Sshd, control: &std::path::Path) -> Vec<(String, String)> {
     sshd.worker_env(control)
 }
 
 #[test]
 fn the_worker_rank_runs_through_its_daemon_forwarded_over_ssh() {
-    let mut sshd = sparkgate_tests::harness::Sshd::start();
+    let mut sshd = sparkgate_tests::hosts::Sshd::start();
     let control = tempfile::Builder::new().prefix("sgc").tempdir_in("/tmp").unwrap();
     let mut d = Deployment::new("deepseek-v4.1-flash", "ssh", &[("RESTART_BUDGET", "50")]);
     d.env.extend(ssh_env(&sshd, control.path()));
@@ -391,14 +381,14 @@ fn the_worker_rank_runs_through_its_daemon_forwarded_over_ssh() {
 
 #[test]
 fn an_unreachable_worker_fails_preflight_naming_it() {
-    let sshd = sparkgate_tests::harness::Sshd::start();
+    let sshd = sparkgate_tests::hosts::Sshd::start();
     let control = tempfile::Builder::new().prefix("sgc").tempdir_in("/tmp").unwrap();
     let mut d = Deployment::new("deepseek-v4.1-flash", "nossh", &[]);
     d.env.extend(ssh_env(&sshd, control.path()));
     drop(sshd);
     let env = d.env();
     let mut p = Proc::spawn(
-        &sparkgate(),
+        &sparkgate_bin(SIM),
         &["serve".to_owned()],
         &[env, vec![("PORT", "0"), ("BIND_ADDR", "127.0.0.1")]].concat(),
     );
@@ -423,11 +413,7 @@ fn status_reports_node_memory_and_stop_on_exit_stops_containers() {
     assert_eq!(head["node"], "head");
     assert!(head["mem_available_gib"].as_f64().unwrap() > 0.0, "{s}");
     assert_eq!(containers(&d.group).len(), 2);
-    assert!(Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
     assert!(
         containers(&d.group).is_empty(),

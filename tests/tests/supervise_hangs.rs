@@ -8,15 +8,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, post_json, request, Gateway, Streaming};
+use sparkgate_tests::harness::{post_json, request, Gateway, Streaming};
+use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-const DS: &str = "deepseek-v4.1-flash";
 const STALL: &[(&str, &str)] = &[("STALL_TIMEOUT", "10"), ("SIM_SPEED", "1")];
-
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 fn rank_pid(status: &Value, rank: u64) -> u32 {
     let ranks = status["supervisor"]["ranks"].as_array().unwrap();
@@ -129,8 +125,7 @@ fn assert_detected_within_stall_timeout(status: &Value) {
 
 #[test]
 fn a_long_chunked_prefill_is_not_a_stall() {
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), STALL);
+    let gw = TestGateway::builder(SIM).envs(STALL).start();
     let body = long_prefill_request(&gw, 20.0);
     let r = post_json(gw.addr, "/v1/chat/completions", &body);
     assert_eq!(r.status, 200, "{}", r.text());
@@ -160,8 +155,7 @@ enum Work {
 /// waits in the queue and is served by the new group, and the stream on the hung group ends
 /// with its error event.
 fn stopped_rank_is_restarted(rank: u64, work: Work) {
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), STALL);
+    let gw = TestGateway::builder(SIM).envs(STALL).start();
     let rank0 = vllm_addr(&gw);
     let mut body = match work {
         Work::Prefill => long_prefill_request(&gw, 30.0),
@@ -171,13 +165,7 @@ fn stopped_rank_is_restarted(rank: u64, work: Work) {
     };
     body["stream"] = json!(true);
     let (steps, _) = engine(rank0);
-    let mut stream = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut stream = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     let deadline = Instant::now() + Duration::from_secs(30);
     while engine(rank0).0 < steps + 2.0 {
         assert!(Instant::now() < deadline, "the engine steps ({work:?})");

@@ -7,14 +7,10 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{addr_in, binary_next_to, post_json, request, sse_data, Gateway, Streaming};
+use sparkgate_tests::harness::{addr_in, post_json, request, sse_data, Streaming};
+use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-const DS: &str = "deepseek-v4.1-flash";
-
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 fn rank_pids(status: &Value) -> Vec<u32> {
     status["supervisor"]["ranks"]
@@ -52,19 +48,12 @@ fn signal(target: &str, sig: &str) {
 
 #[test]
 fn start_on_a_running_group_touches_nothing() {
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), &[("SIM_SPEED", "20")]);
+    let gw = TestGateway::builder(SIM).env("SIM_SPEED", "20").start();
     let before = gw.status();
     let body = json!({"messages": [{"role": "user", "content": "Explain tensor parallel inference."}],
                       "max_tokens": 120, "ignore_eos": true, "stream": true,
                       "chat_template_kwargs": {"enable_thinking": false}});
-    let mut stream = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut stream = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     assert!(stream.next_chunk().is_some(), "the stream runs");
     for _ in 0..2 {
         let r = request(gw.addr, "POST", "/admin/start", &[], b"");
@@ -89,19 +78,14 @@ fn start_on_a_running_group_touches_nothing() {
 
 #[test]
 fn a_mode_switch_asked_during_backoff_is_applied_next() {
-    let logs = tempfile::tempdir().unwrap();
     // Every rank dies 2 s after it starts: the group keeps failing and backs off 3 s each time.
-    let gw = Gateway::supervise_unready(
-        &sparkgate(),
-        SIM,
-        DS,
-        logs.path(),
-        &[
+    let gw = TestGateway::builder(SIM)
+        .envs(&[
             ("SIM_FAULT_CRASH_AFTER_S", "2"),
             ("RESTART_BACKOFF_INITIAL", "3"),
             ("RESTART_BUDGET", "5"),
-        ],
-    );
+        ])
+        .start_unready();
     let waiting = gw.wait_status("backoff", |s| {
         s["supervisor"]["retry_in_s"].as_f64().is_some_and(|r| r > 0.0)
     });
@@ -119,9 +103,8 @@ fn a_mode_switch_asked_during_backoff_is_applied_next() {
 
 #[test]
 fn ctrl_c_to_the_foreground_group_drains_the_gateway_and_never_reaches_the_ranks() {
-    let logs = tempfile::tempdir().unwrap();
     let env = [("SIM_SPEED", "3"), ("DRAIN_TIMEOUT", "30")];
-    let mut proc = Gateway::supervise_process_as(&sparkgate(), SIM, DS, logs.path(), &env, true);
+    let mut proc = TestGateway::builder(SIM).envs(&env).own_process_group().spawn();
     let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
     let gw_pid = proc.pid();
     let ready = eventually(Duration::from_secs(60), || {
@@ -133,13 +116,7 @@ fn ctrl_c_to_the_foreground_group_drains_the_gateway_and_never_reaches_the_ranks
     let body = json!({"messages": [{"role": "user", "content": "Explain tensor parallel inference."}],
                       "max_tokens": 80, "ignore_eos": true, "stream": true,
                       "chat_template_kwargs": {"enable_thinking": false}});
-    let mut stream = Streaming::open(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut stream = Streaming::post_json(addr, "/v1/chat/completions", &body);
     assert!(stream.next_chunk().is_some(), "the stream runs");
     // What a terminal does on Ctrl-C: SIGINT to every process of the foreground group.
     signal(&format!("-{gw_pid}"), "-INT");
@@ -171,7 +148,10 @@ fn ctrl_c_to_the_foreground_group_drains_the_gateway_and_never_reaches_the_ranks
 #[test]
 fn a_stop_takes_the_processes_a_rank_started_with_it() {
     let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), &[("SIM_SPAWN_HELPER", "1")]);
+    let gw = TestGateway::builder(SIM)
+        .logs(logs.path())
+        .env("SIM_SPAWN_HELPER", "1")
+        .start();
     let rank0_log = logs.path().join("epoch-1").join("rank0.log");
     let text = std::fs::read_to_string(&rank0_log).unwrap();
     let helper: u32 = text
@@ -194,7 +174,7 @@ fn a_stop_takes_the_processes_a_rank_started_with_it() {
 #[test]
 fn a_killed_gateway_takes_its_ranks_with_it() {
     let logs = tempfile::tempdir().unwrap();
-    let mut gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), &[]);
+    let mut gw = TestGateway::builder(SIM).logs(logs.path()).start();
     let ranks = rank_pids(&gw.status());
     assert_eq!(ranks.len(), 2);
     gw.proc.kill();
@@ -207,7 +187,7 @@ fn a_killed_gateway_takes_its_ranks_with_it() {
     // The next gateway counts epochs from 1 again: its ranks' logs start files of their own,
     // and the killed gateway's are set aside, not appended to.
     let old = std::fs::read_to_string(logs.path().join("epoch-1/rank0.log")).unwrap();
-    let next = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), &[]);
+    let next = TestGateway::builder(SIM).logs(logs.path()).start();
     assert_eq!(next.status()["supervisor"]["epoch"], 1);
     let fresh = std::fs::read_to_string(logs.path().join("epoch-1/rank0.log")).unwrap();
     assert!(
@@ -226,27 +206,15 @@ fn a_killed_gateway_takes_its_ranks_with_it() {
 
 #[test]
 fn ranks_see_the_plans_environment_and_none_of_the_gateways_secrets() {
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(
-        &sparkgate(),
-        SIM,
-        DS,
-        logs.path(),
-        &[
+    let gw = TestGateway::builder(SIM)
+        .envs(&[
             ("ADMIN_TOKEN", "admin-secret-1"),
             ("GHCR_TOKEN", "ghcr-secret-2"),
             ("SOME_OTHER_TOOL_KEY", "other-secret-3"),
             ("NCCL_DEBUG", "INFO"),
-        ],
-    );
-    let status = request(
-        gw.addr,
-        "GET",
-        "/admin/status",
-        &[("Authorization", "Bearer admin-secret-1")],
-        b"",
-    )
-    .json();
+        ])
+        .start();
+    let status = gw.with_token("GET", "/admin/status", "admin-secret-1").json();
     let pids = rank_pids(&status);
     assert_eq!(pids.len(), 2, "{status}");
     for pid in pids {
@@ -269,7 +237,10 @@ fn ranks_see_the_plans_environment_and_none_of_the_gateways_secrets() {
 #[test]
 fn invalid_utf8_from_a_rank_never_ends_its_log_capture() {
     let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), &[("SIM_LOG_INVALID_UTF8", "1")]);
+    let gw = TestGateway::builder(SIM)
+        .logs(logs.path())
+        .env("SIM_LOG_INVALID_UTF8", "1")
+        .start();
     let raw = std::fs::read(logs.path().join("epoch-1").join("rank0.log")).unwrap();
     let at = raw
         .windows(2)
@@ -290,7 +261,10 @@ fn invalid_utf8_from_a_rank_never_ends_its_log_capture() {
 #[test]
 fn requests_that_never_reached_a_rank_wait_for_the_next_group_instead_of_502() {
     let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), &[("SIM_CONTROL_PORT", "0")]);
+    let gw = TestGateway::builder(SIM)
+        .logs(logs.path())
+        .env("SIM_CONTROL_PORT", "0")
+        .start();
     let rank0 = std::fs::read_to_string(logs.path().join("epoch-1").join("rank0.log")).unwrap();
     let control = addr_in(
         rank0
@@ -375,7 +349,10 @@ fn a_rank_an_earlier_gateway_left_running_is_removed_before_the_preflight() {
                        "ranks": [{"rank": 0, "pid": pid, "started": start_time(pid)}]});
     std::fs::write(logs.path().join("ranks.json"), state.to_string()).unwrap();
     let port = port.to_string();
-    let gw = Gateway::supervise(&sparkgate(), SIM, DS, logs.path(), &[("VLLM_PORT", port.as_str())]);
+    let gw = TestGateway::builder(SIM)
+        .logs(logs.path())
+        .envs(&[("VLLM_PORT", port.as_str())])
+        .start();
     let _ = leftover.wait();
     let log = gw.proc.log().join("\n");
     assert!(

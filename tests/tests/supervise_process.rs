@@ -5,15 +5,11 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{
-    binary_next_to, kill_pid, post_json, processes_with, request, sse_data, Gateway, Streaming, SMOKE,
-};
+use sparkgate_tests::harness::{post_json, request, sse_data, Gateway, Streaming, SMOKE};
+use sparkgate_tests::hosts::{kill_pid, processes_with};
+use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 fn pids(status: &Value) -> Vec<u64> {
     status["supervisor"]["ranks"]
@@ -48,7 +44,7 @@ fn alive(pid: u64) -> bool {
 fn cold_start_of_both_profiles_answers_the_smoke_request() {
     for profile in ["deepseek-v4.1-flash", "glm-5.3-flash"] {
         let logs = tempfile::tempdir().unwrap();
-        let gw = Gateway::supervise(&sparkgate(), SIM, profile, logs.path(), &[]);
+        let gw = TestGateway::builder(SIM).profile(profile).logs(logs.path()).start();
         let b = gw.smoke();
         assert_eq!(b["choices"][0]["message"]["content"], "323", "{profile}");
         let s = gw.status();
@@ -69,25 +65,12 @@ fn cold_start_of_both_profiles_answers_the_smoke_request() {
 
 #[test]
 fn a_killed_worker_restarts_the_group_and_queued_requests_complete() {
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[("SIM_SPEED", "1")],
-    );
+    let gw = TestGateway::builder(SIM).env("SIM_SPEED", "1").start();
     let old = gw.status();
     let old_pids = pids(&old);
     // One stream in flight, one more request filling MAX_NUM_SEQS=2, one queued.
     let long = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "ignore_eos": true, "stream": true});
-    let mut stream = Streaming::open(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("Content-Type", "application/json")],
-        long.to_string().as_bytes(),
-    );
+    let mut stream = Streaming::post_json(gw.addr, "/v1/chat/completions", &long);
     let mut got = stream.next_chunk().unwrap();
     let addr = gw.addr;
     let second = std::thread::spawn(move || {
@@ -149,8 +132,7 @@ fn a_killed_worker_restarts_the_group_and_queued_requests_complete() {
 
 #[test]
 fn a_killed_head_restarts_the_group_too() {
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(&sparkgate(), SIM, "glm-5.3-flash", logs.path(), &[]);
+    let gw = TestGateway::builder(SIM).profile("glm-5.3-flash").start();
     let old = gw.status();
     kill_pid(pid_of(&old, 0));
     let new = gw.wait_status("ready epoch 2", |s| {
@@ -172,18 +154,13 @@ fn a_killed_head_restarts_the_group_too() {
 
 #[test]
 fn a_rank_that_keeps_crashing_ends_failed_with_nothing_left_running() {
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise_unready(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[
+    let gw = TestGateway::builder(SIM)
+        .envs(&[
             ("SIM_FAULT_CRASH_AFTER_S", "0.3"),
             ("RESTART_BUDGET", "2"),
             ("RESTART_BACKOFF_INITIAL", "0.1"),
-        ],
-    );
+        ])
+        .start_unready();
     let failed = gw.wait_status("failed", |s| s["supervisor"]["state"] == "failed");
     assert!(
         failed["supervisor"]["reason"]
@@ -220,17 +197,14 @@ fn a_rank_that_keeps_crashing_ends_failed_with_nothing_left_running() {
 #[test]
 fn a_stalled_start_writes_diagnostics_and_fails_clearly() {
     let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise_unready(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[
+    let gw = TestGateway::builder(SIM)
+        .logs(logs.path())
+        .envs(&[
             ("SIM_FAULT_HANG_AT_START", "1"),
             ("HANG_SECONDS", "1"),
             ("RESTART_BUDGET", "1"),
-        ],
-    );
+        ])
+        .start_unready();
     let s = gw.wait_status("restarting after the stall", |s| {
         s["supervisor"]["last_restart"]["reason"].is_string()
     });
@@ -250,14 +224,9 @@ fn a_stalled_start_writes_diagnostics_and_fails_clearly() {
 
 #[test]
 fn sigterm_stops_the_rank_processes() {
-    let logs = tempfile::tempdir().unwrap();
-    let mut gw = Gateway::supervise(&sparkgate(), SIM, "deepseek-v4.1-flash", logs.path(), &[]);
+    let mut gw = TestGateway::builder(SIM).start();
     let ranks = pids(&gw.status());
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
     for pid in ranks {
         assert!(
@@ -267,29 +236,25 @@ fn sigterm_stops_the_rank_processes() {
     }
 }
 
+/// The log of a gateway over `logs` with `env` that refuses to start (it exits unsuccessfully).
+fn refused(logs: &std::path::Path, env: &[(&str, &str)]) -> String {
+    let mut p = TestGateway::builder(SIM).logs(logs).envs(env).spawn();
+    assert!(!p.wait_exit(Duration::from_secs(30)).success());
+    p.log().join("\n")
+}
+
 #[test]
 fn memguard_restarts_the_group_when_memory_stays_low() {
     let logs = tempfile::tempdir().unwrap();
-    let mut p = Gateway::supervise_process(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[("MIN_FREE_DISK_GIB", "1000000")],
-    );
-    assert!(!p.wait_exit(Duration::from_secs(30)).success());
-    let log = p.log().join("\n");
+    let log = refused(logs.path(), &[("MIN_FREE_DISK_GIB", "1000000")]);
     assert!(log.contains("GiB free but MIN_FREE_DISK_GIB is 1000000"), "{log}");
     let meminfo = logs.path().join("meminfo");
     std::fs::write(&meminfo, "MemTotal: 25165824 kB\nMemAvailable: 8388608 kB\n").unwrap();
     let path = meminfo.display().to_string();
-    let gw = Gateway::supervise(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[("MEM_GUARD", "1"), ("MEM_GUARD_GIB", "1.5"), ("MEMINFO_PATH", &path)],
-    );
+    let gw = TestGateway::builder(SIM)
+        .logs(logs.path())
+        .envs(&[("MEM_GUARD", "1"), ("MEM_GUARD_GIB", "1.5"), ("MEMINFO_PATH", &path)])
+        .start();
     assert_eq!(gw.status()["supervisor"]["epoch"], 1);
     // 1 GiB available: under the 1.5 GiB threshold on consecutive samples.
     std::fs::write(&meminfo, "MemTotal: 25165824 kB\nMemAvailable: 1048576 kB\n").unwrap();
@@ -316,36 +281,17 @@ fn preflight_refuses_busy_ports_too_little_memory_or_disk() {
     let logs = tempfile::tempdir().unwrap();
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().port().to_string();
-    let mut p = Gateway::supervise_process(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[("VLLM_PORT", &port)],
-    );
-    assert!(!p.wait_exit(Duration::from_secs(30)).success());
-    let log = p.log().join("\n");
+    let log = refused(logs.path(), &[("VLLM_PORT", &port)]);
     assert!(
         log.contains(&format!("preflight: head: VLLM_PORT={port} is already in use")),
         "{log}"
     );
-    let mut p = Gateway::supervise_process(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[("MIN_FREE_DISK_GIB", "1000000")],
-    );
-    assert!(!p.wait_exit(Duration::from_secs(30)).success());
-    let log = p.log().join("\n");
+    let log = refused(logs.path(), &[("MIN_FREE_DISK_GIB", "1000000")]);
     assert!(log.contains("GiB free but MIN_FREE_DISK_GIB is 1000000"), "{log}");
     let meminfo = logs.path().join("meminfo");
     std::fs::write(&meminfo, "MemAvailable: 20971520 kB\n").unwrap();
     let path = meminfo.display().to_string();
-    let mut p = Gateway::supervise_process(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
+    let log = refused(
         logs.path(),
         &[
             ("WEIGHTS_GIB_PER_RANK", "99.5"),
@@ -353,8 +299,6 @@ fn preflight_refuses_busy_ports_too_little_memory_or_disk() {
             ("MEMINFO_PATH", &path),
         ],
     );
-    assert!(!p.wait_exit(Duration::from_secs(30)).success());
-    let log = p.log().join("\n");
     assert!(
         log.contains("preflight: head: MemAvailable is 20.0 GiB but a rank needs 111.5 GiB"),
         "{log}"
@@ -363,7 +307,7 @@ fn preflight_refuses_busy_ports_too_little_memory_or_disk() {
 
 #[test]
 fn a_remote_worker_runs_its_rank_over_ssh() {
-    let sshd = sparkgate_tests::harness::Sshd::start();
+    let sshd = sparkgate_tests::hosts::Sshd::start();
     let control = tempfile::Builder::new().prefix("sgc").tempdir_in("/tmp").unwrap();
     let logs = tempfile::tempdir().unwrap();
     let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
@@ -383,7 +327,7 @@ fn a_remote_worker_runs_its_rank_over_ssh() {
         ("SSH_CONTROL_DIR", ctl.as_str()),
         ("RANK_ENV", "SIM_LOAD_SECONDS=0"),
     ];
-    let mut gw = Gateway::supervise(&sparkgate(), SIM, "deepseek-v4.1-flash", logs.path(), &env);
+    let mut gw = TestGateway::builder(SIM).logs(logs.path()).envs(&env).start();
     assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
     assert!(
         sshd.log().contains("Accepted publickey"),
@@ -416,11 +360,7 @@ fn a_remote_worker_runs_its_rank_over_ssh() {
     let worker_pid = pid_of(&new, 1);
     assert!(alive(worker_pid));
     assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &gw.proc.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    gw.proc.terminate();
     assert!(gw.proc.wait_exit(Duration::from_secs(30)).success());
     assert!(!alive(worker_pid), "the remote rank was stopped over SSH");
 }
@@ -429,18 +369,13 @@ fn a_remote_worker_runs_its_rank_over_ssh() {
 fn readiness_needs_a_one_token_completion() {
     // The ranks come up and answer /health, then stop generating (as vLLM does when a rank
     // is lost): /health and /v1/models alone would call this group ready.
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise_unready(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[
+    let gw = TestGateway::builder(SIM)
+        .envs(&[
             ("SIM_FAULT_HANG_AFTER_S", "0"),
             ("READY_TIMEOUT", "2"),
             ("RESTART_BUDGET", "1"),
-        ],
-    );
+        ])
+        .start_unready();
     let s = gw.wait_status("the start failed", |s| {
         s["supervisor"]["last_restart"]["reason"].is_string()
     });
@@ -462,7 +397,7 @@ fn warm_up_requests_reach_the_ranks_before_admission_opens() {
     // DeepSeek dspark: MAX_NUM_SEQS 2 → warm-up at concurrency 1 and 2 (3 requests), after the
     // one-token readiness probe; nothing is sent by a client before these counts are read.
     let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(&sparkgate(), SIM, "deepseek-v4.1-flash", logs.path(), &[]);
+    let gw = TestGateway::builder(SIM).logs(logs.path()).start();
     assert_eq!(rank0_finished_requests(&gw), 4.0, "probe + 1 + 2 warm-up requests");
     assert!(
         gw.proc.has_line("boot-shape warm-up done"),
@@ -476,12 +411,9 @@ fn warm_up_requests_reach_the_ranks_before_admission_opens() {
     );
 
     let logs = tempfile::tempdir().unwrap();
-    let cold = Gateway::supervise(
-        &sparkgate(),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[("BOOT_SHAPE_WARMUP", "0")],
-    );
+    let cold = TestGateway::builder(SIM)
+        .logs(logs.path())
+        .env("BOOT_SHAPE_WARMUP", "0")
+        .start();
     assert_eq!(rank0_finished_requests(&cold), 1.0, "only the readiness probe");
 }

@@ -8,14 +8,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, free_port, post_json, processes_with, Gateway, Sshd};
+use sparkgate_tests::harness::{free_port, post_json, Gateway};
 use sparkgate_tests::hosts::{group_containers, kill_pid, workers_env};
+use sparkgate_tests::hosts::{processes_with, Sshd};
+use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 fn rank_field(status: &Value, rank: u64, field: &str) -> Value {
     status["supervisor"]["ranks"]
@@ -62,7 +60,11 @@ fn process_group_lifecycle(n: usize, victim: u64, env: &[(&str, &str)]) {
     let master_port = free_port().to_string();
     let mut full = vec![("MASTER_PORT", master_port.as_str())];
     full.extend_from_slice(env);
-    let mut gw = Gateway::supervise(&sparkgate(), SIM, "glm-5.3-flash", logs.path(), &full);
+    let mut gw = TestGateway::builder(SIM)
+        .profile("glm-5.3-flash")
+        .logs(logs.path())
+        .envs(&full)
+        .start();
     assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
     let first = gw.status();
     assert_group(&first, n, 1);
@@ -73,7 +75,7 @@ fn process_group_lifecycle(n: usize, victim: u64, env: &[(&str, &str)]) {
     // `logs rank N` reaches the last worker's log too.
     let last = (n - 1).to_string();
     let url = format!("http://{}", gw.addr);
-    let out = Command::new(sparkgate())
+    let out = Command::new(sparkgate_bin(SIM))
         .args(["logs", "rank", &last, "--url", &url])
         .output()
         .unwrap();
@@ -159,10 +161,11 @@ impl Containers {
     }
 
     fn start(&self) -> Gateway {
-        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let gw = Gateway::supervise_unready(&sparkgate(), SIM, "glm-5.3-flash", self.logs.path(), &env);
-        gw.wait_ready();
-        gw
+        TestGateway::builder(SIM)
+            .profile("glm-5.3-flash")
+            .logs(self.logs.path())
+            .envs(&self.env)
+            .start()
     }
 
     fn smoke(&self, gw: &Gateway) -> Value {

@@ -5,7 +5,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sparkgate_tests::harness::{binary_next_to, request, Gateway};
+use sparkgate_tests::harness::request;
+use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
@@ -60,19 +61,8 @@ impl Drop for Session {
 
 #[test]
 fn top_renders_the_group_follows_a_restart_and_quits_on_q() {
-    let logs = tempfile::tempdir().unwrap();
-    let gw = Gateway::supervise(
-        &binary_next_to(SIM, "sparkgate"),
-        SIM,
-        "deepseek-v4.1-flash",
-        logs.path(),
-        &[],
-    );
-    let top = format!(
-        "{} top --url http://{} --interval-ms 200",
-        binary_next_to(SIM, "sparkgate"),
-        gw.addr
-    );
+    let gw = TestGateway::builder(SIM).start();
+    let top = format!("{} top --url http://{} --interval-ms 200", sparkgate_bin(SIM), gw.addr);
     let session = Session::start(&top);
     let screen = session.wait_for("ready: epoch 1, mode dspark");
     for part in [

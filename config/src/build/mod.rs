@@ -15,14 +15,12 @@ use crate::profile::ProfileId;
 use crate::resolve::{Layers, Resolver};
 use crate::rule::{self, Rule};
 use crate::secret::Secret;
+use crate::words::shell_words;
 
 mod gateway;
 mod prepare;
 mod serving;
 mod supervision;
-mod words;
-
-pub(crate) use words::shell_words;
 
 pub(crate) fn build(layers: Layers<'_>, env_file: Option<PathBuf>) -> Result<Config, ConfigError> {
     // PROFILE has the same default in every profile, so any resolver can read it.
@@ -68,7 +66,7 @@ impl Builder<'_> {
         let secrets = self.secrets();
         let (rank_env, mut warnings) = crate::passthrough::rank_env_and_warnings(&self.r);
         warnings.append(&mut self.warnings);
-        let settings = crate::config::resolver_settings(&self.r);
+        let settings = crate::resolve::settings(&self.r);
         if !self.errors.is_empty() {
             return Err(ConfigError::Invalid(self.errors));
         }
@@ -113,7 +111,7 @@ impl Builder<'_> {
         };
         self.errors.push(InvalidValue {
             name: display_name,
-            value: Config::redact(name, &resolved.value),
+            value: knobs::redact(name, &resolved.value),
             source: resolved.source,
             rule: rule.into(),
         });

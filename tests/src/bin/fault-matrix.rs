@@ -20,23 +20,17 @@ fn run(rig: &mut Rig, faults: &[Fault], only: Option<&str>, loops: usize, rows: 
 }
 
 /// How a rig of its own is made (`Rig::over_ssh`, `Rig::docker_over_ssh`).
-type RigFn = fn(&str, &str) -> Rig;
+type RigFn = fn(&str) -> Rig;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let loops = sparkgate_tests::harness::flag_value(&args, "--loops").map_or(6, |v| v.parse().unwrap_or(6));
     let only = sparkgate_tests::harness::flag_value(&args, "--only");
     let exe = std::env::current_exe().expect("exe");
-    let (sim, sparkgate) = (exe.with_file_name("vllm-sim"), exe.with_file_name("sparkgate"));
-    let (sim, sparkgate) = (sim.to_str().expect("path"), sparkgate.to_str().expect("path"));
+    let sim = exe.with_file_name("vllm-sim");
+    let sim = sim.to_str().expect("path");
     let mut rows = Vec::new();
-    run(
-        &mut Rig::start(sparkgate, sim),
-        &Fault::ALL,
-        only.as_deref(),
-        loops,
-        &mut rows,
-    );
+    run(&mut Rig::start(sim), &Fault::ALL, only.as_deref(), loops, &mut rows);
     // The worker over SSH on rigs of their own (a process, a container): its session cut.
     let ssh_rigs: [(RigFn, Fault); 2] = [
         (Rig::over_ssh, Fault::SshCut),
@@ -44,7 +38,7 @@ fn main() {
     ];
     for (rig, fault) in ssh_rigs {
         if only.as_deref().is_none_or(|o| o.split(',').any(|n| n == fault.name())) {
-            run(&mut rig(sparkgate, sim), &[fault], None, loops, &mut rows);
+            run(&mut rig(sim), &[fault], None, loops, &mut rows);
         }
     }
     print!("{}", table(&rows));

@@ -16,22 +16,10 @@
 //! `--baseline` adds a second sparkgate binary (say, a build of an earlier commit) as the front
 //! `baseline`, right after `sparkgate`, so the two are compared within one run.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use sparkgate_tests::harness::Sim;
+use sparkgate_tests::overhead::load::{client, idle_streams, non_streaming, percentile, streaming, MODEL};
 use sparkgate_tests::overhead::{ratios, Front, FrontKind, Peers};
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 const CONCURRENCIES: [usize; 3] = [1, 16, 64];
 const STREAM_CONCURRENCY: usize = 16;
 
@@ -107,6 +95,16 @@ fn options() -> Options {
     }
 }
 
+/// What every phase runs with: the options, the runtime that drives the load, and the binaries.
+struct Bench {
+    o: Options,
+    runtime: tokio::runtime::Runtime,
+    sim_bin: String,
+    sparkgate: std::path::PathBuf,
+}
+
+const SIM_ARGS: [&str; 5] = ["/model", "--served-model-name", MODEL, "--max-num-seqs", "20000"];
+
 fn main() {
     let o = options();
     let exe = std::env::current_exe().expect("exe");
@@ -121,32 +119,49 @@ fn main() {
             std::process::exit(2);
         }
     }
-    let sim_args = ["/model", "--served-model-name", MODEL, "--max-num-seqs", "20000"];
-    let sim_bin = sim_bin.to_str().expect("utf-8 path");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let mut results: Vec<Value> = o
+    let bench = Bench {
+        o,
+        runtime,
+        sim_bin: sim_bin.to_str().expect("utf-8 path").to_owned(),
+        sparkgate,
+    };
+    let mut results: Vec<Value> = bench
+        .o
         .fronts
         .iter()
         .map(|k| json!({"front": k.name(), "setup": k.setup_note()}))
         .collect();
+    bench.non_streaming_phase(&mut results);
+    bench.streaming_phase(&mut results);
+    if bench.o.idle > 0 {
+        bench.idle_phase(&mut results);
+    }
+    report(&results, &bench.o);
+    std::process::exit(check_ratios(&results, &bench.o));
+}
 
-    // (a) Every front up at once in front of an instant simulator; rounds interleave the fronts
-    // so that drift on a shared machine hits them alike; each figure is the median of rounds.
-    {
-        let fast = Sim::start(sim_bin, &sim_args, &[("SIM_SPEED", "instant")]);
-        let fronts = start_all(&o, &mut results, &fast.addr().to_string(), &sparkgate);
+impl Bench {
+    /// (a) Every front up at once in front of an instant simulator; rounds interleave the
+    /// fronts so that drift on a shared machine hits them alike; each figure is the median of
+    /// rounds.
+    fn non_streaming_phase(&self, results: &mut [Value]) {
+        let fast = Sim::start(&self.sim_bin, &SIM_ARGS, &[("SIM_SPEED", "instant")]);
+        let fronts = start_all(&self.o, results, &fast.addr().to_string(), &self.sparkgate);
         let mut rounds: Vec<Vec<Value>> = vec![Vec::new(); fronts.len()];
-        for round in 0..o.rounds {
+        for round in 0..self.o.rounds {
             for (i, front) in fronts.iter().enumerate() {
                 let Some(front) = front else { continue };
                 let client = client();
                 let mut cells = json!({});
                 for c in CONCURRENCIES {
                     let cpu = || front.usage().map(|u| u.cpu_s);
-                    cells[c.to_string()] = runtime.block_on(non_streaming(&client, &front.base, c, o.seconds, &cpu));
+                    cells[c.to_string()] =
+                        self.runtime
+                            .block_on(non_streaming(&client, &front.base, c, self.o.seconds, &cpu));
                 }
                 eprintln!("   (a) round {} {}: {cells}", round + 1, front.kind.name());
                 rounds[i].push(cells);
@@ -158,20 +173,23 @@ fn main() {
             }
         }
     }
-    // (b) Streams from a paced simulator (about 2 ms between tokens per stream at 16 streams),
-    // so inter-token gaps are the backend's pacing plus what the front adds.
-    {
-        let paced = Sim::start(sim_bin, &sim_args, &[("SIM_SPEED", "150")]);
-        for (i, &kind) in o.fronts.iter().enumerate() {
+
+    /// (b) Streams from a paced simulator (about 2 ms between tokens per stream at 16 streams),
+    /// so inter-token gaps are the backend's pacing plus what the front adds.
+    fn streaming_phase(&self, results: &mut [Value]) {
+        let paced = Sim::start(&self.sim_bin, &SIM_ARGS, &[("SIM_SPEED", "150")]);
+        for (i, &kind) in self.o.fronts.iter().enumerate() {
             if !results[i]["error"].is_null() {
                 continue;
             }
-            match Front::start(kind, &paced.addr().to_string(), MODEL, &sparkgate, &o.peers) {
+            match Front::start(kind, &paced.addr().to_string(), MODEL, &self.sparkgate, &self.o.peers) {
                 Ok(front) => {
                     let before = front.usage();
-                    let mut r = runtime.block_on(streaming(&client(), &front.base, STREAM_CONCURRENCY, o.streams));
+                    let mut r =
+                        self.runtime
+                            .block_on(streaming(&client(), &front.base, STREAM_CONCURRENCY, self.o.streams));
                     if let (Some(b), Some(a)) = (before, front.usage()) {
-                        r["cpu_s_per_1000"] = json!((a.cpu_s - b.cpu_s) / o.streams as f64 * 1000.0);
+                        r["cpu_s_per_1000"] = json!((a.cpu_s - b.cpu_s) / self.o.streams as f64 * 1000.0);
                     }
                     eprintln!("   (b) {}: {r}", kind.name());
                     results[i]["streaming"] = r;
@@ -180,22 +198,22 @@ fn main() {
             }
         }
     }
-    // (c) Idle streams: 53.7 tok/s × 0.05 shared by thousands of streams — hours per token.
-    if o.idle > 0 {
-        let slow = Sim::start(sim_bin, &sim_args, &[("SIM_SPEED", "0.05")]);
-        for (i, &kind) in o.fronts.iter().enumerate() {
+
+    /// (c) Idle streams: 53.7 tok/s × 0.05 shared by thousands of streams — hours per token.
+    fn idle_phase(&self, results: &mut [Value]) {
+        let slow = Sim::start(&self.sim_bin, &SIM_ARGS, &[("SIM_SPEED", "0.05")]);
+        for (i, &kind) in self.o.fronts.iter().enumerate() {
             if !results[i]["error"].is_null() || kind == FrontKind::Direct {
                 continue;
             }
-            results[i]["idle"] = match Front::start(kind, &slow.addr().to_string(), MODEL, &sparkgate, &o.peers) {
-                Ok(front) => runtime.block_on(idle_streams(&front, o.idle)),
-                Err(e) => json!({"error": e}),
-            };
+            results[i]["idle"] =
+                match Front::start(kind, &slow.addr().to_string(), MODEL, &self.sparkgate, &self.o.peers) {
+                    Ok(front) => self.runtime.block_on(idle_streams(&front, self.o.idle)),
+                    Err(e) => json!({"error": e}),
+                };
             eprintln!("   (c) {}: {}", kind.name(), results[i]["idle"]);
         }
     }
-    report(&results, &o);
-    std::process::exit(check_ratios(&results, &o));
 }
 
 /// `--bless` writes this run's ratios; `--check` compares them with a committed set: the exit code.
@@ -274,341 +292,10 @@ fn median_cells(rounds: &[Value]) -> Value {
     out
 }
 
-fn client() -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(20_000)
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector)
-}
-
-fn chat_body(stream: bool, max_tokens: u32) -> Bytes {
-    let mut body = json!({
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Say hello."}],
-        "max_tokens": max_tokens,
-        "ignore_eos": true,
-        "chat_template_kwargs": {"enable_thinking": false},
-    });
-    if stream {
-        body["stream"] = json!(true);
-    }
-    Bytes::from(body.to_string())
-}
-
-fn post(base: &str, body: Bytes) -> hyper::Request<Full<Bytes>> {
-    hyper::Request::post(format!("{base}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .header("authorization", "Bearer none")
-        .body(Full::new(body))
-        .expect("request")
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
-
-/// (a) `concurrency` closed-loop clients sending small non-streaming chats for `seconds`
-/// (after a one-second warm-up that is not counted).
-/// `cpu` reads the front's CPU seconds so far (none for the simulator alone).
-async fn non_streaming(
-    client: &HttpClient,
-    base: &str,
-    concurrency: usize,
-    seconds: f64,
-    cpu: &dyn Fn() -> Option<f64>,
-) -> Value {
-    let stop = Arc::new(AtomicBool::new(false));
-    let counting = Arc::new(AtomicBool::new(false));
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (client, base, stop, counting) = (client.clone(), base.to_owned(), stop.clone(), counting.clone());
-            sparkgate_task::spawn("overhead-client", async move {
-                let (mut latencies, mut errors) = (Vec::new(), 0u64);
-                while !stop.load(Ordering::Relaxed) {
-                    let started = Instant::now();
-                    let ok = match client.request(post(&base, chat_body(false, 16))).await {
-                        Ok(resp) => {
-                            let status = resp.status();
-                            resp.into_body().collect().await.is_ok() && status.is_success()
-                        }
-                        Err(_) => false,
-                    };
-                    if counting.load(Ordering::Relaxed) {
-                        if ok {
-                            latencies.push(started.elapsed().as_secs_f64());
-                        } else {
-                            errors += 1;
-                        }
-                    }
-                }
-                (latencies, errors)
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    counting.store(true, Ordering::Relaxed);
-    let (began, cpu_before) = (Instant::now(), cpu());
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    counting.store(false, Ordering::Relaxed);
-    let (elapsed, cpu_after) = (began.elapsed().as_secs_f64(), cpu());
-    stop.store(true, Ordering::Relaxed);
-    let (mut all, mut errors) = (Vec::new(), 0);
-    for t in tasks {
-        let (l, e) = t.await.expect("client task");
-        all.extend(l);
-        errors += e;
-    }
-    all.sort_by(f64::total_cmp);
-    // The front's CPU per request while counted: what its throughput on shared cores costs.
-    let cpu_us = match (cpu_before, cpu_after) {
-        (Some(b), Some(a)) if !all.is_empty() => json!((a - b) / all.len() as f64 * 1e6),
-        _ => Value::Null,
-    };
-    json!({
-        "requests": all.len(),
-        "rps": all.len() as f64 / elapsed,
-        "cpu_us_per_req": cpu_us,
-        "p50_ms": percentile(&all, 0.5) * 1e3,
-        "p99_ms": percentile(&all, 0.99) * 1e3,
-        "errors": errors,
-    })
-}
-
-/// (b) `total` streaming requests of 256 tokens, `concurrency` at a time: time to first byte of
-/// the first event and the gaps between body frames.
-async fn streaming(client: &HttpClient, base: &str, concurrency: usize, total: usize) -> Value {
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (client, base, next) = (client.clone(), base.to_owned(), next.clone());
-            sparkgate_task::spawn("overhead-stream", async move {
-                let (mut ttft, mut gaps, mut errors, mut tokens) = (Vec::new(), Vec::new(), 0u64, 0u64);
-                while next.fetch_add(1, Ordering::Relaxed) < total {
-                    let started = Instant::now();
-                    let Ok(resp) = client.request(post(&base, chat_body(true, 256))).await else {
-                        errors += 1;
-                        continue;
-                    };
-                    if !resp.status().is_success() {
-                        errors += 1;
-                        let _ = resp.into_body().collect().await;
-                        continue;
-                    }
-                    let mut body = resp.into_body();
-                    // Every content event gets its frame's arrival time: the gaps between
-                    // consecutive tokens as the client sees them (0 within one frame).
-                    let mut last = None::<Instant>;
-                    while let Some(frame) = body.frame().await {
-                        let Ok(frame) = frame else {
-                            errors += 1;
-                            break;
-                        };
-                        let Ok(data) = frame.into_data() else { continue };
-                        let now = Instant::now();
-                        let events = data.windows(10).filter(|w| w == b"\"content\":").count();
-                        for _ in 0..events {
-                            match last {
-                                None => ttft.push(now.duration_since(started).as_secs_f64()),
-                                Some(l) => gaps.push(now.duration_since(l).as_secs_f64()),
-                            }
-                            last = Some(now);
-                        }
-                        tokens += events as u64;
-                    }
-                }
-                (ttft, gaps, errors, tokens)
-            })
-        })
-        .collect();
-    let began = Instant::now();
-    let (mut ttft, mut gaps, mut errors, mut tokens) = (Vec::new(), Vec::new(), 0, 0);
-    for t in tasks {
-        let (a, b, e, n) = t.await.expect("stream task");
-        ttft.extend(a);
-        gaps.extend(b);
-        errors += e;
-        tokens += n;
-    }
-    let elapsed = began.elapsed().as_secs_f64();
-    ttft.sort_by(f64::total_cmp);
-    gaps.sort_by(f64::total_cmp);
-    json!({
-        "requests": total,
-        "seconds": elapsed,
-        "content_events": tokens,
-        "ttft_p50_ms": percentile(&ttft, 0.5) * 1e3,
-        "ttft_p99_ms": percentile(&ttft, 0.99) * 1e3,
-        "gap_p50_us": percentile(&gaps, 0.5) * 1e6,
-        "gap_p99_us": percentile(&gaps, 0.99) * 1e6,
-        "errors": errors,
-    })
-}
-
-/// (c) `n` streams opened and held (each has its response headers); the front's resident memory
-/// before and with them, per stream.
-async fn idle_streams(front: &Front, n: usize) -> Value {
-    let client = client();
-    let Some(baseline) = front.usage() else {
-        return json!({"note": "no front process (direct)"});
-    };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<bool>();
-    let release = Arc::new(tokio::sync::Notify::new());
-    let mut tasks = Vec::with_capacity(n);
-    for i in 0..n {
-        let (client, base, tx, release) = (client.clone(), front.base.clone(), tx.clone(), release.clone());
-        tasks.push(sparkgate_task::spawn("overhead-idle-stream", async move {
-            match client.request(post(&base, chat_body(true, 64))).await {
-                Ok(resp) if resp.status().is_success() => {
-                    let _ = tx.send(true);
-                    let _body = resp.into_body();
-                    release.notified().await;
-                }
-                _ => {
-                    let _ = tx.send(false);
-                }
-            }
-        }));
-        // Open in waves so the listen backlogs keep up.
-        if i % 200 == 199 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    drop(tx);
-    let (mut open, mut failed) = (0usize, 0usize);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    while open + failed < n {
-        match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(true)) => open += 1,
-            Ok(Some(false)) => failed += 1,
-            _ => break,
-        }
-    }
-    // Let allocations settle after the last stream opened.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let held = front.usage().unwrap_or_default();
-    release.notify_waiters();
-    for t in tasks {
-        t.abort();
-    }
-    let per_stream = if open > 0 {
-        (held.rss_kib as f64 - baseline.rss_kib as f64) / open as f64
-    } else {
-        f64::NAN
-    };
-    json!({
-        "wanted": n,
-        "open": open,
-        "failed": failed,
-        "rss_before_kib": baseline.rss_kib,
-        "rss_held_kib": held.rss_kib,
-        "kib_per_stream": per_stream,
-        "processes": held.processes,
-    })
-}
-
 fn report(results: &[Value], o: &Options) {
-    let find = |name: &str| results.iter().find(|r| r["front"] == name);
-    let num = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
-    println!("\n### (a) non-streaming chat, 16 output tokens: req/s and latency (ms)\n");
-    println!("| front | c=1 req/s | c=16 req/s | c=64 req/s | c=64 vs direct | c=64 vs sparkgate | c=1 p50 | c=1 added p50 | c=64 p50 | c=64 p99 | c=64 front CPU µs/req | errors |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let direct = find("direct");
-    let sparkgate = find("sparkgate");
-    for r in results {
-        if let Some(e) = r["error"].as_str() {
-            println!(
-                "| {} | not run: {} ||||||||||| ",
-                r["front"].as_str().unwrap_or("?"),
-                e.lines().next().unwrap_or("")
-            );
-            continue;
-        }
-        let a = &r["non_streaming"];
-        let rps64 = num(&a["64"]["rps"]);
-        let ratio = |other: Option<&Value>| other.map_or(f64::NAN, |o| rps64 / num(&o["non_streaming"]["64"]["rps"]));
-        let added = direct.map_or(f64::NAN, |d| {
-            num(&a["1"]["p50_ms"]) - num(&d["non_streaming"]["1"]["p50_ms"])
-        });
-        let errors: f64 = ["1", "16", "64"].iter().map(|c| num(&a[*c]["errors"])).sum();
-        println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.2}× | {:.2}× | {:.3} | {:+.3} | {:.3} | {:.3} | {:.1} | {} |",
-            r["front"].as_str().unwrap_or("?"),
-            num(&a["1"]["rps"]),
-            num(&a["16"]["rps"]),
-            rps64,
-            ratio(direct),
-            ratio(sparkgate),
-            num(&a["1"]["p50_ms"]),
-            added,
-            num(&a["64"]["p50_ms"]),
-            num(&a["64"]["p99_ms"]),
-            num(&a["64"]["cpu_us_per_req"]),
-            errors
-        );
-    }
-    println!(
-        "\n### (b) streaming, 256 tokens, {STREAM_CONCURRENCY} at a time, {} requests, paced backend (~2 ms/token)\n",
-        o.streams
-    );
-    println!("| front | TTFT p50 ms | added TTFT p50 ms | token gap p50 µs | token gap p99 µs | added gap p50 µs | added gap p99 µs | front CPU s / 1000 req | errors |");
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for r in results.iter().filter(|r| r["error"].is_null()) {
-        let s = &r["streaming"];
-        if let Some(e) = s["error"].as_str() {
-            println!(
-                "| {} | not run: {} ||||||||",
-                r["front"].as_str().unwrap_or("?"),
-                e.lines().next().unwrap_or("")
-            );
-            continue;
-        }
-        let d = direct.map(|d| &d["streaming"]);
-        println!(
-            "| {} | {:.3} | {:+.3} | {:.1} | {:.1} | {:+.1} | {:+.1} | {} | {} |",
-            r["front"].as_str().unwrap_or("?"),
-            num(&s["ttft_p50_ms"]),
-            d.map_or(f64::NAN, |d| num(&s["ttft_p50_ms"]) - num(&d["ttft_p50_ms"])),
-            num(&s["gap_p50_us"]),
-            num(&s["gap_p99_us"]),
-            d.map_or(f64::NAN, |d| num(&s["gap_p50_us"]) - num(&d["gap_p50_us"])),
-            d.map_or(f64::NAN, |d| num(&s["gap_p99_us"]) - num(&d["gap_p99_us"])),
-            s["cpu_s_per_1000"]
-                .as_f64()
-                .map_or("—".to_owned(), |c| format!("{c:.2}")),
-            s["errors"]
-        );
-    }
-    println!("\n### (c) {} idle streams held\n", o.idle);
-    println!("| front | streams open | RSS before MiB | RSS held MiB | KiB per stream |");
-    println!("|---|---|---|---|---|");
-    for r in results
-        .iter()
-        .filter(|r| r["error"].is_null() && r["front"] != "direct")
-    {
-        let i = &r["idle"];
-        if let Some(e) = i["error"].as_str() {
-            println!(
-                "| {} | not run: {} ||||",
-                r["front"].as_str().unwrap_or("?"),
-                e.lines().next().unwrap_or("")
-            );
-            continue;
-        }
-        println!(
-            "| {} | {} / {} | {:.1} | {:.1} | {:.1} |",
-            r["front"].as_str().unwrap_or("?"),
-            i["open"],
-            i["wanted"],
-            num(&i["rss_before_kib"]) / 1024.0,
-            num(&i["rss_held_kib"]) / 1024.0,
-            num(&i["kib_per_stream"])
-        );
-    }
+    report_non_streaming(results);
+    report_streaming(results, o);
+    report_idle(results, o);
     println!("\nSetups:");
     for r in results {
         println!(
@@ -624,6 +311,143 @@ fn report(results: &[Value], o: &Options) {
             Ok(()) => println!("\nwrote {path}"),
             Err(e) => eprintln!("overhead: cannot write {path}: {e}"),
         }
+    }
+}
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+fn front_name(r: &Value) -> &str {
+    r["front"].as_str().unwrap_or("?")
+}
+
+/// A table row for a front that did not run, its reason's first line in the first cell.
+fn not_run(r: &Value, error: &str, cells: usize) {
+    println!(
+        "| {} | not run: {} {}",
+        front_name(r),
+        error.lines().next().unwrap_or(""),
+        "|".repeat(cells)
+    );
+}
+
+fn report_non_streaming(results: &[Value]) {
+    let find = |name: &str| results.iter().find(|r| r["front"] == name);
+    println!("\n### (a) non-streaming chat, 16 output tokens: req/s and latency (ms)\n");
+    println!("| front | c=1 req/s | c=16 req/s | c=64 req/s | c=64 vs direct | c=64 vs sparkgate | c=1 p50 | c=1 added p50 | c=64 p50 | c=64 p99 | c=64 front CPU µs/req | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let direct = find("direct");
+    let sparkgate = find("sparkgate");
+    for r in results {
+        if let Some(e) = r["error"].as_str() {
+            println!(
+                "| {} | not run: {} ||||||||||| ",
+                front_name(r),
+                e.lines().next().unwrap_or("")
+            );
+            continue;
+        }
+        let a = &r["non_streaming"];
+        let rps64 = num(&a["64"]["rps"]);
+        let ratio = |other: Option<&Value>| other.map_or(f64::NAN, |o| rps64 / num(&o["non_streaming"]["64"]["rps"]));
+        let added = direct.map_or(f64::NAN, |d| {
+            num(&a["1"]["p50_ms"]) - num(&d["non_streaming"]["1"]["p50_ms"])
+        });
+        let errors: f64 = ["1", "16", "64"].iter().map(|c| num(&a[*c]["errors"])).sum();
+        println!(
+            "| {} | {:.0} | {:.0} | {:.0} | {:.2}× | {:.2}× | {:.3} | {:+.3} | {:.3} | {:.3} | {:.1} | {} |",
+            front_name(r),
+            num(&a["1"]["rps"]),
+            num(&a["16"]["rps"]),
+            rps64,
+            ratio(direct),
+            ratio(sparkgate),
+            num(&a["1"]["p50_ms"]),
+            added,
+            num(&a["64"]["p50_ms"]),
+            num(&a["64"]["p99_ms"]),
+            num(&a["64"]["cpu_us_per_req"]),
+            errors
+        );
+    }
+}
+
+fn report_streaming(results: &[Value], o: &Options) {
+    let direct = results.iter().find(|r| r["front"] == "direct");
+    println!(
+        "\n### (b) streaming, 256 tokens, {STREAM_CONCURRENCY} at a time, {} requests, paced backend (~2 ms/token)\n",
+        o.streams
+    );
+    println!("| front | TTFT p50 ms | added TTFT p50 ms | token gap p50 µs | token gap p99 µs | added gap p50 µs | added gap p99 µs | front CPU s / 1000 req | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in results.iter().filter(|r| r["error"].is_null()) {
+        let s = &r["streaming"];
+        if let Some(e) = s["error"].as_str() {
+            not_run(r, e, 8);
+            continue;
+        }
+        let d = direct.map(|d| &d["streaming"]);
+        println!(
+            "| {} | {:.3} | {:+.3} | {:.1} | {:.1} | {:+.1} | {:+.1} | {} | {} |",
+            front_name(r),
+            num(&s["ttft_p50_ms"]),
+            d.map_or(f64::NAN, |d| num(&s["ttft_p50_ms"]) - num(&d["ttft_p50_ms"])),
+            num(&s["gap_p50_us"]),
+            num(&s["gap_p99_us"]),
+            d.map_or(f64::NAN, |d| num(&s["gap_p50_us"]) - num(&d["gap_p50_us"])),
+            d.map_or(f64::NAN, |d| num(&s["gap_p99_us"]) - num(&d["gap_p99_us"])),
+            s["cpu_s_per_1000"]
+                .as_f64()
+                .map_or("—".to_owned(), |c| format!("{c:.2}")),
+            s["errors"]
+        );
+    }
+}
+
+fn report_idle(results: &[Value], o: &Options) {
+    println!("\n### (c) {} idle streams held\n", o.idle);
+    println!("| front | streams open | RSS before MiB | RSS held MiB | KiB per stream |");
+    println!("|---|---|---|---|---|");
+    for r in results
+        .iter()
+        .filter(|r| r["error"].is_null() && r["front"] != "direct")
+    {
+        let i = &r["idle"];
+        if let Some(e) = i["error"].as_str() {
+            not_run(r, e, 4);
+            continue;
+        }
+        println!(
+            "| {} | {} / {} | {:.1} | {:.1} | {:.1} |",
+            front_name(r),
+            i["open"],
+            i["wanted"],
+            num(&i["rss_before_kib"]) / 1024.0,
+            num(&i["rss_held_kib"]) / 1024.0,
+            num(&i["kib_per_stream"])
+        );
+    }
+    // Streams that did not open, and why: a refusal, an error status, or no headers in time.
+    for r in results.iter().filter(|r| r["idle"]["open"] != r["idle"]["wanted"]) {
+        let i = &r["idle"];
+        if i["wanted"].is_null() {
+            continue;
+        }
+        let reasons: Vec<&str> = i["failed_because"]
+            .as_array()
+            .map(|w| w.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let why = match reasons.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", reasons.join("; ")),
+        };
+        println!(
+            "\n{}: {} failed{why}, {} without response headers after 180 s",
+            front_name(r),
+            i["failed"],
+            i["no_headers"]
+        );
     }
 }
 

@@ -8,8 +8,9 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, try_request, Gateway, Sim};
+use sparkgate_tests::harness::{binary_next_to, try_request, Sim};
 use sparkgate_tests::load::deepseek_sim_args;
+use sparkgate_tests::test_gateway::TestGateway;
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 
@@ -167,13 +168,12 @@ fn verdict(path: &str, status: u16, ct: &str, body: &[u8]) -> Option<String> {
 fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let exe = std::env::current_exe().expect("exe").to_string_lossy().into_owned();
-    let sim = Sim::start(&binary_next_to(&exe, "vllm-sim"), &deepseek_sim_args("8"), &[]);
-    let gw = Gateway::start(
-        &binary_next_to(&exe, "sparkgate"),
-        "deepseek-v4.1-flash",
-        sim.addr(),
-        &[("MAX_NUM_SEQS", "8")],
-    );
+    let sim_bin = binary_next_to(&exe, "vllm-sim");
+    let sim = Sim::start(&sim_bin, &deepseek_sim_args("8"), &[]);
+    let gw = TestGateway::builder(&sim_bin)
+        .upstream(sim.addr())
+        .env("MAX_NUM_SEQS", "8")
+        .start();
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
     let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
     let mut failures = Vec::new();

@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 
 pub use client::{Kind, Outcome};
 
-use crate::harness::{addr_in, free_port, request, Gateway, Proc};
+use crate::harness::{free_port, request, Gateway, Proc};
+use crate::test_gateway::TestGateway;
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 
@@ -157,10 +158,10 @@ pub struct Rig {
     model: String,
     /// Directories the rig's ranks use (the containers' model and HF directories).
     dirs: Vec<tempfile::TempDir>,
-    sparkgate: String,
-    sim: String,
-    logs: tempfile::TempDir,
-    env: Vec<(String, String)>,
+    /// How the rig's gateway is started, again after each kill.
+    gateway_settings: TestGateway,
+    /// The log directory every gateway of the rig shares (its ranks.json lets one adopt).
+    _logs: tempfile::TempDir,
     pub gateway: Option<Proc>,
     pub addr: Arc<RwLock<SocketAddr>>,
     master_port: u16,
@@ -169,25 +170,25 @@ pub struct Rig {
 }
 
 impl Rig {
-    pub fn start(sparkgate: &str, sim: &str) -> Rig {
-        Self::with(sparkgate, sim, None, Vec::new())
+    pub fn start(sim: &str) -> Rig {
+        Self::with(sim, None, Vec::new())
     }
 
     /// The demo topology with the worker rank on 127.0.0.2 through a real sshd
     /// (RUNTIME=process over SSH).
-    pub fn over_ssh(sparkgate: &str, sim: &str) -> Rig {
-        Self::with(sparkgate, sim, Some(ssh_worker()), Vec::new())
+    pub fn over_ssh(sim: &str) -> Rig {
+        Self::with(sim, Some(ssh_worker()), Vec::new())
     }
 
     /// RUNTIME=docker with the simulator image: the head container on this machine's daemon,
     /// the worker's on the daemon of 127.0.0.2 reached through a real sshd (the same daemon,
     /// forwarded over SSH).
-    pub fn docker_over_ssh(sparkgate: &str, sim: &str) -> Rig {
+    pub fn docker_over_ssh(sim: &str) -> Rig {
         let model = format!("faults-{}", std::process::id());
         let host_dir = tempfile::tempdir().expect("model dir");
         let mut env = crate::hosts::docker_env(sim, &model, host_dir.path());
         env.push(("STOP_RANKS_ON_EXIT".into(), "1".into()));
-        let mut rig = Self::with(sparkgate, sim, Some(ssh_worker()), env);
+        let mut rig = Self::with(sim, Some(ssh_worker()), env);
         let group = format!("deepseek-v4.1-flash.{model}");
         rig.ranks = Ranks::Containers { group: group.clone() };
         rig.model = model;
@@ -202,12 +203,7 @@ impl Rig {
         rig
     }
 
-    fn with(
-        sparkgate: &str,
-        sim: &str,
-        sshd: Option<(crate::hosts::Sshd, tempfile::TempDir)>,
-        extra: Vec<(String, String)>,
-    ) -> Rig {
+    fn with(sim: &str, sshd: Option<(crate::hosts::Sshd, tempfile::TempDir)>, extra: Vec<(String, String)>) -> Rig {
         let (port, vllm, master) = (free_port(), free_port(), free_port());
         let env = [
             ("PORT", port.to_string()),
@@ -224,14 +220,16 @@ impl Rig {
             env.extend(sshd.worker_env(control.path()));
         }
         env.extend(extra);
+        let logs = tempfile::tempdir().expect("log dir");
         let mut rig = Rig {
             ranks: Ranks::Processes,
             model: MODEL.to_owned(),
             dirs: Vec::new(),
-            sparkgate: sparkgate.to_owned(),
-            sim: sim.to_owned(),
-            logs: tempfile::tempdir().expect("log dir"),
-            env,
+            gateway_settings: TestGateway::builder(sim)
+                .logs(logs.path())
+                .envs(&env)
+                .own_process_group(),
+            _logs: logs,
             gateway: None,
             addr: Arc::new(RwLock::new(SocketAddr::from(([127, 0, 0, 1], port)))),
             master_port: master,
@@ -242,17 +240,9 @@ impl Rig {
     }
 
     fn spawn_gateway(&mut self) {
-        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let proc = Gateway::supervise_process_as(
-            &self.sparkgate,
-            &self.sim,
-            "deepseek-v4.1-flash",
-            self.logs.path(),
-            &env,
-            true,
-        );
-        *self.addr.write().expect("addr") = addr_in(&proc.wait_for("sparkgate listening on http://"));
-        self.gateway = Some(proc);
+        let gw = Gateway::listening(self.gateway_settings.clone().spawn());
+        *self.addr.write().expect("addr") = gw.addr;
+        self.gateway = Some(gw.proc);
         assert!(self.wait_ready(Duration::from_secs(60)).is_some(), "the group is ready");
     }
 

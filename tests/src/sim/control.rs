@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -49,57 +49,26 @@ pub(crate) async fn serve(port: u16, faults: Arc<Faults>, engine: Arc<Engine>) {
         &format!("vllm-sim control endpoint on http://{addr}"),
     );
     let app = Router::new()
-        .route(
-            "/fault/crash",
-            post(|State(c): State<Ctl>| async move {
-                c.faults.crash();
-                #[allow(unreachable_code)]
-                StatusCode::NO_CONTENT
-            }),
-        )
-        .route(
-            "/fault/crash-after-requests",
-            post(
-                |State(c): State<Ctl>, Query(q): Query<HashMap<String, String>>| async move {
-                    c.faults.arm_crash_after_requests(n(&q, "n").unwrap_or(1));
-                    StatusCode::NO_CONTENT
-                },
-            ),
-        )
-        .route(
-            "/fault/hang",
-            post(|State(c): State<Ctl>| async move {
-                c.faults.hang();
-                StatusCode::NO_CONTENT
-            }),
-        )
-        .route(
-            "/fault/stream-error",
-            post(
-                |State(c): State<Ctl>, Query(q): Query<HashMap<String, String>>| async move {
-                    c.faults
-                        .set_stream_error_after(n(&q, "after_tokens").unwrap_or(1).max(1));
-                    StatusCode::NO_CONTENT
-                },
-            ),
-        )
-        .route(
-            "/fault/refuse-connections",
-            post(|State(c): State<Ctl>| async move {
-                c.faults.refuse_connections.store(true, SeqCst);
-                StatusCode::NO_CONTENT
-            }),
-        )
-        .route(
-            "/fault/clear",
-            post(|State(c): State<Ctl>| async move {
-                c.faults.clear();
-                StatusCode::NO_CONTENT
-            }),
-        )
+        .route("/fault/{kind}", post(fault))
         .route("/state", get(state))
         .with_state(Ctl { faults, engine });
     let _ = axum::serve(listener, app).await;
+}
+
+/// `POST /fault/<kind>`: arms one fault (or clears them); 404 for a fault there is none of.
+async fn fault(State(c): State<Ctl>, Path(kind): Path<String>, Query(q): Query<HashMap<String, String>>) -> StatusCode {
+    match kind.as_str() {
+        "crash" => c.faults.crash(),
+        "crash-after-requests" => c.faults.arm_crash_after_requests(n(&q, "n").unwrap_or(1)),
+        "hang" => c.faults.hang(),
+        "stream-error" => c
+            .faults
+            .set_stream_error_after(n(&q, "after_tokens").unwrap_or(1).max(1)),
+        "refuse-connections" => c.faults.refuse_connections.store(true, SeqCst),
+        "clear" => c.faults.clear(),
+        _ => return StatusCode::NOT_FOUND,
+    }
+    StatusCode::NO_CONTENT
 }
 
 async fn state(State(c): State<Ctl>) -> Response {

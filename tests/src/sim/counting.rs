@@ -29,7 +29,7 @@ pub(crate) fn answer(prompt: &str) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::text::split_tokens;
+    use crate::sim::vocab::split_tokens;
 
     #[test]
     fn the_counting_task_is_answered_with_the_json_array() {

@@ -98,6 +98,20 @@ pub(crate) struct Engine {
     watchdog: Duration,
 }
 
+/// How an engine schedules and paces, from the command line and the environment.
+#[derive(Debug)]
+pub(crate) struct EngineSettings {
+    /// `--max-num-seqs`: sequences running at once.
+    pub(crate) max_num_seqs: u32,
+    /// `--max-num-queued-reqs`: requests waiting or running at most (none: unbounded).
+    pub(crate) max_queued: Option<u64>,
+    pub(crate) pacing: Pacing,
+    /// VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS: how long a step's collective may hang.
+    pub(crate) execute_timeout: Duration,
+    /// SIM_WATCHDOG_S: how long the API server lives on after the engine died.
+    pub(crate) watchdog: Duration,
+}
+
 /// Why a submission was refused before it started.
 #[derive(Debug, PartialEq)]
 pub(crate) enum Refused {
@@ -106,29 +120,24 @@ pub(crate) enum Refused {
 }
 
 impl Engine {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        max_num_seqs: u32,
-        max_queued: Option<u64>,
-        pacing: Pacing,
+        settings: EngineSettings,
         metrics: Arc<Metrics>,
         faults: Arc<Faults>,
         group: Arc<Group>,
-        execute_timeout: Duration,
-        watchdog: Duration,
     ) -> Arc<Self> {
         Arc::new(Self {
             waiting: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
             dead: AtomicBool::new(false),
-            max_num_seqs: max_num_seqs as usize,
-            max_queued,
-            pacing,
+            max_num_seqs: settings.max_num_seqs as usize,
+            max_queued: settings.max_queued,
+            pacing: settings.pacing,
             metrics,
             faults,
             group,
-            execute_timeout,
-            watchdog,
+            execute_timeout: settings.execute_timeout,
+            watchdog: settings.watchdog,
         })
     }
 
@@ -183,48 +192,15 @@ impl Engine {
         Ok(())
     }
 
-    /// The engine loop; runs until the engine dies.
+    /// The engine loop; runs until the engine dies. Each step: admit, wait for the collective
+    /// with the other ranks, prefill, sample (with speculation), pace, deliver.
     pub(crate) async fn run(self: Arc<Self>) {
         let mut running: Vec<Seq> = Vec::new();
         let mut rng = Rng::new(0x5151);
         let mut next_step = Instant::now();
         loop {
             self.faults.wait_while_hung().await;
-            // Admit FCFS up to max_num_seqs; the rest wait, unbounded, as in vLLM.
-            let mut prefill = 0;
-            {
-                let mut waiting = self.waiting.lock().expect("queue lock");
-                waiting.retain(|s| {
-                    !s.tx.is_closed() || {
-                        self.metrics.finished(Finished::Abort, 0.0);
-                        false
-                    }
-                });
-                while running.len() < self.max_num_seqs {
-                    let Some(seq) = waiting.pop_front() else { break };
-                    if seq.poison {
-                        log::error(
-                            "EngineCore_DP0",
-                            "core.py:933",
-                            "SIM_FAULT_CRASH_ON: the marked request crashes the engine.",
-                        );
-                        self.faults.crash();
-                    }
-                    self.metrics
-                        .prompt(seq.prompt_tokens as u64, seq.arrived.elapsed().as_secs_f64());
-                    running.push(seq);
-                }
-                self.metrics.waiting.store(waiting.len() as u64, SeqCst);
-            }
-            running.retain(|s| {
-                let gone = s.tx.is_closed();
-                if gone {
-                    self.metrics
-                        .finished(Finished::Abort, s.arrived.elapsed().as_secs_f64());
-                }
-                !gone
-            });
-            self.metrics.running.store(running.len() as u64, SeqCst);
+            self.admit(&mut running);
             if running.is_empty() {
                 let notified = self.wake.notified();
                 if self.waiting.lock().expect("queue lock").is_empty() {
@@ -233,7 +209,6 @@ impl Engine {
                 next_step = Instant::now();
                 continue;
             }
-
             // The collective with the other ranks; a lost peer hangs it until the execute timeout.
             let step = async {
                 if self.group.step().await.is_err() {
@@ -244,37 +219,8 @@ impl Engine {
                 self.die(&mut running).await;
                 return;
             }
-
-            // Chunked prefill, oldest first: a sequence samples its first token in the step that
-            // finishes its prompt; until then it takes part without output.
-            let mut budget = self.pacing.prefill_chunk;
-            for seq in running.iter_mut().filter(|s| s.prefill_left > 0) {
-                let take = seq.prefill_left.min(budget);
-                seq.prefill_left -= take;
-                budget -= take;
-                prefill += take;
-                if budget == 0 {
-                    break;
-                }
-            }
-            let k = self.pacing.acceptance.len() as u32;
-            let mut grants: Vec<usize> = Vec::with_capacity(running.len());
-            for seq in &running {
-                if seq.prefill_left > 0 {
-                    grants.push(0);
-                    continue;
-                }
-                let mut accepted = 0;
-                if k > 0 {
-                    while (accepted as usize) < self.pacing.acceptance.len()
-                        && rng.unit() < self.pacing.acceptance[accepted as usize]
-                    {
-                        accepted += 1;
-                    }
-                    self.metrics.draft(k, accepted);
-                }
-                grants.push((1 + accepted as usize).min(seq.total - seq.produced));
-            }
+            let prefill = self.prefill(&mut running);
+            let mut grants = self.sample(&running, &mut rng);
             let step_tokens: usize = grants.iter().sum();
             self.metrics.iteration(step_tokens as u64 + prefill as u64);
             let duration = self.pacing.step_duration(running.len(), step_tokens, prefill);
@@ -283,46 +229,135 @@ impl Engine {
                 tokio::time::sleep_until(next_step.into()).await;
             }
             self.faults.wait_while_hung().await;
-
-            let now = Instant::now();
-            let fail_after = self.faults.stream_error_after();
-            let mut i = 0;
-            while i < running.len() {
-                let seq = &mut running[i];
-                let n = grants[i];
-                if n == 0 {
-                    i += 1;
-                    continue;
-                }
-                seq.produced += n;
-                let gap = seq.last_token.map(|t| now.duration_since(t).as_secs_f64() / n as f64);
-                if seq.last_token.is_none() {
-                    self.metrics.first_token(now.duration_since(seq.arrived).as_secs_f64());
-                }
-                seq.last_token = Some(now);
-                self.metrics.tokens(n as u64, gap);
-                let _ = seq.tx.send((seq.index, Event::Tokens(n)));
-                let failed = fail_after.is_some_and(|f| seq.produced as u64 >= f && seq.produced < seq.total);
-                if failed || seq.produced >= seq.total {
-                    let seq = running.swap_remove(i);
-                    grants.swap_remove(i);
-                    // The slot is free before the client hears of the end, as in vLLM.
-                    self.metrics.running.store(running.len() as u64, SeqCst);
-                    let e2e = seq.arrived.elapsed().as_secs_f64();
-                    if failed {
-                        let _ = seq.tx.send((seq.index, Event::Failed("Internal server error".into())));
-                        self.metrics.finished(Finished::Error, e2e);
-                    } else {
-                        let _ = seq.tx.send((seq.index, Event::Done));
-                        self.metrics.finished(seq.finish, e2e);
-                    }
-                    self.faults.request_finished();
-                } else {
-                    i += 1;
-                }
-            }
+            self.deliver(&mut running, &mut grants);
             self.metrics.running.store(running.len() as u64, SeqCst);
         }
+    }
+
+    /// Admits FCFS up to max_num_seqs (the rest wait, unbounded, as in vLLM), after dropping
+    /// the sequences whose clients went away, waiting or running.
+    fn admit(&self, running: &mut Vec<Seq>) {
+        {
+            let mut waiting = self.waiting.lock().expect("queue lock");
+            waiting.retain(|s| {
+                !s.tx.is_closed() || {
+                    self.metrics.finished(Finished::Abort, 0.0);
+                    false
+                }
+            });
+            while running.len() < self.max_num_seqs {
+                let Some(seq) = waiting.pop_front() else { break };
+                if seq.poison {
+                    log::error(
+                        "EngineCore_DP0",
+                        "core.py:933",
+                        "SIM_FAULT_CRASH_ON: the marked request crashes the engine.",
+                    );
+                    self.faults.crash();
+                }
+                self.metrics
+                    .prompt(seq.prompt_tokens as u64, seq.arrived.elapsed().as_secs_f64());
+                running.push(seq);
+            }
+            self.metrics.waiting.store(waiting.len() as u64, SeqCst);
+        }
+        running.retain(|s| {
+            let gone = s.tx.is_closed();
+            if gone {
+                self.metrics
+                    .finished(Finished::Abort, s.arrived.elapsed().as_secs_f64());
+            }
+            !gone
+        });
+        self.metrics.running.store(running.len() as u64, SeqCst);
+    }
+
+    /// Chunked prefill, oldest first, up to the step's budget; returns the tokens prefilled. A
+    /// sequence samples its first token in the step that finishes its prompt; until then it
+    /// takes part without output.
+    fn prefill(&self, running: &mut [Seq]) -> usize {
+        let (mut budget, mut prefill) = (self.pacing.prefill_chunk, 0);
+        for seq in running.iter_mut().filter(|s| s.prefill_left > 0) {
+            let take = seq.prefill_left.min(budget);
+            seq.prefill_left -= take;
+            budget -= take;
+            prefill += take;
+            if budget == 0 {
+                break;
+            }
+        }
+        prefill
+    }
+
+    /// The tokens each running sequence gets this step: none while it prefills, else one plus
+    /// the drafts accepted, never past its total.
+    fn sample(&self, running: &[Seq], rng: &mut Rng) -> Vec<usize> {
+        let k = self.pacing.acceptance.len() as u32;
+        let mut grants: Vec<usize> = Vec::with_capacity(running.len());
+        for seq in running {
+            if seq.prefill_left > 0 {
+                grants.push(0);
+                continue;
+            }
+            let mut accepted = 0;
+            if k > 0 {
+                while (accepted as usize) < self.pacing.acceptance.len()
+                    && rng.unit() < self.pacing.acceptance[accepted as usize]
+                {
+                    accepted += 1;
+                }
+                self.metrics.draft(k, accepted);
+            }
+            grants.push((1 + accepted as usize).min(seq.total - seq.produced));
+        }
+        grants
+    }
+
+    /// Sends each sequence its granted tokens; a finished one (or one a stream-error fault
+    /// fails) leaves `running` with its grant.
+    fn deliver(&self, running: &mut Vec<Seq>, grants: &mut Vec<usize>) {
+        let now = Instant::now();
+        let fail_after = self.faults.stream_error_after();
+        let mut i = 0;
+        while i < running.len() {
+            let seq = &mut running[i];
+            let n = grants[i];
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            seq.produced += n;
+            let gap = seq.last_token.map(|t| now.duration_since(t).as_secs_f64() / n as f64);
+            if seq.last_token.is_none() {
+                self.metrics.first_token(now.duration_since(seq.arrived).as_secs_f64());
+            }
+            seq.last_token = Some(now);
+            self.metrics.tokens(n as u64, gap);
+            let _ = seq.tx.send((seq.index, Event::Tokens(n)));
+            let failed = fail_after.is_some_and(|f| seq.produced as u64 >= f && seq.produced < seq.total);
+            if failed || seq.produced >= seq.total {
+                let seq = running.swap_remove(i);
+                grants.swap_remove(i);
+                // The slot is free before the client hears of the end, as in vLLM.
+                self.metrics.running.store(running.len() as u64, SeqCst);
+                self.end(seq, failed);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Tells a sequence's client it ended (failed, or done with its finish reason).
+    fn end(&self, seq: Seq, failed: bool) {
+        let e2e = seq.arrived.elapsed().as_secs_f64();
+        if failed {
+            let _ = seq.tx.send((seq.index, Event::Failed("Internal server error".into())));
+            self.metrics.finished(Finished::Error, e2e);
+        } else {
+            let _ = seq.tx.send((seq.index, Event::Done));
+            self.metrics.finished(seq.finish, e2e);
+        }
+        self.faults.request_finished();
     }
 
     /// Engine death: every request in flight or queued fails, `/health` turns 503, and the

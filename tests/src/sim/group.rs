@@ -82,26 +82,7 @@ impl Group {
             {
                 continue;
             }
-            let fields: Vec<&str> = hello.split_whitespace().collect();
-            let parsed = match fields.as_slice() {
-                ["JOIN", rank, n, t] => rank
-                    .parse::<u32>()
-                    .ok()
-                    .zip(n.parse::<u32>().ok())
-                    .zip(t.parse::<u32>().ok()),
-                _ => None,
-            };
-            let verdict = match parsed {
-                None => Err("malformed join".to_owned()),
-                Some(((_, n), t)) if n != nnodes || t != tp => Err(format!(
-                    "group mismatch: nnodes={n} tp={t}, head has nnodes={nnodes} tp={tp}"
-                )),
-                Some(((r, _), _)) if r == 0 || r >= nnodes || joined.iter().any(|p| p.rank == r) => {
-                    Err(format!("rank {r} is not free"))
-                }
-                Some(((r, _), _)) => Ok(r),
-            };
-            match verdict {
+            match judge_join(&hello, nnodes, tp, &joined) {
                 Ok(rank) => {
                     if writer.write_all(b"OK\n").await.is_ok() {
                         log::info(
@@ -146,6 +127,30 @@ impl Group {
             }
         }
         Ok(())
+    }
+}
+
+/// The rank a `JOIN rank nnodes tp` line asks for, if the head (of `nnodes` nodes at `tp`,
+/// with `joined` peers) can take it; else why not.
+fn judge_join(hello: &str, nnodes: u32, tp: u32, joined: &[Peer]) -> Result<u32, String> {
+    let fields: Vec<&str> = hello.split_whitespace().collect();
+    let parsed = match fields.as_slice() {
+        ["JOIN", rank, n, t] => rank
+            .parse::<u32>()
+            .ok()
+            .zip(n.parse::<u32>().ok())
+            .zip(t.parse::<u32>().ok()),
+        _ => None,
+    };
+    match parsed {
+        None => Err("malformed join".to_owned()),
+        Some(((_, n), t)) if n != nnodes || t != tp => Err(format!(
+            "group mismatch: nnodes={n} tp={t}, head has nnodes={nnodes} tp={tp}"
+        )),
+        Some(((r, _), _)) if r == 0 || r >= nnodes || joined.iter().any(|p| p.rank == r) => {
+            Err(format!("rank {r} is not free"))
+        }
+        Some(((r, _), _)) => Ok(r),
     }
 }
 

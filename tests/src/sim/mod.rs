@@ -9,6 +9,7 @@ mod control;
 mod counting;
 mod engine;
 mod faults;
+mod flags;
 mod group;
 mod log;
 mod metric_families;
@@ -17,6 +18,7 @@ mod prefix;
 mod structured;
 mod text;
 mod tools;
+mod vocab;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -149,38 +151,15 @@ async fn load(component: &str, faults: &faults::Faults, seconds: Duration) {
     );
 }
 
+/// A rank's life: the start-up log, then a headless worker's rendezvous with its head, or the
+/// head's group, engine and API server until the process ends.
 async fn run(args: ServeArgs) -> i32 {
     let faults = Arc::new(faults::Faults::from_env());
     let started = Instant::now();
     let load_time = env_secs("SIM_LOAD_SECONDS", 1.0);
     let ready_timeout = env_secs("VLLM_ENGINE_READY_TIMEOUT_S", 600.0);
-    if let Some(after) = faults.crash_after {
-        let f = faults.clone();
-        sparkgate_task::spawn("sim-crash-after", async move {
-            tokio::time::sleep(after).await;
-            f.crash();
-        });
-    }
-    if let Some(after) = faults.hang_after {
-        let f = faults.clone();
-        sparkgate_task::spawn("sim-hang-after", async move {
-            tokio::time::sleep(after).await;
-            f.hang();
-        });
-    }
-    log::info("APIServer", "api_server.py:1893", "vLLM API server version 0.33.0");
-    faults::startup_quirks();
-    let given: serde_json::Map<String, serde_json::Value> = args
-        .given
-        .iter()
-        .map(|(k, v)| (k.replace('-', "_"), serde_json::Value::from(v.join(" "))))
-        .collect();
-    log::info(
-        "APIServer",
-        "utils.py:327",
-        &format!("non-default args: {}", serde_json::Value::Object(given)),
-    );
-
+    arm_timed_faults(&faults);
+    log_start(&args);
     if args.headless {
         log::info(
             "APIServer",
@@ -202,7 +181,6 @@ async fn run(args: ServeArgs) -> i32 {
         )
         .await;
     }
-
     let rendezvous = group::Group::rendezvous(
         &args.master_addr,
         args.master_port,
@@ -218,8 +196,65 @@ async fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
-
     let profile = profile_of(&args);
+    let (engine, metrics) = start_engine(&args, profile, faults.clone(), group);
+    let listener = match tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await {
+        Ok(l) => l,
+        Err(e) => {
+            log::error(
+                "APIServer",
+                "api_server.py:1850",
+                &format!("OSError: [Errno 98] could not bind on {}:{}: {e}", args.host, args.port),
+            );
+            return 1;
+        }
+    };
+    let app = app(args, profile, engine.clone(), metrics);
+    log_ready(listener.local_addr().expect("bound"), started);
+    if let Some(port) = env_f64("SIM_CONTROL_PORT") {
+        sparkgate_task::spawn("sim-control", control::serve(port as u16, faults.clone(), engine));
+    }
+    api::serve(listener, app, faults).await;
+    0
+}
+
+/// The faults that strike a set time after start (SIM_FAULT_CRASH_AFTER_S, …_HANG_AFTER_S).
+fn arm_timed_faults(faults: &Arc<faults::Faults>) {
+    if let Some(after) = faults.crash_after {
+        let f = faults.clone();
+        sparkgate_task::spawn("sim-crash-after", async move {
+            tokio::time::sleep(after).await;
+            f.crash();
+        });
+    }
+    if let Some(after) = faults.hang_after {
+        let f = faults.clone();
+        sparkgate_task::spawn("sim-hang-after", async move {
+            tokio::time::sleep(after).await;
+            f.hang();
+        });
+    }
+}
+
+/// vLLM's first lines: its version, its start-up quirks, the non-default arguments.
+fn log_start(args: &ServeArgs) {
+    log::info("APIServer", "api_server.py:1893", "vLLM API server version 0.33.0");
+    faults::startup_quirks();
+    let given: serde_json::Map<String, serde_json::Value> = args
+        .given
+        .iter()
+        .map(|(k, v)| (k.replace('-', "_"), serde_json::Value::from(v.join(" "))))
+        .collect();
+    log::info(
+        "APIServer",
+        "utils.py:327",
+        &format!("non-default args: {}", serde_json::Value::Object(given)),
+    );
+}
+
+/// The pacing of `profile`'s speculation mode from the command line: its throughput table
+/// scaled by SIM_SPEED (instant when 0), prefill speed, and per-position acceptance.
+fn pacing(args: &ServeArgs, profile: ProfileId) -> engine::Pacing {
     let method = args.speculative.as_ref().map(|s| s.method.as_str()).unwrap_or("none");
     let spec_method = method.parse::<SpecMethod>().unwrap_or(SpecMethod::None);
     let table = seeded_throughput(profile, spec_method)
@@ -231,7 +266,7 @@ async fn run(args: ServeArgs) -> i32 {
         Some(v) => Some(v.parse::<f64>().ok().filter(|s| *s > 0.0).unwrap_or(1.0)),
         None => Some(1.0),
     };
-    let pacing = engine::Pacing {
+    engine::Pacing {
         table,
         speed,
         prefill_chunk: args.max_num_batched_tokens as usize,
@@ -248,36 +283,42 @@ async fn run(args: ServeArgs) -> i32 {
                 acceptance(method, k).into_iter().map(|p| p * scale).collect()
             })
             .unwrap_or_default(),
-    };
+    }
+}
+
+/// The engine of the head rank (and its metrics), its loop and the stats line running.
+fn start_engine(
+    args: &ServeArgs,
+    profile: ProfileId,
+    faults: Arc<faults::Faults>,
+    group: Arc<group::Group>,
+) -> (Arc<engine::Engine>, Arc<metrics::Metrics>) {
+    let k = args.speculative.as_ref().map(|s| s.num_speculative_tokens);
     let metrics = Arc::new(metrics::Metrics::new(args.served_name(), args.max_num_seqs, k));
-    let engine = engine::Engine::new(
-        args.max_num_seqs,
-        args.max_num_queued_reqs,
-        pacing,
-        metrics.clone(),
-        faults.clone(),
-        group,
-        env_secs("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0),
-        env_secs("SIM_WATCHDOG_S", 5.0),
-    );
+    let settings = engine::EngineSettings {
+        max_num_seqs: args.max_num_seqs,
+        max_queued: args.max_num_queued_reqs,
+        pacing: pacing(args, profile),
+        execute_timeout: env_secs("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0),
+        watchdog: env_secs("SIM_WATCHDOG_S", 5.0),
+    };
+    let engine = engine::Engine::new(settings, metrics.clone(), faults, group);
     sparkgate_task::spawn("sim-engine", engine.clone().run());
     sparkgate_task::spawn(
         "sim-stats",
         stats_logger(metrics.clone(), env_secs("VLLM_LOG_STATS_INTERVAL", 10.0)),
     );
+    (engine, metrics)
+}
 
-    let listener = match tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await {
-        Ok(l) => l,
-        Err(e) => {
-            log::error(
-                "APIServer",
-                "api_server.py:1850",
-                &format!("OSError: [Errno 98] could not bind on {}:{}: {e}", args.host, args.port),
-            );
-            return 1;
-        }
-    };
-    let addr = listener.local_addr().expect("bound");
+/// What the API server's handlers share: the arguments, the chat template, the engine, the
+/// model's fingerprint and creation time, and the prefix cache.
+fn app(
+    args: ServeArgs,
+    profile: ProfileId,
+    engine: Arc<engine::Engine>,
+    metrics: Arc<metrics::Metrics>,
+) -> Arc<api::App> {
     let template = if profile == ProfileId::Glm53Flash {
         text::Template::Glm
     } else {
@@ -304,16 +345,19 @@ async fn run(args: ServeArgs) -> i32 {
             (true, None) => (1 << 20) / args.block_size,
         },
     );
-    let app = Arc::new(api::App {
+    Arc::new(api::App {
         args,
         template,
-        engine: engine.clone(),
+        engine,
         metrics,
         created,
         fingerprint,
         prefix,
-    });
+    })
+}
 
+/// vLLM's lines once the API server listens on `addr`, ending with the one that says ready.
+fn log_ready(addr: std::net::SocketAddr, started: Instant) {
     log::info("APIServer", "api_server.py:1925", "Supported tasks: ['generate']");
     log::info(
         "APIServer",
@@ -348,11 +392,6 @@ async fn run(args: ServeArgs) -> i32 {
         "api_server.py:1950",
         &format!("vllm-sim ready in {:.2}s", started.elapsed().as_secs_f64()),
     );
-    if let Some(port) = env_f64("SIM_CONTROL_PORT") {
-        sparkgate_task::spawn("sim-control", control::serve(port as u16, faults.clone(), engine));
-    }
-    api::serve(listener, app, faults).await;
-    0
 }
 
 /// vLLM's periodic stats line, printed while there is work.

@@ -4,13 +4,10 @@
 #![allow(dead_code, unreachable_pub)]
 
 use serde_json::Value;
-use sparkgate_tests::harness::{binary_next_to, post_json, Gateway, HttpResponse, Sim};
+use sparkgate_tests::harness::{post_json, Gateway, HttpResponse, Sim};
+use sparkgate_tests::test_gateway::TestGateway;
 
 pub const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-pub fn sparkgate() -> String {
-    binary_next_to(SIM, "sparkgate")
-}
 
 pub const DS: &[&str] = &sparkgate_tests::load::DEEPSEEK_SIM_ARGS;
 pub const GLM: &[&str] = &[
@@ -25,7 +22,7 @@ pub const GLM: &[&str] = &[
 
 pub fn ds_pair(sim_env: &[(&str, &str)], gw_env: &[(&str, &str)]) -> (Sim, Gateway) {
     let sim = Sim::start(SIM, DS, sim_env);
-    let gw = Gateway::start(&sparkgate(), "deepseek-v4.1-flash", sim.addr(), gw_env);
+    let gw = TestGateway::builder(SIM).upstream(sim.addr()).envs(gw_env).start();
     (sim, gw)
 }
 

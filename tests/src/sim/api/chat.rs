@@ -11,9 +11,10 @@ use super::generate::{ChoicePlan, Delta, Job, Step};
 use super::logprobs;
 use super::request;
 use super::validate;
-use super::{error, json_response, ApiError, App, Shared};
+use super::{internal_error, json_response, ApiError, App, Shared};
 use crate::sim::structured::Constraint;
 use crate::sim::text::{self, ToolCall};
+use crate::sim::vocab;
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     match run(&app, &headers, &body) {
@@ -24,7 +25,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
                 &ctx.request_id,
                 json_response(StatusCode::OK, &full_body(&app, &job, &ctx)),
             ),
-            Err(msg) => error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None).into_response(),
+            Err(msg) => internal_error(&msg).into_response(),
         },
         Err(e) => e.into_response(),
     }
@@ -83,7 +84,7 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value
     let n = request::n_choices(&req)?;
     let rendering = app.template.render(&kwargs);
     let prompt = text::render_prompt(&messages, &rendering);
-    let prompt_tokens = text::count_tokens(&prompt);
+    let prompt_tokens = vocab::count_tokens(&prompt);
     request::check_prompt_length(app, prompt_tokens)?;
     let budget = (app.args.max_model_len as usize - prompt_tokens).min(max_tokens.map_or(usize::MAX, |m| m as usize));
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);

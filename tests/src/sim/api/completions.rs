@@ -8,43 +8,24 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::chat::{error_frame, frame, now_secs, sse_response, with_request_id, DONE};
-use super::generate::{ChoicePlan, Job, Step};
+use super::generate::{ChoicePlan, Delta, Job, Step};
 use super::request::{self, invalid};
 use super::{bad_request, logprobs, validate, App};
-use super::{error, json_response, ApiError, Shared};
+use super::{internal_error, json_response, ApiError, Shared};
 use crate::sim::text::{self, Output};
+use crate::sim::vocab;
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
     validate::stream_options_need_stream(&req)?;
     validate::fields(&mut req, validate::COMPLETION, &[])?;
-    let prompts: Vec<String> = match req.get("prompt") {
-        Some(Value::String(p)) if !p.is_empty() => vec![p.clone()],
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
-            a.iter().filter_map(Value::as_str).map(str::to_owned).collect()
-        }
-        Some(other) if !other.is_null() && !other.as_str().is_some_and(str::is_empty) => {
-            return Err(invalid(
-                "string_type",
-                "prompt",
-                "Input should be a valid string",
-                other,
-            ))
-        }
-        _ => {
-            return Err(bad_request(
-                "Either prompt or prompt_embeds must be provided and non-empty.",
-                Some("prompt"),
-                None,
-            ))
-        }
-    };
+    let prompts = prompts(&req)?;
     request::check_model(&app, &req)?;
     validate::sampling(&app, &req, &["max_tokens"])?;
     let stream = request::stream_options(&app, &req)?;
     let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
     let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);
-    request::check_prompt_length(&app, prompts.iter().map(|p| text::count_tokens(p)).max().unwrap_or(0))?;
+    request::check_prompt_length(&app, prompts.iter().map(|p| vocab::count_tokens(p)).max().unwrap_or(0))?;
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let choices: Vec<ChoicePlan> = prompts
         .iter()
@@ -59,69 +40,100 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         .collect();
     let request_id = request::request_id(&headers, &req);
     let texts: Vec<&str> = prompts.iter().map(String::as_str).collect();
-    let mut job = Job::start(&app, &texts, choices)?;
-    let prompt_tokens = job.prompt_tokens;
-    let id = format!("cmpl-{request_id}");
-    let model = app.args.served_name().to_owned();
-    let created = now_secs();
+    let job = Job::start(&app, &texts, choices)?;
+    let reply = Reply {
+        id: format!("cmpl-{request_id}"),
+        model: app.args.served_name().to_owned(),
+        created: now_secs(),
+        top,
+        fingerprint: app.fingerprint.clone(),
+    };
     if !stream.stream {
-        if let Err(msg) = job.complete().await {
-            return Err(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalServerError",
-                &msg,
-                None,
-            ));
-        }
-        let choices: Vec<Value> = job
-            .choices
-            .iter()
-            .enumerate()
-            .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": top.map_or(Value::Null, |k| logprobs::completion(c.released(), k)), "finish_reason": c.finish, "stop_reason": null, "token_ids": null, "prompt_logprobs": null, "prompt_token_ids": null, "routed_experts": null, "weight_versions": null}))
-            .collect();
-        let completion = job.completion_tokens();
-        let body = json!({
-            "id": id, "object": "text_completion", "created": created, "model": model, "choices": choices,
-            "service_tier": null, "system_fingerprint": app.fingerprint,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion, "completion_tokens": completion,
-                "prompt_tokens_details": details(&app, job.cached_tokens, false).unwrap_or(Value::Null), "completion_tokens_details": null},
-            "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null
-        });
-        return Ok(with_request_id(&app, &request_id, json_response(StatusCode::OK, &body)));
+        return whole(&app, job, &reply, &request_id).await;
     }
-    let include_usage = stream.include_usage;
-    let fingerprint = app.fingerprint.clone();
-    let state = (job, false);
-    let app2 = app.clone();
-    let frames = futures_util::stream::unfold(state, move |(mut job, done)| {
-        let (id, model, fingerprint, app2) = (id.clone(), model.clone(), fingerprint.clone(), app2.clone());
+    let frames = frames(app.clone(), job, reply, stream.include_usage);
+    Ok(sse_response(&app, &request_id, frames))
+}
+
+/// The prompts: one string or a list of them, none empty.
+fn prompts(req: &serde_json::Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    match req.get("prompt") {
+        Some(Value::String(p)) if !p.is_empty() => Ok(vec![p.clone()]),
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
+            Ok(a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        }
+        Some(other) if !other.is_null() && !other.as_str().is_some_and(str::is_empty) => Err(invalid(
+            "string_type",
+            "prompt",
+            "Input should be a valid string",
+            other,
+        )),
+        _ => Err(bad_request(
+            "Either prompt or prompt_embeds must be provided and non-empty.",
+            Some("prompt"),
+            None,
+        )),
+    }
+}
+
+/// What every body or chunk of one completion names.
+#[derive(Debug, Clone)]
+struct Reply {
+    id: String,
+    model: String,
+    created: u64,
+    /// `logprobs`: the alternatives shown per token (none: no logprobs).
+    top: Option<usize>,
+    fingerprint: String,
+}
+
+impl Reply {
+    fn chunk(&self, choices: Value) -> Value {
+        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model, "choices": choices})
+    }
+}
+
+/// The whole completion in one body, once every choice is done.
+async fn whole(app: &Shared, mut job: Job, reply: &Reply, request_id: &str) -> Result<Response, ApiError> {
+    job.complete().await.map_err(|msg| internal_error(&msg))?;
+    let top = reply.top;
+    let choices: Vec<Value> = job
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": top.map_or(Value::Null, |k| logprobs::completion(c.released(), k)), "finish_reason": c.finish, "stop_reason": null, "token_ids": null, "prompt_logprobs": null, "prompt_token_ids": null, "routed_experts": null, "weight_versions": null}))
+        .collect();
+    let (prompt_tokens, completion) = (job.prompt_tokens, job.completion_tokens());
+    let body = json!({
+        "id": reply.id, "object": "text_completion", "created": reply.created, "model": reply.model, "choices": choices,
+        "service_tier": null, "system_fingerprint": app.fingerprint,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion, "completion_tokens": completion,
+            "prompt_tokens_details": details(app, job.cached_tokens, false).unwrap_or(Value::Null), "completion_tokens_details": null},
+        "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null
+    });
+    Ok(with_request_id(app, request_id, json_response(StatusCode::OK, &body)))
+}
+
+/// The streamed completion: a chunk per delta, then the usage chunk when asked for, `[DONE]`.
+fn frames(
+    app: Shared,
+    job: Job,
+    reply: Reply,
+    include_usage: bool,
+) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
+    futures_util::stream::unfold((job, false), move |(mut job, done)| {
+        let (reply, app) = (reply.clone(), app.clone());
         async move {
             if done {
                 return None;
             }
-            let chunk = |choices: Value| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
             loop {
                 match job.next().await {
                     Some(Step::Delta(i, d)) => {
                         if d.content.is_empty() && !d.last {
                             continue;
                         }
-                        let finish = if d.last {
-                            Value::String(job.choices[i].finish.into())
-                        } else {
-                            Value::Null
-                        };
-                        let lp = match top {
-                            Some(k) if !d.tokens.is_empty() => logprobs::completion(&d.tokens, k),
-                            _ => Value::Null,
-                        };
-                        let mut c = chunk(
-                            json!([{"index": i, "text": d.content, "logprobs": lp, "finish_reason": finish, "stop_reason": null, "prompt_token_ids": null, "token_ids": null, "weight_versions": null}]),
-                        );
-                        if d.last && !include_usage {
-                            c["system_fingerprint"] = Value::String(fingerprint.clone());
-                        }
-                        c["kv_transfer_params"] = Value::Null;
+                        let c = delta_chunk(&reply, &job, i, &d, include_usage);
                         return Some((frame(&c), (job, false)));
                     }
                     Some(Step::Failed(msg)) => {
@@ -132,14 +144,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
                     None => {
                         let mut b = Vec::new();
                         if include_usage {
-                            let completion = job.completion_tokens();
-                            let mut c = chunk(json!([]));
-                            c["usage"] = json!({"prompt_tokens": job.prompt_tokens, "total_tokens": job.prompt_tokens + completion, "completion_tokens": completion});
-                            if let Some(d) = details(&app2, job.cached_tokens, true) {
-                                c["usage"]["prompt_tokens_details"] = d;
-                            }
-                            c["system_fingerprint"] = Value::String(fingerprint.clone());
-                            b.extend_from_slice(&frame(&c));
+                            b.extend_from_slice(&frame(&usage_chunk(&app, &reply, &job)));
                         }
                         b.extend_from_slice(DONE);
                         return Some((Bytes::from(b), (job, true)));
@@ -147,8 +152,41 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
                 }
             }
         }
-    });
-    Ok(sse_response(&app, &request_id, frames))
+    })
+}
+
+/// The chunk of choice `i`'s delta `d`; the last one names the fingerprint unless the usage
+/// chunk follows.
+fn delta_chunk(reply: &Reply, job: &Job, i: usize, d: &Delta, include_usage: bool) -> Value {
+    let finish = if d.last {
+        Value::String(job.choices[i].finish.into())
+    } else {
+        Value::Null
+    };
+    let lp = match reply.top {
+        Some(k) if !d.tokens.is_empty() => logprobs::completion(&d.tokens, k),
+        _ => Value::Null,
+    };
+    let mut c = reply.chunk(
+        json!([{"index": i, "text": d.content, "logprobs": lp, "finish_reason": finish, "stop_reason": null, "prompt_token_ids": null, "token_ids": null, "weight_versions": null}]),
+    );
+    if d.last && !include_usage {
+        c["system_fingerprint"] = Value::String(reply.fingerprint.clone());
+    }
+    c["kv_transfer_params"] = Value::Null;
+    c
+}
+
+/// The usage chunk that ends a stream with `include_usage`.
+fn usage_chunk(app: &App, reply: &Reply, job: &Job) -> Value {
+    let completion = job.completion_tokens();
+    let mut c = reply.chunk(json!([]));
+    c["usage"] = json!({"prompt_tokens": job.prompt_tokens, "total_tokens": job.prompt_tokens + completion, "completion_tokens": completion});
+    if let Some(d) = details(app, job.cached_tokens, true) {
+        c["usage"]["prompt_tokens_details"] = d;
+    }
+    c["system_fingerprint"] = Value::String(reply.fingerprint.clone());
+    c
 }
 
 /// `prompt_tokens_details` as vLLM's completions render it: with `--enable-prompt-tokens-details`

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::pydantic::{self, PyErr};
-use super::{chat, completions, error, json_response, request, ApiError, Shared};
+use super::{chat, completions, internal_error, json_response, request, ApiError, Shared};
 
 pub(crate) async fn batch(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     match run_batch(&app, &headers, &body).await {
@@ -92,7 +92,7 @@ async fn run_batch(app: &Shared, headers: &HeaderMap, body: &[u8]) -> Result<Res
 }
 
 fn internal(msg: &str) -> Response {
-    error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", msg, None).into_response()
+    internal_error(msg).into_response()
 }
 
 pub(crate) async fn invocations(state: State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {

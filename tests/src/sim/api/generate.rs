@@ -8,6 +8,7 @@ use super::{error, ApiError, App};
 use crate::sim::engine::{Event, Refused, Submission, ENGINE_DEAD};
 use crate::sim::metrics::Finished;
 use crate::sim::text::{self, Output, ToolCall};
+use crate::sim::vocab;
 
 /// One choice's output plan and how much of it has been released.
 #[derive(Debug)]
@@ -43,7 +44,7 @@ impl ChoicePlan {
         let tool_tokens = out
             .tool_call
             .as_ref()
-            .map_or(0, |c| text::count_tokens(&c.arguments) + 1);
+            .map_or(0, |c| vocab::count_tokens(&c.arguments) + 1);
         let floor = if ignore_eos { budget } else { min_tokens.min(budget) };
         if out.tool_call.is_none() && tokens.len() < floor {
             let filler = text::plan_completion(&tokens.concat());
@@ -170,7 +171,7 @@ impl Job {
     /// `--max-num-queued-reqs` is reached.
     pub(crate) fn start(app: &App, prompts: &[&str], choices: Vec<ChoicePlan>) -> Result<Job, ApiError> {
         // Tokenised once: its length is the prompt's token count, its blocks the cache's key.
-        let tokens: Vec<Vec<u32>> = prompts.iter().map(|p| crate::sim::text::tokenize(p)).collect();
+        let tokens: Vec<Vec<u32>> = prompts.iter().map(|p| crate::sim::vocab::tokenize(p)).collect();
         let prompt_tokens: usize = tokens.iter().map(Vec::len).sum();
         let lookups: Vec<_> = tokens.iter().map(|t| app.prefix.lookup(t)).collect();
         let cached_tokens: usize = lookups.iter().map(|l| l.cached).sum();

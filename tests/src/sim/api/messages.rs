@@ -16,6 +16,7 @@ use super::generate::{Job, Step};
 use super::pydantic::{Field, Kind};
 use super::{json_response, request, validate, ApiError, App, Shared};
 use crate::sim::text;
+use crate::sim::vocab;
 
 const MESSAGES: &[Field] = &[
     ("model", Kind::Str, false),
@@ -175,7 +176,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         return event_stream(app, job, ctx.id);
     }
     if let Err(msg) = job.complete().await {
-        return super::error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &msg, None).into_anthropic();
+        return super::internal_error(&msg).into_anthropic();
     }
     let c = &job.choices[0];
     let mut content = Vec::new();
@@ -358,7 +359,7 @@ pub(crate) async fn count_tokens(
         .cloned()
         .unwrap_or_default();
     let kwargs = request::template_kwargs(&app, &chat)?;
-    let n = text::count_tokens(&text::render_prompt(&messages, &app.template.render(&kwargs)));
+    let n = vocab::count_tokens(&text::render_prompt(&messages, &app.template.render(&kwargs)));
     Ok(json_response(
         StatusCode::OK,
         &json!({"input_tokens": n, "context_management": {"original_input_tokens": n}}),

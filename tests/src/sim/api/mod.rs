@@ -27,6 +27,7 @@ use super::args::ServeArgs;
 use super::engine::Engine;
 use super::metrics::Metrics;
 use super::text::{self, Template};
+use super::vocab;
 
 pub(crate) use serve::serve;
 
@@ -94,6 +95,11 @@ pub(crate) fn error(status: StatusCode, kind: &'static str, message: &str, param
         message: message.to_owned(),
         param: param.map(str::to_owned),
     }
+}
+
+/// vLLM's 500 for a request the engine failed (a lost rank, an injected fault).
+pub(crate) fn internal_error(message: &str) -> ApiError {
+    error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", message, None)
 }
 
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
@@ -229,7 +235,7 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
             ]))
         }
     };
-    let tokens = text::tokenize(&text);
+    let tokens = vocab::tokenize(&text);
     Ok(json_response(
         StatusCode::OK,
         &json!({"count": tokens.len(), "max_model_len": app.args.max_model_len, "tokens": tokens, "token_strs": null}),
@@ -254,7 +260,7 @@ async fn detokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) 
         .get("tokens")
         .and_then(Value::as_array)
         .and_then(|a| a.iter().map(Value::as_u64).collect());
-    match ids.and_then(|ids| text::detokenize(&ids)) {
+    match ids.and_then(|ids| vocab::detokenize(&ids)) {
         Some(prompt) => Ok(json_response(StatusCode::OK, &json!({"prompt": prompt}))),
         None => Err(error(
             StatusCode::BAD_REQUEST,

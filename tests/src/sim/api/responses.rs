@@ -10,9 +10,10 @@ use serde_json::{json, Map, Value};
 use super::chat::{now_secs, sse_response, with_request_id};
 use super::generate::{ChoicePlan, Job, Step};
 use super::request::{self, invalid};
-use super::{error, json_response, ApiError, Shared};
+use super::{internal_error, json_response, ApiError, App, Shared};
 use crate::sim::structured::Constraint;
 use crate::sim::text;
+use crate::sim::vocab;
 
 /// Responses `input` (plus `instructions`) as chat messages.
 fn messages(req: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
@@ -64,6 +65,34 @@ struct Turn {
     tool_choice: Value,
     /// `instructions`, `text` and `reasoning` as the object echoes them.
     echo: [(&'static str, Value); 3],
+}
+
+impl Turn {
+    /// The ids and echoes of the response to `req`; the item ids are fresh.
+    fn new(
+        app: &App,
+        req: &Map<String, Value>,
+        request_id: &str,
+        tools: Option<&[Value]>,
+        max_output_tokens: u64,
+    ) -> Turn {
+        Turn {
+            id: format!("resp_{request_id}"),
+            created: now_secs(),
+            model: app.args.served_name().to_owned(),
+            msg_id: format!("msg_{}", request::random_hex(16)),
+            rs_id: format!("rs_{}", request::random_hex(16)),
+            call_id: format!("chatcmpl-tool-{}", request::random_hex(16)),
+            fc_id: format!("fc_{}", request::random_hex(16)),
+            max_output_tokens,
+            tools: Value::Array(tools.iter().copied().flatten().map(echo_tool).collect()),
+            tool_choice: req
+                .get("tool_choice")
+                .cloned()
+                .unwrap_or_else(|| json!(if tools.is_some() { "auto" } else { "none" })),
+            echo: echoes(req),
+        }
+    }
 }
 
 /// The request's `text` and `reasoning` with vLLM's defaults for the keys not given.
@@ -175,16 +204,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let req = request::json_object(&headers, &body)?;
     let msgs = messages(&req)?;
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    // `reasoning.effort` reaches the template as `reasoning_effort`.
-    let mut chat_like = req.clone();
-    if let Some(effort) = req
-        .get("reasoning")
-        .and_then(|r| r.get("effort"))
-        .filter(|e| !e.is_null())
-    {
-        chat_like.insert("reasoning_effort".into(), effort.clone());
-    }
-    let kwargs = request::template_kwargs(&app, &chat_like)?;
+    let kwargs = request::template_kwargs(&app, &with_effort(&req))?;
     let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
     request::check_model(&app, &req)?;
     let tools: Option<Vec<Value>> = req
@@ -194,123 +214,80 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         .cloned();
     let rendering = app.template.render(&kwargs);
     let prompt = text::render_prompt(&msgs, &rendering);
-    let prompt_tokens = text::count_tokens(&prompt);
+    let prompt_tokens = vocab::count_tokens(&prompt);
     request::check_prompt_length(&app, prompt_tokens)?;
     let budget =
         (app.args.max_model_len as usize - prompt_tokens).min(max_output_tokens.map_or(usize::MAX, |m| m as usize));
     let mut out = text::plan_chat(&msgs, tools.as_deref(), req.get("tool_choice"), &rendering);
-    // `text.format` constrains the answer like chat's `response_format`.
-    let format = req.get("text").and_then(|t| t.get("format")).cloned();
-    let constraint = match format.as_ref().and_then(|f| f.get("type")).and_then(Value::as_str) {
-        Some("json_schema") => Some(Constraint::Schema(
-            format
-                .as_ref()
-                .and_then(|f| f.get("schema"))
-                .cloned()
-                .unwrap_or(json!({})),
-        )),
-        Some("json_object") => Some(Constraint::Object),
-        _ => None,
-    };
-    if let Some(c) = &constraint {
+    if let Some(c) = &constraint(&req) {
         out.constrain(c);
     }
     let plan = ChoicePlan::new(out, budget, false, 0);
     let request_id = request::request_id(&headers, &req);
-    let mut job = Job::start(&app, &[&prompt], vec![plan])?;
-    let turn = Turn {
-        id: format!("resp_{request_id}"),
-        created: now_secs(),
-        model: app.args.served_name().to_owned(),
-        msg_id: format!("msg_{}", request::random_hex(16)),
-        rs_id: format!("rs_{}", request::random_hex(16)),
-        call_id: format!("chatcmpl-tool-{}", request::random_hex(16)),
-        fc_id: format!("fc_{}", request::random_hex(16)),
-        max_output_tokens: max_output_tokens.unwrap_or(app.args.max_model_len.saturating_sub(prompt_tokens as u64)),
-        tools: Value::Array(tools.iter().flatten().map(echo_tool).collect()),
-        tool_choice: req
-            .get("tool_choice")
-            .cloned()
-            .unwrap_or_else(|| json!(if tools.is_some() { "auto" } else { "none" })),
-        echo: echoes(&req),
-    };
+    let job = Job::start(&app, &[&prompt], vec![plan])?;
+    let max_output_tokens = max_output_tokens.unwrap_or(app.args.max_model_len.saturating_sub(prompt_tokens as u64));
+    let turn = Turn::new(&app, &req, &request_id, tools.as_deref(), max_output_tokens);
     if !stream {
-        if let Err(msg) = job.complete().await {
-            return Err(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalServerError",
-                &msg,
-                None,
-            ));
-        }
-        let plan = &job.choices[0];
-        let reasoning = plan.reasoning_text().map_or(0, |r| text::count_tokens(&r));
-        let status = if plan.finish == "length" {
-            "incomplete"
-        } else {
-            "completed"
-        };
-        let body = response_object(
-            &turn,
-            status,
-            final_output(&turn, plan, false),
-            usage(prompt_tokens, job.cached_tokens, job.completion_tokens(), reasoning),
-        );
-        return Ok(with_request_id(&app, &request_id, json_response(StatusCode::OK, &body)));
+        return whole(&app, job, &turn, prompt_tokens, &request_id).await;
     }
     let frames = async_events(job, turn, prompt_tokens);
     Ok(sse_response(&app, &request_id, frames))
 }
 
+/// The request as the chat template sees it: `reasoning.effort` reaches it as
+/// `reasoning_effort`.
+fn with_effort(req: &Map<String, Value>) -> Map<String, Value> {
+    let mut chat_like = req.clone();
+    if let Some(effort) = req
+        .get("reasoning")
+        .and_then(|r| r.get("effort"))
+        .filter(|e| !e.is_null())
+    {
+        chat_like.insert("reasoning_effort".into(), effort.clone());
+    }
+    chat_like
+}
+
+/// `text.format` constrains the answer like chat's `response_format`.
+fn constraint(req: &Map<String, Value>) -> Option<Constraint> {
+    let format = req.get("text").and_then(|t| t.get("format"));
+    match format.and_then(|f| f.get("type")).and_then(Value::as_str) {
+        Some("json_schema") => Some(Constraint::Schema(
+            format.and_then(|f| f.get("schema")).cloned().unwrap_or(json!({})),
+        )),
+        Some("json_object") => Some(Constraint::Object),
+        _ => None,
+    }
+}
+
+/// The whole response object, once the turn is done.
+async fn whole(
+    app: &Shared,
+    mut job: Job,
+    turn: &Turn,
+    prompt_tokens: usize,
+    request_id: &str,
+) -> Result<Response, ApiError> {
+    job.complete().await.map_err(|msg| internal_error(&msg))?;
+    let plan = &job.choices[0];
+    let reasoning = plan.reasoning_text().map_or(0, |r| vocab::count_tokens(&r));
+    let status = if plan.finish == "length" {
+        "incomplete"
+    } else {
+        "completed"
+    };
+    let body = response_object(
+        turn,
+        status,
+        final_output(turn, plan, false),
+        usage(prompt_tokens, job.cached_tokens, job.completion_tokens(), reasoning),
+    );
+    Ok(with_request_id(app, request_id, json_response(StatusCode::OK, &body)))
+}
+
 /// The streaming event sequence; each frame is `event: <type>\ndata: <json>\n\n`.
 fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util::Stream<Item = Bytes> + Send {
-    struct S {
-        job: Job,
-        turn: Turn,
-        seq: u64,
-        queue: std::collections::VecDeque<Bytes>,
-        started_reasoning: bool,
-        started_message: bool,
-        reasoning: String,
-        content: String,
-        done: bool,
-        prompt_tokens: usize,
-    }
-    impl S {
-        fn emit(&mut self, kind: &str, mut data: Value) {
-            data["type"] = json!(kind);
-            data["sequence_number"] = json!(self.seq);
-            self.seq += 1;
-            self.queue
-                .push_back(Bytes::from(format!("event: {kind}\ndata: {data}\n\n")));
-        }
-        fn close_reasoning(&mut self) {
-            if self.started_reasoning {
-                self.started_reasoning = false;
-                let text = self.reasoning.clone();
-                self.emit(
-                    "response.reasoning_text.done",
-                    json!({"item_id": self.turn.rs_id, "output_index": 0, "content_index": 0, "text": text}),
-                );
-                let rs = self.turn.rs_id.clone();
-                self.emit(
-                    "response.content_part.done",
-                    json!({"content_index": 0, "item_id": rs, "output_index": 0, "part": {"text": text, "type": "reasoning_text"}}),
-                );
-                let status = if self.job.choices[0].finish == "length" && !self.started_message {
-                    "incomplete"
-                } else {
-                    "completed"
-                };
-                let item = reasoning_item(&self.turn, &text, json!(status));
-                self.emit("response.output_item.done", json!({"item": item, "output_index": 0}));
-            }
-        }
-        fn message_index(&self) -> usize {
-            usize::from(!self.reasoning.is_empty())
-        }
-    }
-    let mut s = S {
+    let mut s = Events {
         job,
         turn,
         seq: 0,
@@ -336,91 +313,162 @@ fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util
             match s.job.next().await {
                 Some(Step::Delta(_, d)) => {
                     if !d.reasoning.is_empty() {
-                        if !s.started_reasoning && s.reasoning.is_empty() {
-                            s.started_reasoning = true;
-                            let item = json!({"id": s.turn.rs_id, "summary": [], "type": "reasoning", "content": null, "encrypted_content": null, "status": "in_progress"});
-                            s.emit("response.output_item.added", json!({"item": item, "output_index": 0}));
-                            let rs = s.turn.rs_id.clone();
-                            s.emit("response.content_part.added", json!({"content_index": 0, "item_id": rs, "output_index": 0, "part": {"text": "", "type": "reasoning_text"}}));
-                        }
-                        s.reasoning.push_str(&d.reasoning);
-                        let rs = s.turn.rs_id.clone();
-                        s.emit(
-                            "response.reasoning_text.delta",
-                            json!({"item_id": rs, "output_index": 0, "content_index": 0, "delta": d.reasoning}),
-                        );
+                        s.reasoning_delta(&d.reasoning);
                     }
                     if !d.content.is_empty() {
-                        s.close_reasoning();
-                        let idx = s.message_index();
-                        if !s.started_message {
-                            s.started_message = true;
-                            let item = message_item(&s.turn, "", "in_progress");
-                            s.emit("response.output_item.added", json!({"item": item, "output_index": idx}));
-                            let msg = s.turn.msg_id.clone();
-                            s.emit("response.content_part.added", json!({"item_id": msg, "output_index": idx, "content_index": 0, "part": {"annotations": [], "text": "", "type": "output_text", "logprobs": []}}));
-                        }
-                        s.content.push_str(&d.content);
-                        let msg = s.turn.msg_id.clone();
-                        s.emit("response.output_text.delta", json!({"item_id": msg, "output_index": idx, "content_index": 0, "delta": d.content, "logprobs": []}));
+                        s.content_delta(&d.content);
                     }
                 }
-                Some(Step::Failed(msg)) => {
-                    let resp = response_object(&s.turn, "failed", vec![], Value::Null);
-                    let mut r = resp;
-                    r["error"] = json!({"code": "server_error", "message": msg});
-                    s.emit("response.failed", json!({"response": r}));
-                    s.done = true;
-                }
-                None => {
-                    s.close_reasoning();
-                    let idx = s.message_index();
-                    let plan = &s.job.choices[0];
-                    let call = plan.tool_call.clone();
-                    let finish = plan.finish;
-                    if let Some(call) = call {
-                        let item = call_item(&s.turn, &call.name, "", "in_progress");
-                        s.emit("response.output_item.added", json!({"item": item, "output_index": idx}));
-                        let fc = s.turn.fc_id.clone();
-                        s.emit(
-                            "response.function_call_arguments.delta",
-                            json!({"item_id": fc, "output_index": idx, "delta": call.arguments}),
-                        );
-                        s.emit(
-                            "response.function_call_arguments.done",
-                            json!({"item_id": fc, "output_index": idx, "arguments": call.arguments, "name": call.name}),
-                        );
-                        let item = call_item(&s.turn, &call.name, &call.arguments, "completed");
-                        s.emit("response.output_item.done", json!({"item": item, "output_index": idx}));
-                    } else if s.started_message {
-                        let (msg, text) = (s.turn.msg_id.clone(), s.content.clone());
-                        s.emit("response.output_text.done", json!({"item_id": msg, "output_index": idx, "content_index": 0, "text": text, "logprobs": []}));
-                        s.emit("response.content_part.done", json!({"item_id": msg, "output_index": idx, "content_index": 0, "part": {"annotations": [], "text": text, "type": "output_text", "logprobs": null}}));
-                        let status = if finish == "length" { "incomplete" } else { "completed" };
-                        let item = message_item(&s.turn, &text, status);
-                        s.emit("response.output_item.done", json!({"item": item, "output_index": idx}));
-                    }
-                    let plan = &s.job.choices[0];
-                    let reasoning = plan.reasoning_text().map_or(0, |r| text::count_tokens(&r));
-                    let output = final_output(&s.turn, plan, true);
-                    let u = usage(
-                        s.prompt_tokens,
-                        s.job.cached_tokens,
-                        s.job.completion_tokens(),
-                        reasoning,
-                    );
-                    let (kind, status) = if finish == "length" {
-                        ("response.incomplete", "incomplete")
-                    } else {
-                        ("response.completed", "completed")
-                    };
-                    let resp = response_object(&s.turn, status, output, u);
-                    s.emit(kind, json!({"response": resp}));
-                    s.done = true;
-                }
+                Some(Step::Failed(msg)) => s.failed(&msg),
+                None => s.finished(),
             }
         }
     })
+}
+
+/// A streamed turn: the events queued to send, and what the items so far hold.
+struct Events {
+    job: Job,
+    turn: Turn,
+    seq: u64,
+    queue: std::collections::VecDeque<Bytes>,
+    started_reasoning: bool,
+    started_message: bool,
+    reasoning: String,
+    content: String,
+    done: bool,
+    prompt_tokens: usize,
+}
+
+impl Events {
+    fn emit(&mut self, kind: &str, mut data: Value) {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        self.queue
+            .push_back(Bytes::from(format!("event: {kind}\ndata: {data}\n\n")));
+    }
+
+    fn close_reasoning(&mut self) {
+        if self.started_reasoning {
+            self.started_reasoning = false;
+            let text = self.reasoning.clone();
+            self.emit(
+                "response.reasoning_text.done",
+                json!({"item_id": self.turn.rs_id, "output_index": 0, "content_index": 0, "text": text}),
+            );
+            let rs = self.turn.rs_id.clone();
+            self.emit(
+                "response.content_part.done",
+                json!({"content_index": 0, "item_id": rs, "output_index": 0, "part": {"text": text, "type": "reasoning_text"}}),
+            );
+            let status = if self.job.choices[0].finish == "length" && !self.started_message {
+                "incomplete"
+            } else {
+                "completed"
+            };
+            let item = reasoning_item(&self.turn, &text, json!(status));
+            self.emit("response.output_item.done", json!({"item": item, "output_index": 0}));
+        }
+    }
+
+    fn message_index(&self) -> usize {
+        usize::from(!self.reasoning.is_empty())
+    }
+
+    /// More reasoning text, opening the reasoning item first.
+    fn reasoning_delta(&mut self, delta: &str) {
+        if !self.started_reasoning && self.reasoning.is_empty() {
+            self.started_reasoning = true;
+            let item = json!({"id": self.turn.rs_id, "summary": [], "type": "reasoning", "content": null, "encrypted_content": null, "status": "in_progress"});
+            self.emit("response.output_item.added", json!({"item": item, "output_index": 0}));
+            let rs = self.turn.rs_id.clone();
+            self.emit("response.content_part.added", json!({"content_index": 0, "item_id": rs, "output_index": 0, "part": {"text": "", "type": "reasoning_text"}}));
+        }
+        self.reasoning.push_str(delta);
+        let rs = self.turn.rs_id.clone();
+        self.emit(
+            "response.reasoning_text.delta",
+            json!({"item_id": rs, "output_index": 0, "content_index": 0, "delta": delta}),
+        );
+    }
+
+    /// More answer text: the reasoning item closes, the message item opens.
+    fn content_delta(&mut self, delta: &str) {
+        self.close_reasoning();
+        let idx = self.message_index();
+        if !self.started_message {
+            self.started_message = true;
+            let item = message_item(&self.turn, "", "in_progress");
+            self.emit("response.output_item.added", json!({"item": item, "output_index": idx}));
+            let msg = self.turn.msg_id.clone();
+            self.emit("response.content_part.added", json!({"item_id": msg, "output_index": idx, "content_index": 0, "part": {"annotations": [], "text": "", "type": "output_text", "logprobs": []}}));
+        }
+        self.content.push_str(delta);
+        let msg = self.turn.msg_id.clone();
+        self.emit(
+            "response.output_text.delta",
+            json!({"item_id": msg, "output_index": idx, "content_index": 0, "delta": delta, "logprobs": []}),
+        );
+    }
+
+    fn failed(&mut self, msg: &str) {
+        let mut r = response_object(&self.turn, "failed", vec![], Value::Null);
+        r["error"] = json!({"code": "server_error", "message": msg});
+        self.emit("response.failed", json!({"response": r}));
+        self.done = true;
+    }
+
+    /// The turn is done: its last item closes (the function call is sent whole), then the
+    /// final response object.
+    fn finished(&mut self) {
+        self.close_reasoning();
+        let idx = self.message_index();
+        let plan = &self.job.choices[0];
+        let (call, finish) = (plan.tool_call.clone(), plan.finish);
+        if let Some(call) = call {
+            let item = call_item(&self.turn, &call.name, "", "in_progress");
+            self.emit("response.output_item.added", json!({"item": item, "output_index": idx}));
+            let fc = self.turn.fc_id.clone();
+            self.emit(
+                "response.function_call_arguments.delta",
+                json!({"item_id": fc, "output_index": idx, "delta": call.arguments}),
+            );
+            self.emit(
+                "response.function_call_arguments.done",
+                json!({"item_id": fc, "output_index": idx, "arguments": call.arguments, "name": call.name}),
+            );
+            let item = call_item(&self.turn, &call.name, &call.arguments, "completed");
+            self.emit("response.output_item.done", json!({"item": item, "output_index": idx}));
+        } else if self.started_message {
+            let (msg, text) = (self.turn.msg_id.clone(), self.content.clone());
+            self.emit(
+                "response.output_text.done",
+                json!({"item_id": msg, "output_index": idx, "content_index": 0, "text": text, "logprobs": []}),
+            );
+            self.emit("response.content_part.done", json!({"item_id": msg, "output_index": idx, "content_index": 0, "part": {"annotations": [], "text": text, "type": "output_text", "logprobs": null}}));
+            let status = if finish == "length" { "incomplete" } else { "completed" };
+            let item = message_item(&self.turn, &text, status);
+            self.emit("response.output_item.done", json!({"item": item, "output_index": idx}));
+        }
+        let plan = &self.job.choices[0];
+        let reasoning = plan.reasoning_text().map_or(0, |r| vocab::count_tokens(&r));
+        let output = final_output(&self.turn, plan, true);
+        let u = usage(
+            self.prompt_tokens,
+            self.job.cached_tokens,
+            self.job.completion_tokens(),
+            reasoning,
+        );
+        let (kind, status) = if finish == "length" {
+            ("response.incomplete", "incomplete")
+        } else {
+            ("response.completed", "completed")
+        };
+        let resp = response_object(&self.turn, status, output, u);
+        self.emit(kind, json!({"response": resp}));
+        self.done = true;
+    }
 }
 
 /// `GET /v1/responses/{id}`: the simulator stores no responses, so every id is unknown.

@@ -1,0 +1,273 @@
+//! The simulated model's tokenizer: a fixed vocabulary (specials, punctuation, the numbers up
+//! to 1000, the words it speaks — each plain and with a leading space), text split into those
+//! tokens, unknown text as raw bytes.
+
+/// Words the simulated model speaks. Each (with and without a leading space) is one token.
+pub(crate) const WORDS: &[&str] = &[
+    "the",
+    "a",
+    "model",
+    "tensor",
+    "parallel",
+    "rank",
+    "node",
+    "token",
+    "stream",
+    "batch",
+    "cache",
+    "memory",
+    "weights",
+    "layer",
+    "expert",
+    "attention",
+    "decode",
+    "prefill",
+    "step",
+    "draft",
+    "accept",
+    "speculative",
+    "throughput",
+    "latency",
+    "request",
+    "response",
+    "gateway",
+    "server",
+    "client",
+    "queue",
+    "limit",
+    "context",
+    "length",
+    "sequence",
+    "value",
+    "result",
+    "answer",
+    "question",
+    "first",
+    "second",
+    "then",
+    "next",
+    "because",
+    "therefore",
+    "so",
+    "and",
+    "or",
+    "but",
+    "with",
+    "without",
+    "for",
+    "of",
+    "in",
+    "on",
+    "to",
+    "from",
+    "by",
+    "is",
+    "are",
+    "was",
+    "be",
+    "it",
+    "this",
+    "that",
+    "each",
+    "every",
+    "all",
+    "one",
+    "two",
+    "four",
+    "many",
+    "more",
+    "less",
+    "fast",
+    "slow",
+    "large",
+    "small",
+    "split",
+    "across",
+    "between",
+    "over",
+    "under",
+    "shared",
+    "local",
+    "remote",
+    "compute",
+    "send",
+    "receive",
+    "wait",
+    "check",
+    "keep",
+    "hold",
+    "run",
+    "runs",
+    "uses",
+    "makes",
+    "works",
+    "holds",
+    "moves",
+    "careful",
+    "simple",
+    "clear",
+    "Considering",
+    "Looking",
+    "Checking",
+    "Weighing",
+    "Noting",
+    "Recalling",
+    "step",
+    "by",
+    "options",
+    "carefully",
+    "Reasoning",
+    "Effort",
+    "High",
+    "Low",
+    "Max",
+    "The",
+    "In",
+    "Each",
+    "When",
+    "This",
+    "Tensor",
+    "A",
+    "We",
+    "weather",
+    "Paris",
+    "sunny",
+    "degrees",
+    "tool",
+    "returned",
+    "called",
+    "Calling",
+    "function",
+    "Done",
+    "result",
+];
+
+/// Markers of the rendered chat prompt; each is one token.
+const SPECIALS: &[&str] = &[
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|tool|>",
+    "<think>",
+    "</think>",
+];
+
+const PUNCT: &[&str] = &[".", ",", ":", ";", "?", "!", "\n", "(", ")", "-", "*", "'", "\""];
+
+const BYTE_IDS: u32 = 256;
+
+/// The fixed vocabulary: specials, punctuation, numbers 0..=1000, words; each plain and with a
+/// leading space. Token id = 256 + index; ids below 256 are raw bytes (anything unknown).
+struct Vocab {
+    entries: Vec<String>,
+    index: std::collections::HashMap<String, u32>,
+}
+
+fn vocab() -> &'static Vocab {
+    static VOCAB: std::sync::OnceLock<Vocab> = std::sync::OnceLock::new();
+    VOCAB.get_or_init(|| {
+        let mut entries: Vec<String> = SPECIALS.iter().map(|s| (*s).to_owned()).collect();
+        let numbers: Vec<String> = (0..=1000).map(|n| n.to_string()).collect();
+        for w in PUNCT
+            .iter()
+            .map(|s| (*s).to_owned())
+            .chain(numbers)
+            .chain(WORDS.iter().map(|s| (*s).to_owned()))
+        {
+            entries.push(format!(" {w}"));
+            entries.push(w);
+        }
+        entries.dedup();
+        let mut index = std::collections::HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            index.entry(e.clone()).or_insert(BYTE_IDS + i as u32);
+        }
+        Vocab { entries, index }
+    })
+}
+
+/// Splits text into token strings: specials, then an optional single space followed by a run of
+/// letters/digits or one other character.
+pub(crate) fn split_tokens(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        if let Some(s) = SPECIALS.iter().find(|s| rest.starts_with(**s)) {
+            out.push(&rest[..s.len()]);
+            rest = &rest[s.len()..];
+            continue;
+        }
+        let mut chars = rest.char_indices();
+        let (_, first) = chars.next().expect("non-empty");
+        let body_start = if first == ' ' && rest.len() > 1 { 1 } else { 0 };
+        let body = &rest[body_start..];
+        let c0 = body.chars().next().expect("non-empty");
+        let len = if c0.is_alphanumeric() {
+            body.char_indices()
+                .find(|(_, c)| !c.is_alphanumeric())
+                .map(|(i, _)| i)
+                .unwrap_or(body.len())
+        } else {
+            c0.len_utf8()
+        };
+        let end = body_start + len;
+        out.push(&rest[..end]);
+        rest = &rest[end..];
+    }
+    out
+}
+
+pub(crate) fn tokenize(text: &str) -> Vec<u32> {
+    let v = vocab();
+    let mut ids = Vec::new();
+    for t in split_tokens(text) {
+        match v.index.get(t) {
+            Some(id) => ids.push(*id),
+            None => ids.extend(t.bytes().map(u32::from)),
+        }
+    }
+    ids
+}
+
+pub(crate) fn count_tokens(text: &str) -> usize {
+    let v = vocab();
+    split_tokens(text)
+        .iter()
+        .map(|t| if v.index.contains_key(*t) { 1 } else { t.len() })
+        .sum()
+}
+
+/// Inverse of [`tokenize`]; `None` for an id outside the vocabulary.
+pub(crate) fn detokenize(ids: &[u64]) -> Option<String> {
+    let v = vocab();
+    let mut bytes = Vec::new();
+    for &id in ids {
+        if id < u64::from(BYTE_IDS) {
+            bytes.push(id as u8);
+        } else {
+            bytes.extend(
+                v.entries
+                    .get(usize::try_from(id - u64::from(BYTE_IDS)).ok()?)?
+                    .as_bytes(),
+            );
+        }
+    }
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_round_trips_and_counts() {
+        let text = "<|user|>What is 17*19? Reply with the integer only.<|assistant|></think>";
+        let ids = tokenize(text);
+        assert_eq!(ids.len(), count_tokens(text));
+        let as_u64: Vec<u64> = ids.iter().map(|&i| u64::from(i)).collect();
+        assert_eq!(detokenize(&as_u64).unwrap(), text);
+        assert_eq!(tokenize(" model").len(), 1);
+        assert_eq!(tokenize("zqxj").len(), 4, "unknown words fall back to bytes");
+        assert_eq!(tokenize("héllo").len(), "héllo".len());
+    }
+}
