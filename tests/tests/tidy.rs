@@ -74,7 +74,7 @@ fn no_non_test_function_in_any_crate_is_over_80_lines() {
 }
 
 #[test]
-fn nothing_allows_too_many_arguments() {
+fn no_function_allows_an_argument_pile_up() {
     let needle = ["too_many", "arguments"].join("_");
     let found: Vec<String> = workspace_files()
         .into_iter()
