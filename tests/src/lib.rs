@@ -5,6 +5,7 @@ pub mod conformance;
 pub mod faults;
 pub mod harness;
 pub mod hosts;
+pub mod http;
 pub mod load;
 pub mod overhead;
 pub mod realvllm;

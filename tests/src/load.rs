@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{post_json, request, Gateway, Streaming};
+use crate::harness::Gateway;
+use crate::http::{post_json, request, Streaming};
 
 /// Running clients; each stops when its flag is set.
 #[derive(Debug)]

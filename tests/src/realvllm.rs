@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use sparkgate_config::{Config, LoadOptions, ProfileId, SpecMethod};
 
-use crate::harness::{free_port, try_request, Proc};
+use crate::harness::{free_port, Proc};
+use crate::http::try_request;
 
 /// The venv `.ci/run` installs `vllm==0.33.0` into (`SPARKGATE_VLLM_VENV` overrides).
 pub fn venv() -> PathBuf {

@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{request, Gateway, HttpResponse, STARTUP};
+use crate::harness::{Gateway, STARTUP};
+use crate::http::{request, HttpResponse};
 
 impl Gateway {
     /// `GET /admin/status` (loopback, no token) as JSON.

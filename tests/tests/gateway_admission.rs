@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::json;
-use sparkgate_tests::harness::{hold_streams, post_json, request, sse_data, HttpResponse, Streaming};
+use sparkgate_tests::http::{hold_streams, post_json, request, sse_data, HttpResponse, Streaming};
 
 mod common;
 use common::{chat, ds_pair};

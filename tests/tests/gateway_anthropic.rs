@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{post_json, Streaming};
+use sparkgate_tests::http::{post_json, Streaming};
 use sparkgate_tests::realvllm::RealVllm;
 
 mod common;

@@ -4,7 +4,7 @@
 //! per unchecked header; admin refusals name the admin token.
 
 use serde_json::json;
-use sparkgate_tests::harness::request;
+use sparkgate_tests::http::request;
 
 mod common;
 use common::ds_pair;

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{in_vllm, request, Sim, Streaming};
+use sparkgate_tests::harness::Sim;
+use sparkgate_tests::http::{in_vllm, request, Streaming};
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
 use sparkgate_tests::test_gateway::TestGateway;
 

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sparkgate_tests::harness::{post_json, request, sse_data, try_request, Sim, Streaming};
+use sparkgate_tests::harness::Sim;
+use sparkgate_tests::http::{post_json, request, sse_data, try_request, Streaming};
 
 mod common;
 use common::{chat, ds_pair, reasoning_first_line, GLM, SIM};

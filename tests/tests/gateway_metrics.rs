@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{post_json, request, Gateway};
+use sparkgate_tests::harness::Gateway;
+use sparkgate_tests::http::{post_json, request};
 use sparkgate_tests::realvllm::RealVllm;
 
 mod common;

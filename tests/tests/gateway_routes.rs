@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{post_json, request, Streaming};
+use sparkgate_tests::http::{post_json, request, Streaming};
 use sparkgate_tests::load::concurrent_streams;
 
 mod common;

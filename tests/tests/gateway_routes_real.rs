@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use sparkgate_config::ProfileId;
-use sparkgate_tests::harness::{in_vllm, post_json};
+use sparkgate_tests::http::{in_vllm, post_json};
 use sparkgate_tests::load::concurrent_streams;
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
 use sparkgate_tests::test_gateway::TestGateway;

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sparkgate_config::{ProfileId, SpecMethod};
-use sparkgate_tests::harness::{in_vllm, post_json, Sim};
+use sparkgate_tests::harness::Sim;
+use sparkgate_tests::http::{in_vllm, post_json};
 use sparkgate_tests::load::deepseek_sim_args;
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
 use sparkgate_tests::test_gateway::TestGateway;

@@ -8,7 +8,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_tests::harness::{request, Gateway};
+use sparkgate_tests::harness::Gateway;
+use sparkgate_tests::http::request;
 
 mod common;
 use common::{ds_pair, SIM};

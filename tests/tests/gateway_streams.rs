@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{post_json, request, sse_data, Sim, Streaming};
+use sparkgate_tests::harness::Sim;
+use sparkgate_tests::http::{post_json, request, sse_data, Streaming};
 
 mod common;
 use common::{chat, ds_pair, SIM};

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{free_port, post_json, Gateway};
+use sparkgate_tests::harness::{free_port, Gateway};
 use sparkgate_tests::hosts::kill_pid;
+use sparkgate_tests::http::post_json;
 use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
@@ -143,7 +144,7 @@ fn a_killed_rank_restarts_its_group_only_and_no_request_fails() {
 fn restart_group_restarts_that_group_while_the_other_serves() {
     let (_dir, gw, _) = two_groups(&[]);
     assert_eq!(gw.smoke()["choices"][0]["message"]["content"], "323");
-    let metrics = sparkgate_tests::harness::request(gw.addr, "GET", "/metrics", &[], b"").text();
+    let metrics = sparkgate_tests::http::request(gw.addr, "GET", "/metrics", &[], b"").text();
     for expected in [
         "sparkgate_group_requests_total{group=\"a\"} 1",
         "sparkgate_group_open{group=\"b\"} 1",
@@ -283,7 +284,7 @@ fn second_turn_into_a_full_group(wait_ms: &str) -> (Answer, Answer, Answer, Vec<
         b.join().unwrap();
     }
     let order = ended.lock().unwrap().clone();
-    let metrics = sparkgate_tests::harness::request(gw.addr, "GET", "/metrics", &[], b"").text();
+    let metrics = sparkgate_tests::http::request(gw.addr, "GET", "/metrics", &[], b"").text();
     (one, two, bystander, order, metrics)
 }
 

@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{post_json, request, Gateway};
+use sparkgate_tests::harness::Gateway;
+use sparkgate_tests::http::{post_json, request};
 use sparkgate_tests::snapshot::assert_snapshot;
 use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 

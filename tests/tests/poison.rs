@@ -6,7 +6,8 @@
 //! The reproducer (a batch with n = 10⁹) is refused as vLLM refuses it.
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{request, Gateway, HttpResponse};
+use sparkgate_tests::harness::Gateway;
+use sparkgate_tests::http::{request, HttpResponse};
 use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

@@ -9,8 +9,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_tests::harness::{free_port, post_json, Gateway, Proc};
+use sparkgate_tests::harness::{free_port, Gateway, Proc};
 use sparkgate_tests::hosts::{sim_image, Sshd, WorkerDaemon};
+use sparkgate_tests::http::post_json;
 use sparkgate_tests::test_gateway::sparkgate_bin;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

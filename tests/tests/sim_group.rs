@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{addr_in, post_json, request, sse_data, try_request, Proc, Sim, Streaming};
+use sparkgate_tests::harness::{addr_in, Proc, Sim};
+use sparkgate_tests::http::{post_json, request, sse_data, try_request, Streaming};
 use sparkgate_tests::load::group_rank_args;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

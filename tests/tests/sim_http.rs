@@ -2,7 +2,8 @@
 //! `vllm-0.33-http.md`): error envelopes, SSE framing, usage chunk, 404 text, headers.
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{post_json, request, sse_data, Sim, Streaming};
+use sparkgate_tests::harness::Sim;
+use sparkgate_tests::http::{post_json, request, sse_data, Streaming};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const DS: &[&str] = &[

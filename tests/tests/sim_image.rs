@@ -6,7 +6,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_tests::harness::{addr_in, post_json, request};
+use sparkgate_tests::harness::addr_in;
+use sparkgate_tests::http::{post_json, request};
 use sparkgate_tests::load::group_rank_args;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

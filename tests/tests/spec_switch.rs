@@ -3,7 +3,7 @@
 //! the error envelope.
 
 use serde_json::json;
-use sparkgate_tests::harness::{post_json, request};
+use sparkgate_tests::http::{post_json, request};
 use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

@@ -6,7 +6,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{free_port, post_json, request, sse_data, Gateway, Proc, Streaming};
+use sparkgate_tests::harness::{free_port, Gateway, Proc};
+use sparkgate_tests::http::{post_json, request, sse_data, Streaming};
 use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{post_json, request, Gateway, Streaming};
+use sparkgate_tests::harness::Gateway;
+use sparkgate_tests::http::{post_json, request, Streaming};
 use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
@@ -104,7 +105,7 @@ fn restarted(gw: &Gateway, epoch: u64) -> Value {
 }
 
 /// A request sent while the group is stalled: it waits in the gateway's queue.
-fn send_while_stalled(gw: &Gateway) -> std::thread::JoinHandle<sparkgate_tests::harness::HttpResponse> {
+fn send_while_stalled(gw: &Gateway) -> std::thread::JoinHandle<sparkgate_tests::http::HttpResponse> {
     wait_stalled(gw);
     let addr = gw.addr;
     std::thread::spawn(move || post_json(addr, "/v1/chat/completions", &short_request()))

@@ -7,7 +7,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{addr_in, post_json, request, sse_data, Streaming};
+use sparkgate_tests::harness::addr_in;
+use sparkgate_tests::http::{post_json, request, sse_data, Streaming};
 use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{post_json, request, sse_data, Gateway, Streaming, SMOKE};
+use sparkgate_tests::harness::{Gateway, SMOKE};
 use sparkgate_tests::hosts::{kill_pid, processes_with};
+use sparkgate_tests::http::{post_json, request, sse_data, Streaming};
 use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

@@ -8,9 +8,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{free_port, post_json, Gateway};
+use sparkgate_tests::harness::{free_port, Gateway};
 use sparkgate_tests::hosts::{group_containers, kill_pid, workers_env};
 use sparkgate_tests::hosts::{processes_with, Sshd};
+use sparkgate_tests::http::post_json;
 use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");

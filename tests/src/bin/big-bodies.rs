@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_tests::harness::{binary_next_to, hold_streams, request, HttpResponse, Sim, Streaming};
+use sparkgate_tests::harness::{binary_next_to, Sim};
+use sparkgate_tests::http::{hold_streams, request, HttpResponse, Streaming};
 use sparkgate_tests::load::deepseek_sim_args;
 use sparkgate_tests::test_gateway::TestGateway;
 

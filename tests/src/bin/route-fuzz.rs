@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{binary_next_to, try_request, Sim};
+use sparkgate_tests::harness::{binary_next_to, Sim};
+use sparkgate_tests::http::try_request;
 use sparkgate_tests::load::deepseek_sim_args;
 use sparkgate_tests::test_gateway::TestGateway;
 

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use serde_json::json;
 use sparkgate_config::{seeded_throughput, ProfileId, SpecMethod};
-use sparkgate_tests::harness::{post_json, Sim};
+use sparkgate_tests::harness::Sim;
+use sparkgate_tests::http::post_json;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use serde_json::Value;
 use sparkgate_config::ProfileId;
 
-use crate::harness::{addr_in, try_request, Proc};
+use crate::harness::{addr_in, Proc};
+use crate::http::try_request;
 
 /// One request of the battery, ready to send for a profile.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::harness::HttpResponse;
+use crate::http::HttpResponse;
 
 /// Keys whose values clients branch on: compared literally, not just by type.
 const LITERAL_KEYS: &[&str] = &[

@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 
 pub use client::{Kind, Outcome};
 
-use crate::harness::{free_port, request, Gateway, Proc};
+use crate::harness::{free_port, Gateway, Proc};
+use crate::http::request;
 use crate::test_gateway::TestGateway;
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
@@ -251,14 +252,14 @@ impl Rig {
     }
 
     pub fn status(&self) -> Value {
-        crate::harness::try_request(self.addr(), "GET", "/admin/status", &[], b"").map_or(Value::Null, |r| r.json())
+        crate::http::try_request(self.addr(), "GET", "/admin/status", &[], b"").map_or(Value::Null, |r| r.json())
     }
 
     /// Waits until `/ready` answers 200; how long that took.
     pub fn wait_ready(&self, within: Duration) -> Option<Duration> {
         let started = Instant::now();
         while started.elapsed() < within {
-            let ready = crate::harness::try_request(self.addr(), "GET", "/ready", &[], b"");
+            let ready = crate::http::try_request(self.addr(), "GET", "/ready", &[], b"");
             if ready.is_some_and(|r| r.status == 200) {
                 return Some(started.elapsed());
             }

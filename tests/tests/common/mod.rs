@@ -4,7 +4,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 use serde_json::Value;
-use sparkgate_tests::harness::{post_json, Gateway, HttpResponse, Sim};
+use sparkgate_tests::harness::{Gateway, Sim};
+use sparkgate_tests::http::{post_json, HttpResponse};
 use sparkgate_tests::test_gateway::TestGateway;
 
 pub const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
