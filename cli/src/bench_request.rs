@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::ValueEnum;
+use eventsource_stream::Eventsource as _;
+use futures_util::StreamExt as _;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -143,22 +145,20 @@ async fn stream_inner(
         Err(e) => return failed(format!("{url}: {e}")),
     };
     let status = resp.status();
-    let mut body = resp.into_body();
+    let body = resp.into_body();
     if !status.is_success() {
         let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         return failed(format!("{status}: {}", error_message(&v)));
     }
     let mut events = Events::default();
-    while let Some(frame) = body.frame().await {
-        let data = match frame {
-            Ok(f) => match f.into_data() {
-                Ok(d) => d,
-                Err(_) => continue,
-            },
+    let mut stream = std::pin::pin!(body.into_data_stream().eventsource());
+    while let Some(event) = stream.next().await {
+        let event = match event {
+            Ok(e) => e,
             Err(e) => return failed(format!("stream broke: {e}")),
         };
-        if let Err(e) = events.feed(&data, Instant::now()) {
+        if let Err(e) = events.on_event(&event.data, Instant::now()) {
             return failed(e);
         }
     }
@@ -168,11 +168,11 @@ async fn stream_inner(
     events.result(started, prose)
 }
 
-/// A chat completion's server-sent events as they arrive: the answer's text, when each chunk
-/// with text came, the token count and finish reason the stream reported, and `[DONE]`.
+/// A chat completion's server-sent events as they arrive (read by eventsource-stream): the
+/// answer's text, when each chunk with text came, the token count and finish reason the stream
+/// reported, and `[DONE]`.
 #[derive(Debug, Default)]
 struct Events {
-    buf: Vec<u8>,
     text: String,
     chunk_times: Vec<Instant>,
     tokens: Option<u64>,
@@ -181,21 +181,14 @@ struct Events {
 }
 
 impl Events {
-    /// Takes in the bytes of one frame (received at `now`), event by event; Err: the stream's
-    /// error event.
-    fn feed(&mut self, data: &[u8], now: Instant) -> Result<(), String> {
-        self.buf.extend_from_slice(data);
-        while let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = self.buf.drain(..end + 2).collect();
-            let Some(payload) = event.strip_prefix(b"data: ") else {
-                continue;
-            };
-            let payload = &payload[..payload.len() - 2];
-            if payload == b"[DONE]" {
+    /// Takes in one event's data (received at `now`); Err: the stream's error event.
+    fn on_event(&mut self, payload: &str, now: Instant) -> Result<(), String> {
+        {
+            if payload == "[DONE]" {
                 self.done = true;
-                continue;
+                return Ok(());
             }
-            let v: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
+            let v: Value = serde_json::from_str(payload).unwrap_or(Value::Null);
             if let Some(msg) = v["error"]["message"].as_str() {
                 return Err(format!("error event: {msg}"));
             }
