@@ -5,7 +5,7 @@
 //! `/metrics`, `/admin`.
 
 use serde_json::json;
-use sparkgate_tests::harness::request;
+use sparkgate_tests::http::request;
 
 mod common;
 use common::ds_pair;
