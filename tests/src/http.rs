@@ -244,16 +244,16 @@ pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Http
     }
 }
 
-/// The `data:` payloads of an SSE body, in order, checking the framing on the way.
+/// The `data:` payloads of an SSE body, in order, as eventsource-stream reads them, checking the
+/// framing on the way: the body ends with a blank line and no event is named.
 pub fn sse_data(body: &[u8]) -> Vec<String> {
     let text = std::str::from_utf8(body).expect("UTF-8 SSE");
     assert!(text.ends_with("\n\n"), "every event ends with a blank line: {text:?}");
-    text.split("\n\n")
-        .filter(|e| !e.is_empty())
+    crate::sse::events(body)
+        .into_iter()
         .map(|e| {
-            e.strip_prefix("data: ")
-                .unwrap_or_else(|| panic!("event without `data: `: {e:?}"))
-                .to_owned()
+            assert_eq!(e.event, crate::sse::UNNAMED, "a named event: {e:?} in {text:?}");
+            e.data
         })
         .collect()
 }

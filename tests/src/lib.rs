@@ -15,6 +15,7 @@ pub mod snapshot;
 pub mod spec_eval;
 mod spec_replay;
 pub mod spec_split_eval;
+pub mod sse;
 pub mod supervised;
 pub mod test_gateway;
 pub mod tidy;

@@ -8,6 +8,7 @@ use serde_json::json;
 use sparkgate_config::ProfileId;
 use sparkgate_tests::http::{post_json, Streaming};
 use sparkgate_tests::realvllm::RealVllm;
+use sparkgate_tests::sse;
 
 mod common;
 use common::ds_pair;
@@ -127,12 +128,10 @@ fn a_rank_lost_mid_stream_ends_the_stream_with_anthropics_error_event() {
     assert!(first.contains("event: message_start"), "{first}");
     sim.proc.kill();
     let rest = String::from_utf8_lossy(&s.read_all()).into_owned();
-    let last = rest.trim_end().rsplit("\n\n").next().unwrap_or_default().to_owned();
-    assert!(
-        last.starts_with("event: error\ndata: "),
-        "the stream ends with Anthropic's error event: {rest}"
-    );
-    let data: serde_json::Value = serde_json::from_str(last.split_once("data: ").unwrap().1).unwrap();
+    let events = sse::events(rest.as_bytes());
+    let last = events.last().filter(|e| e.event == "error");
+    let last = last.unwrap_or_else(|| panic!("the stream ends with Anthropic's error event: {rest}"));
+    let data: serde_json::Value = serde_json::from_str(&last.data).unwrap();
     assert_eq!(data["type"], "error");
     assert!(data["error"]["message"].is_string());
     assert!(!rest.contains("[DONE]"), "no OpenAI framing on an Anthropic stream");

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sparkgate_tests::http::{post_json, request, Streaming};
 use sparkgate_tests::load::concurrent_streams;
+use sparkgate_tests::sse;
 
 mod common;
 use common::ds_pair;
@@ -45,12 +46,13 @@ fn six_streams_on_every_engine_path_never_exceed_max_num_seqs_upstream() {
         );
         assert!(max_upstream >= 1, "{path}: the streams ran");
         for text in bodies {
-            let end = if path == "/v1/messages" {
-                "event: message_stop"
+            let (end, ended): (_, fn(&sse::Event) -> bool) = if path == "/v1/messages" {
+                ("message_stop", |e| e.event == "message_stop")
             } else {
-                "data: [DONE]"
+                ("[DONE]", sse::is_done)
             };
-            assert!(text.contains(end), "{path}: stream ended with {end}: {text}");
+            let events = sse::events(text.as_bytes());
+            assert!(events.iter().any(ended), "{path}: stream ended with {end}: {text}");
         }
     }
 }

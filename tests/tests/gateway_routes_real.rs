@@ -10,6 +10,7 @@ use sparkgate_config::ProfileId;
 use sparkgate_tests::http::{in_vllm, post_json};
 use sparkgate_tests::load::concurrent_streams;
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
+use sparkgate_tests::sse;
 use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
@@ -35,8 +36,9 @@ fn every_spelling_and_messages_stay_under_max_num_seqs_in_the_real_frontend() {
         let (most, bodies) =
             concurrent_streams(gw.addr, path, body, 6, Duration::from_millis(10), || in_vllm(real.addr));
         for text in bodies {
+            let events = sse::events(text.as_bytes());
             assert!(
-                text.contains("data: [DONE]") || text.contains("event: message_stop"),
+                events.iter().any(|e| sse::is_done(e) || e.event == "message_stop"),
                 "{path}: {text}"
             );
         }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sparkgate_tests::http::{post_json, request, Streaming};
+use sparkgate_tests::sse;
 
 mod common;
 use common::ds_pair;
@@ -79,12 +80,13 @@ fn sigterm_answers_the_queue_at_once_and_ends_what_outlives_the_drain_with_an_er
         "{}",
         &text[text.len().saturating_sub(400)..]
     );
-    let last = text.trim_end().rsplit("\n\n").nth(1).unwrap_or("");
+    let events = sse::events(text.as_bytes());
+    let last = events.iter().rev().nth(1).map_or("", |e| e.data.as_str());
     assert!(last.contains("\"error\"") && last.contains("DRAIN_TIMEOUT"), "{last}");
-    let text = String::from_utf8(anthropic.read_all()).unwrap();
-    let last = text.trim_end().rsplit("\n\n").next().unwrap_or("");
-    assert!(last.starts_with("event: error\ndata: "), "{last}");
-    let e: Value = serde_json::from_str(last.split("data: ").nth(1).unwrap()).unwrap();
+    let events = sse::events(&anthropic.read_all());
+    let last = events.last().expect("an event");
+    assert_eq!(last.event, "error", "{last:?}");
+    let e: Value = serde_json::from_str(&last.data).unwrap();
     assert_eq!(e["type"], "error");
     assert_eq!(e["error"]["type"], "overloaded_error", "{e}");
     let r = running.join().unwrap();

@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 use sparkgate_tests::harness::Sim;
 use sparkgate_tests::http::{post_json, request, sse_data, Streaming};
+use sparkgate_tests::sse;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const DS: &[&str] = &[
@@ -453,12 +454,9 @@ fn responses_api_plain_turns() {
         "/v1/responses",
         &json!({"input": "hi", "stream": true, "max_output_tokens": 30}),
     );
-    let text = r.text();
-    let kinds: Vec<&str> = text
-        .split("\n\n")
-        .filter(|e| !e.is_empty())
-        .map(|e| e.lines().next().unwrap().strip_prefix("event: ").unwrap())
-        .collect();
+    let events = sse::events(&r.body);
+    let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    assert!(!kinds.contains(&sse::UNNAMED), "every event is named: {kinds:?}");
     assert_eq!(kinds[..2], ["response.created", "response.in_progress"]);
     assert!(kinds.contains(&"response.reasoning_text.delta"));
     assert!(matches!(

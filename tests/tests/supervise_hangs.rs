@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sparkgate_tests::harness::Gateway;
 use sparkgate_tests::http::{post_json, request, Streaming};
+use sparkgate_tests::sse;
 use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
@@ -203,8 +204,9 @@ fn stopped_rank_is_restarted(rank: u64, work: Work) {
         r.text()
     );
     let text = String::from_utf8_lossy(&stream.read_all()).into_owned();
+    let events = sse::events(text.as_bytes());
     assert!(
-        text.contains("\"error\"") && text.ends_with("data: [DONE]\n\n"),
+        events.iter().any(|e| e.data.contains("\"error\"")) && events.last().is_some_and(sse::is_done),
         "the stream on the hung group ends with an error: {}",
         &text[text.len().saturating_sub(500)..]
     );

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use sparkgate_tests::harness::{binary_next_to, Sim};
 use sparkgate_tests::http::try_request;
 use sparkgate_tests::load::deepseek_sim_args;
+use sparkgate_tests::sse;
 use sparkgate_tests::test_gateway::TestGateway;
 
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
@@ -143,15 +144,10 @@ fn verdict(path: &str, status: u16, ct: &str, body: &[u8]) -> Option<String> {
     }
     let text = String::from_utf8_lossy(body);
     if ct.starts_with("text/event-stream") {
-        let ended = [
-            "data: [DONE]",
-            "event: message_stop",
-            "response.completed",
-            "response.incomplete",
-            "event: error",
-        ]
-        .iter()
-        .any(|end| text.contains(end));
+        let ends = ["message_stop", "response.completed", "response.incomplete", "error"];
+        let ended = sse::events(body)
+            .iter()
+            .any(|e| sse::is_done(e) || ends.contains(&e.event.as_str()));
         return (!ended).then(|| "a stream without its end".to_owned());
     }
     if ct.starts_with("text/plain") {

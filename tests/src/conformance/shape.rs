@@ -83,24 +83,21 @@ pub fn shape(v: &Value, key: Option<&str>) -> Value {
     }
 }
 
-/// Server-sent events as `{event, data}` shapes, consecutive repeats collapsed into one.
+/// Server-sent events as `{event, data}` shapes (an unnamed event's name is `null`), read by
+/// eventsource-stream, consecutive repeats collapsed into one; an event cut before its blank
+/// line still shows, followed by a note that the stream was cut.
 pub fn sse_shape(body: &str) -> Value {
+    let (read, cut) = crate::sse::events_and_cut(body.as_bytes());
     let mut events: Vec<Value> = Vec::new();
-    for block in body.split("\n\n").filter(|b| !b.trim().is_empty()) {
-        let mut name = Value::Null;
-        let mut data = String::new();
-        for line in block.lines() {
-            if let Some(n) = line.strip_prefix("event: ").or_else(|| line.strip_prefix("event:")) {
-                name = json!(n.trim());
-            } else if let Some(d) = line.strip_prefix("data: ").or_else(|| line.strip_prefix("data:")) {
-                data.push_str(d);
-            } else {
-                data.push_str(&format!("<not an SSE line: {line:?}>"));
-            }
-        }
-        let data = match serde_json::from_str::<Value>(&data) {
+    for e in read.iter().chain(&cut) {
+        let name = if e.event == crate::sse::UNNAMED {
+            Value::Null
+        } else {
+            json!(e.event)
+        };
+        let data = match serde_json::from_str::<Value>(&e.data) {
             Ok(v) => shape(&v, None),
-            Err(_) => json!(data),
+            Err(_) => json!(e.data),
         };
         let event = json!({"event": name, "data": data});
         if events.last() != Some(&event) {

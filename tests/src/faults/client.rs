@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::sse;
+
 /// What a client loop sends, in turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -153,37 +155,44 @@ pub fn classify(kind: Kind, raw: &[u8]) -> Outcome {
     stream_outcome(kind, status, &text)
 }
 
-/// A stream's end: its route's end marker, with or without an in-stream error before it.
+/// A stream's end: its route's end marker, with or without an in-stream error before it. The
+/// events are eventsource-stream's; an event cut before its blank line counts as the last one,
+/// so a stream cut inside its end marker still ends with it.
 fn stream_outcome(kind: Kind, status: u16, text: &str) -> Outcome {
-    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty()).collect();
-    let last = events.last().copied().unwrap_or("");
+    let (mut events, cut) = sse::events_and_cut(text.as_bytes());
+    events.extend(cut);
+    let last = events.last();
     let error = events.iter().find(|e| {
-        e.starts_with("event: error") || e.starts_with("event: response.failed") || e.starts_with("data: {\"error\"")
+        matches!(e.event.as_str(), "error" | "response.failed")
+            || (e.event == sse::UNNAMED && sse::json(e)["error"].is_object())
     });
+    let named = |names: &[&str]| last.is_some_and(|e| names.contains(&e.event.as_str()));
     let ended = match kind {
-        Kind::ChatStream | Kind::CompletionsStream => last == "data: [DONE]",
-        Kind::ResponsesStream => [
-            "event: response.completed",
-            "event: response.incomplete",
-            "event: response.failed",
-            "event: error",
-        ]
-        .iter()
-        .any(|end| last.starts_with(end)),
-        Kind::MessagesStream => last.starts_with("event: message_stop") || last.starts_with("event: error"),
+        Kind::ChatStream | Kind::CompletionsStream => last.is_some_and(sse::is_done),
+        Kind::ResponsesStream => named(&["response.completed", "response.incomplete", "response.failed", "error"]),
+        Kind::MessagesStream => named(&["message_stop", "error"]),
         Kind::Chat => false,
     };
     match (ended, error) {
         (true, Some(e)) => Outcome::ExplicitError {
             status,
-            message: e.chars().take(300).collect(),
+            message: shown(e).chars().take(300).collect(),
         },
         (true, None) => Outcome::Completed,
         (false, _) => Outcome::Truncated(format!(
             "{kind:?} ended with {:?}",
-            last.chars().take(200).collect::<String>()
+            last.map(shown)
+                .unwrap_or_default()
+                .chars()
+                .take(200)
+                .collect::<String>()
         )),
     }
+}
+
+/// An event as a report shows it: its name and its data.
+fn shown(e: &sse::Event) -> String {
+    format!("event: {}, data: {}", e.event, e.data)
 }
 
 /// The body, de-chunked when the head says chunked; `None` when the chunked framing was cut.

@@ -93,7 +93,7 @@ impl http_body::Body for Guarded {
 }
 
 /// `--api-key` guards only `/v1`, `/v2`, `/inference` and `/cohere`; failure is a bare 401.
-fn authorised(keys: &[String], req: &Request<Incoming>) -> bool {
+fn authorised(keys: &[[u8; 32]], req: &Request<Incoming>) -> bool {
     let path = req.uri().path();
     let guarded = ["/v1", "/v2", "/inference", "/cohere"]
         .iter()
@@ -107,17 +107,27 @@ fn authorised(keys: &[String], req: &Request<Incoming>) -> bool {
     let Some((scheme, token)) = value.split_once(' ') else {
         return false;
     };
-    scheme.eq_ignore_ascii_case("bearer")
-        && keys
-            .iter()
-            .any(|k| constant_time_eq(k.as_bytes(), token.trim().as_bytes()))
+    scheme.eq_ignore_ascii_case("bearer") && matches_any(token.trim(), keys)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// A key's SHA-256: keys are compared as digests of one length, in constant time (`subtle`),
+/// so neither a key's length nor where a guess first differs shows in the time taken.
+fn digest(key: &str) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(key.as_bytes()).into()
 }
 
-async fn serve_connection(stream: TcpStream, router: Router, keys: Arc<Vec<String>>, idle: Duration) {
+fn matches_any(token: &str, keys: &[[u8; 32]]) -> bool {
+    use subtle::ConstantTimeEq as _;
+    let presented = digest(token);
+    // Compared with every key, so the time taken does not reveal which one matched.
+    let hit = keys
+        .iter()
+        .fold(subtle::Choice::from(0), |hit, k| hit | k.ct_eq(&presented));
+    hit.into()
+}
+
+async fn serve_connection(stream: TcpStream, router: Router, keys: Arc<Vec<[u8; 32]>>, idle: Duration) {
     let _ = stream.set_nodelay(true);
     let last = Arc::new(AtomicU64::new(0));
     let in_flight = Arc::new(AtomicUsize::new(0));
@@ -173,7 +183,7 @@ async fn serve_connection(stream: TcpStream, router: Router, keys: Arc<Vec<Strin
 /// are refused and kept-alive connections reset.
 pub(crate) async fn serve(listener: TcpListener, app: Shared, faults: Arc<Faults>) {
     let addr = listener.local_addr().expect("bound listener");
-    let keys = Arc::new(app.args.api_keys.clone());
+    let keys: Arc<Vec<[u8; 32]>> = Arc::new(app.args.api_keys.iter().map(|k| digest(k)).collect());
     let idle = std::env::var("VLLM_HTTP_TIMEOUT_KEEP_ALIVE")
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
@@ -207,5 +217,19 @@ pub(crate) async fn serve(listener: TcpListener, app: Shared, faults: Arc<Faults
             }
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{digest, matches_any};
+
+    #[test]
+    fn a_key_matches_only_itself_whatever_its_length() {
+        let keys = [digest("sk-one"), digest("sk-two")];
+        assert!(matches_any("sk-two", &keys));
+        assert!(!matches_any("sk-tw", &keys), "a prefix");
+        assert!(!matches_any("sk-two-and-more", &keys), "a longer key");
+        assert!(!matches_any("sk-two", &[]), "no keys");
     }
 }
