@@ -16,13 +16,6 @@ const ALLOWED: &[(&str, &str)] = &[
     ("tests/tests/tidy_sse.rs", "this test's own samples"),
 ];
 
-/// Parsers still to move to eventsource-stream, in code this change does not own. An entry
-/// that no longer matches fails the test, so each is removed as soon as its file is fixed.
-const PENDING: &[(&str, &str)] = &[(
-    "cli/src/bench_request.rs",
-    "`sparkgate bench` cuts its stream's events by hand (Events::feed)",
-)];
-
 /// The calls that, on a line naming `"data:`, take the line apart by hand.
 const CALLS: &[&str] = &[
     "strip_prefix(",
@@ -67,7 +60,6 @@ fn relative(root: &Path, file: &Path) -> String {
 #[test]
 fn no_data_line_is_parsed_by_hand_outside_the_hot_tap() {
     let mut found = Vec::new();
-    let mut pending_used = vec![false; PENDING.len()];
     for (file, rel) in workspace_files() {
         if ALLOWED.iter().any(|(f, _)| *f == rel) {
             continue;
@@ -77,10 +69,7 @@ fn no_data_line_is_parsed_by_hand_outside_the_hot_tap() {
             if !parses_data_by_hand(line) {
                 continue;
             }
-            match PENDING.iter().position(|(f, _)| *f == rel) {
-                Some(p) => pending_used[p] = true,
-                None => found.push(format!("{rel}:{}: {}", i + 1, line.trim())),
-            }
+            found.push(format!("{rel}:{}: {}", i + 1, line.trim()));
         }
     }
     assert!(
@@ -88,13 +77,6 @@ fn no_data_line_is_parsed_by_hand_outside_the_hot_tap() {
         "`data:` lines parsed by hand; read the stream with eventsource-stream \
          (sparkgate_tests::sse::events in the tests): {found:#?}"
     );
-    let stale: Vec<&str> = PENDING
-        .iter()
-        .zip(&pending_used)
-        .filter(|(_, used)| !**used)
-        .map(|((f, _), _)| *f)
-        .collect();
-    assert!(stale.is_empty(), "PENDING entries that excuse nothing: {stale:?}");
 }
 
 #[test]
