@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions the gateway executes per request, counted by callgrind (user space only; does not
 # drift with the machine's load): vllm-sim (instant) behind `sparkgate serve --upstream`, driven
-# by a keep-alive Python client (4 connections), N and 2N requests, the difference over N.
+# by a keep-alive Python client (4 connections): after a warm-up, N requests counted, over N.
 #
 # usage: bash tests/overhead/callgrind.sh [N=2000] [stream]   (needs valgrind; release binaries)
 #        CALLGRIND_KEEP=DIR keeps the callgrind files (callgrind_annotate DIR/cg.N) in DIR.
@@ -38,20 +38,25 @@ PY
 run() {
   local count=$1 port out
   port=$(free_port)
-  out="$work/cg.$count"
+  out="$work/cg"
+  # Counting starts after a warm-up of 500 requests: the process's start-up and its one-time
+  # work (quanta's clock calibration, a loop whose length varies from process to process by
+  # more than a thousand instructions a request at N=10000) stay out of the count.
   PROFILE=deepseek-v4.1-flash SERVED_MODEL_NAME=DeepSeek-v4.1-Flash-EXL3 MAX_NUM_SEQS=20000 QUEUE_DEPTH=20000 DEPLOY_DIR="$work" \
     valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" serve --upstream "http://127.0.0.1:$sim_port" --port "$port" \
-    >"$work/gw.$count.log" 2>&1 &
+    >"$work/gw.log" 2>&1 &
   local pid=$!
   until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
-    kill -0 "$pid" 2>/dev/null || { echo "sparkgate exited:" >&2; cat "$work/gw.$count.log" >&2; exit 1; }
+    kill -0 "$pid" 2>/dev/null || { echo "sparkgate exited:" >&2; cat "$work/gw.log" >&2; exit 1; }
     sleep 0.2
   done
+  python3 "$work/load.py" 500 "$port" "${stream:-whole}"
+  callgrind_control -z "$pid" >/dev/null 2>&1
   python3 "$work/load.py" "$count" "$port" "${stream:-whole}"
+  callgrind_control -d "$pid" >/dev/null 2>&1
   kill -TERM "$pid"
   wait "$pid" || true
-  grep -m1 '^summary:' "$out" | awk '{print $2}'
+  grep -m1 '^summary:' "$out.1" | awk '{print $2}'
 }
-a=$(run "$n")
-b=$(run $((2 * n)))
-echo "instructions per ${stream:-non-streaming} request: $(( (b - a) / n )) ($n and $((2 * n)) requests: $a, $b)"
+total=$(run "$n")
+echo "instructions per ${stream:-non-streaming} request: $(( total / n )) ($n requests after a warm-up: $total)"

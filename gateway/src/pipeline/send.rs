@@ -95,13 +95,15 @@ async fn attempt(
         return Ok(Attempt::AwaitProbation(group));
     }
     let dispatched = Dispatched::now(group.clone(), req.seqs.total(), tries.strikes > 0);
-    let send = group.upstream.send(
+    // Boxed: inline, the upstream exchange's state would make every enclosing stage's future
+    // as large, and each move of one a copy of it.
+    let send = Box::pin(group.upstream.send(
         Method::POST,
         ctx.route.path,
         &ctx.headers,
         ctx.request_id,
         req.forward.clone(),
-    );
+    ));
     // Held while sending: a client that leaves now hands the slots to the abort fence.
     let held = Held::new(lease, permit);
     let sent = until_closed(app, tokio::time::timeout(tries.limit, send)).await;
