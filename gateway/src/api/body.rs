@@ -357,13 +357,15 @@ pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> R
         prompts,
     } = split(bytes, api)?;
     // `messages` stays raw here, so the dispatch reads the raw fields.
-    let has_messages = fields.contains_key("messages") || raw.iter().any(|(k, _)| k == "messages");
+    let has_messages = fields.keys().any(|k| k == "messages") || raw.iter().any(|(k, _)| k == "messages");
     let api = api.for_body(has_messages);
     // A batch's fields hold its conversations: too large to keep a second copy of to compare.
     let before = (api != Api::Batch && !repeated).then(|| fields.clone());
     let mut norm = normalizer.normalize(api, fields, prompts)?;
     let forward = match before {
-        Some(before) if before == norm.body => bytes.clone(),
+        // Compared in order, without hashing: normalisation edits in place or appends, so an
+        // unchanged body keeps its order (and a reordered one is rewritten, which is harmless).
+        Some(before) if before.iter().eq(norm.body.iter()) => bytes.clone(),
         _ => Bytes::from(join(&norm.body, &raw)),
     };
     // The forwarded bytes are what stays alive while the request waits in the queue.

@@ -16,6 +16,26 @@ const EXTRA_BODY_DEPTH: usize = 4;
 const KWARGS_MAX_KEYS: usize = 64;
 const KWARGS_MAX_BYTES: usize = 16 * 1024;
 
+/// Lookups by scan, not by hash: a request's top-level fields here are the few `TOUCHED` ones
+/// and a kwargs object holds at most KWARGS_MAX_KEYS, so comparing keys costs less than the
+/// SipHash of the one looked for (IndexMap's `get`: ~150 instructions, a dozen times a request).
+trait Fields {
+    fn field(&self, key: &str) -> Option<&Value>;
+    fn field_mut(&mut self, key: &str) -> Option<&mut Value>;
+    fn has(&self, key: &str) -> bool {
+        self.field(key).is_some()
+    }
+}
+
+impl Fields for Map<String, Value> {
+    fn field(&self, key: &str) -> Option<&Value> {
+        self.iter().find_map(|(k, v)| (k == key).then_some(v))
+    }
+    fn field_mut(&mut self, key: &str) -> Option<&mut Value> {
+        self.iter_mut().find_map(|(k, v)| (k == key).then_some(v))
+    }
+}
+
 /// A normalised request, ready for admission and the upstream.
 #[derive(Debug)]
 pub(crate) struct Normalized {
@@ -58,10 +78,10 @@ impl Sequences {
         // a batch refuses any `n` but 1 itself (vLLM's `check_batch_mode`), so it runs one
         // sequence per conversation.
         let n = match api {
-            Api::Chat | Api::Completions => lax_count(body.get("n")),
+            Api::Chat | Api::Completions => lax_count(body.field("n")),
             _ => 1,
         };
-        let per = match (api, body.get("messages")) {
+        let per = match (api, body.field("messages")) {
             (Api::Batch, Some(Value::Array(conversations))) if !conversations.is_empty() => {
                 Per::Conversations(u32::try_from(conversations.len()).unwrap_or(u32::MAX))
             }
@@ -175,9 +195,9 @@ impl Normalizer {
         mut body: Map<String, Value>,
         prompts: Option<u32>,
     ) -> Result<Normalized, GatewayError> {
-        let api = api.for_body(body.contains_key("messages"));
+        let api = api.for_body(body.has("messages"));
         let extra_body_repaired = flatten_extra_body(&mut body)?;
-        let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
+        let model = body.field("model").and_then(Value::as_str).map(str::to_owned);
         self.resolve_model(&mut body)?;
         let effort_mapping = match api {
             Api::Chat => self.chat_effort(&mut body)?,
@@ -191,7 +211,7 @@ impl Normalizer {
             }
             Api::Completions | Api::Opaque | Api::Invocations => None,
         };
-        let stream = match body.get("stream") {
+        let stream = match body.field("stream") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
             Some(_) => return Err(GatewayError::bad_request("`stream` must be a boolean", "stream")),
@@ -219,7 +239,7 @@ impl Normalizer {
 
     /// Aliases become the served name; absent, null or empty means the served name.
     fn resolve_model(&self, body: &mut Map<String, Value>) -> Result<(), GatewayError> {
-        match body.get("model") {
+        match body.field("model") {
             // Already the served name: nothing to write.
             Some(Value::String(m)) if *m == self.served => return Ok(()),
             None | Some(Value::Null) => {}
@@ -318,11 +338,11 @@ impl Normalizer {
 
     /// Validates `chat_template_kwargs` (object, boolean switches, no template overrides, size).
     fn kwargs<'a>(&self, body: &'a mut Map<String, Value>) -> Result<Option<&'a mut Map<String, Value>>, GatewayError> {
-        match body.get_mut("chat_template_kwargs") {
+        match body.field_mut("chat_template_kwargs") {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Object(kw)) => {
                 for key in ["chat_template", "tokenize"] {
-                    if kw.contains_key(key) {
+                    if kw.has(key) {
                         return Err(GatewayError::bad_request(
                             format!("chat_template_kwargs.{key} is not allowed"),
                             "chat_template_kwargs",
@@ -337,7 +357,7 @@ impl Normalizer {
                         ));
                     }
                 }
-                let size = serde_json::to_vec(kw).map(|v| v.len()).unwrap_or(usize::MAX);
+                let size = serialized_len(kw);
                 if kw.len() > KWARGS_MAX_KEYS || size > KWARGS_MAX_BYTES {
                     return Err(GatewayError::bad_request(
                         format!(
@@ -359,7 +379,7 @@ impl Normalizer {
     /// vLLM. Names stay top-level (vLLM forwards them to the template); integers go into the
     /// kwargs (vLLM's field only takes its literal set); `none` turns thinking off.
     fn chat_effort(&self, body: &mut Map<String, Value>) -> Result<Option<(String, String)>, GatewayError> {
-        let top = match body.get("reasoning_effort") {
+        let top = match body.field("reasoning_effort") {
             None | Some(Value::Null) => None,
             Some(v) => Some((v.clone(), self.parse_effort(v, "reasoning_effort")?)),
         };
@@ -368,7 +388,7 @@ impl Normalizer {
             return Ok(None);
         };
         body.remove("reasoning_effort");
-        if let Some(Value::Object(kw)) = body.get_mut("chat_template_kwargs") {
+        if let Some(Value::Object(kw)) = body.field_mut("chat_template_kwargs") {
             kw.remove("reasoning_effort");
         }
         match &effort {
@@ -384,15 +404,15 @@ impl Normalizer {
     /// names, so `max` and integers travel in `chat_template_kwargs`.
     fn responses_effort(&self, body: &mut Map<String, Value>) -> Result<Option<(String, String)>, GatewayError> {
         self.kwargs(body)?;
-        let value = match body.get("reasoning") {
+        let value = match body.field("reasoning") {
             None | Some(Value::Null) => return Ok(None),
-            Some(Value::Object(r)) => r.get("effort").cloned().filter(|e| !e.is_null()),
+            Some(Value::Object(r)) => r.field("effort").cloned().filter(|e| !e.is_null()),
             Some(_) => return Err(GatewayError::bad_request("reasoning must be an object", "reasoning")),
         };
         let Some(value) = value else { return Ok(None) };
         let effort = self.parse_effort(&value, "reasoning.effort")?;
         let reasoning = body
-            .get_mut("reasoning")
+            .field_mut("reasoning")
             .and_then(Value::as_object_mut)
             .expect("checked above");
         reasoning.remove("effort");
@@ -430,9 +450,9 @@ impl Normalizer {
     /// medium, high, xhigh and max), integers travel in `chat_template_kwargs`, `none` becomes
     /// thinking disabled.
     fn messages_effort(&self, body: &mut Map<String, Value>) -> Result<Option<(String, String)>, GatewayError> {
-        let top = match body.get("output_config") {
+        let top = match body.field("output_config") {
             None | Some(Value::Null) => None,
-            Some(Value::Object(o)) => o.get("effort").cloned().filter(|e| !e.is_null()),
+            Some(Value::Object(o)) => o.field("effort").cloned().filter(|e| !e.is_null()),
             Some(_) => {
                 return Err(GatewayError::bad_request(
                     "output_config must be an object",
@@ -448,10 +468,10 @@ impl Normalizer {
         let Some((original, effort)) = top.or(in_kwargs) else {
             return Ok(None);
         };
-        if let Some(Value::Object(config)) = body.get_mut("output_config") {
+        if let Some(Value::Object(config)) = body.field_mut("output_config") {
             config.remove("effort");
         }
-        if let Some(Value::Object(kw)) = body.get_mut("chat_template_kwargs") {
+        if let Some(Value::Object(kw)) = body.field_mut("chat_template_kwargs") {
             kw.remove("reasoning_effort");
         }
         match &effort {
@@ -476,7 +496,7 @@ impl Normalizer {
 
     /// `chat_template_kwargs.reasoning_effort`, validated, with the kwargs' own checks.
     fn kwargs_effort(&self, body: &mut Map<String, Value>) -> Result<Option<(Value, Effort)>, GatewayError> {
-        match self.kwargs(body)?.and_then(|kw| kw.get("reasoning_effort").cloned()) {
+        match self.kwargs(body)?.and_then(|kw| kw.field("reasoning_effort").cloned()) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => {
                 let effort = self.parse_effort(&v, "chat_template_kwargs.reasoning_effort")?;
@@ -496,6 +516,22 @@ fn kwargs_entry(body: &mut Map<String, Value>) -> &mut Map<String, Value> {
     entry.as_object_mut().expect("just made an object")
 }
 
+/// The length of `value` as JSON, counted without building it.
+fn serialized_len(value: &Map<String, Value>) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
+}
+
 /// `Some((as sent, as forwarded))` when the value changed on the way.
 fn mapping(original: &Value, effort: &Effort) -> Option<(String, String)> {
     let sent = match original {
@@ -508,8 +544,8 @@ fn mapping(original: &Value, effort: &Effort) -> Option<(String, String)> {
 }
 
 fn wants_usage(body: &Map<String, Value>) -> bool {
-    body.get("stream_options")
-        .and_then(|o| o.get("include_usage"))
+    body.field("stream_options")
+        .and_then(|o| o.as_object()?.field("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false)
 }
@@ -547,7 +583,8 @@ fn deep_merge(target: &mut Value, value: Value) {
 /// turn (up to EXTRA_BODY_DEPTH). `null` counts as absent.
 fn flatten_extra_body(body: &mut Map<String, Value>) -> Result<bool, GatewayError> {
     let mut rounds = 0;
-    while let Some(extra) = body.remove("extra_body") {
+    // Looked for before removing: a remove hashes, and the field is rarely there.
+    while let Some(extra) = body.has("extra_body").then(|| body.remove("extra_body")).flatten() {
         let extra = match extra {
             Value::Null => continue,
             Value::Object(o) => o,

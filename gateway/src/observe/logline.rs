@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 use std::fmt::{self, Write as _};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -71,8 +71,31 @@ fn render(out: &mut String, now: SystemTime, event: &Event<'_>) -> bool {
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC, microseconds), as the default format's timer writes it.
+/// The date and time of day are formatted once a second (humantime: ~400 instructions a call,
+/// a line per request), the microseconds every time.
 fn timestamp(out: &mut String, now: SystemTime) {
-    let _ = write!(out, "{}", humantime::format_rfc3339_micros(now));
+    thread_local!(static SECOND: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) });
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    SECOND.with_borrow_mut(|(at, text)| {
+        if *at != secs || text.is_empty() {
+            text.clear();
+            let _ = write!(
+                text,
+                "{}",
+                humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs))
+            );
+            text.pop(); // the `Z`, written after the fraction
+            *at = secs;
+        }
+        out.push_str(text);
+    });
+    let mut micros = itoa::Buffer::new();
+    let micros = micros.format(since.subsec_micros());
+    out.push('.');
+    out.push_str(&"000000"[micros.len()..]);
+    out.push_str(micros);
+    out.push('Z');
 }
 
 /// The fields as the default visitor writes them: the message bare (control characters
