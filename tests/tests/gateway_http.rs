@@ -30,7 +30,10 @@ fn nested_extra_body_turns_thinking_off_through_the_gateway() {
     );
     assert_eq!(via["choices"][0]["message"]["content"], "323");
     let metrics = request(gw.addr, "GET", "/metrics", &[], b"").text();
-    assert!(metrics.contains("sparkgate_extra_body_repairs_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("sparkgate_request_repairs_total{rule=\"extra_body\"} 1"),
+        "{metrics}"
+    );
     let bad = chat(&gw, json!({"messages": [], "extra_body": "x"}));
     assert_eq!(bad.status, 400);
     assert_eq!(bad.json()["error"]["param"], "extra_body");

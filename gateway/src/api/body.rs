@@ -14,9 +14,11 @@ use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::api::encoding::json_text;
 use crate::api::error::GatewayError;
 use crate::api::family::Api;
-use crate::api::normalize::{lax_integer, Normalized, Normalizer};
+use crate::api::lax::lax_integer;
+use crate::api::normalize::{Normalized, Normalizer};
 
 /// How a request body is read: MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE.
 #[derive(Debug, Clone, Copy)]
@@ -83,18 +85,24 @@ const TOUCHED: &[&str] = &[
     "output_config",
     "reasoning",
     "thinking",
+    "tool_choice",
 ];
 
 /// Bodies larger than this are parsed and re-serialised off the reactor thread.
 const OFF_THREAD: usize = 256 * 1024;
 
-/// vLLM's content-type rule: JSON bodies only.
+/// vLLM's content-type rule (`validate_json_request`): the media type before any `;`, in any
+/// case and untrimmed, is `application/json`.
 pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), GatewayError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if ct.split(';').next().map(str::trim) == Some("application/json") {
+    if ct
+        .split(';')
+        .next()
+        .is_some_and(|m| m.eq_ignore_ascii_case("application/json"))
+    {
         Ok(())
     } else {
         Err(GatewayError::UnsupportedMediaType)
@@ -183,7 +191,9 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
             prompts = Some(prompt_count(v));
         }
         // A batch's permits are its conversations: the normaliser counts `messages` there.
-        if TOUCHED.contains(&key.as_ref()) || (api == Api::Batch && key == "messages") {
+        // An empty `tools` list may be repaired (`normalize::drop_empty_tools`); a full one stays raw.
+        let empty_tools = key == "tools" && is_empty_list(v);
+        if TOUCHED.contains(&key.as_ref()) || (api == Api::Batch && key == "messages") || empty_tools {
             // A repeated field: the later value replaces the earlier one.
             let value = serde_json::from_str(v.get()).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
             fields.insert(key.into_owned(), value);
@@ -202,6 +212,12 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
         priority,
         prompts,
     })
+}
+
+/// `[]`, with or without whitespace inside.
+fn is_empty_list(v: &RawValue) -> bool {
+    let text = v.get();
+    text.len() >= 2 && text.starts_with('[') && text[1..text.len() - 1].trim().is_empty()
 }
 
 /// How many prompts a completions `prompt` holds, as vLLM's request model reads it: a string
@@ -282,7 +298,7 @@ impl<'de> Deserialize<'de> for Element {
     }
 }
 
-/// An integer as vLLM's request model takes one in lax mode (`normalize::lax_integer`), when it
+/// An integer as vLLM's request model takes one in lax mode (`lax::lax_integer`), when it
 /// fits an i64.
 fn integer(v: &RawValue) -> Option<i64> {
     let value = serde_json::from_str::<Value>(v.get()).ok()?;
@@ -348,6 +364,9 @@ pub(crate) struct Prepared {
 /// sent it — the same bytes, not a copy; a body it changed (or with a repeated key) is written
 /// anew.
 pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> Result<Prepared, GatewayError> {
+    // A byte-order mark or UTF-16/32 is read as vLLM reads it; an unchanged body is forwarded
+    // as sent, a changed one as UTF-8.
+    let text = json_text(bytes)?;
     let Split {
         fields,
         raw,
@@ -355,7 +374,7 @@ pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> R
         user,
         priority,
         prompts,
-    } = split(bytes, api)?;
+    } = split(&text, api)?;
     // `messages` stays raw here, so the dispatch reads the raw fields.
     let has_messages = fields.keys().any(|k| k == "messages") || raw.iter().any(|(k, _)| k == "messages");
     let api = api.for_body(has_messages);

@@ -9,6 +9,8 @@ use sparkgate_config::ProfileId;
 
 use crate::api::error::GatewayError;
 use crate::api::family::Api;
+use crate::api::lax::{lax_bool, lax_integer};
+use crate::observe::Repair;
 
 /// How deep a literal `extra_body` may nest inside another.
 const EXTRA_BODY_DEPTH: usize = 4;
@@ -43,7 +45,8 @@ pub(crate) struct Normalized {
     pub(crate) stream: bool,
     /// Sequences the request runs upstream: the permits it takes and what the fair queue charges.
     pub(crate) sequences: Sequences,
-    pub(crate) extra_body_repaired: bool,
+    /// The listed repairs made to the body (`Repair`).
+    pub(crate) repairs: Vec<Repair>,
     /// `(as sent, as forwarded)` when an effort was translated.
     pub(crate) effort_mapping: Option<(String, String)>,
     /// The gateway added `stream_options.include_usage` for its own accounting; the usage chunk
@@ -123,20 +126,6 @@ impl Sequences {
     }
 }
 
-/// An integer as vLLM's pydantic models read one in lax mode: a number without a fraction, or a
-/// string of one; anything else is vLLM's to refuse. Wide enough for every such value.
-pub(crate) fn lax_integer(value: &Value) -> Option<i128> {
-    match value {
-        Value::Number(v) => v
-            .as_i64()
-            .map(i128::from)
-            .or_else(|| v.as_u64().map(i128::from))
-            .or_else(|| v.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i128)),
-        Value::String(s) => s.trim().parse().ok(),
-        _ => None,
-    }
-}
-
 /// `n` read as vLLM reads it (`lax_integer`); anything else, or below 1, is vLLM's to refuse
 /// and counts as 1 here.
 fn lax_count(value: Option<&Value>) -> u32 {
@@ -196,7 +185,13 @@ impl Normalizer {
         prompts: Option<u32>,
     ) -> Result<Normalized, GatewayError> {
         let api = api.for_body(body.has("messages"));
-        let extra_body_repaired = flatten_extra_body(&mut body)?;
+        let mut repairs = Vec::new();
+        if flatten_extra_body(&mut body)? {
+            repairs.push(Repair::ExtraBody);
+        }
+        if api == Api::Chat && drop_empty_tools(&mut body) {
+            repairs.push(Repair::EmptyTools);
+        }
         let model = body.field("model").and_then(Value::as_str).map(str::to_owned);
         self.resolve_model(&mut body)?;
         let effort_mapping = match api {
@@ -211,26 +206,15 @@ impl Normalizer {
             }
             Api::Completions | Api::Opaque | Api::Invocations => None,
         };
-        let stream = match body.field("stream") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(GatewayError::bad_request("`stream` must be a boolean", "stream")),
-        };
+        // Read as vLLM reads it; a value it would refuse is its to refuse, as a whole answer here.
+        let stream = body.field("stream").and_then(lax_bool).unwrap_or(false);
         let sequences = Sequences::of(api, &body, prompts)?;
-        let usage_injected = stream && matches!(api, Api::Chat | Api::Completions) && !wants_usage(&body);
-        if usage_injected {
-            let opts = body
-                .entry("stream_options")
-                .or_insert_with(|| Value::Object(Map::new()));
-            if let Value::Object(o) = opts {
-                o.insert("include_usage".into(), Value::Bool(true));
-            }
-        }
+        let usage_injected = stream && matches!(api, Api::Chat | Api::Completions) && inject_usage(&mut body);
         Ok(Normalized {
             body,
             stream,
             sequences,
-            extra_body_repaired,
+            repairs,
             effort_mapping,
             usage_injected,
             model,
@@ -543,11 +527,55 @@ fn mapping(original: &Value, effort: &Effort) -> Option<(String, String)> {
     (!unchanged).then_some((sent, to))
 }
 
-fn wants_usage(body: &Map<String, Value>) -> bool {
-    body.field("stream_options")
-        .and_then(|o| o.as_object()?.field("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
+/// Asks vLLM for the final usage chunk of a stream the client did not ask it of, for the
+/// gateway's own accounting (the relay drops that chunk); true when it did. As vLLM's
+/// `should_include_usage`: usage is on when `stream_options.include_usage` is (lax) true, and
+/// `continuous_usage_stats` counts only then — so it is turned off with the injection, and the
+/// client gets no usage anywhere, as from vLLM. `stream_options` that vLLM would refuse (not an
+/// object, a value that is no boolean) is left as sent.
+fn inject_usage(body: &mut Map<String, Value>) -> bool {
+    let opts = match body.field_mut("stream_options") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => Some(o),
+        Some(_) => return false,
+    };
+    let Some(opts) = opts else {
+        body.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
+        return true;
+    };
+    let flag = |o: &Map<String, Value>, key: &str| match o.field(key) {
+        None | Some(Value::Null) => Some(false),
+        Some(v) => lax_bool(v),
+    };
+    match (flag(opts, "include_usage"), flag(opts, "continuous_usage_stats")) {
+        (Some(false), Some(continuous)) => {
+            opts.insert("include_usage".into(), Value::Bool(true));
+            if continuous {
+                opts.insert("continuous_usage_stats".into(), Value::Bool(false));
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
+/// LiteLLM's Responses bridge sends chat completions with `tools: []`, which vLLM refuses
+/// ("`tools` must not be an empty array"): the list is dropped, with a `tool_choice` of `auto`
+/// or `none`, which mean the same without it. `required` or a named tool, with nothing to
+/// choose from, stays for vLLM to refuse.
+fn drop_empty_tools(body: &mut Map<String, Value>) -> bool {
+    if !matches!(body.field("tools"), Some(Value::Array(tools)) if tools.is_empty()) {
+        return false;
+    }
+    match body.field("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(choice)) if choice == "auto" || choice == "none" => {
+            body.shift_remove("tool_choice");
+        }
+        Some(_) => return false,
+    }
+    body.shift_remove("tools");
+    true
 }
 
 /// Whether `model` is the alias `pattern`: an exact name, or a pattern with one `*` standing

@@ -93,6 +93,11 @@ struct Handoff {
     socket: std::sync::Mutex<Option<TcpStream>>,
 }
 
+/// Headers a request may carry. vLLM's server (uvicorn with httptools) counts none, so hyper's
+/// default of 100 would refuse with 431 what vLLM serves; the head's size stays bounded by
+/// hyper's buffer. Past 100, hyper keeps the parse's header slots on the heap.
+const MAX_HEADERS: usize = 1024;
+
 /// How long a connection that has sent nothing yet may take for its first request once the
 /// gateway shuts down (its client opened it a moment before; the request is on its way).
 const FRESH_GRACE: Duration = Duration::from_secs(1);
@@ -339,6 +344,7 @@ async fn connection<S: Stack<Incoming>>(
     let ended = match protocol {
         Protocol::Http1 => {
             let conn = hyper::server::conn::http1::Builder::new()
+                .max_headers(MAX_HEADERS)
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(cfg.header_read_timeout)
                 .keep_alive(true)

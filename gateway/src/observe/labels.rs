@@ -40,6 +40,17 @@ labels! {
 }
 
 labels! {
+    /// A listed repair of a body a widely used client sends and vLLM refuses or misreads
+    /// (`sparkgate_request_repairs_total{rule}`; docs/gateway.md lists each with its client).
+    Repair {
+        /// A literal `extra_body` object flattened, as the OpenAI SDK does on the client.
+        ExtraBody => "extra_body",
+        /// An empty `tools` list dropped on chat completions (LiteLLM's Responses bridge).
+        EmptyTools => "empty_tools",
+    }
+}
+
+labels! {
     /// Why a stream ended with an error (`sparkgate_stream_errors_total{reason}`): the gateway
     /// cut it, or rank 0 sent its own error event.
     StreamEnd {

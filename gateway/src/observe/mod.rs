@@ -6,7 +6,7 @@ mod labels;
 mod logline;
 pub(crate) mod logwriter;
 
-pub(crate) use labels::{Affinity, QuarantineStage, Rejection, StreamEnd, UpstreamErrorKind, Waiting};
+pub(crate) use labels::{Affinity, QuarantineStage, Rejection, Repair, StreamEnd, UpstreamErrorKind, Waiting};
 
 use std::sync::{Mutex, OnceLock};
 
@@ -25,7 +25,7 @@ pub(crate) const QUEUE_DEPTH: &str = "sparkgate_queue_depth";
 pub(crate) const QUEUE_WAIT_SECONDS: &str = "sparkgate_queue_wait_seconds";
 pub(crate) const IN_FLIGHT: &str = "sparkgate_in_flight_sequences";
 pub(crate) const REJECTIONS: &str = "sparkgate_admission_rejections_total";
-pub(crate) const EXTRA_BODY_REPAIRS: &str = "sparkgate_extra_body_repairs_total";
+pub(crate) const REPAIRS: &str = "sparkgate_request_repairs_total";
 pub(crate) const EFFORT_MAPPINGS: &str = "sparkgate_reasoning_effort_mappings_total";
 pub(crate) const OVERHEAD_SECONDS: &str = "sparkgate_gateway_overhead_seconds";
 pub(crate) const STREAM_ERRORS: &str = "sparkgate_stream_errors_total";
@@ -113,8 +113,8 @@ fn describe() {
         "Requests answered 408 because their body did not arrive within BODY_TIMEOUT (at BODY_MIN_RATE)."
     );
     describe_counter!(
-        EXTRA_BODY_REPAIRS,
-        "Request bodies whose literal extra_body was flattened."
+        REPAIRS,
+        "Request bodies repaired before vLLM, by rule: extra_body (a literal extra_body flattened), empty_tools (an empty tools list dropped)."
     );
     describe_counter!(EFFORT_MAPPINGS, "reasoning_effort values translated, by from and to.");
     describe_histogram!(
@@ -143,7 +143,9 @@ fn describe() {
 /// Every family a dashboard queries exists from the start (at zero), so a rate over it is 0,
 /// not "no data", until the first event: each labelled counter with every label value it takes.
 fn register() {
-    counter!(EXTRA_BODY_REPAIRS).absolute(0);
+    for rule in Repair::ALL {
+        counter!(REPAIRS, "rule" => rule.label()).absolute(0);
+    }
     counter!(BODY_TIMEOUTS).absolute(0);
     counter!(SUSPECTS).absolute(0);
     for stage in Waiting::ALL {

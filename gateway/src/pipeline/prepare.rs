@@ -22,8 +22,8 @@ pub(super) async fn prepare(ctx: &Ctx<'_>, body: impl RequestBody) -> Result<Pre
         user,
         priority,
     } = crate::api::body::prepare(&app.normalizer, ctx.api, bytes).await?;
-    if norm.extra_body_repaired {
-        counter!(observe::EXTRA_BODY_REPAIRS).increment(1);
+    for rule in &norm.repairs {
+        counter!(observe::REPAIRS, "rule" => rule.label()).increment(1);
     }
     if let Some((from, to)) = &norm.effort_mapping {
         counter!(observe::EFFORT_MAPPINGS, "from" => from.clone(), "to" => to.clone()).increment(1);

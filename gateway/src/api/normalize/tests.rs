@@ -30,7 +30,7 @@ fn extra_body_is_flattened_like_the_sdk() {
                "extra_body": {"top_k": 5, "chat_template_kwargs": {"enable_thinking": false}, "extra_body": {"seed": 7}}}),
     )
     .unwrap();
-    assert!(out.extra_body_repaired);
+    assert_eq!(out.repairs, vec![Repair::ExtraBody]);
     let b = Value::Object(out.body);
     assert_eq!(b["top_k"], 5, "extra_body keys override");
     assert_eq!(
@@ -41,7 +41,7 @@ fn extra_body_is_flattened_like_the_sdk() {
     assert_eq!(b["seed"], 7, "nested extra_body is flattened too");
     assert!(b.get("extra_body").is_none());
     let plain = run(&ds(), Api::Chat, json!({"messages": []})).unwrap();
-    assert!(!plain.extra_body_repaired);
+    assert!(plain.repairs.is_empty());
     for bad in [json!("x"), json!([1]), json!(3)] {
         let e = run(&ds(), Api::Chat, json!({"messages": [], "extra_body": bad})).unwrap_err();
         assert_eq!(e.param(), Some("extra_body"));
@@ -226,10 +226,43 @@ fn streams_get_usage_for_accounting() {
     assert!(!out.usage_injected);
     let out = run(&n, Api::Chat, json!({"stream": false})).unwrap();
     assert!(!out.usage_injected && out.body.get("stream_options").is_none());
+    // `stream` as vLLM's model coerces it; what it would refuse is left to it.
+    for (stream, streams) in [(json!("yes"), true), (json!(1), true), (json!("off"), false)] {
+        let out = run(&n, Api::Chat, json!({"stream": stream})).unwrap();
+        assert_eq!(out.stream, streams, "{stream}");
+    }
+    let out = run(&n, Api::Chat, json!({"stream": "maybe"})).unwrap();
+    assert!(!out.stream && out.body.get("stream_options").is_none());
+    // Continuous usage counts only with include_usage in vLLM: turned off with the injection.
+    let out = run(
+        &n,
+        Api::Chat,
+        json!({"stream": true, "stream_options": {"continuous_usage_stats": true}}),
+    )
+    .unwrap();
+    assert!(out.usage_injected);
     assert_eq!(
-        run(&n, Api::Chat, json!({"stream": "yes"})).unwrap_err().param(),
-        Some("stream")
+        out.body["stream_options"],
+        json!({"continuous_usage_stats": false, "include_usage": true})
     );
+    // A value vLLM refuses is left for it to refuse.
+    for opts in [
+        json!({"include_usage": "maybe"}),
+        json!("yes"),
+        json!({"continuous_usage_stats": 7}),
+    ] {
+        let out = run(&n, Api::Chat, json!({"stream": true, "stream_options": opts.clone()})).unwrap();
+        assert!(!out.usage_injected, "{opts}");
+        assert_eq!(out.body["stream_options"], opts);
+    }
+    let out = run(
+        &n,
+        Api::Completions,
+        json!({"stream": true, "stream_options": {"include_usage": "no"}}),
+    )
+    .unwrap();
+    assert!(out.usage_injected);
+    assert_eq!(out.body["stream_options"]["include_usage"], true);
 }
 
 #[test]

@@ -1,0 +1,125 @@
+//! `cargo run -p sparkgate-tests --bin diff-fuzz -- [--seed S] [--count N] [--side sim|gateway]
+//! [deepseek|glm]…`: the differential fuzzer (`sparkgate_tests::difffuzz`) for each profile —
+//! the real vLLM 0.33.0 frontend, vllm-sim started with the same launch-plan argv, and the
+//! gateway in front of the real frontend. Prints each finding with its reduced reproducer, then
+//! one summary line per profile; exits 1 when anything differs outside the written lists.
+
+use sparkgate_config::ProfileId;
+use sparkgate_tests::conformance::start_sim;
+use sparkgate_tests::difffuzz::{excuses, Report, Run, Side, Targets};
+use sparkgate_tests::harness::binary_next_to;
+use sparkgate_tests::http::request;
+use sparkgate_tests::realvllm::{fixture_profile, plan_argv, test_config, RealVllm};
+use sparkgate_tests::test_gateway::TestGateway;
+
+struct Args {
+    seed: u64,
+    count: usize,
+    sides: Vec<Side>,
+    profiles: Vec<ProfileId>,
+}
+
+fn args() -> Args {
+    let mut out = Args {
+        seed: 31,
+        count: 1000,
+        sides: vec![Side::Sim, Side::Gateway],
+        profiles: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--seed" => out.seed = value().parse().expect("--seed is an integer"),
+            "--count" => out.count = value().parse().expect("--count is an integer"),
+            "--side" => {
+                out.sides = match value().as_str() {
+                    "sim" => vec![Side::Sim],
+                    "gateway" => vec![Side::Gateway],
+                    other => panic!("--side sim|gateway, not {other}"),
+                }
+            }
+            name => out.profiles.push(
+                ProfileId::ALL
+                    .into_iter()
+                    .find(|p| fixture_profile(*p) == name)
+                    .unwrap_or_else(|| panic!("unknown profile {name}: deepseek or glm")),
+            ),
+        }
+    }
+    if out.profiles.is_empty() {
+        out.profiles = ProfileId::ALL.to_vec();
+    }
+    out
+}
+
+fn lists(sides: &[Side]) -> Vec<sparkgate_tests::difffuzz::Excuse> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |rel: &str| std::fs::read_to_string(root.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    let mut out = excuses(
+        Side::Gateway,
+        &read("../docs/gateway.md"),
+        "## Deliberate differences from vLLM",
+    );
+    out.extend(excuses(Side::Sim, &read("vllm-sim.md"), "## Fuzzer exclusions"));
+    out.retain(|e| sides.contains(&e.side));
+    out
+}
+
+fn main() {
+    let a = args();
+    let exe = std::env::current_exe()
+        .expect("current exe")
+        .to_string_lossy()
+        .into_owned();
+    let sim_bin = binary_next_to(&exe, "vllm-sim");
+    let excuses = lists(&a.sides);
+    let mut findings = 0;
+    let mut used = vec![false; excuses.len()];
+    for profile in &a.profiles {
+        let argv = plan_argv(*profile, None);
+        let real = RealVllm::start(*profile);
+        let (_sim, sim) = start_sim(&sim_bin, &argv);
+        let gw = TestGateway::builder(&sim_bin)
+            .profile(profile.as_str())
+            .upstream(real.addr)
+            .start();
+        let openapi = request(real.addr, "GET", "/openapi.json", &[], b"").json();
+        let model = test_config(*profile, &[]).serving.served_model_name.clone();
+        let run = Run {
+            openapi: &openapi,
+            model: &model,
+            targets: Targets {
+                real: real.addr,
+                sim,
+                gateway: gw.addr,
+            },
+            excuses: &excuses,
+            sides: &a.sides,
+        };
+        let report: Report = run.go(a.seed, a.count);
+        for f in &report.findings {
+            println!("{}:{f}", fixture_profile(*profile));
+        }
+        let by = |side| report.findings.iter().filter(|f| f.side == side).count();
+        println!(
+            "{}: {} cases (seed {}), {} differences excused, findings: sim {}, gateway {}",
+            fixture_profile(*profile),
+            report.sent,
+            a.seed,
+            report.excused,
+            by(Side::Sim),
+            by(Side::Gateway)
+        );
+        findings += report.findings.len();
+        for (u, r) in used.iter_mut().zip(&report.used) {
+            *u |= *r;
+        }
+    }
+    for (e, u) in excuses.iter().zip(&used) {
+        if !u {
+            println!("unused: {:?} {} {} {}", e.side, e.route, e.field, e.path);
+        }
+    }
+    std::process::exit(i32::from(findings > 0));
+}
