@@ -124,7 +124,12 @@ pub struct PlanArgv {
 /// Rank 0's `vllm serve …` argv of the profile's default plan in `mode` (default: the
 /// profile's default mode).
 pub fn plan_argv(profile: ProfileId, mode: Option<SpecMethod>) -> Vec<String> {
-    let c = test_config(profile, &[]);
+    plan_argv_with(profile, mode, &[])
+}
+
+/// [`plan_argv`] for a configuration with `extra` environment settings.
+pub fn plan_argv_with(profile: ProfileId, mode: Option<SpecMethod>, extra: &[(&str, &str)]) -> Vec<String> {
+    let c = test_config(profile, extra);
     let plan = match mode {
         Some(m) => c.plan_for(m),
         None => c.plan(),

@@ -195,6 +195,12 @@ impl GatewayError {
     /// The error as its route's family answers it: vLLM's OpenAI envelope, or Anthropic's
     /// `{"type":"error","error":{"type","message"}}` on `/v1/messages`.
     pub(crate) fn render(self, family: Family) -> Response {
+        // vLLM answers a body it cannot read as a request (media type, JSON) with FastAPI's
+        // validation error, in its OpenAI envelope, on the Anthropic route too.
+        let family = match self {
+            GatewayError::UnsupportedMediaType | GatewayError::InvalidJson(_) => Family::OpenAi,
+            _ => family,
+        };
         match family {
             Family::OpenAi => self.into_response(),
             Family::Anthropic => {

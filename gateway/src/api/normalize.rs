@@ -194,7 +194,13 @@ impl Normalizer {
         }
         let model = body.field("model").and_then(Value::as_str).map(str::to_owned);
         self.resolve_model(&mut body)?;
+        // With kwargs that are not an object vLLM refuses the request: nothing to translate.
+        let kwargs_valid = matches!(
+            body.field("chat_template_kwargs"),
+            None | Some(Value::Null | Value::Object(_))
+        );
         let effort_mapping = match api {
+            _ if !kwargs_valid => None,
             Api::Chat => self.chat_effort(&mut body)?,
             Api::Responses => self.responses_effort(&mut body)?,
             Api::Batch => self.chat_effort(&mut body)?,
@@ -236,7 +242,8 @@ impl Normalizer {
                     valid: valid.join(", "),
                 });
             }
-            Some(_) => return Err(GatewayError::bad_request("`model` must be a string", "model")),
+            // Not a string: vLLM's validation refuses it, in its own words.
+            Some(_) => return Ok(()),
         }
         body.insert("model".into(), Value::String(self.served.clone()));
         Ok(())
@@ -352,10 +359,8 @@ impl Normalizer {
                 }
                 Ok(Some(kw))
             }
-            Some(_) => Err(GatewayError::bad_request(
-                "chat_template_kwargs must be an object",
-                "chat_template_kwargs",
-            )),
+            // Not an object: vLLM's validation refuses it, in its own words.
+            Some(_) => Ok(None),
         }
     }
 
@@ -391,7 +396,8 @@ impl Normalizer {
         let value = match body.field("reasoning") {
             None | Some(Value::Null) => return Ok(None),
             Some(Value::Object(r)) => r.field("effort").cloned().filter(|e| !e.is_null()),
-            Some(_) => return Err(GatewayError::bad_request("reasoning must be an object", "reasoning")),
+            // Not an object: vLLM's validation refuses it, in its own words.
+            Some(_) => return Ok(None),
         };
         let Some(value) = value else { return Ok(None) };
         let effort = self.parse_effort(&value, "reasoning.effort")?;
@@ -437,12 +443,8 @@ impl Normalizer {
         let top = match body.field("output_config") {
             None | Some(Value::Null) => None,
             Some(Value::Object(o)) => o.field("effort").cloned().filter(|e| !e.is_null()),
-            Some(_) => {
-                return Err(GatewayError::bad_request(
-                    "output_config must be an object",
-                    "output_config",
-                ))
-            }
+            // Not an object: vLLM's validation refuses it, in its own words.
+            Some(_) => return Ok(None),
         };
         let top = match top {
             Some(v) => Some((v.clone(), self.parse_effort(&v, "output_config.effort")?)),

@@ -9,10 +9,18 @@ use sparkgate_tests::conformance::start_sim;
 use sparkgate_tests::difffuzz::{excuses, Report, Run, Side, Targets};
 use sparkgate_tests::harness::binary_next_to;
 use sparkgate_tests::http::request;
-use sparkgate_tests::realvllm::{fixture_profile, plan_argv, test_config, RealVllm};
+use sparkgate_tests::realvllm::{fixture_profile, plan_argv_with, test_config, RealVllm};
 use sparkgate_tests::test_gateway::TestGateway;
 
+/// A short context: a request with no max-tokens field and `ignore_eos` generates up to the
+/// context limit, which at the fixture engine's 2 ms a token is 4 s here, not 20 minutes.
+const SETTINGS: &[(&str, &str)] = &[("MAX_MODEL_LEN", "2048")];
+
+/// The captured schema vllm-sim's validation derives from (`--capture` rewrites it).
+const SCHEMA: &str = "sim-schema/vllm-0.33.0-openapi.json";
+
 struct Args {
+    capture: bool,
     seed: u64,
     count: usize,
     sides: Vec<Side>,
@@ -21,6 +29,7 @@ struct Args {
 
 fn args() -> Args {
     let mut out = Args {
+        capture: false,
         seed: 31,
         count: 1000,
         sides: vec![Side::Sim, Side::Gateway],
@@ -30,6 +39,7 @@ fn args() -> Args {
     while let Some(a) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
         match a.as_str() {
+            "--capture" => out.capture = true,
             "--seed" => out.seed = value().parse().expect("--seed is an integer"),
             "--count" => out.count = value().parse().expect("--count is an integer"),
             "--side" => {
@@ -66,6 +76,25 @@ fn lists(sides: &[Side]) -> Vec<sparkgate_tests::difffuzz::Excuse> {
     out
 }
 
+/// Whether the live frontend's schema is the captured one vllm-sim derives from (with
+/// `capture`, it is written first).
+fn schema_matches(live: &serde_json::Value, capture: bool) -> bool {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(SCHEMA);
+    if capture {
+        let text = serde_json::to_string_pretty(live).expect("JSON") + "\n";
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+    let committed: serde_json::Value = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let same = &committed == live;
+    if !same {
+        println!("the frontend's /openapi.json differs from {SCHEMA}: vllm-sim derives from a stale schema (--capture rewrites it)");
+    }
+    same
+}
+
 fn main() {
     let a = args();
     let exe = std::env::current_exe()
@@ -77,15 +106,17 @@ fn main() {
     let mut findings = 0;
     let mut used = vec![false; excuses.len()];
     for profile in &a.profiles {
-        let argv = plan_argv(*profile, None);
-        let real = RealVllm::start(*profile);
+        let argv = plan_argv_with(*profile, None, SETTINGS);
+        let real = RealVllm::start_with(*profile, &argv, &[]);
         let (_sim, sim) = start_sim(&sim_bin, &argv);
         let gw = TestGateway::builder(&sim_bin)
             .profile(profile.as_str())
             .upstream(real.addr)
+            .envs(SETTINGS)
             .start();
         let openapi = request(real.addr, "GET", "/openapi.json", &[], b"").json();
-        let model = test_config(*profile, &[]).serving.served_model_name.clone();
+        findings += usize::from(!schema_matches(&openapi, a.capture));
+        let model = test_config(*profile, SETTINGS).serving.served_model_name.clone();
         let run = Run {
             openapi: &openapi,
             model: &model,
