@@ -9,7 +9,9 @@ use serde_json::{json, Map, Value};
 
 use super::generate::{ChoicePlan, Delta, Job, Step};
 use super::logprobs;
+use super::before;
 use super::request;
+use super::schema;
 use super::validate;
 use super::{internal_error, json_response, ApiError, App, Shared};
 use crate::sim::structured::Constraint;
@@ -51,6 +53,17 @@ pub(crate) struct Ctx {
     pub(crate) forced_tool: bool,
     /// `logprobs: true`: how many top alternatives each token lists.
     pub(crate) logprobs: Option<usize>,
+    /// The answer's role: vLLM's `get_chat_request_role` — the assistant after a generation
+    /// prompt, else the last message's own role.
+    pub(crate) role: String,
+}
+
+fn chat_role(req: &Map<String, Value>, messages: &[Value]) -> String {
+    let generation_prompt = req.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true);
+    match messages.last().and_then(|m| m.get("role")).and_then(Value::as_str) {
+        Some(role) if !generation_prompt => role.to_owned(),
+        _ => "assistant".to_owned(),
+    }
 }
 
 pub(crate) fn now_secs() -> u64 {
@@ -61,13 +74,18 @@ pub(crate) fn now_secs() -> u64 {
 }
 
 fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiError> {
-    prepare(app, headers, request::json_object(headers, body)?)
+    prepare(app, headers, validated(request::json_object(headers, body)?)?)
 }
 
-/// Validates a chat request in vLLM's order and submits it to the engine.
-pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value>) -> Result<(Job, Ctx), ApiError> {
-    validate::chat_before(&req)?;
-    validate::fields(&mut req, validate::CHAT, &["messages"])?;
+/// `ChatCompletionRequest`'s validation: its before-validators, then the captured schema.
+pub(crate) fn validated(mut req: Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    before::run(before::CHAT, &req)?;
+    schema::check_body("/v1/chat/completions", &mut req)?;
+    Ok(req)
+}
+
+/// Checks a validated chat request in vLLM's serving order and submits it to the engine.
+pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -> Result<(Job, Ctx), ApiError> {
     let messages = req
         .get("messages")
         .and_then(Value::as_array)
@@ -78,6 +96,7 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value
     request::refuse_chat_template(app, &req)?;
     let tools = req.get("tools").and_then(Value::as_array).cloned();
     request::check_model(app, &req)?;
+    request::untrusted_mm_kwargs(&req)?;
     request::render_checks(app, &messages, &kwargs)?;
     validate::sampling(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
@@ -86,6 +105,7 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value
     let prompt = text::render_prompt(&messages, &rendering);
     let prompt_tokens = vocab::count_tokens(&prompt);
     request::check_prompt_length(app, prompt_tokens)?;
+    request::routed_experts_start(&req, prompt_tokens)?;
     let budget = (app.args.max_model_len as usize - prompt_tokens).min(max_tokens.map_or(usize::MAX, |m| m as usize));
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let min_tokens = req.get("min_tokens").and_then(Value::as_u64).unwrap_or(0) as usize;
@@ -121,6 +141,7 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, mut req: Map<String, Value
                 || req.get("tool_choice") == Some(&json!("required")),
             logprobs: (req.get("logprobs") == Some(&Value::Bool(true)))
                 .then(|| req.get("top_logprobs").and_then(Value::as_u64).unwrap_or(0) as usize),
+            role: chat_role(&req, &messages),
         },
     ))
 }
@@ -156,7 +177,7 @@ pub(crate) fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
         .map(|(index, c)| {
             let content = c.content_text();
             let mut message = json!({
-                "role": "assistant",
+                "role": ctx.role,
                 "content": if content.is_empty() && !ctx.forced_tool { Value::Null } else { Value::String(content) },
                 "refusal": null, "annotations": null, "audio": null, "function_call": null,
             });
@@ -232,7 +253,7 @@ impl StreamState {
         }
         self.started = true;
         for index in 0..self.job.choices.len() {
-            let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+            let choice = json!({"index": index, "delta": {"role": self.ctx.role, "content": ""}, "logprobs": null, "finish_reason": null});
             let mut c = self.chunk(json!([choice]), None);
             c["prompt_token_ids"] = Value::Null;
             c["prompt_text"] = Value::Null;

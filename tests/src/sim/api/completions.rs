@@ -10,22 +10,25 @@ use serde_json::{json, Value};
 use super::chat::{error_frame, frame, now_secs, sse_response, with_request_id, DONE};
 use super::generate::{ChoicePlan, Delta, Job, Step};
 use super::request::{self, invalid};
-use super::{bad_request, logprobs, validate, App};
+use super::{bad_request, before, logprobs, schema, validate, App};
 use super::{internal_error, json_response, ApiError, Shared};
 use crate::sim::text::{self, Output};
 use crate::sim::vocab;
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
-    validate::stream_options_need_stream(&req)?;
-    validate::fields(&mut req, validate::COMPLETION, &[])?;
+    before::run(before::COMPLETION, &req)?;
+    schema::check_body("/v1/completions", &mut req)?;
     let prompts = prompts(&req)?;
     request::check_model(&app, &req)?;
+    request::untrusted_mm_kwargs(&req)?;
     validate::sampling(&app, &req, &["max_tokens"])?;
     let stream = request::stream_options(&app, &req)?;
     let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
     let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);
-    request::check_prompt_length(&app, prompts.iter().map(|p| vocab::count_tokens(p)).max().unwrap_or(0))?;
+    let longest = prompts.iter().map(|p| vocab::count_tokens(p)).max().unwrap_or(0);
+    request::check_prompt_length(&app, longest)?;
+    request::routed_experts_start(&req, prompts.iter().map(|p| vocab::count_tokens(p)).min().unwrap_or(0))?;
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let choices: Vec<ChoicePlan> = prompts
         .iter()

@@ -74,6 +74,7 @@ async fn run_batch(app: &Shared, headers: &HeaderMap, body: &[u8]) -> Result<Res
         let mut one = req.clone();
         one.insert("messages".into(), conversation);
         one.remove("stream");
+        let one = chat::validated(one).map_err(IntoResponse::into_response)?;
         let (mut job, ctx) = chat::prepare(app, headers, one).map_err(IntoResponse::into_response)?;
         job.complete().await.map_err(|m| internal(&m))?;
         let mut body = chat::full_body(app, &job, &ctx);

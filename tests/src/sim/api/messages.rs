@@ -13,23 +13,9 @@ use serde_json::{json, Map, Value};
 
 use super::chat;
 use super::generate::{Job, Step};
-use super::pydantic::{Field, Kind};
-use super::{json_response, request, validate, ApiError, App, Shared};
+use super::{json_response, request, schema, ApiError, App, Shared};
 use crate::sim::text;
 use crate::sim::vocab;
-
-const MESSAGES: &[Field] = &[
-    ("model", Kind::Str, false),
-    ("messages", Kind::List, false),
-    ("max_tokens", Kind::Int, false),
-    ("stop_sequences", Kind::List, true),
-    ("stream", Kind::Bool, true),
-    ("system", Kind::Any, true),
-    ("temperature", Kind::Float, true),
-    ("tools", Kind::List, true),
-    ("top_k", Kind::Int, true),
-    ("top_p", Kind::Float, true),
-];
 
 /// Anthropic's finish names.
 fn stop_reason(finish: &str, stop: Option<&String>) -> &'static str {
@@ -163,7 +149,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    if let Err(e) = validate::fields(&mut req, &[MESSAGES], &["model", "messages", "max_tokens"]) {
+    if let Err(e) = schema::check_body("/v1/messages", &mut req) {
         return e.into_response();
     }
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
@@ -348,7 +334,7 @@ pub(crate) async fn count_tokens(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
-    validate::fields(&mut req, &[MESSAGES], &["model", "messages"])?;
+    schema::check_body("/v1/messages/count_tokens", &mut req)?;
     if let Err(e) = request::check_model(&app, &req) {
         return Ok(e.into_anthropic());
     }

@@ -1,6 +1,7 @@
 //! vLLM 0.33's HTTP surface: routes, the error envelope, API-key scope, request ids and the
 //! connection handling (5 s keep-alive idle close) of its uvicorn server.
 
+mod before;
 mod chat;
 mod completions;
 mod dispatch;
@@ -10,6 +11,7 @@ mod messages;
 mod pydantic;
 mod request;
 mod responses;
+mod schema;
 mod serve;
 mod validate;
 
@@ -217,7 +219,8 @@ async fn models(State(app): State<Shared>) -> Response {
 }
 
 async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
-    let req = request::json_object(&headers, &body)?;
+    let mut req = request::json_object(&headers, &body)?;
+    schema::check_body("/tokenize", &mut req)?;
     request::check_model(&app, &req)?;
     let text = match (req.get("prompt"), req.get("messages")) {
         (Some(Value::String(p)), _) => p.clone(),
@@ -236,25 +239,22 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
         }
     };
     let tokens = vocab::tokenize(&text);
+    let strs = match req.get("return_token_strs") {
+        Some(Value::Bool(true)) => json!(tokens
+            .iter()
+            .map(|t| vocab::detokenize(&[u64::from(*t)]).unwrap_or_default())
+            .collect::<Vec<_>>()),
+        _ => Value::Null,
+    };
     Ok(json_response(
         StatusCode::OK,
-        &json!({"count": tokens.len(), "max_model_len": app.args.max_model_len, "tokens": tokens, "token_strs": null}),
+        &json!({"count": tokens.len(), "max_model_len": app.args.max_model_len, "tokens": tokens, "token_strs": strs}),
     ))
 }
 
 async fn detokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
-    if !req.contains_key("tokens") {
-        return Err(pydantic::to_error(&[pydantic::missing("tokens", &req)]));
-    }
-    validate::fields(
-        &mut req,
-        &[&[
-            ("model", pydantic::Kind::Str, true),
-            ("tokens", pydantic::Kind::List, false),
-        ]],
-        &[],
-    )?;
+    schema::check_body("/detokenize", &mut req)?;
     request::check_model(&app, &req)?;
     let ids: Option<Vec<u64>> = req
         .get("tokens")

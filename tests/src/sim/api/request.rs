@@ -71,15 +71,62 @@ fn python_json_error(e: &serde_json::Error) -> &'static str {
     }
 }
 
+/// The bytes Python's `json.loads` parses (`json.detect_encoding`, Lib/json/__init__.py): UTF-8
+/// past a byte-order mark; UTF-16 or UTF-32 by their mark, or by where the first NUL bytes fall.
+/// Text that does not decode is left as it came, for the JSON error to report.
+fn python_json_text(b: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    use std::borrow::Cow;
+    // (bytes to skip, code unit width, big-endian)
+    let (skip, width, big) = match b {
+        [0, 0, 0xfe, 0xff, ..] => (4, 4, true),
+        [0xff, 0xfe, 0, 0, ..] => (4, 4, false),
+        [0xfe, 0xff, ..] => (2, 2, true),
+        [0xff, 0xfe, ..] => (2, 2, false),
+        [0xef, 0xbb, 0xbf, ..] => return Cow::Borrowed(&b[3..]),
+        [0, 0, _, _, ..] => (0, 4, true),
+        [0, _, _, _, ..] | [0, _] => (0, 2, true),
+        [_, 0, 0, 0, ..] => (0, 4, false),
+        [_, 0, _, _, ..] | [_, 0] => (0, 2, false),
+        _ => return Cow::Borrowed(b),
+    };
+    let units = b[skip..].chunks(width).map(|c| {
+        let word = c.iter().fold(0u32, |acc, byte| (acc << 8) | u32::from(*byte));
+        if big || width == 1 {
+            word
+        } else if width == 2 {
+            u32::from(u16::swap_bytes(word as u16))
+        } else {
+            word.swap_bytes()
+        }
+    });
+    let text: Option<String> = if width == 2 {
+        char::decode_utf16(units.map(|u| u as u16)).collect::<Result<_, _>>().ok()
+    } else {
+        units.map(char::from_u32).collect()
+    };
+    match text {
+        Some(t) if (b.len() - skip) % width == 0 => Cow::Owned(t.into_bytes()),
+        _ => Cow::Borrowed(b),
+    }
+}
+
 /// The body as a JSON object, after vLLM's content-type check.
 pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
-    if content_type.split(';').next().map(str::trim) != Some("application/json") {
+    // vLLM's `validate_json_request` (serve/utils/api_utils.py): lower-cased, cut at the first
+    // `;`, compared as is.
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if content_type.split(';').next() != Some("application/json") {
         return Err(validation_error(
             "Unsupported Media Type: Only 'application/json' is allowed",
             None,
         ));
     }
+    let text = python_json_text(body);
+    let body: &[u8] = &text;
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(other) => Err(pydantic::to_error(&[pydantic::PyErr::new(
@@ -107,6 +154,38 @@ pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String
             err.ctx = Some(format!("'error': {}", pydantic::repr_str(python_json_error(&e))));
             Err(pydantic::to_error(&[err]))
         }
+    }
+}
+
+/// vLLM's `validate_request_mm_kwargs` (generate/base/protocol.py), run by the renderer: the
+/// simulator, like vLLM by default, does not trust per-request multimodal kwargs.
+pub(crate) fn untrusted_mm_kwargs(req: &Map<String, Value>) -> Result<(), ApiError> {
+    let set = |k: &str| req.get(k).and_then(Value::as_object).is_some_and(|m| !m.is_empty());
+    for (field, what) in [("mm_processor_kwargs", "preprocessing"), ("media_io_kwargs", "media loading")] {
+        if set(field) {
+            let kind = field.trim_end_matches("_kwargs");
+            return Err(super::bad_request(
+                &format!(
+                    "Per-request {kind}_kwargs are disabled by default because they can change multimodal {what} resource usage. Start the server with --trust-request-mm-kwargs only when clients are trusted."
+                ),
+                Some(field),
+                None,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The engine's input check (v1/engine/input_processor.py): `routed_experts_prompt_start`
+/// within the prompt.
+pub(crate) fn routed_experts_start(req: &Map<String, Value>, prompt_len: usize) -> Result<(), ApiError> {
+    match req.get("routed_experts_prompt_start").and_then(Value::as_i64) {
+        Some(start) if start < 0 || start as usize > prompt_len => Err(super::bad_request(
+            &format!("routed_experts_prompt_start must be between 0 and the prompt length ({prompt_len}), inclusive."),
+            Some("routed_experts_prompt_start"),
+            Some(&start.to_string()),
+        )),
+        _ => Ok(()),
     }
 }
 

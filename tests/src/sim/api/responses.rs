@@ -201,12 +201,15 @@ fn final_output(turn: &Turn, plan: &ChoicePlan, streamed: bool) -> Vec<Value> {
 }
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
-    let req = request::json_object(&headers, &body)?;
+    let mut req = request::json_object(&headers, &body)?;
+    super::before::run(super::before::RESPONSES, &req)?;
+    super::schema::check_body("/v1/responses", &mut req)?;
     let msgs = messages(&req)?;
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let kwargs = request::template_kwargs(&app, &with_effort(&req))?;
     let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
     request::check_model(&app, &req)?;
+    request::untrusted_mm_kwargs(&req)?;
     let tools: Option<Vec<Value>> = req
         .get("tools")
         .and_then(Value::as_array)

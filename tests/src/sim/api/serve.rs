@@ -158,7 +158,9 @@ async fn serve_connection(stream: TcpStream, router: Router, keys: Arc<Vec<[u8; 
             Ok(resp.map(|inner| Body::new(Guarded { inner, _guard: guard })))
         }
     });
+    // uvicorn's httptools parser sets no limit on the number of headers; hyper's default is 100.
     let conn = hyper::server::conn::http1::Builder::new()
+        .max_headers(1024)
         .timer(TokioTimer::new())
         .keep_alive(true)
         .serve_connection(TokioIo::new(io), service);

@@ -1,0 +1,82 @@
+"""Writes vllm-<version>-kinds.json: for each model class behind the request bodies of the
+routes vllm-sim serves, what the real frontend's pydantic does that its /openapi.json does not
+say — the error for an input that is not a mapping, the tag a union adds to an error's
+location, and whether unknown keys are refused. vllm-sim's schema validation reads it beside
+the captured /openapi.json. Run with the vLLM venv's python:
+
+    ~/.cache/vllm-0.33.0/bin/python tests/sim-schema/capture_kinds.py > tests/sim-schema/vllm-0.33.0-kinds.json
+"""
+
+import json
+import sys
+from typing import Union
+
+import vllm
+from pydantic import TypeAdapter, ValidationError
+from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+from vllm.entrypoints.serve.tokenize.protocol import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+
+ROOTS = [ChatCompletionRequest, CompletionRequest, AnthropicMessagesRequest, AnthropicCountTokensRequest,
+         ResponsesRequest, TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest]
+
+
+def classes(schema, out):
+    """Every model, typed dict and dataclass in a pydantic core schema."""
+    if isinstance(schema, dict):
+        if schema.get("type") in ("model", "typed-dict", "dataclass") and "cls" in schema:
+            out.setdefault(schema["cls"], schema["type"])
+        for key, value in schema.items():
+            if key not in ("cls", "metadata", "serialization"):
+                classes(value, out)
+    elif isinstance(schema, (list, tuple)):
+        for value in schema:
+            classes(value, out)
+
+
+def first_error(adapter, value):
+    try:
+        # FastAPI validates request bodies with from_attributes=True (fastapi/_compat).
+        adapter.validate_python(value, from_attributes=True)
+    except ValidationError as e:
+        return e.errors(include_url=False)
+    except Exception:  # a validator that raises its own error: nothing generic to record
+        return None
+    return []
+
+
+def probe(cls):
+    own = TypeAdapter(cls)
+    errs = first_error(own, 3) or [{}]
+    e = errs[0]
+    tagged = first_error(TypeAdapter(Union[cls, int]), 3.5) or [{}]
+    tag = next((str(x["loc"][0]) for x in tagged if x.get("loc") and x["type"] != "int_from_float"), None)
+    extra = first_error(own, {"x_sparkgate_probe": 1}) or []
+    return {
+        "not_a_mapping": {"type": e.get("type"), "msg": e.get("msg"), "ctx": {k: str(v) for k, v in (e.get("ctx") or {}).items()}},
+        "union_tag": tag,
+        "forbids_extra": any(x["type"] == "extra_forbidden" for x in extra),
+    }
+
+
+def names(cls):
+    qualified = (cls.__module__ + "." + cls.__qualname__).replace(".", "__")
+    return [qualified, cls.__name__]
+
+
+def main():
+    found = {}
+    for root in ROOTS:
+        classes(root.__pydantic_core_schema__, found)
+    out = {"vllm": vllm.__version__, "classes": {}}
+    for cls in sorted(found, key=lambda c: (c.__module__, c.__qualname__)):
+        facts = dict(probe(cls), kind=found[cls])
+        for name in names(cls):
+            out["classes"][name] = facts
+    json.dump(out, sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+main()
