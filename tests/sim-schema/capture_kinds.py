@@ -13,6 +13,7 @@ from typing import Union
 
 import vllm
 from pydantic import TypeAdapter, ValidationError
+from pydantic.json_schema import GenerateJsonSchema
 from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -61,19 +62,46 @@ def probe(cls):
     }
 
 
-def names(cls):
+class Recording(GenerateJsonSchema):
+    """Notes which classes a JSON schema defines (the ones /openapi.json names)."""
+
+    seen = set()
+
+    def generate(self, schema, mode="validation"):
+        out = super().generate(schema, mode)
+        for core_ref, _mode in self.core_to_defs_refs:
+            Recording.seen.add(str(core_ref).split(":")[0])
+        return out
+
+
+def in_openapi(cls):
+    return f"{cls.__module__}.{cls.__qualname__}" in Recording.seen
+
+
+def names(cls, found, clashes):
     qualified = (cls.__module__ + "." + cls.__qualname__).replace(".", "__")
-    return [qualified, cls.__name__]
+    if cls.__name__ not in clashes:
+        return [qualified, cls.__name__]
+    # A bare name several classes share stands for the one the schema shows; where pydantic
+    # merged equal schemas under one name (openai's `tool.X` model and `tool_param.X` typed
+    # dict), for the model, which the request fields that reach it use.
+    rivals = [c for c in found if c.__name__ == cls.__name__ and in_openapi(c)]
+    chosen = next((c for c in rivals if found[c] == "model"), rivals[0] if rivals else None)
+    return [qualified, cls.__name__] if chosen is cls else [qualified]
 
 
 def main():
     found = {}
     for root in ROOTS:
         classes(root.__pydantic_core_schema__, found)
+    for root in ROOTS:
+        TypeAdapter(root).json_schema(mode="validation", schema_generator=Recording)
+    bare = [c.__name__ for c in found]
+    clashes = {n for n in bare if bare.count(n) > 1}
     out = {"vllm": vllm.__version__, "classes": {}}
     for cls in sorted(found, key=lambda c: (c.__module__, c.__qualname__)):
         facts = dict(probe(cls), kind=found[cls])
-        for name in names(cls):
+        for name in names(cls, found, clashes):
             out["classes"][name] = facts
     json.dump(out, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")

@@ -72,7 +72,10 @@ impl Streaming {
             .set_read_timeout(Some(Duration::from_secs(120)))
             .expect("timeout");
         write_request(&mut stream, method, path, headers, body, true);
-        Self::read_head(BufReader::new(stream))
+        let mut s = Self::read_head(BufReader::new(stream));
+        // A HEAD answer, a 204 and a 304 have no body whatever their headers say (RFC 9112 §6.3).
+        s.done |= method.eq_ignore_ascii_case("HEAD") || s.status == 204 || s.status == 304;
+        s
     }
 
     /// `POST path` with a JSON body on a new connection, its status line and headers read.

@@ -161,9 +161,9 @@ impl Run<'_> {
         muts: &[Mutation],
         report: &mut Report,
     ) -> Vec<String> {
-        let (headers, body) = apply(seed, muts);
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let shape_at = |addr| match try_request(addr, "POST", route, &headers, &body) {
+        let wire = apply(route, seed, muts);
+        let headers: Vec<(&str, &str)> = wire.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let shape_at = |addr| match try_request(addr, wire.method, &wire.path, &headers, &wire.body) {
             Some(r) => response_shape(&r),
             None => serde_json::json!("<connection failed before a complete answer>"),
         };

@@ -29,6 +29,19 @@ pub enum Transport {
     ByteOrderMark,
     Utf16,
     ManyHeaders,
+    /// The route asked with another method (GET, PUT, DELETE, HEAD).
+    Method(&'static str),
+    /// The route's path with a trailing slash.
+    TrailingSlash,
+}
+
+/// A request as it goes on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wire {
+    pub method: &'static str,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
 }
 
 impl Mutation {
@@ -36,6 +49,7 @@ impl Mutation {
     pub fn field(&self) -> String {
         match self {
             Mutation::Set(k, _) | Mutation::Remove(k) => k.clone(),
+            Mutation::Transport(Transport::Method(_)) => "<Method>".to_owned(),
             Mutation::Transport(t) => format!("<{t:?}>"),
         }
     }
@@ -120,6 +134,11 @@ fn one(rng: &mut Rng, model: &Model) -> Mutation {
             Transport::ByteOrderMark,
             Transport::Utf16,
             Transport::ManyHeaders,
+            Transport::Method("GET"),
+            Transport::Method("PUT"),
+            Transport::Method("DELETE"),
+            Transport::Method("HEAD"),
+            Transport::TrailingSlash,
         ])),
         5..=9 if !model.required.is_empty() => Mutation::Remove(rng.pick(&model.required).clone()),
         10..=12 => Mutation::Set("x_unknown_key".into(), json!(1)),
@@ -234,8 +253,8 @@ fn wrong_type(rng: &mut Rng, kinds: &[String]) -> Value {
     }
 }
 
-/// The body, headers and bytes of a seed after `mutations`.
-pub fn apply(seed: &Map<String, Value>, mutations: &[Mutation]) -> (Vec<(String, String)>, Vec<u8>) {
+/// The request `route`'s seed becomes after `mutations`.
+pub fn apply(route: &str, seed: &Map<String, Value>, mutations: &[Mutation]) -> Wire {
     let mut body = seed.clone();
     let mut transports = Vec::new();
     for m in mutations {
@@ -251,6 +270,7 @@ pub fn apply(seed: &Map<String, Value>, mutations: &[Mutation]) -> (Vec<(String,
     }
     let mut bytes = serde_json::to_vec(&body).expect("JSON");
     let mut headers = vec![("Content-Type".to_owned(), "application/json".to_owned())];
+    let (mut method, mut path) = ("POST", route.to_owned());
     for t in transports {
         match t {
             Transport::MediaTypeUpper => headers[0].1 = "Application/JSON".into(),
@@ -262,9 +282,16 @@ pub fn apply(seed: &Map<String, Value>, mutations: &[Mutation]) -> (Vec<(String,
                 bytes = text.encode_utf16().flat_map(u16::to_le_bytes).collect();
             }
             Transport::ManyHeaders => headers.extend((0..120).map(|i| (format!("x-extra-{i}"), "1".to_owned()))),
+            Transport::Method(m) => method = m,
+            Transport::TrailingSlash => path.push('/'),
         }
     }
-    (headers, bytes)
+    Wire {
+        method,
+        path,
+        headers,
+        body: bytes,
+    }
 }
 
 #[cfg(test)]
@@ -291,12 +318,21 @@ mod tests {
     #[test]
     fn transports_change_bytes_and_headers_not_the_json() {
         let seed: Map<String, Value> = serde_json::from_str(r#"{"a": 1}"#).unwrap();
-        let (h, b) = apply(&seed, &[Mutation::Transport(Transport::ByteOrderMark)]);
-        assert_eq!(&b[..3], b"\xef\xbb\xbf");
-        assert_eq!(h[0].1, "application/json");
-        let (_, b) = apply(&seed, &[Mutation::Transport(Transport::Utf16)]);
-        assert_eq!(b.len(), 2 * r#"{"a":1}"#.len());
-        let (h, _) = apply(&seed, &[Mutation::Transport(Transport::ManyHeaders)]);
-        assert_eq!(h.len(), 121);
+        let w = apply("/x", &seed, &[Mutation::Transport(Transport::ByteOrderMark)]);
+        assert_eq!(&w.body[..3], b"\xef\xbb\xbf");
+        assert_eq!(w.headers[0].1, "application/json");
+        let w = apply("/x", &seed, &[Mutation::Transport(Transport::Utf16)]);
+        assert_eq!(w.body.len(), 2 * r#"{"a":1}"#.len());
+        let w = apply("/x", &seed, &[Mutation::Transport(Transport::ManyHeaders)]);
+        assert_eq!(w.headers.len(), 121);
+        let w = apply(
+            "/x",
+            &seed,
+            &[
+                Mutation::Transport(Transport::Method("GET")),
+                Mutation::Transport(Transport::TrailingSlash),
+            ],
+        );
+        assert_eq!((w.method, w.path.as_str()), ("GET", "/x/"));
     }
 }

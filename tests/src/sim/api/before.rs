@@ -38,6 +38,13 @@ pub(crate) const COMPLETION: &[Before] = &[
 /// `ResponsesRequest`'s that the fuzzer reaches (responses/protocol.py).
 pub(crate) const RESPONSES: &[Before] = &[validate_prompt, validate_background, check_cache_salt_support];
 
+/// The field validators that raise `VLLMValidationError`, which is no `ValueError`: pydantic
+/// does not collect it, so it ends validation the moment the field is reached and wins over
+/// every type error pydantic has collected (in field order).
+pub(crate) const CHAT_FIELDS: &[Before] = &[thinking_token_budget, structured_outputs_constraint];
+pub(crate) const COMPLETION_FIELDS: &[Before] = &[thinking_token_budget, structured_outputs_constraint];
+pub(crate) const RESPONSES_FIELDS: &[Before] = &[structured_outputs_constraint];
+
 /// Runs `list` on `body`; the first refusal.
 pub(crate) fn run(list: &[Before], body: &Body) -> Result<(), ApiError> {
     list.iter().try_for_each(|check| check(body))
@@ -395,4 +402,55 @@ fn validate_background(body: &Body) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// `validate_thinking_token_budget` (sampling_params.py), the field's `BeforeValidator`: an
+/// integer, -1 or at least 0 (a boolean or a float is refused).
+fn thinking_token_budget(body: &Body) -> Result<(), ApiError> {
+    let Some(v) = present(body, "thinking_token_budget") else {
+        return Ok(());
+    };
+    match v.as_i64() {
+        Some(n) if n >= -1 && !v.is_f64() => Ok(()),
+        _ => Err(bad_request(
+            "`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
+            Some("thinking_token_budget"),
+            Some(&py_str(v)),
+        )),
+    }
+}
+
+/// `StructuredOutputsParams.__post_init__` (sampling_params.py): a `structured_outputs` that
+/// sets none of the constraints is refused, its fields shown as Python's `__dict__`. It runs
+/// where the request becomes sampling parameters, after the schema.
+fn structured_outputs_constraint(body: &Body) -> Result<(), ApiError> {
+    let Some(Value::Object(so)) = present(body, "structured_outputs") else {
+        return Ok(());
+    };
+    const CONSTRAINTS: &[&str] = &["json", "regex", "choice", "grammar", "json_object", "structural_tag"];
+    if CONSTRAINTS.iter().any(|k| present(so, k).is_some()) {
+        return Ok(());
+    }
+    let field = |k: &str, default: Value| format!("'{k}': {}", py_repr(so.get(k).unwrap_or(&default)));
+    let fields = [
+        field("json", Value::Null),
+        field("regex", Value::Null),
+        field("choice", Value::Null),
+        field("grammar", Value::Null),
+        field("json_object", Value::Null),
+        field("disable_any_whitespace", Value::Bool(false)),
+        field("disable_additional_properties", Value::Bool(false)),
+        field("whitespace_pattern", Value::Null),
+        field("structural_tag", Value::Null),
+        "'_backend': None".to_owned(),
+        "'_backend_was_auto': False".to_owned(),
+    ];
+    Err(bad_request(
+        &format!(
+            "You must use one kind of structured outputs constraint but none are specified: {{{}}}",
+            fields.join(", ")
+        ),
+        None,
+        None,
+    ))
 }

@@ -56,6 +56,8 @@ pub(crate) struct Ctx {
     /// The answer's role: vLLM's `get_chat_request_role` — the assistant after a generation
     /// prompt, else the last message's own role.
     pub(crate) role: String,
+    /// `include_reasoning: false`: the reasoning is produced but not returned.
+    pub(crate) include_reasoning: bool,
 }
 
 fn chat_role(req: &Map<String, Value>, messages: &[Value]) -> String {
@@ -80,6 +82,7 @@ fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiErr
 /// `ChatCompletionRequest`'s validation: its before-validators, then the captured schema.
 pub(crate) fn validated(mut req: Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     before::run(before::CHAT, &req)?;
+    before::run(before::CHAT_FIELDS, &req)?;
     schema::check_body("/v1/chat/completions", &mut req)?;
     Ok(req)
 }
@@ -99,6 +102,8 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
     request::untrusted_mm_kwargs(&req)?;
     request::render_checks(app, &messages, &kwargs)?;
     validate::sampling(app, &req, &["max_completion_tokens", "max_tokens"])?;
+    let top = req.get("top_logprobs").and_then(Value::as_i64);
+    validate::sample_logprobs(top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))))?;
     let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let n = request::n_choices(&req)?;
     let rendering = app.template.render(&kwargs);
@@ -142,6 +147,7 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
             logprobs: (req.get("logprobs") == Some(&Value::Bool(true)))
                 .then(|| req.get("top_logprobs").and_then(Value::as_u64).unwrap_or(0) as usize),
             role: chat_role(&req, &messages),
+            include_reasoning: req.get("include_reasoning") != Some(&Value::Bool(false)),
         },
     ))
 }
@@ -184,7 +190,10 @@ pub(crate) fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
             if let Some(call) = &c.tool_call {
                 message["tool_calls"] = json!([tool_call_json(call, &format!("chatcmpl-tool-{}", request::random_hex(16)))]);
             }
-            message["reasoning"] = c.reasoning_text().map_or(Value::Null, Value::String);
+            message["reasoning"] = match c.reasoning_text() {
+                Some(r) if ctx.include_reasoning => Value::String(r),
+                _ => Value::Null,
+            };
             let lp = ctx.logprobs.map_or(Value::Null, |top| logprobs::chat(c.released(), top));
             json!({"index": index, "message": message, "logprobs": lp, "finish_reason": c.finish, "stop_reason": c.stop_reason, "token_ids": null, "routed_experts": null, "weight_versions": null})
         })
@@ -280,7 +289,7 @@ impl StreamState {
     fn on_delta(&mut self, index: usize, d: Delta) {
         self.role_chunks();
         let mut delta = Map::new();
-        if !d.reasoning.is_empty() {
+        if !d.reasoning.is_empty() && self.ctx.include_reasoning {
             delta.insert("reasoning".into(), Value::String(d.reasoning));
         }
         if !d.content.is_empty() {

@@ -15,14 +15,45 @@ use super::{internal_error, json_response, ApiError, Shared};
 use crate::sim::text::{self, Output};
 use crate::sim::vocab;
 
+/// The completion renderer's refusals (renderers/online_renderer.py, renderers/embed_utils.py):
+/// a suffix where the model renders no fill-in-the-middle, and prompt embeddings (the server
+/// runs without `--enable-prompt-embeds`).
+fn renderer_checks(app: &App, req: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    // DeepSeek's tokenizer renders fill-in-the-middle; GLM's does not.
+    let fim = matches!(app.template, crate::sim::text::Template::DeepSeek);
+    if !fim && req.get("suffix").is_some_and(|s| !s.is_null()) {
+        return Err(bad_request(
+            "suffix is only supported for models with FIM completion rendering",
+            Some("suffix"),
+            None,
+        ));
+    }
+    let embeds = match req.get("prompt_embeds") {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    };
+    if embeds {
+        return Err(bad_request(
+            "You must set `--enable-prompt-embeds` to input `prompt_embeds`.",
+            Some("prompt_embeds"),
+            None,
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
     before::run(before::COMPLETION, &req)?;
+    before::run(before::COMPLETION_FIELDS, &req)?;
     schema::check_body("/v1/completions", &mut req)?;
     let prompts = prompts(&req)?;
     request::check_model(&app, &req)?;
     request::untrusted_mm_kwargs(&req)?;
+    renderer_checks(&app, &req)?;
     validate::sampling(&app, &req, &["max_tokens"])?;
+    validate::sample_logprobs(req.get("logprobs").and_then(Value::as_i64))?;
     let stream = request::stream_options(&app, &req)?;
     let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
     let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);
@@ -50,6 +81,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         created: now_secs(),
         top,
         fingerprint: app.fingerprint.clone(),
+        beam_search: req.get("use_beam_search") == Some(&Value::Bool(true)),
     };
     if !stream.stream {
         return whole(&app, job, &reply, &request_id).await;
@@ -88,6 +120,8 @@ struct Reply {
     /// `logprobs`: the alternatives shown per token (none: no logprobs).
     top: Option<usize>,
     fingerprint: String,
+    /// `use_beam_search`: vLLM's beam-search path reports no prompt token details.
+    beam_search: bool,
 }
 
 impl Reply {
@@ -111,7 +145,8 @@ async fn whole(app: &Shared, mut job: Job, reply: &Reply, request_id: &str) -> R
         "id": reply.id, "object": "text_completion", "created": reply.created, "model": reply.model, "choices": choices,
         "service_tier": null, "system_fingerprint": app.fingerprint,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion, "completion_tokens": completion,
-            "prompt_tokens_details": details(app, job.cached_tokens, false).unwrap_or(Value::Null), "completion_tokens_details": null},
+            "prompt_tokens_details": if reply.beam_search { Value::Null } else { details(app, job.cached_tokens, false).unwrap_or(Value::Null) },
+            "completion_tokens_details": null},
         "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null
     });
     Ok(with_request_id(app, request_id, json_response(StatusCode::OK, &body)))

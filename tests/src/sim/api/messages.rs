@@ -345,6 +345,9 @@ pub(crate) async fn count_tokens(
         .cloned()
         .unwrap_or_default();
     let kwargs = request::template_kwargs(&app, &chat)?;
+    if let Err(e) = request::render_checks(&app, &messages, &kwargs) {
+        return Ok(e.into_anthropic());
+    }
     let n = vocab::count_tokens(&text::render_prompt(&messages, &app.template.render(&kwargs)));
     Ok(json_response(
         StatusCode::OK,

@@ -134,6 +134,45 @@ pub(crate) fn bad_request(message: &str, param: Option<&str>, value: Option<&str
     error(StatusCode::BAD_REQUEST, "BadRequestError", &message, param)
 }
 
+/// The routes' fixed paths, for Starlette's `redirect_slashes`.
+const PATHS: &[&str] = &[
+    "/health",
+    "/ping",
+    "/version",
+    "/load",
+    "/metrics",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/chat/completions/batch",
+    "/invocations",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/tokenize",
+    "/v1/decisions",
+    "/v1/systemone",
+    "/generative_scoring",
+    "/detokenize",
+];
+
+/// No route: Starlette's router first tries the path with its trailing slash removed (or
+/// added) and answers 307 to it when a route, of any method, takes that; else FastAPI's 404.
+async fn not_found(uri: axum::http::Uri, headers: HeaderMap) -> Response {
+    let path = uri.path();
+    let other = match path.strip_suffix('/') {
+        Some(p) if !p.is_empty() => p.to_owned(),
+        _ => format!("{path}/"),
+    };
+    if PATHS.contains(&other.as_str()) {
+        let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("localhost");
+        let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+        let location = format!("http://{host}{other}{query}");
+        return (StatusCode::TEMPORARY_REDIRECT, [("location", location)]).into_response();
+    }
+    json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"}))
+}
+
 pub(crate) fn router(app: Shared) -> Router {
     Router::new()
         .route("/health", get(health))
@@ -171,7 +210,7 @@ pub(crate) fn router(app: Shared) -> Router {
             post(|h, b| dispatch::unsimulated(h, b, &["query", "items", "label_token_ids"])),
         )
         .route("/detokenize", post(detokenize))
-        .fallback(|| async { json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"})) })
+        .fallback(not_found)
         .method_not_allowed_fallback(|| async {
             json_response(StatusCode::METHOD_NOT_ALLOWED, &json!({"detail": "Method Not Allowed"}))
         })

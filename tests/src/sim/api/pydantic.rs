@@ -46,7 +46,7 @@ pub(crate) fn repr_str(s: &str) -> String {
     out
 }
 
-/// Python's `str` of a JSON scalar (`True`, `None`, `-1.0`).
+/// Python's `str` of a JSON value (`True`, `None`, `-1.0`, `[1, 'x']`).
 pub(crate) fn py_str(v: &Value) -> String {
     match v {
         Value::Null => "None".into(),
@@ -62,7 +62,8 @@ pub(crate) fn py_str(v: &Value) -> String {
         }
         Value::Number(n) => n.to_string(),
         Value::String(s) => s.clone(),
-        other => other.to_string(),
+        // A container's `str` is its `repr`.
+        other => py_repr(other),
     }
 }
 

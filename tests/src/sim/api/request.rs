@@ -327,6 +327,15 @@ pub(crate) fn max_tokens(app: &App, req: &Map<String, Value>, names: &[&str]) ->
                 }
                 return Ok(Some(v));
             }
+            // SamplingParams' `_verify_args`, under its own name for the field.
+            Some(Value::Number(n)) if n.as_i64().is_some() => {
+                let v = n.as_i64().unwrap_or(0);
+                return Err(super::bad_request(
+                    &format!("max_tokens must be at least 1, got {v}."),
+                    Some("max_tokens"),
+                    Some(&v.to_string()),
+                ));
+            }
             Some(other) => {
                 return Err(invalid(
                     "greater_than_equal",

@@ -64,7 +64,7 @@ struct Turn {
     tools: Value,
     tool_choice: Value,
     /// `instructions`, `text` and `reasoning` as the object echoes them.
-    echo: [(&'static str, Value); 3],
+    echo: [(&'static str, Value); 4],
 }
 
 impl Turn {
@@ -96,7 +96,7 @@ impl Turn {
 }
 
 /// The request's `text` and `reasoning` with vLLM's defaults for the keys not given.
-fn echoes(req: &Map<String, Value>) -> [(&'static str, Value); 3] {
+fn echoes(req: &Map<String, Value>) -> [(&'static str, Value); 4] {
     let text = req.get("text").and_then(|t| t.get("format")).map_or(Value::Null, |f| {
         let mut f = f.clone();
         for k in ["description", "strict"] {
@@ -113,6 +113,7 @@ fn echoes(req: &Map<String, Value>) -> [(&'static str, Value); 3] {
         ("instructions", req.get("instructions").cloned().unwrap_or(Value::Null)),
         ("text", text),
         ("reasoning", reasoning),
+        ("safety_identifier", req.get("safety_identifier").cloned().unwrap_or(Value::Null)),
     ]
 }
 
@@ -203,6 +204,7 @@ fn final_output(turn: &Turn, plan: &ChoicePlan, streamed: bool) -> Vec<Value> {
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
     super::before::run(super::before::RESPONSES, &req)?;
+    super::before::run(super::before::RESPONSES_FIELDS, &req)?;
     super::schema::check_body("/v1/responses", &mut req)?;
     let msgs = messages(&req)?;
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
@@ -210,6 +212,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
     request::check_model(&app, &req)?;
     request::untrusted_mm_kwargs(&req)?;
+    super::validate::sampling(&app, &req, &["max_output_tokens"])?;
     let tools: Option<Vec<Value>> = req
         .get("tools")
         .and_then(Value::as_array)
