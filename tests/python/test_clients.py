@@ -1,7 +1,9 @@
 """Real clients through sparkgate: the `openai` SDK (sync and async, streaming and not, tools,
 extra_body, structured output, the Responses API, error classes), `openai-agents` on chat
 completions and on Responses, `langchain-openai`, `pydantic-ai` (tool and native structured
-output) and the `anthropic` SDK on `/v1/messages` (plain, streaming, tools).
+output), the `anthropic` SDK on `/v1/messages` (plain, streaming, tools) and the `litellm` SDK
+as a `hosted_vllm/` model (chat, stream, tools, `reasoning_effort`, `response_format` and
+`litellm.responses`, which LiteLLM bridges to chat completions with `tools: []`).
 
 Run by tests/tests/gateway_clients.rs, once in front of vllm-sim and once in front of the real
 vLLM 0.33.0 frontend (tests/realvllm), with:
@@ -308,6 +310,48 @@ class Anthropic(unittest.TestCase):
         use = [b for b in m.content if b.type == "tool_use"]
         self.assertEqual(m.stop_reason, "tool_use")
         self.assertEqual((use[0].name, use[0].input), ("get_weather", {"city": "Paris"}))
+
+
+class LiteLLM(unittest.TestCase):
+    """LiteLLM speaking to vLLM as it does in the field: `hosted_vllm/<served name>`."""
+
+    @classmethod
+    def setUpClass(cls):
+        # The bundled price map: importing litellm otherwise fetches one from GitHub.
+        os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+        import litellm
+
+        cls.litellm = litellm
+        cls.args = {"model": f"hosted_vllm/{MODEL}", "api_base": BASE, "api_key": "unused", "num_retries": 0}
+
+    def test_litellm_chat_and_stream(self):
+        r = self.litellm.completion(messages=SMOKE, max_tokens=32, temperature=0, extra_body=NO_THINK, **self.args)
+        self.assertEqual(r.choices[0].message.content, "323")
+        chunks = self.litellm.completion(messages=SMOKE, max_tokens=32, stream=True, extra_body=NO_THINK, **self.args)
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks), "323")
+
+    def test_litellm_tools(self):
+        r = self.litellm.completion(
+            messages=[{"role": "user", "content": "Call get_weather for Paris."}], tools=[WEATHER], extra_body=NO_THINK, **self.args
+        )
+        call = r.choices[0].message.tool_calls[0]
+        self.assertEqual(call.function.name, "get_weather")
+        self.assertEqual(json.loads(call.function.arguments), {"city": "Paris"})
+
+    def test_litellm_reasoning_effort_and_response_format(self):
+        r = self.litellm.completion(messages=SMOKE, max_tokens=32, reasoning_effort="none", **self.args)
+        self.assertEqual(r.choices[0].message.content, "323")
+        r = self.litellm.completion(
+            messages=[{"role": "user", "content": "Name a city and its population."}], response_format=City, **self.args
+        )
+        city = City.model_validate_json(r.choices[0].message.content)
+        self.assertIsInstance(city.population, int)
+
+    def test_litellm_responses_bridge(self):
+        # LiteLLM sends `tools: []` with the bridged request; vLLM alone refuses it with 400.
+        r = self.litellm.responses(input="What is 17*19? Reply with the integer only.", reasoning={"effort": "none"}, **self.args)
+        text = "".join(c.text for item in r.output if getattr(item, "content", None) for c in item.content if hasattr(c, "text"))
+        self.assertEqual(text, "323")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 //! The differential fuzzer in every test run: 1 000 generated requests per profile (seed 31),
-//! built from the real vLLM 0.33.0 frontend's own `/openapi.json`, sent to the real frontend and
-//! to the gateway in front of it (`src/bin/diff-fuzz.rs --side gateway`). Nothing may differ
-//! from the real answers outside docs/gateway.md's list of deliberate differences, and no entry
-//! of it may be stale. `--seed` and `--count` make longer runs; BENCHMARKS.md has the figures.
-//! The simulator's side (`--side sim`) is not gated yet: it differs on about half the cases
-//! until its validation derives from the same schema (issue #31).
+//! built from the real vLLM 0.33.0 frontend's own `/openapi.json`, each sent to the real
+//! frontend, to vllm-sim and to the gateway in front of the real frontend
+//! (`src/bin/diff-fuzz.rs`). Nothing may differ from the real answers outside the two written
+//! lists (docs/gateway.md's deliberate differences, tests/vllm-sim.md's fuzzer exclusions), no
+//! entry of either may be stale, and the captured schema vllm-sim derives from must equal the
+//! live frontend's. `--seed` and `--count` make longer runs; BENCHMARKS.md has the figures.
 
 #[test]
 fn generated_requests_get_the_real_frontends_answers() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_diff-fuzz"))
-        .args(["--seed", "31", "--count", "1000", "--side", "gateway"])
+        .args(["--seed", "31", "--count", "1000"])
         .output()
         .expect("diff-fuzz runs");
     let report = String::from_utf8_lossy(&out.stdout);

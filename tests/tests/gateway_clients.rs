@@ -1,6 +1,7 @@
 //! Real clients from PyPI through the gateway (`tests/python/test_clients.py`): the `openai` SDK,
-//! `openai-agents` on chat completions and on Responses, `langchain-openai`, `pydantic-ai` and the
-//! `anthropic` SDK — once in front of vllm-sim and once in front of the real vLLM 0.33.0 frontend.
+//! `openai-agents` on chat completions and on Responses, `langchain-openai`, `pydantic-ai`, the
+//! `anthropic` SDK and `litellm` — once in front of vllm-sim and once in front of the real vLLM
+//! 0.33.0 frontend.
 
 use std::net::SocketAddr;
 
@@ -29,6 +30,10 @@ const TESTS: &[&str] = &[
     "test_messages_plain_and_stream",
     "test_thinking_and_effort",
     "test_tool_use",
+    "test_litellm_chat_and_stream",
+    "test_litellm_tools",
+    "test_litellm_reasoning_effort_and_response_format",
+    "test_litellm_responses_bridge",
 ];
 
 /// Runs the client suite against `backend` (the normal gateway) and `tight` (QUEUE_DEPTH=0).

@@ -36,7 +36,13 @@ pub(crate) const COMPLETION: &[Before] = &[
 ];
 
 /// `ResponsesRequest`'s that the fuzzer reaches (responses/protocol.py).
-pub(crate) const RESPONSES: &[Before] = &[validate_prompt, validate_background, check_cache_salt_support];
+pub(crate) const RESPONSES: &[Before] = &[
+    responses_tool_usage,
+    check_custom_tool_format,
+    validate_prompt,
+    validate_background,
+    check_cache_salt_support,
+];
 
 /// The field validators that raise `VLLMValidationError`, which is no `ValueError`: pydantic
 /// does not collect it, so it ends validation the moment the field is reached and wins over
@@ -453,4 +459,53 @@ fn structured_outputs_constraint(body: &Body) -> Result<(), ApiError> {
         None,
         None,
     ))
+}
+
+/// Responses' `check_tool_usage`: `len(tools)` (a `TypeError` for a number or a boolean, which
+/// vLLM answers 400), then a tool choice that needs tools.
+fn responses_tool_usage(body: &Body) -> Result<(), ApiError> {
+    let has_tools = match present(body, "tools") {
+        None => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(other) => {
+            let msg = format!("object of type '{}' has no len()", type_name(other));
+            return Err(bad_request(&msg, None, None));
+        }
+    };
+    if has_tools {
+        return Ok(());
+    }
+    let named = body
+        .get("tool_choice")
+        .and_then(|c| c.get("type"))
+        .is_some_and(|t| t == "function" || t == "custom");
+    let refusal = match body.get("tool_choice") {
+        Some(Value::String(s)) if s == "required" => "Tool choice 'required' must be specified with 'tools' parameter.",
+        _ if named => "Tool choice 'function' not found in 'tools' parameter.",
+        _ => return Ok(()),
+    };
+    Err(bad_request(refusal, Some("tool_choice"), None))
+}
+
+/// Responses' `check_custom_tool_format`.
+fn check_custom_tool_format(body: &Body) -> Result<(), ApiError> {
+    let Some(Value::Array(tools)) = body.get("tools") else {
+        return Ok(());
+    };
+    let grammar = tools.iter().any(|t| {
+        t.get("type").is_some_and(|k| k == "custom")
+            && t.get("format")
+                .and_then(|f| f.get("type"))
+                .is_some_and(|k| k == "grammar")
+    });
+    if grammar {
+        return Err(bad_request(
+            "Custom tools with a grammar format are not supported; only free-form text custom tools are accepted.",
+            Some("tools"),
+            None,
+        ));
+    }
+    Ok(())
 }

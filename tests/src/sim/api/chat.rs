@@ -7,9 +7,9 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+use super::before;
 use super::generate::{ChoicePlan, Delta, Job, Step};
 use super::logprobs;
-use super::before;
 use super::request;
 use super::schema;
 use super::validate;
@@ -61,7 +61,10 @@ pub(crate) struct Ctx {
 }
 
 fn chat_role(req: &Map<String, Value>, messages: &[Value]) -> String {
-    let generation_prompt = req.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true);
+    let generation_prompt = req
+        .get("add_generation_prompt")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
     match messages.last().and_then(|m| m.get("role")).and_then(Value::as_str) {
         Some(role) if !generation_prompt => role.to_owned(),
         _ => "assistant".to_owned(),

@@ -22,10 +22,12 @@ fn renderer_checks(app: &App, req: &serde_json::Map<String, Value>) -> Result<()
     // DeepSeek's tokenizer renders fill-in-the-middle; GLM's does not.
     let fim = matches!(app.template, crate::sim::text::Template::DeepSeek);
     if !fim && req.get("suffix").is_some_and(|s| !s.is_null()) {
-        return Err(bad_request(
+        // The renderer's own error response: the parameter named, not appended to the text.
+        return Err(super::error(
+            axum::http::StatusCode::BAD_REQUEST,
+            "BadRequestError",
             "suffix is only supported for models with FIM completion rendering",
             Some("suffix"),
-            None,
         ));
     }
     let embeds = match req.get("prompt_embeds") {

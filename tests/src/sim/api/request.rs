@@ -100,7 +100,9 @@ fn python_json_text(b: &[u8]) -> std::borrow::Cow<'_, [u8]> {
         }
     });
     let text: Option<String> = if width == 2 {
-        char::decode_utf16(units.map(|u| u as u16)).collect::<Result<_, _>>().ok()
+        char::decode_utf16(units.map(|u| u as u16))
+            .collect::<Result<_, _>>()
+            .ok()
     } else {
         units.map(char::from_u32).collect()
     };
@@ -161,7 +163,10 @@ pub(crate) fn json_object(headers: &HeaderMap, body: &[u8]) -> Result<Map<String
 /// simulator, like vLLM by default, does not trust per-request multimodal kwargs.
 pub(crate) fn untrusted_mm_kwargs(req: &Map<String, Value>) -> Result<(), ApiError> {
     let set = |k: &str| req.get(k).and_then(Value::as_object).is_some_and(|m| !m.is_empty());
-    for (field, what) in [("mm_processor_kwargs", "preprocessing"), ("media_io_kwargs", "media loading")] {
+    for (field, what) in [
+        ("mm_processor_kwargs", "preprocessing"),
+        ("media_io_kwargs", "media loading"),
+    ] {
         if set(field) {
             let kind = field.trim_end_matches("_kwargs");
             return Err(super::bad_request(

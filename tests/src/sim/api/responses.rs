@@ -113,7 +113,10 @@ fn echoes(req: &Map<String, Value>) -> [(&'static str, Value); 4] {
         ("instructions", req.get("instructions").cloned().unwrap_or(Value::Null)),
         ("text", text),
         ("reasoning", reasoning),
-        ("safety_identifier", req.get("safety_identifier").cloned().unwrap_or(Value::Null)),
+        (
+            "safety_identifier",
+            req.get("safety_identifier").cloned().unwrap_or(Value::Null),
+        ),
     ]
 }
 

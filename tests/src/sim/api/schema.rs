@@ -33,9 +33,16 @@ pub(crate) enum Ty {
     Int(Bounds),
     Float(Bounds),
     Bool,
-    Str { min: Option<u64>, max: Option<u64> },
+    Str {
+        min: Option<u64>,
+        max: Option<u64>,
+    },
     Bytes,
-    List { item: Box<Ty>, min: Option<u64>, max: Option<u64> },
+    List {
+        item: Box<Ty>,
+        min: Option<u64>,
+        max: Option<u64>,
+    },
     Dict(Box<Ty>),
     /// `Literal[…]` (inline `enum` or `const`).
     Lit(Vec<Value>),
@@ -45,7 +52,10 @@ pub(crate) enum Ty {
     /// A smart union: every member fails before the union does.
     Union(Vec<Ty>),
     /// A discriminated union: the `key`'s value picks the member.
-    Tagged { key: String, members: Vec<(String, Ty)> },
+    Tagged {
+        key: String,
+        members: Vec<(String, Ty)>,
+    },
     /// A component, resolved when validated (models refer to themselves).
     Ref(String),
 }
@@ -174,11 +184,7 @@ fn facts(name: &str, kinds: &Value) -> ClassFacts {
                     text(e.pointer("/not_a_mapping/msg")),
                     ctx,
                 ),
-                union_tag: e
-                    .get("union_tag")
-                    .and_then(Value::as_str)
-                    .unwrap_or(short)
-                    .to_owned(),
+                union_tag: e.get("union_tag").and_then(Value::as_str).unwrap_or(short).to_owned(),
                 forbids_extra: e.get("forbids_extra").and_then(Value::as_bool).unwrap_or(false),
             }
         }
@@ -260,7 +266,9 @@ pub(crate) fn ty(s: &Value) -> Ty {
         Some("integer") => Ty::Int(bounds()),
         Some("number") => Ty::Float(bounds()),
         Some("boolean") => Ty::Bool,
-        Some("string") if s.get("contentMediaType").is_some() || s.get("format").and_then(Value::as_str) == Some("binary") => {
+        Some("string")
+            if s.get("contentMediaType").is_some() || s.get("format").and_then(Value::as_str) == Some("binary") =>
+        {
             Ty::Bytes
         }
         Some("string") => Ty::Str {
@@ -282,13 +290,19 @@ pub(crate) fn ty(s: &Value) -> Ty {
 }
 
 fn union(s: &Value, members: &[Value]) -> Ty {
-    let nullable = members.iter().any(|m| m.get("type").and_then(Value::as_str) == Some("null"));
+    let nullable = members
+        .iter()
+        .any(|m| m.get("type").and_then(Value::as_str) == Some("null"));
     let rest: Vec<&Value> = members
         .iter()
         .filter(|m| m.get("type").and_then(Value::as_str) != Some("null"))
         .collect();
     let inner = if let Some(d) = s.get("discriminator") {
-        let key = d.get("propertyName").and_then(Value::as_str).unwrap_or("type").to_owned();
+        let key = d
+            .get("propertyName")
+            .and_then(Value::as_str)
+            .unwrap_or("type")
+            .to_owned();
         let members = d
             .get("mapping")
             .and_then(Value::as_object)

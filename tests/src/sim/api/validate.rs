@@ -13,7 +13,12 @@ fn number(req: &Map<String, Value>, name: &str) -> Option<f64> {
     match req.get(name)? {
         Value::Number(n) => n.as_f64(),
         Value::Bool(b) => Some(f64::from(u8::from(*b))),
-        Value::String(s) => s.trim().to_ascii_lowercase().trim_start_matches('+').parse::<f64>().ok(),
+        Value::String(s) => s
+            .trim()
+            .to_ascii_lowercase()
+            .trim_start_matches('+')
+            .parse::<f64>()
+            .ok(),
         _ => None,
     }
 }
@@ -108,7 +113,14 @@ const RULES: &[Rule] = &[
 ];
 
 /// The float fields of `RULES` (an integer field's value is shown without `.0`).
-const FLOATS: &[&str] = &["presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p"];
+const FLOATS: &[&str] = &[
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "temperature",
+    "top_p",
+    "min_p",
+];
 
 fn refuse(rule: &Rule, x: f64) -> ApiError {
     let shown = if FLOATS.contains(&rule.field) {
@@ -200,7 +212,10 @@ fn speculative(app: &App, req: &Map<String, Value>) -> Result<(), ApiError> {
         return Ok(());
     }
     let min_p = number(req, "min_p").unwrap_or(0.0);
-    let bias = req.get("logit_bias").and_then(Value::as_object).is_some_and(|b| !b.is_empty());
+    let bias = req
+        .get("logit_bias")
+        .and_then(Value::as_object)
+        .is_some_and(|b| !b.is_empty());
     if min_p > 1e-5 || bias {
         return Err(bad_request(
             "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding.",

@@ -167,11 +167,7 @@ fn tagged(
         );
         return None;
     };
-    let expected = members
-        .iter()
-        .map(|(t, _)| repr_str(t))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let expected = members.iter().map(|(t, _)| repr_str(t)).collect::<Vec<_>>().join(", ");
     let Some(found) = obj.get(key) else {
         let ctx = format!("'discriminator': {}", repr_str(&repr_str(key)));
         let msg = format!("Unable to extract tag using discriminator {}", repr_str(key));
@@ -227,7 +223,14 @@ fn model(m: &ModelTy, v: &Value, loc: &mut Vec<String>, errors: &mut Vec<PyErr>,
                     match field_validator(&m.name, name).and_then(|f| f(&c)) {
                         Some(msg) => {
                             let ctx = format!("'error': ValueError({})", repr_str(msg));
-                            push(errors, loc, "value_error", format!("Value error, {msg}"), value, Some(ctx));
+                            push(
+                                errors,
+                                loc,
+                                "value_error",
+                                format!("Value error, {msg}"),
+                                value,
+                                Some(ctx),
+                            );
                         }
                         None => {
                             out.insert(name.clone(), c);
@@ -244,7 +247,14 @@ fn model(m: &ModelTy, v: &Value, loc: &mut Vec<String>, errors: &mut Vec<PyErr>,
         for (k, value) in obj {
             if !m.fields.iter().any(|f| f.0 == *k) {
                 loc.push(k.clone());
-                push(errors, loc, "extra_forbidden", "Extra inputs are not permitted".into(), value, None);
+                push(
+                    errors,
+                    loc,
+                    "extra_forbidden",
+                    "Extra inputs are not permitted".into(),
+                    value,
+                    None,
+                );
                 loc.pop();
             }
         }
@@ -276,7 +286,10 @@ fn list(
     let len = items.len() as u64;
     let plural = |n: u64| if n == 1 { "item" } else { "items" };
     if let Some(max) = max.filter(|m| len > *m) {
-        let msg = format!("List should have at most {max} {} after validation, not {len}", plural(max));
+        let msg = format!(
+            "List should have at most {max} {} after validation, not {len}",
+            plural(max)
+        );
         let ctx = format!("'field_type': 'List', 'max_length': {max}, 'actual_length': {len}");
         push(errors, loc, "too_long", msg, v, Some(ctx));
         return None;
@@ -289,7 +302,10 @@ fn list(
         loc.pop();
     }
     if let Some(min) = min.filter(|m| len < *m) {
-        let msg = format!("List should have at least {min} {} after validation, not {len}", plural(min));
+        let msg = format!(
+            "List should have at least {min} {} after validation, not {len}",
+            plural(min)
+        );
         let ctx = format!("'field_type': 'List', 'min_length': {min}, 'actual_length': {len}");
         push(errors, loc, "too_short", msg, v, Some(ctx));
     }
@@ -298,7 +314,14 @@ fn list(
 
 fn dict(value: &Ty, v: &Value, loc: &mut Vec<String>, errors: &mut Vec<PyErr>, mode: Mode) -> Option<Value> {
     let Value::Object(obj) = v else {
-        push(errors, loc, "dict_type", "Input should be a valid dictionary".into(), v, None);
+        push(
+            errors,
+            loc,
+            "dict_type",
+            "Input should be a valid dictionary".into(),
+            v,
+            None,
+        );
         return None;
     };
     let before = errors.len();
@@ -395,7 +418,17 @@ fn float(v: &Value, mode: Mode) -> Result<Value, Refusal> {
         Value::String(s) if mode == Mode::Lax => {
             let t: String = s.trim().chars().filter(|c| *c != '_').collect();
             let lower = t.to_ascii_lowercase();
-            let special = ["nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"];
+            let special = [
+                "nan",
+                "+nan",
+                "-nan",
+                "inf",
+                "+inf",
+                "-inf",
+                "infinity",
+                "+infinity",
+                "-infinity",
+            ];
             if special.contains(&lower.as_str()) {
                 // JSON has no NaN: the value only has to pass; keep the string.
                 return Ok(v.clone());
@@ -478,7 +511,11 @@ fn literal(ty: &Ty, options: &[Value], v: &Value) -> Result<Value, Refusal> {
         Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
         _ => reprs.join(""),
     };
-    let kind = if matches!(ty, Ty::Enum(_)) { "enum" } else { "literal_error" };
+    let kind = if matches!(ty, Ty::Enum(_)) {
+        "enum"
+    } else {
+        "literal_error"
+    };
     Err((
         kind,
         format!("Input should be {expected}"),
@@ -510,7 +547,9 @@ fn bounded(out: Value, b: &Bounds, integer: bool) -> Result<Value, Refusal> {
     };
     let checks: [(Option<f64>, &str, &'static str, &str, fn(f64, f64) -> bool); 4] = [
         (b.gt, "gt", "greater_than", "greater than", |x, b| x > b),
-        (b.ge, "ge", "greater_than_equal", "greater than or equal to", |x, b| x >= b),
+        (b.ge, "ge", "greater_than_equal", "greater than or equal to", |x, b| {
+            x >= b
+        }),
         (b.lt, "lt", "less_than", "less than", |x, b| x < b),
         (b.le, "le", "less_than_equal", "less than or equal to", |x, b| x <= b),
     ];
@@ -518,7 +557,11 @@ fn bounded(out: Value, b: &Bounds, integer: bool) -> Result<Value, Refusal> {
         if let Some(bound) = bound {
             if !ok(x, bound) {
                 let (shown, ctx) = bound_text(bound, integer);
-                return Err((kind, format!("Input should be {words} {shown}"), Some(format!("'{key}': {ctx}"))));
+                return Err((
+                    kind,
+                    format!("Input should be {words} {shown}"),
+                    Some(format!("'{key}': {ctx}")),
+                ));
             }
         }
     }

@@ -120,7 +120,10 @@ fn bounds_render_as_pydantic_renders_them() {
 
 #[test]
 fn strings_lists_and_literals() {
-    let salt = Ty::Str { min: Some(1), max: None };
+    let salt = Ty::Str {
+        min: Some(1),
+        max: None,
+    };
     assert_eq!(errs(&salt, json!(""))[0].2, "String should have at least 1 character");
     assert_eq!(kind(&salt, json!(1)), "string_type");
     let one = Ty::List {
