@@ -399,7 +399,7 @@ fn validate_prompt(body: &Body) -> Result<(), ApiError> {
 
 /// Responses' `validate_background`: `data.get("store", True)`.
 fn validate_background(body: &Body) -> Result<(), ApiError> {
-    let store = body.get("store").map_or(true, |_| truthy(body, "store"));
+    let store = body.get("store").is_none_or(|_| truthy(body, "store"));
     if truthy(body, "background") && !store {
         return Err(bad_request(
             "background can only be used when `store` is true",

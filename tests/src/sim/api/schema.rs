@@ -346,7 +346,7 @@ mod tests {
             panic!("chat model");
         };
         let field = |n: &str| chat.fields.iter().find(|f| f.0 == n).cloned().unwrap();
-        assert_eq!(field("messages").2, true);
+        assert!(field("messages").2);
         assert_eq!(field("include_reasoning").1, Ty::Bool);
         assert_eq!(
             field("stop").1,

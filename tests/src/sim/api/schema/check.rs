@@ -372,7 +372,7 @@ fn int(v: &Value, mode: Mode) -> Result<Value, Refusal> {
                     "int_from_float",
                     "Input should be a valid integer, got a number with a fractional part",
                 )
-            } else if f.abs() >= 9.223_372_036_854_775_807e18 {
+            } else if f.abs() >= 9.223_372_036_854_776e18 {
                 refuse("int_parsing_size", INT_TOO_BIG)
             } else {
                 Ok(Value::from(f as i64))
@@ -459,8 +459,8 @@ fn boolean(v: &Value, mode: Mode) -> Result<Value, Refusal> {
             _ => refuse("bool_parsing", BOOL_PARSING),
         },
         Value::Number(n) => match n.as_f64() {
-            Some(f) if f == 0.0 => Ok(Value::Bool(false)),
-            Some(f) if f == 1.0 => Ok(Value::Bool(true)),
+            Some(0.0) => Ok(Value::Bool(false)),
+            Some(1.0) => Ok(Value::Bool(true)),
             _ => refuse("bool_type", "Input should be a valid boolean"),
         },
         Value::String(s) => {
@@ -545,7 +545,9 @@ fn bounded(out: Value, b: &Bounds, integer: bool) -> Result<Value, Refusal> {
     let Some(x) = out.as_f64() else {
         return Ok(out);
     };
-    let checks: [(Option<f64>, &str, &'static str, &str, fn(f64, f64) -> bool); 4] = [
+    // (bound, ctx key, error type, message words, whether the value passes)
+    type Check<'a> = (Option<f64>, &'a str, &'static str, &'a str, fn(f64, f64) -> bool);
+    let checks: [Check; 4] = [
         (b.gt, "gt", "greater_than", "greater than", |x, b| x > b),
         (b.ge, "ge", "greater_than_equal", "greater than or equal to", |x, b| {
             x >= b
