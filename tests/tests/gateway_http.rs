@@ -85,7 +85,6 @@ fn deepseek_efforts_reach_the_template_as_documented() {
             json!({"chat_template_kwargs": {"chat_template": "x"}}),
             "chat_template_kwargs",
         ),
-        (json!({"chat_template_kwargs": []}), "chat_template_kwargs"),
     ] {
         let mut body = json!({"messages": msgs});
         body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
@@ -95,6 +94,11 @@ fn deepseek_efforts_reach_the_template_as_documented() {
         assert_eq!(e["error"]["param"], param, "{body}");
         assert_eq!(e["error"]["type"], "BadRequestError");
     }
+    // Kwargs that are not an object are vLLM's to refuse, in its own words (issue #31).
+    let r = chat(&gw, json!({"messages": msgs, "chat_template_kwargs": []}));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "body.chat_template_kwargs");
+    assert_eq!(r.json()["error"]["type"], "Bad Request");
     let e = chat(&gw, json!({"messages": msgs, "reasoning_effort": "extreme"})).json();
     assert!(
         e["error"]["message"]

@@ -139,10 +139,13 @@ fn a_poison_request_beside_a_bystander_is_quarantined_and_the_bystander_answered
     let s = gw.wait_status("serving after the crashes", |s| {
         s["supervisor"]["state"] == "ready" && s["ready"] == true
     });
-    assert_eq!(
-        s["supervisor"]["restarts"],
-        3,
-        "two crashes with both in flight, then one with the two on probation apart: {s}\n{}",
+    // Three when the bystander's resent copy is still in flight at the second crash (then the
+    // two go on probation apart, and the poison crashes alone); two when, on a loaded machine,
+    // the poison's copy reached the engine alone and the second crash already named it.
+    let restarts = s["supervisor"]["restarts"].as_u64().unwrap_or(0);
+    assert!(
+        (2..=3).contains(&restarts),
+        "at most two crashes with both in flight, then one with the poison alone: {s}\n{}",
         gw.proc.log().join("\n")
     );
     assert_eq!(post(&gw, "/v1/chat/completions", &chat("hello", 4)).status, 200);

@@ -1,7 +1,8 @@
-//! `cargo run -p sparkgate-tests --bin diff-fuzz -- [--seed S] [--count N] [--side sim|gateway]
-//! [deepseek|glm]…`: the differential fuzzer (`sparkgate_tests::difffuzz`) for each profile —
-//! the real vLLM 0.33.0 frontend, vllm-sim started with the same launch-plan argv, and the
-//! gateway in front of the real frontend. Prints each finding with its reduced reproducer, then
+//! `cargo run -p sparkgate-tests --bin diff-fuzz -- [--seed S] [--count N] [--jobs J]
+//! [--side sim|gateway] [--capture] [deepseek|glm]…`: the differential fuzzer
+//! (`sparkgate_tests::difffuzz`) for each profile — the real vLLM 0.33.0 frontend, vllm-sim
+//! started with the same launch-plan argv, and the gateway in front of the real frontend; `J`
+//! cases at a time (2 by default; the findings do not depend on it). Prints each finding with its reduced reproducer, then
 //! one summary line per profile; exits 1 when anything differs outside the written lists.
 
 use sparkgate_config::ProfileId;
@@ -21,6 +22,7 @@ const SCHEMA: &str = "sim-schema/vllm-0.33.0-openapi.json";
 
 struct Args {
     capture: bool,
+    jobs: usize,
     seed: u64,
     count: usize,
     sides: Vec<Side>,
@@ -30,6 +32,7 @@ struct Args {
 fn args() -> Args {
     let mut out = Args {
         capture: false,
+        jobs: 2,
         seed: 31,
         count: 1000,
         sides: vec![Side::Sim, Side::Gateway],
@@ -40,6 +43,7 @@ fn args() -> Args {
         let mut value = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
         match a.as_str() {
             "--capture" => out.capture = true,
+            "--jobs" => out.jobs = value().parse().expect("--jobs is an integer"),
             "--seed" => out.seed = value().parse().expect("--seed is an integer"),
             "--count" => out.count = value().parse().expect("--count is an integer"),
             "--side" => {
@@ -128,7 +132,7 @@ fn main() {
             excuses: &excuses,
             sides: &a.sides,
         };
-        let report: Report = run.go(a.seed, a.count);
+        let report: Report = run.go(a.seed, a.count, a.jobs);
         for f in &report.findings {
             println!("{}:{f}", fixture_profile(*profile));
         }

@@ -119,13 +119,51 @@ pub struct Run<'a> {
     pub sides: &'a [Side],
 }
 
+impl Report {
+    fn merge(&mut self, other: Report) {
+        self.sent += other.sent;
+        self.excused += other.excused;
+        self.findings.extend(other.findings);
+        for (u, o) in self.used.iter_mut().zip(other.used) {
+            *u |= o;
+        }
+    }
+}
+
 impl Run<'_> {
-    pub fn go(&self, seed: u64, count: usize) -> Report {
+    /// `count` cases from `seed` on `jobs` threads (case `i` on thread `i % jobs`: the cases
+    /// and their findings are the same for any number of jobs), findings in case order.
+    pub fn go(&self, seed: u64, count: usize, jobs: usize) -> Report {
+        let jobs = jobs.clamp(1, count.max(1));
         let mut report = Report {
             used: vec![false; self.excuses.len()],
             ..Report::default()
         };
-        for case in 0..count {
+        let parts: Vec<Report> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..jobs)
+                .map(|j| s.spawn(move || self.cases(seed, (j..count).step_by(jobs))))
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("a fuzz job")).collect()
+        });
+        for part in parts {
+            report.merge(part);
+        }
+        report.findings.sort_by_key(|f| f.case);
+        report
+    }
+
+    fn cases(&self, seed: u64, cases: impl Iterator<Item = usize>) -> Report {
+        let mut report = Report {
+            used: vec![false; self.excuses.len()],
+            ..Report::default()
+        };
+        for case in cases {
+            if case > 0 && case % 5000 == 0 {
+                eprintln!(
+                    "diff-fuzz: case {case}, {} findings on this job so far",
+                    report.findings.len()
+                );
+            }
             // Each case has its own generator: it replays from (seed, case) alone.
             let mut rng = Rng::new(seed ^ (case as u64).wrapping_mul(0x100_0000_01b3));
             let (route, seed_body) = *rng.pick(ROUTES);
