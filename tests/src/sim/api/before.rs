@@ -16,6 +16,7 @@ pub(crate) type Before = fn(&Body) -> Result<(), ApiError>;
 
 /// `ChatCompletionRequest`'s, in the order they run.
 pub(crate) const CHAT: &[Before] = &[
+    check_system_message_content_type,
     check_generation_prompt,
     check_tool_usage,
     chat_structured_outputs_count,
@@ -508,4 +509,17 @@ fn check_custom_tool_format(body: &Body) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// `check_system_message_content_type`: `for msg in data.get("messages", [])` — a `TypeError`
+/// (answered 400) for a value Python cannot iterate.
+fn check_system_message_content_type(body: &Body) -> Result<(), ApiError> {
+    match body.get("messages") {
+        Some(v @ (Value::Null | Value::Bool(_) | Value::Number(_))) => Err(bad_request(
+            &format!("'{}' object is not iterable", type_name(v)),
+            None,
+            None,
+        )),
+        _ => Ok(()),
+    }
 }

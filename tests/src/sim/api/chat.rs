@@ -58,6 +58,26 @@ pub(crate) struct Ctx {
     pub(crate) role: String,
     /// `include_reasoning: false`: the reasoning is produced but not returned.
     pub(crate) include_reasoning: bool,
+    /// `return_prompt_text`: the rendered prompt, returned beside the answer.
+    pub(crate) prompt_text: Value,
+    /// `use_beam_search`: vLLM's beam-search path reports no prompt token details.
+    pub(crate) beam_search: bool,
+    /// `return_token_ids`: the prompt's ids (the answer's are added per choice).
+    pub(crate) prompt_ids: Option<Value>,
+}
+
+/// The renderer's refusal (renderers/hf.py): continuing the final message and adding a
+/// generation prompt (on by default) exclude each other.
+fn continue_needs_no_generation_prompt(req: &Map<String, Value>) -> Result<(), ApiError> {
+    let set = |k: &str, default: bool| req.get(k).and_then(Value::as_bool).unwrap_or(default);
+    if set("continue_final_message", false) && set("add_generation_prompt", true) {
+        return Err(super::bad_request(
+            "continue_final_message and add_generation_prompt are not compatible. Use continue_final_message when you want the model to continue the final message, and add_generation_prompt when you want to add a header that will prompt it to start a new assistant message instead.",
+            None,
+            None,
+        ));
+    }
+    Ok(())
 }
 
 fn chat_role(req: &Map<String, Value>, messages: &[Value]) -> String {
@@ -103,10 +123,13 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
     let tools = req.get("tools").and_then(Value::as_array).cloned();
     request::check_model(app, &req)?;
     request::untrusted_mm_kwargs(&req)?;
+    request::truncation(app, &req)?;
     request::render_checks(app, &messages, &kwargs)?;
+    continue_needs_no_generation_prompt(&req)?;
     validate::sampling(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let top = req.get("top_logprobs").and_then(Value::as_i64);
-    validate::sample_logprobs(top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))))?;
+    let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
+    validate::sample_logprobs(top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))), prompt_lp)?;
     let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let n = request::n_choices(&req)?;
     let rendering = app.template.render(&kwargs);
@@ -151,8 +174,25 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
                 .then(|| req.get("top_logprobs").and_then(Value::as_u64).unwrap_or(0) as usize),
             role: chat_role(&req, &messages),
             include_reasoning: req.get("include_reasoning") != Some(&Value::Bool(false)),
+            prompt_text: match req.get("return_prompt_text") {
+                Some(Value::Bool(true)) => Value::String(prompt.clone()),
+                _ => Value::Null,
+            },
+            beam_search: req.get("use_beam_search") == Some(&Value::Bool(true)),
+            prompt_ids: (req.get("return_token_ids") == Some(&Value::Bool(true))).then(|| json!(vocab::tokenize(&prompt))),
         },
     ))
+}
+
+/// A choice's generated token ids, with `return_token_ids`.
+fn output_ids(ctx: &Ctx, c: &super::generate::ChoicePlan) -> Value {
+    match ctx.prompt_ids {
+        Some(_) => {
+            let text = c.reasoning_text().unwrap_or_default() + &c.content_text();
+            json!(vocab::tokenize(&text))
+        }
+        None => Value::Null,
+    }
 }
 
 fn tool_call_json(call: &ToolCall, id: &str) -> Value {
@@ -198,14 +238,18 @@ pub(crate) fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
                 _ => Value::Null,
             };
             let lp = ctx.logprobs.map_or(Value::Null, |top| logprobs::chat(c.released(), top));
-            json!({"index": index, "message": message, "logprobs": lp, "finish_reason": c.finish, "stop_reason": c.stop_reason, "token_ids": null, "routed_experts": null, "weight_versions": null})
+            json!({"index": index, "message": message, "logprobs": lp, "finish_reason": c.finish, "stop_reason": c.stop_reason, "token_ids": output_ids(ctx, c), "routed_experts": null, "weight_versions": null})
         })
         .collect();
+    let mut usage = usage(app, job, false);
+    if ctx.beam_search {
+        usage["prompt_tokens_details"] = Value::Null;
+    }
     json!({
         "id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model, "choices": choices,
         "service_tier": null, "system_fingerprint": app.fingerprint,
-        "usage": usage(app, job, false),
-        "prompt_logprobs": null, "prompt_token_ids": null, "prompt_text": null,
+        "usage": usage,
+        "prompt_logprobs": null, "prompt_token_ids": ctx.prompt_ids, "prompt_text": ctx.prompt_text,
         "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null
     })
 }
@@ -268,7 +312,7 @@ impl StreamState {
             let choice = json!({"index": index, "delta": {"role": self.ctx.role, "content": ""}, "logprobs": null, "finish_reason": null});
             let mut c = self.chunk(json!([choice]), None);
             c["prompt_token_ids"] = Value::Null;
-            c["prompt_text"] = Value::Null;
+            c["prompt_text"] = self.ctx.prompt_text.clone();
             self.pending.push_back(frame(&c));
         }
     }

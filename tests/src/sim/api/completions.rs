@@ -19,6 +19,15 @@ use crate::sim::vocab;
 /// a suffix where the model renders no fill-in-the-middle, and prompt embeddings (the server
 /// runs without `--enable-prompt-embeds`).
 fn renderer_checks(app: &App, req: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let suffix = req.get("suffix").is_some_and(|s| !s.is_null());
+    if suffix && req.get("prompt_embeds").is_some_and(|s| !s.is_null()) {
+        return Err(super::error(
+            axum::http::StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "suffix is not supported with prompt_embeds",
+            Some("suffix"),
+        ));
+    }
     // DeepSeek's tokenizer renders fill-in-the-middle; GLM's does not.
     let fim = matches!(app.template, crate::sim::text::Template::DeepSeek);
     if !fim && req.get("suffix").is_some_and(|s| !s.is_null()) {
@@ -53,9 +62,14 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let prompts = prompts(&req)?;
     request::check_model(&app, &req)?;
     request::untrusted_mm_kwargs(&req)?;
+    request::truncation(&app, &req)?;
     renderer_checks(&app, &req)?;
-    validate::sampling(&app, &req, &["max_tokens"])?;
-    validate::sample_logprobs(req.get("logprobs").and_then(Value::as_i64))?;
+    // Beam search builds `BeamSearchParams`, which `SamplingParams`' checks do not cover.
+    if req.get("use_beam_search") != Some(&Value::Bool(true)) {
+        validate::sampling(&app, &req, &["max_tokens"])?;
+        let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
+        validate::sample_logprobs(req.get("logprobs").and_then(Value::as_i64), prompt_lp)?;
+    }
     let stream = request::stream_options(&app, &req)?;
     let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
     let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);
@@ -84,6 +98,9 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         top,
         fingerprint: app.fingerprint.clone(),
         beam_search: req.get("use_beam_search") == Some(&Value::Bool(true)),
+        prompt_logprobs: req.get("prompt_logprobs").is_some_and(|p| !p.is_null()),
+        prompt_ids: (req.get("return_token_ids") == Some(&Value::Bool(true)))
+            .then(|| prompts.iter().map(|p| json!(vocab::tokenize(p))).collect()),
     };
     if !stream.stream {
         return whole(&app, job, &reply, &request_id).await;
@@ -93,11 +110,22 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
 }
 
 /// The prompts: one string or a list of them, none empty.
+/// A token-id prompt as text: the ids the simulator's vocabulary knows, else one word a token.
+fn from_ids(ids: &[Value]) -> String {
+    let ids: Vec<u64> = ids.iter().filter_map(Value::as_u64).collect();
+    vocab::detokenize(&ids).unwrap_or_else(|| vec!["a"; ids.len()].join(" "))
+}
+
 fn prompts(req: &serde_json::Map<String, Value>) -> Result<Vec<String>, ApiError> {
     match req.get("prompt") {
         Some(Value::String(p)) if !p.is_empty() => Ok(vec![p.clone()]),
         Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
             Ok(a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        }
+        // Token ids: one prompt, or a list of them.
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => Ok(vec![from_ids(a)]),
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_array) => {
+            Ok(a.iter().filter_map(Value::as_array).map(|ids| from_ids(ids.as_slice())).collect())
         }
         Some(other) if !other.is_null() && !other.as_str().is_some_and(str::is_empty) => Err(invalid(
             "string_type",
@@ -124,6 +152,11 @@ struct Reply {
     fingerprint: String,
     /// `use_beam_search`: vLLM's beam-search path reports no prompt token details.
     beam_search: bool,
+    /// `prompt_logprobs` asked: one entry a prompt token, each null as the engine (no model)
+    /// gives none.
+    prompt_logprobs: bool,
+    /// `return_token_ids`: each prompt's ids.
+    prompt_ids: Option<Vec<Value>>,
 }
 
 impl Reply {
@@ -136,11 +169,19 @@ impl Reply {
 async fn whole(app: &Shared, mut job: Job, reply: &Reply, request_id: &str) -> Result<Response, ApiError> {
     job.complete().await.map_err(|msg| internal_error(&msg))?;
     let top = reply.top;
+    let prompt_lp = if reply.prompt_logprobs {
+        Value::Array(vec![Value::Null; job.prompt_tokens])
+    } else {
+        Value::Null
+    };
     let choices: Vec<Value> = job
         .choices
         .iter()
         .enumerate()
-        .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": top.map_or(Value::Null, |k| logprobs::completion(c.released(), k)), "finish_reason": c.finish, "stop_reason": null, "token_ids": null, "prompt_logprobs": null, "prompt_token_ids": null, "routed_experts": null, "weight_versions": null}))
+        .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": top.map_or(Value::Null, |k| logprobs::completion(c.released(), k)), "finish_reason": c.finish, "stop_reason": null,
+            "token_ids": reply.prompt_ids.as_ref().map_or(Value::Null, |_| json!(vocab::tokenize(&c.content_text()))),
+            "prompt_logprobs": prompt_lp,
+            "prompt_token_ids": reply.prompt_ids.as_ref().and_then(|p| p.get(i % p.len().max(1)).cloned()).unwrap_or(Value::Null), "routed_experts": null, "weight_versions": null}))
         .collect();
     let (prompt_tokens, completion) = (job.prompt_tokens, job.completion_tokens());
     let body = json!({

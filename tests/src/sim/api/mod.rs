@@ -160,8 +160,8 @@ const PATHS: &[&str] = &[
 /// added) and answers 307 to it when a route, of any method, takes that; else FastAPI's 404.
 async fn not_found(uri: axum::http::Uri, headers: HeaderMap) -> Response {
     let path = uri.path();
-    let other = match path.strip_suffix('/') {
-        Some(p) if !p.is_empty() => p.to_owned(),
+    let other = match path.trim_end_matches('/') {
+        p if p.len() < path.len() && !p.is_empty() => p.to_owned(),
         _ => format!("{path}/"),
     };
     if PATHS.contains(&other.as_str()) {

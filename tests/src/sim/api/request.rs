@@ -194,6 +194,28 @@ pub(crate) fn routed_experts_start(req: &Map<String, Value>, prompt_len: usize) 
     }
 }
 
+/// The renderer's truncation bound (renderers/base.py): `truncate_prompt_tokens` no larger than
+/// the context.
+pub(crate) fn truncation(app: &App, req: &Map<String, Value>) -> Result<(), ApiError> {
+    let Some(t) = req.get("truncate_prompt_tokens").and_then(Value::as_i64) else {
+        return Ok(());
+    };
+    if t == 0 {
+        return Err(super::bad_request("The decoder prompt cannot be empty", None, None));
+    }
+    let limit = app.args.max_model_len as i64;
+    if t > limit {
+        return Err(super::bad_request(
+            &format!(
+                "truncate_prompt_tokens={t} cannot be greater than max_model_len = {limit}. Please request a smaller truncation size."
+            ),
+            Some("truncate_prompt_tokens"),
+            Some(&t.to_string()),
+        ));
+    }
+    Ok(())
+}
+
 /// 404 for a model that is not one of the served names; absent, null or empty is fine.
 pub(crate) fn check_model(app: &App, req: &Map<String, Value>) -> Result<(), ApiError> {
     match req.get("model") {
@@ -289,20 +311,10 @@ pub(crate) struct StreamOptions {
 }
 
 pub(crate) fn stream_options(app: &App, req: &Map<String, Value>) -> Result<StreamOptions, ApiError> {
-    let stream = match req.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => return Err(invalid("bool_type", "stream", "Input should be a valid boolean", other)),
-    };
+    // The schema has made `stream` a boolean and the before-validator has refused options
+    // without a stream (`validate_stream_options`).
+    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let opts = req.get("stream_options").filter(|v| !v.is_null());
-    if opts.is_some() && !stream {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            "Bad Request",
-            "1 validation error:\n  Value error, Stream options can only be defined when `stream=True`.",
-            Some("stream_options"),
-        ));
-    }
     let flag = |k: &str| opts.and_then(|o| o.get(k)).and_then(Value::as_bool).unwrap_or(false);
     let force = app.args.enable_force_include_usage;
     Ok(StreamOptions {

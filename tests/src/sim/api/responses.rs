@@ -63,8 +63,10 @@ struct Turn {
     /// The request's tools, echoed with vLLM's defaults for the keys not given.
     tools: Value,
     tool_choice: Value,
-    /// `instructions`, `text` and `reasoning` as the object echoes them.
-    echo: [(&'static str, Value); 4],
+    /// The request fields the object echoes, as it echoes them.
+    echo: Vec<(&'static str, Value)>,
+    /// `include_reasoning: false`: no reasoning item in the output.
+    include_reasoning: bool,
 }
 
 impl Turn {
@@ -91,33 +93,58 @@ impl Turn {
                 .cloned()
                 .unwrap_or_else(|| json!(if tools.is_some() { "auto" } else { "none" })),
             echo: echoes(req),
+            include_reasoning: req.get("include_reasoning") != Some(&Value::Bool(false)),
         }
     }
 }
 
 /// The request's `text` and `reasoning` with vLLM's defaults for the keys not given.
-fn echoes(req: &Map<String, Value>) -> [(&'static str, Value); 4] {
-    let text = req.get("text").and_then(|t| t.get("format")).map_or(Value::Null, |f| {
-        let mut f = f.clone();
-        for k in ["description", "strict"] {
-            if f.get(k).is_none() {
-                f[k] = Value::Null;
+fn echoes(req: &Map<String, Value>) -> Vec<(&'static str, Value)> {
+    let text = req.get("text").filter(|t| t.is_object()).map_or(Value::Null, |t| {
+        let mut t = t.clone();
+        match t.get_mut("format") {
+            Some(f) if f.is_object() => {
+                for k in ["description", "strict"] {
+                    if f.get(k).is_none() {
+                        f[k] = Value::Null;
+                    }
+                }
             }
+            _ => t["format"] = Value::Null,
         }
-        json!({"format": f, "verbosity": null})
+        if t.get("verbosity").is_none() {
+            t["verbosity"] = Value::Null;
+        }
+        t
     });
     let reasoning = req.get("reasoning").filter(|r| r.is_object()).map_or(Value::Null, |r| {
         json!({"context": null, "effort": r.get("effort"), "generate_summary": null, "mode": null, "summary": null})
     });
-    [
-        ("instructions", req.get("instructions").cloned().unwrap_or(Value::Null)),
+    let given = |k: &str| req.get(k).cloned().unwrap_or(Value::Null);
+    vec![
+        ("instructions", given("instructions")),
         ("text", text),
         ("reasoning", reasoning),
-        (
-            "safety_identifier",
-            req.get("safety_identifier").cloned().unwrap_or(Value::Null),
-        ),
+        ("safety_identifier", given("safety_identifier")),
+        ("metadata", given("metadata")),
+        ("max_tool_calls", given("max_tool_calls")),
+        ("prompt_cache_key", given("prompt_cache_key")),
+        ("prompt_cache_options", cache_options(req)),
     ]
+}
+
+/// `prompt_cache_options` as the response echoes it (`PromptCacheOptions.to_response`,
+/// responses/protocol.py): the request's, with its defaults, without `prewarm`.
+fn cache_options(req: &Map<String, Value>) -> Value {
+    let Some(Value::Object(o)) = req.get("prompt_cache_options") else {
+        return Value::Null;
+    };
+    let or = |k: &str, d: Value| o.get(k).cloned().unwrap_or(d);
+    json!({
+        "comparison_response_id": or("comparison_response_id", Value::Null),
+        "mode": or("mode", json!("implicit")),
+        "ttl": or("ttl", json!("30m")),
+    })
 }
 
 /// A function tool as the Responses object echoes it.
@@ -184,7 +211,7 @@ fn final_output(turn: &Turn, plan: &ChoicePlan, streamed: bool) -> Vec<Value> {
     let mut output = Vec::new();
     let cut = plan.finish == "length";
     let content = plan.content_text();
-    if let Some(r) = plan.reasoning_text() {
+    if let Some(r) = plan.reasoning_text().filter(|_| turn.include_reasoning) {
         let status = match (streamed, cut && content.is_empty() && plan.tool_call.is_none()) {
             (false, _) => Value::Null,
             (true, true) => json!("incomplete"),
@@ -207,6 +234,11 @@ fn final_output(turn: &Turn, plan: &ChoicePlan, streamed: bool) -> Vec<Value> {
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
     super::before::run(super::before::RESPONSES, &req)?;
+    // `input_item_parsing` makes any other iterable a list: a mapping becomes its keys.
+    if let Some(Value::Object(m)) = req.get("input") {
+        let keys = m.keys().cloned().map(Value::String).collect();
+        req.insert("input".into(), Value::Array(keys));
+    }
     super::before::run(super::before::RESPONSES_FIELDS, &req)?;
     super::schema::check_body("/v1/responses", &mut req)?;
     let msgs = messages(&req)?;
@@ -215,6 +247,40 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
     request::check_model(&app, &req)?;
     request::untrusted_mm_kwargs(&req)?;
+    // Building the response object (`ResponsesResponse`, a pydantic model) fails on a null
+    // `background`, which the request model allowed.
+    if req.get("background") == Some(&Value::Null) {
+        return Err(super::bad_request(
+            "1 validation error for ResponsesResponse\nbackground\n  Input should be a valid boolean [type=bool_type, input_value=None, input_type=NoneType]\n    For further information visit https://errors.pydantic.dev/2.14/v/bool_type",
+            None,
+            None,
+        ));
+    }
+    // Without VLLM_ENABLE_RESPONSES_API_STORE (the default) there is no background mode.
+    if req.get("background").is_some_and(|b| b.as_bool() == Some(true)) {
+        return Err(super::error(
+            axum::http::StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
+            Some("background"),
+        ));
+    }
+    if msgs.is_empty() {
+        return Err(super::bad_request(
+            "Cannot apply chat template to an empty conversation. Provide at least one message.",
+            None,
+            None,
+        ));
+    }
+    // The simulator stores no responses: every previous one is unknown, as to a fresh vLLM.
+    if let Some(Value::String(prev)) = req.get("previous_response_id") {
+        return Err(super::error(
+            axum::http::StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            &format!("Response with id '{prev}' not found."),
+            Some("response_id"),
+        ));
+    }
     super::validate::sampling(&app, &req, &["max_output_tokens"])?;
     let tools: Option<Vec<Value>> = req
         .get("tools")

@@ -170,6 +170,22 @@ pub(crate) fn sampling(app: &App, req: &Map<String, Value>, max_names: &[&str]) 
             return Err(bad_request(&msg, None, None));
         }
     }
+    let stops = match req.get("stop") {
+        Some(Value::String(s)) => vec![s.as_str()],
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    if stops.iter().any(|s| s.is_empty()) {
+        return Err(bad_request("stop cannot contain an empty string.", None, None));
+    }
+    // `_validate_allowed_token_ids`.
+    if req.get("allowed_token_ids") == Some(&Value::Array(Vec::new())) {
+        return Err(bad_request(
+            "allowed_token_ids is not None and empty!",
+            Some("allowed_token_ids"),
+            Some("[]"),
+        ));
+    }
     if let Some(m) = max {
         let limit = app.args.max_model_len as i64;
         if m > limit {
@@ -190,18 +206,20 @@ const MAX_LOGPROBS: i64 = 20;
 
 /// `SamplingParams._validate_logprobs`: at most `--max-logprobs` alternatives a token; -1 asks
 /// for the whole vocabulary.
-pub(crate) fn sample_logprobs(requested: Option<i64>) -> Result<(), ApiError> {
-    let wanted = match requested {
-        None | Some(0) => return Ok(()),
-        Some(-1) => crate::sim::vocab::WORDS.len() as i64 + 256,
-        Some(n) => n,
-    };
-    if wanted > MAX_LOGPROBS {
-        return Err(bad_request(
-            &format!("Requested sample logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}"),
-            Some("logprobs"),
-            Some(&wanted.to_string()),
-        ));
+pub(crate) fn sample_logprobs(requested: Option<i64>, prompt: Option<i64>) -> Result<(), ApiError> {
+    for (asked, kind, field) in [(requested, "sample", "logprobs"), (prompt, "prompt", "prompt_logprobs")] {
+        let wanted = match asked {
+            None | Some(0) => continue,
+            Some(-1) => crate::sim::vocab::WORDS.len() as i64 + 256,
+            Some(n) => n,
+        };
+        if wanted > MAX_LOGPROBS {
+            return Err(bad_request(
+                &format!("Requested {kind} logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}"),
+                Some(field),
+                Some(&wanted.to_string()),
+            ));
+        }
     }
     Ok(())
 }

@@ -542,18 +542,21 @@ fn bound_text(b: f64, integer: bool) -> (String, String) {
 }
 
 fn bounded(out: Value, b: &Bounds, integer: bool) -> Result<Value, Refusal> {
-    let Some(x) = out.as_f64() else {
+    // A float field keeps "nan" and "inf" as the strings they came as.
+    let special = out
+        .as_str()
+        .map(|s| s.trim().to_ascii_lowercase().replace("infinity", "inf").parse::<f64>());
+    let Some(x) = out.as_f64().or(special.and_then(Result::ok)) else {
         return Ok(out);
     };
     // (bound, ctx key, error type, message words, whether the value passes)
     type Check<'a> = (Option<f64>, &'a str, &'static str, &'a str, fn(f64, f64) -> bool);
+    // pydantic-core's order (a NaN fails the first bound it meets).
     let checks: [Check; 4] = [
-        (b.gt, "gt", "greater_than", "greater than", |x, b| x > b),
-        (b.ge, "ge", "greater_than_equal", "greater than or equal to", |x, b| {
-            x >= b
-        }),
-        (b.lt, "lt", "less_than", "less than", |x, b| x < b),
         (b.le, "le", "less_than_equal", "less than or equal to", |x, b| x <= b),
+        (b.lt, "lt", "less_than", "less than", |x, b| x < b),
+        (b.ge, "ge", "greater_than_equal", "greater than or equal to", |x, b| x >= b),
+        (b.gt, "gt", "greater_than", "greater than", |x, b| x > b),
     ];
     for (bound, key, kind, words, ok) in checks {
         if let Some(bound) = bound {
