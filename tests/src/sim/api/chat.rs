@@ -64,10 +64,12 @@ pub(crate) struct Ctx {
     pub(crate) beam_search: bool,
     /// `return_token_ids`: the prompt's ids (the answer's are added per choice).
     pub(crate) prompt_ids: Option<Value>,
+    /// `prompt_logprobs` asked: one entry a prompt token, null as the engine (no model) gives.
+    pub(crate) prompt_logprobs: Value,
 }
 
-/// The renderer's refusal (renderers/hf.py): continuing the final message and adding a
-/// generation prompt (on by default) exclude each other.
+/// The Hugging Face renderer's refusal (GLM's; DeepSeek's own encoder has none): continuing
+/// the final message and adding a generation prompt (on by default) exclude each other.
 fn continue_needs_no_generation_prompt(req: &Map<String, Value>) -> Result<(), ApiError> {
     let set = |k: &str, default: bool| req.get(k).and_then(Value::as_bool).unwrap_or(default);
     if set("continue_final_message", false) && set("add_generation_prompt", true) {
@@ -125,11 +127,16 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
     request::untrusted_mm_kwargs(&req)?;
     request::truncation(app, &req)?;
     request::render_checks(app, &messages, &kwargs)?;
-    continue_needs_no_generation_prompt(&req)?;
-    validate::sampling(app, &req, &["max_completion_tokens", "max_tokens"])?;
-    let top = req.get("top_logprobs").and_then(Value::as_i64);
-    let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
-    validate::sample_logprobs(top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))), prompt_lp)?;
+    if matches!(app.template, crate::sim::text::Template::Glm) {
+        continue_needs_no_generation_prompt(&req)?;
+    }
+    // Beam search builds `BeamSearchParams`, which `SamplingParams`' checks do not cover.
+    if req.get("use_beam_search") != Some(&Value::Bool(true)) {
+        validate::sampling(app, &req, &["max_completion_tokens", "max_tokens"])?;
+        let top = req.get("top_logprobs").and_then(Value::as_i64);
+        let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
+        validate::sample_logprobs(top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))), prompt_lp)?;
+    }
     let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let n = request::n_choices(&req)?;
     let rendering = app.template.render(&kwargs);
@@ -179,6 +186,10 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
                 _ => Value::Null,
             },
             beam_search: req.get("use_beam_search") == Some(&Value::Bool(true)),
+            prompt_logprobs: match req.get("prompt_logprobs") {
+                Some(p) if !p.is_null() => Value::Array(vec![Value::Null; prompt_tokens]),
+                _ => Value::Null,
+            },
             prompt_ids: (req.get("return_token_ids") == Some(&Value::Bool(true))).then(|| json!(vocab::tokenize(&prompt))),
         },
     ))
@@ -187,11 +198,12 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
 /// A choice's generated token ids, with `return_token_ids`.
 fn output_ids(ctx: &Ctx, c: &super::generate::ChoicePlan) -> Value {
     match ctx.prompt_ids {
-        Some(_) => {
+        // Without the reasoning returned, vLLM returns no ids either.
+        Some(_) if ctx.include_reasoning => {
             let text = c.reasoning_text().unwrap_or_default() + &c.content_text();
             json!(vocab::tokenize(&text))
         }
-        None => Value::Null,
+        _ => Value::Null,
     }
 }
 
@@ -249,7 +261,7 @@ pub(crate) fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
         "id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model, "choices": choices,
         "service_tier": null, "system_fingerprint": app.fingerprint,
         "usage": usage,
-        "prompt_logprobs": null, "prompt_token_ids": ctx.prompt_ids, "prompt_text": ctx.prompt_text,
+        "prompt_logprobs": ctx.prompt_logprobs, "prompt_token_ids": ctx.prompt_ids, "prompt_text": ctx.prompt_text,
         "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null
     })
 }
@@ -311,7 +323,7 @@ impl StreamState {
         for index in 0..self.job.choices.len() {
             let choice = json!({"index": index, "delta": {"role": self.ctx.role, "content": ""}, "logprobs": null, "finish_reason": null});
             let mut c = self.chunk(json!([choice]), None);
-            c["prompt_token_ids"] = Value::Null;
+            c["prompt_token_ids"] = self.ctx.prompt_ids.clone().unwrap_or(Value::Null);
             c["prompt_text"] = self.ctx.prompt_text.clone();
             self.pending.push_back(frame(&c));
         }
@@ -321,9 +333,18 @@ impl StreamState {
     /// `kv_transfer_params` to the chunk.
     fn push_delta(&mut self, index: usize, delta: Value, tokens: &[String]) {
         let lp = self.logprobs(tokens);
-        let choice = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": null, "token_ids": null});
+        let ids = self.ids(tokens);
+        let choice = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": null, "token_ids": ids});
         let c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
         self.pending.push_back(frame(&c));
+    }
+
+    /// A chunk's token ids, with `return_token_ids`.
+    fn ids(&self, tokens: &[String]) -> Value {
+        match self.ctx.prompt_ids {
+            Some(_) => json!(vocab::tokenize(&tokens.concat())),
+            None => Value::Null,
+        }
     }
 
     fn logprobs(&self, tokens: &[String]) -> Value {
@@ -379,7 +400,7 @@ impl StreamState {
             );
         }
         let lp = self.logprobs(&tokens);
-        let choice = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": null, "weight_versions": null});
+        let choice = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": self.ids(&tokens), "weight_versions": null});
         let mut c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
         if !self.ctx.stream.include_usage {
             c["system_fingerprint"] = Value::String(self.app.fingerprint.clone());

@@ -55,9 +55,18 @@ pub(crate) struct ApiError {
     kind: &'static str,
     message: String,
     param: Option<String>,
+    /// Raised once a stream's answer has begun (the engine's input checks): sent as an SSE
+    /// error event and `[DONE]` under 200.
+    in_stream: bool,
 }
 
 impl ApiError {
+    /// The same failure raised inside a stream when `stream` holds.
+    pub(crate) fn in_stream_if(mut self, stream: bool) -> ApiError {
+        self.in_stream = stream;
+        self
+    }
+
     /// The same failure in Anthropic's envelope (`/v1/messages`).
     pub(crate) fn into_anthropic(self) -> Response {
         let kind = match self.status.as_u16() {
@@ -85,6 +94,10 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status.as_u16()}});
+        if self.in_stream {
+            let text = format!("data: {body}\n\ndata: [DONE]\n\n");
+            return (StatusCode::OK, [("content-type", "text/event-stream; charset=utf-8")], text).into_response();
+        }
         json_response(self.status, &body)
     }
 }
@@ -96,6 +109,7 @@ pub(crate) fn error(status: StatusCode, kind: &'static str, message: &str, param
         kind,
         message: message.to_owned(),
         param: param.map(str::to_owned),
+        in_stream: false,
     }
 }
 

@@ -189,7 +189,8 @@ pub(crate) fn routed_experts_start(req: &Map<String, Value>, prompt_len: usize) 
             &format!("routed_experts_prompt_start must be between 0 and the prompt length ({prompt_len}), inclusive."),
             Some("routed_experts_prompt_start"),
             Some(&start.to_string()),
-        )),
+        )
+        .in_stream_if(req.get("stream") == Some(&Value::Bool(true)))),
         _ => Ok(()),
     }
 }

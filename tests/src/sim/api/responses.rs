@@ -118,7 +118,13 @@ fn echoes(req: &Map<String, Value>) -> Vec<(&'static str, Value)> {
         t
     });
     let reasoning = req.get("reasoning").filter(|r| r.is_object()).map_or(Value::Null, |r| {
-        json!({"context": null, "effort": r.get("effort"), "generate_summary": null, "mode": null, "summary": null})
+        let mut r = r.clone();
+        for k in ["context", "effort", "generate_summary", "mode", "summary"] {
+            if r.get(k).is_none() {
+                r[k] = Value::Null;
+            }
+        }
+        r
     });
     let given = |k: &str| req.get(k).cloned().unwrap_or(Value::Null);
     vec![
@@ -129,8 +135,33 @@ fn echoes(req: &Map<String, Value>) -> Vec<(&'static str, Value)> {
         ("metadata", given("metadata")),
         ("max_tool_calls", given("max_tool_calls")),
         ("prompt_cache_key", given("prompt_cache_key")),
+        ("prompt_cache_retention", given("prompt_cache_retention")),
+        ("user", given("user")),
         ("prompt_cache_options", cache_options(req)),
     ]
+}
+
+/// The request fields that may be null where `ResponsesResponse` (a pydantic model built from
+/// the request) refuses a null: (field, the error's type, its message).
+const NOT_NULL_IN_RESPONSE: &[(&str, &str, &str)] = &[
+    ("background", "bool_type", "Input should be a valid boolean"),
+    ("truncation", "literal_error", "Input should be 'auto' or 'disabled'"),
+];
+
+/// Building the response object fails, as pydantic's `ValidationError` in its `str` form.
+fn response_model_takes_nulls(req: &Map<String, Value>) -> Result<(), ApiError> {
+    for (field, kind, msg) in NOT_NULL_IN_RESPONSE {
+        if req.get(*field) == Some(&Value::Null) {
+            return Err(super::bad_request(
+                &format!(
+                    "1 validation error for ResponsesResponse\n{field}\n  {msg} [type={kind}, input_value=None, input_type=NoneType]\n    For further information visit https://errors.pydantic.dev/2.14/v/{kind}"
+                ),
+                None,
+                None,
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `prompt_cache_options` as the response echoes it (`PromptCacheOptions.to_response`,
@@ -244,18 +275,10 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let msgs = messages(&req)?;
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let kwargs = request::template_kwargs(&app, &with_effort(&req))?;
-    let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
     request::check_model(&app, &req)?;
+    let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
     request::untrusted_mm_kwargs(&req)?;
-    // Building the response object (`ResponsesResponse`, a pydantic model) fails on a null
-    // `background`, which the request model allowed.
-    if req.get("background") == Some(&Value::Null) {
-        return Err(super::bad_request(
-            "1 validation error for ResponsesResponse\nbackground\n  Input should be a valid boolean [type=bool_type, input_value=None, input_type=NoneType]\n    For further information visit https://errors.pydantic.dev/2.14/v/bool_type",
-            None,
-            None,
-        ));
-    }
+    response_model_takes_nulls(&req)?;
     // Without VLLM_ENABLE_RESPONSES_API_STORE (the default) there is no background mode.
     if req.get("background").is_some_and(|b| b.as_bool() == Some(true)) {
         return Err(super::error(
@@ -281,7 +304,8 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
             Some("response_id"),
         ));
     }
-    super::validate::sampling(&app, &req, &["max_output_tokens"])?;
+    // Only the fields the Responses model declares reach its sampling parameters.
+    super::validate::sampling(&app, &super::schema::declared("/v1/responses", &req), &["max_output_tokens"])?;
     let tools: Option<Vec<Value>> = req
         .get("tools")
         .and_then(Value::as_array)
@@ -387,7 +411,7 @@ fn async_events(job: Job, turn: Turn, prompt_tokens: usize) -> impl futures_util
             }
             match s.job.next().await {
                 Some(Step::Delta(_, d)) => {
-                    if !d.reasoning.is_empty() {
+                    if !d.reasoning.is_empty() && s.turn.include_reasoning {
                         s.reasoning_delta(&d.reasoning);
                     }
                     if !d.content.is_empty() {

@@ -14,6 +14,21 @@ use serde_json::{Map, Value};
 
 pub(crate) use check::check_body;
 
+/// The fields of `body` that `POST path`'s model declares (pydantic drops the rest of an
+/// extra-allowing model before the request becomes sampling parameters).
+pub(crate) fn declared(path: &str, body: &Map<String, Value>) -> Map<String, Value> {
+    let Some(Ty::Ref(name)) = SCHEMA.body(path) else {
+        return body.clone();
+    };
+    let Some(Component::Model(m)) = SCHEMA.component(name) else {
+        return body.clone();
+    };
+    body.iter()
+        .filter(|(k, _)| m.fields.iter().any(|f| f.0 == **k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 const OPENAPI: &str = include_str!("../../../sim-schema/vllm-0.33.0-openapi.json");
 const KINDS: &str = include_str!("../../../sim-schema/vllm-0.33.0-kinds.json");
 
