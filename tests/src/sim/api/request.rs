@@ -202,7 +202,9 @@ pub(crate) fn truncation(app: &App, req: &Map<String, Value>) -> Result<(), ApiE
         return Ok(());
     };
     if t == 0 {
-        return Err(super::bad_request("The decoder prompt cannot be empty", None, None));
+        // The engine's input check: raised inside a stream that has begun.
+        let stream = req.get("stream") == Some(&Value::Bool(true));
+        return Err(super::bad_request("The decoder prompt cannot be empty", None, None).in_stream_if(stream));
     }
     let limit = app.args.max_model_len as i64;
     if t > limit {

@@ -278,7 +278,13 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     request::check_model(&app, &req)?;
     let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
     request::untrusted_mm_kwargs(&req)?;
-    response_model_takes_nulls(&req)?;
+    if let Err(e) = response_model_takes_nulls(&req) {
+        // Streamed, the failure ends the stream before its first event.
+        if stream {
+            return Ok(super::chat::sse_response(&app, "", futures_util::stream::empty::<Bytes>()));
+        }
+        return Err(e);
+    }
     // Without VLLM_ENABLE_RESPONSES_API_STORE (the default) there is no background mode.
     if req.get("background").is_some_and(|b| b.as_bool() == Some(true)) {
         return Err(super::error(
