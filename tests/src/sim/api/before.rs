@@ -49,7 +49,7 @@ pub(crate) const RESPONSES: &[Before] = &[
 /// does not collect it, so it ends validation the moment the field is reached and wins over
 /// every type error pydantic has collected (in field order).
 pub(crate) const CHAT_FIELDS: &[Before] = &[thinking_token_budget, structured_outputs_constraint];
-pub(crate) const COMPLETION_FIELDS: &[Before] = &[prompt_not_empty, thinking_token_budget, structured_outputs_constraint];
+pub(crate) const COMPLETION_FIELDS: &[Before] = &[thinking_token_budget, structured_outputs_constraint];
 pub(crate) const RESPONSES_FIELDS: &[Before] = &[structured_outputs_constraint];
 
 /// Runs `list` on `body`; the first refusal.
@@ -522,12 +522,4 @@ fn check_system_message_content_type(body: &Body) -> Result<(), ApiError> {
         )),
         _ => Ok(()),
     }
-}
-
-/// Completions' `prompt` field validator: an empty list of prompts.
-fn prompt_not_empty(body: &Body) -> Result<(), ApiError> {
-    if body.get("prompt") == Some(&Value::Array(Vec::new())) {
-        return Err(bad_request("You must pass at least one prompt", Some("prompt"), None));
-    }
-    Ok(())
 }

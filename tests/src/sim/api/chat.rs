@@ -131,7 +131,9 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
         continue_needs_no_generation_prompt(&req)?;
     }
     // Beam search builds `BeamSearchParams`, which `SamplingParams`' checks do not cover.
-    if req.get("use_beam_search") != Some(&Value::Bool(true)) {
+    if req.get("use_beam_search") == Some(&Value::Bool(true)) {
+        validate::beam_search(&req, false)?;
+    } else {
         validate::sampling(app, &req, &["max_completion_tokens", "max_tokens"])?;
         let top = req.get("top_logprobs").and_then(Value::as_i64);
         let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);

@@ -51,6 +51,9 @@ fn renderer_checks(app: &App, req: &serde_json::Map<String, Value>) -> Result<()
             None,
         ));
     }
+    if req.get("prompt") == Some(&Value::Array(Vec::new())) {
+        return Err(bad_request("You must pass at least one prompt", Some("prompt"), None));
+    }
     Ok(())
 }
 
@@ -59,13 +62,15 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     before::run(before::COMPLETION, &req)?;
     before::run(before::COMPLETION_FIELDS, &req)?;
     schema::check_body("/v1/completions", &mut req)?;
-    let prompts = prompts(&req)?;
     request::check_model(&app, &req)?;
     request::untrusted_mm_kwargs(&req)?;
     request::truncation(&app, &req)?;
     renderer_checks(&app, &req)?;
+    let prompts = prompts(&req)?;
     // Beam search builds `BeamSearchParams`, which `SamplingParams`' checks do not cover.
-    if req.get("use_beam_search") != Some(&Value::Bool(true)) {
+    if req.get("use_beam_search") == Some(&Value::Bool(true)) {
+        validate::beam_search(&req, true)?;
+    } else {
         validate::sampling(&app, &req, &["max_tokens"])?;
         let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
         validate::sample_logprobs(req.get("logprobs").and_then(Value::as_i64), prompt_lp)?;
@@ -202,7 +207,8 @@ fn frames(
     reply: Reply,
     include_usage: bool,
 ) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
-    futures_util::stream::unfold((job, false), move |(mut job, done)| {
+    let started = vec![false; job.choices.len()];
+    futures_util::stream::unfold((job, false, started), move |(mut job, done, mut started)| {
         let (reply, app) = (reply.clone(), app.clone());
         async move {
             if done {
@@ -214,13 +220,14 @@ fn frames(
                         if d.content.is_empty() && !d.last {
                             continue;
                         }
-                        let c = delta_chunk(&reply, &job, i, &d, include_usage);
-                        return Some((frame(&c), (job, false)));
+                        let first = !std::mem::replace(&mut started[i], true);
+                        let c = delta_chunk(&reply, &job, i, &d, include_usage, first);
+                        return Some((frame(&c), (job, false, started)));
                     }
                     Some(Step::Failed(msg)) => {
                         let mut b = error_frame(&msg).to_vec();
                         b.extend_from_slice(DONE);
-                        return Some((Bytes::from(b), (job, true)));
+                        return Some((Bytes::from(b), (job, true, started)));
                     }
                     None => {
                         let mut b = Vec::new();
@@ -228,7 +235,7 @@ fn frames(
                             b.extend_from_slice(&frame(&usage_chunk(&app, &reply, &job)));
                         }
                         b.extend_from_slice(DONE);
-                        return Some((Bytes::from(b), (job, true)));
+                        return Some((Bytes::from(b), (job, true, started)));
                     }
                 }
             }
@@ -238,7 +245,8 @@ fn frames(
 
 /// The chunk of choice `i`'s delta `d`; the last one names the fingerprint unless the usage
 /// chunk follows.
-fn delta_chunk(reply: &Reply, job: &Job, i: usize, d: &Delta, include_usage: bool) -> Value {
+/// `first`: choice `i`'s first chunk, which carries its prompt's ids with `return_token_ids`.
+fn delta_chunk(reply: &Reply, job: &Job, i: usize, d: &Delta, include_usage: bool, first: bool) -> Value {
     let finish = if d.last {
         Value::String(job.choices[i].finish.into())
     } else {
@@ -248,8 +256,15 @@ fn delta_chunk(reply: &Reply, job: &Job, i: usize, d: &Delta, include_usage: boo
         Some(k) if !d.tokens.is_empty() => logprobs::completion(&d.tokens, k),
         _ => Value::Null,
     };
+    let (prompt_ids, ids) = match &reply.prompt_ids {
+        Some(p) => (
+            if first { p.get(i % p.len().max(1)).cloned().unwrap_or(Value::Null) } else { Value::Null },
+            json!(vocab::tokenize(&d.tokens.concat())),
+        ),
+        None => (Value::Null, Value::Null),
+    };
     let mut c = reply.chunk(
-        json!([{"index": i, "text": d.content, "logprobs": lp, "finish_reason": finish, "stop_reason": null, "prompt_token_ids": null, "token_ids": null, "weight_versions": null}]),
+        json!([{"index": i, "text": d.content, "logprobs": lp, "finish_reason": finish, "stop_reason": null, "prompt_token_ids": prompt_ids, "token_ids": ids, "weight_versions": null}]),
     );
     if d.last && !include_usage {
         c["system_fingerprint"] = Value::String(reply.fingerprint.clone());

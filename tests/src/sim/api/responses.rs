@@ -150,18 +150,60 @@ const NOT_NULL_IN_RESPONSE: &[(&str, &str, &str)] = &[
 
 /// Building the response object fails, as pydantic's `ValidationError` in its `str` form.
 fn response_model_takes_nulls(req: &Map<String, Value>) -> Result<(), ApiError> {
-    for (field, kind, msg) in NOT_NULL_IN_RESPONSE {
-        if req.get(*field) == Some(&Value::Null) {
-            return Err(super::bad_request(
-                &format!(
-                    "1 validation error for ResponsesResponse\n{field}\n  {msg} [type={kind}, input_value=None, input_type=NoneType]\n    For further information visit https://errors.pydantic.dev/2.14/v/{kind}"
-                ),
-                None,
-                None,
-            ));
-        }
+    let errors: Vec<String> = NOT_NULL_IN_RESPONSE
+        .iter()
+        .filter(|(field, _, _)| req.get(*field) == Some(&Value::Null))
+        .map(|(field, kind, msg)| {
+            format!(
+                "{field}\n  {msg} [type={kind}, input_value=None, input_type=NoneType]\n    For further information visit https://errors.pydantic.dev/2.14/v/{kind}"
+            )
+        })
+        .collect();
+    if errors.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let label = if errors.len() == 1 { "error" } else { "errors" };
+    let text = format!("{} validation {label} for ResponsesResponse\n{}", errors.len(), errors.join("\n"));
+    Err(super::bad_request(&text, None, None))
+}
+
+/// vLLM's refusals between the model check and generation, in its order; `Some` is an answer
+/// that is not an error (a stream that ends before its first event).
+fn serving_checks(app: &App, req: &Map<String, Value>, msgs: &[Value], stream: bool) -> Result<Option<Response>, ApiError> {
+    request::untrusted_mm_kwargs(req)?;
+    if msgs.is_empty() && matches!(app.template, crate::sim::text::Template::Glm) {
+        return Err(super::bad_request(
+            "Cannot apply chat template to an empty conversation. Provide at least one message.",
+            None,
+            None,
+        ));
+    }
+    // Only the fields the Responses model declares reach its sampling parameters.
+    super::validate::sampling(app, &super::schema::declared("/v1/responses", req), &["max_output_tokens"])?;
+    // The simulator stores no responses: every previous one is unknown, as to a fresh vLLM.
+    if let Some(Value::String(prev)) = req.get("previous_response_id") {
+        return Err(super::error(
+            axum::http::StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            &format!("Response with id '{prev}' not found."),
+            Some("response_id"),
+        ));
+    }
+    // Without VLLM_ENABLE_RESPONSES_API_STORE (the default) there is no background mode.
+    if req.get("background").is_some_and(|b| b.as_bool() == Some(true)) {
+        return Err(super::error(
+            axum::http::StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
+            Some("background"),
+        ));
+    }
+    match response_model_takes_nulls(req) {
+        // Streamed, the failure ends the stream before its first event.
+        Err(_) if stream => Ok(Some(super::chat::sse_response(app, "", futures_util::stream::empty::<Bytes>()))),
+        Err(e) => Err(e),
+        Ok(()) => Ok(None),
+    }
 }
 
 /// `prompt_cache_options` as the response echoes it (`PromptCacheOptions.to_response`,
@@ -277,41 +319,9 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let kwargs = request::template_kwargs(&app, &with_effort(&req))?;
     request::check_model(&app, &req)?;
     let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
-    request::untrusted_mm_kwargs(&req)?;
-    if let Err(e) = response_model_takes_nulls(&req) {
-        // Streamed, the failure ends the stream before its first event.
-        if stream {
-            return Ok(super::chat::sse_response(&app, "", futures_util::stream::empty::<Bytes>()));
-        }
-        return Err(e);
+    if let Some(early) = serving_checks(&app, &req, &msgs, stream)? {
+        return Ok(early);
     }
-    // Without VLLM_ENABLE_RESPONSES_API_STORE (the default) there is no background mode.
-    if req.get("background").is_some_and(|b| b.as_bool() == Some(true)) {
-        return Err(super::error(
-            axum::http::StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
-            Some("background"),
-        ));
-    }
-    if msgs.is_empty() {
-        return Err(super::bad_request(
-            "Cannot apply chat template to an empty conversation. Provide at least one message.",
-            None,
-            None,
-        ));
-    }
-    // The simulator stores no responses: every previous one is unknown, as to a fresh vLLM.
-    if let Some(Value::String(prev)) = req.get("previous_response_id") {
-        return Err(super::error(
-            axum::http::StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            &format!("Response with id '{prev}' not found."),
-            Some("response_id"),
-        ));
-    }
-    // Only the fields the Responses model declares reach its sampling parameters.
-    super::validate::sampling(&app, &super::schema::declared("/v1/responses", &req), &["max_output_tokens"])?;
     let tools: Option<Vec<Value>> = req
         .get("tools")
         .and_then(Value::as_array)
@@ -327,7 +337,8 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     if let Some(c) = &constraint(&req) {
         out.constrain(c);
     }
-    let plan = ChoicePlan::new(out, budget, false, 0);
+    let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
+    let plan = ChoicePlan::new(out, budget, ignore_eos, 0);
     let request_id = request::request_id(&headers, &req);
     let job = Job::start(&app, &[&prompt], vec![plan])?;
     let max_output_tokens = max_output_tokens.unwrap_or(app.args.max_model_len.saturating_sub(prompt_tokens as u64));

@@ -198,7 +198,17 @@ pub(crate) fn sampling(app: &App, req: &Map<String, Value>, max_names: &[&str]) 
             ));
         }
     }
-    speculative(app, req)
+    // `_verify_greedy_sampling`.
+    let n = req.get("n").and_then(Value::as_i64).unwrap_or(1);
+    if n > 1 && number(req, "temperature").is_some_and(|t| t < 1e-5) {
+        return Err(bad_request(
+            &format!("n must be 1 when using greedy sampling, got {n}."),
+            None,
+            None,
+        ));
+    }
+    // The engine's check when the request is added: inside a stream that has begun.
+    speculative(app, req).map_err(|e| e.in_stream_if(req.get("stream") == Some(&Value::Bool(true))))
 }
 
 /// vLLM's default `--max-logprobs`.
@@ -219,6 +229,22 @@ pub(crate) fn sample_logprobs(requested: Option<i64>, prompt: Option<i64>) -> Re
                 Some(field),
                 Some(&wanted.to_string()),
             ));
+        }
+    }
+    Ok(())
+}
+
+/// The beam-search path's checks: a stream is refused on completions, and the temperature
+/// rules are the only ones `BeamSearchParams` runs.
+pub(crate) fn beam_search(req: &Map<String, Value>, completions: bool) -> Result<(), ApiError> {
+    if completions && req.get("stream") == Some(&Value::Bool(true)) {
+        return Err(bad_request("Streaming is not currently supported with beam search", None, None));
+    }
+    for rule in RULES.iter().filter(|r| r.field == "temperature") {
+        if let Some(x) = number(req, rule.field) {
+            if (rule.refused)(x) {
+                return Err(refuse(rule, x));
+            }
         }
     }
     Ok(())
