@@ -178,8 +178,13 @@ fn serving_checks(app: &App, req: &Map<String, Value>, msgs: &[Value], stream: b
             None,
         ));
     }
-    // Only the fields the Responses model declares reach its sampling parameters.
-    super::validate::sampling(app, &super::schema::declared("/v1/responses", req), &["max_output_tokens"])?;
+    // Only the fields the Responses model declares reach its sampling parameters, and a falsy
+    // `stop` becomes none (`to_sampling_params`: `self.stop if self.stop else []`).
+    let mut fields = super::schema::declared("/v1/responses", req);
+    if matches!(fields.get("stop"), Some(Value::String(s)) if s.is_empty()) {
+        fields.remove("stop");
+    }
+    super::validate::sampling(app, &fields, &["max_output_tokens"])?;
     // The simulator stores no responses: every previous one is unknown, as to a fresh vLLM.
     if let Some(Value::String(prev)) = req.get("previous_response_id") {
         return Err(super::error(
