@@ -139,6 +139,11 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
         let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
         validate::sample_logprobs(top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))), prompt_lp)?;
     }
+    request::empty_decoder_prompt(&req)?;
+    if messages.is_empty() && req.get("add_generation_prompt") == Some(&Value::Bool(false)) {
+        // `get_chat_request_role` reads `messages[-1]`: Python's IndexError, a 500.
+        return Err(super::internal_error("list index out of range"));
+    }
     let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let n = request::n_choices(&req)?;
     let rendering = app.template.render(&kwargs);

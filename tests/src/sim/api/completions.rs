@@ -75,6 +75,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
         validate::sample_logprobs(req.get("logprobs").and_then(Value::as_i64), prompt_lp)?;
     }
+    request::empty_decoder_prompt(&req)?;
     let stream = request::stream_options(&app, &req)?;
     let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
     let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);

@@ -201,11 +201,6 @@ pub(crate) fn truncation(app: &App, req: &Map<String, Value>) -> Result<(), ApiE
     let Some(t) = req.get("truncate_prompt_tokens").and_then(Value::as_i64) else {
         return Ok(());
     };
-    if t == 0 {
-        // The engine's input check: raised inside a stream that has begun.
-        let stream = req.get("stream") == Some(&Value::Bool(true));
-        return Err(super::bad_request("The decoder prompt cannot be empty", None, None).in_stream_if(stream));
-    }
     let limit = app.args.max_model_len as i64;
     if t > limit {
         return Err(super::bad_request(
@@ -215,6 +210,16 @@ pub(crate) fn truncation(app: &App, req: &Map<String, Value>) -> Result<(), ApiE
             Some("truncate_prompt_tokens"),
             Some(&t.to_string()),
         ));
+    }
+    Ok(())
+}
+
+/// The engine's input check (after the sampling parameters): a prompt truncated to nothing.
+/// Raised inside a stream that has begun.
+pub(crate) fn empty_decoder_prompt(req: &Map<String, Value>) -> Result<(), ApiError> {
+    if req.get("truncate_prompt_tokens").and_then(Value::as_i64) == Some(0) {
+        let stream = req.get("stream") == Some(&Value::Bool(true));
+        return Err(super::bad_request("The decoder prompt cannot be empty", None, None).in_stream_if(stream));
     }
     Ok(())
 }

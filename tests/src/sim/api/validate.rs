@@ -180,11 +180,14 @@ pub(crate) fn sampling(app: &App, req: &Map<String, Value>, max_names: &[&str]) 
     }
     // `_validate_allowed_token_ids`.
     if req.get("allowed_token_ids") == Some(&Value::Array(Vec::new())) {
+        // Checked as the engine adds the request: inside a stream that has begun.
+        let stream = req.get("stream") == Some(&Value::Bool(true));
         return Err(bad_request(
             "allowed_token_ids is not None and empty!",
             Some("allowed_token_ids"),
             Some("[]"),
-        ));
+        )
+        .in_stream_if(stream));
     }
     if let Some(m) = max {
         let limit = app.args.max_model_len as i64;
@@ -239,6 +242,9 @@ pub(crate) fn sample_logprobs(requested: Option<i64>, prompt: Option<i64>) -> Re
 pub(crate) fn beam_search(req: &Map<String, Value>, completions: bool) -> Result<(), ApiError> {
     if completions && req.get("stream") == Some(&Value::Bool(true)) {
         return Err(bad_request("Streaming is not currently supported with beam search", None, None));
+    }
+    if let Some(n) = req.get("n").and_then(Value::as_i64).filter(|n| *n < 1) {
+        return Err(bad_request(&format!("n must be at least 1, got {n}."), None, None));
     }
     for rule in RULES.iter().filter(|r| r.field == "temperature") {
         if let Some(x) = number(req, rule.field) {
