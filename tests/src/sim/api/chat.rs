@@ -137,7 +137,10 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
         validate::sampling(app, &req, &["max_completion_tokens", "max_tokens"])?;
         let top = req.get("top_logprobs").and_then(Value::as_i64);
         let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
-        validate::sample_logprobs(top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))), prompt_lp)?;
+        validate::sample_logprobs(
+            top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))),
+            prompt_lp,
+        )?;
     }
     request::empty_decoder_prompt(&req)?;
     if messages.is_empty() && req.get("add_generation_prompt") == Some(&Value::Bool(false)) {
@@ -197,7 +200,8 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
                 Some(p) if !p.is_null() => Value::Array(vec![Value::Null; prompt_tokens]),
                 _ => Value::Null,
             },
-            prompt_ids: (req.get("return_token_ids") == Some(&Value::Bool(true))).then(|| json!(vocab::tokenize(&prompt))),
+            prompt_ids: (req.get("return_token_ids") == Some(&Value::Bool(true)))
+                .then(|| json!(vocab::tokenize(&prompt))),
         },
     ))
 }

@@ -130,9 +130,11 @@ fn prompts(req: &serde_json::Map<String, Value>) -> Result<Vec<String>, ApiError
         }
         // Token ids: one prompt, or a list of them.
         Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => Ok(vec![from_ids(a)]),
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_array) => {
-            Ok(a.iter().filter_map(Value::as_array).map(|ids| from_ids(ids.as_slice())).collect())
-        }
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_array) => Ok(a
+            .iter()
+            .filter_map(Value::as_array)
+            .map(|ids| from_ids(ids.as_slice()))
+            .collect()),
         Some(other) if !other.is_null() && !other.as_str().is_some_and(str::is_empty) => Err(invalid(
             "string_type",
             "prompt",
@@ -259,7 +261,11 @@ fn delta_chunk(reply: &Reply, job: &Job, i: usize, d: &Delta, include_usage: boo
     };
     let (prompt_ids, ids) = match &reply.prompt_ids {
         Some(p) => (
-            if first { p.get(i % p.len().max(1)).cloned().unwrap_or(Value::Null) } else { Value::Null },
+            if first {
+                p.get(i % p.len().max(1)).cloned().unwrap_or(Value::Null)
+            } else {
+                Value::Null
+            },
             json!(vocab::tokenize(&d.tokens.concat())),
         ),
         None => (Value::Null, Value::Null),

@@ -96,7 +96,12 @@ impl IntoResponse for ApiError {
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status.as_u16()}});
         if self.in_stream {
             let text = format!("data: {body}\n\ndata: [DONE]\n\n");
-            return (StatusCode::OK, [("content-type", "text/event-stream; charset=utf-8")], text).into_response();
+            return (
+                StatusCode::OK,
+                [("content-type", "text/event-stream; charset=utf-8")],
+                text,
+            )
+                .into_response();
         }
         json_response(self.status, &body)
     }

@@ -163,13 +163,22 @@ fn response_model_takes_nulls(req: &Map<String, Value>) -> Result<(), ApiError> 
         return Ok(());
     }
     let label = if errors.len() == 1 { "error" } else { "errors" };
-    let text = format!("{} validation {label} for ResponsesResponse\n{}", errors.len(), errors.join("\n"));
+    let text = format!(
+        "{} validation {label} for ResponsesResponse\n{}",
+        errors.len(),
+        errors.join("\n")
+    );
     Err(super::bad_request(&text, None, None))
 }
 
 /// vLLM's refusals between the model check and generation, in its order; `Some` is an answer
 /// that is not an error (a stream that ends before its first event).
-fn serving_checks(app: &App, req: &Map<String, Value>, msgs: &[Value], stream: bool) -> Result<Option<Response>, ApiError> {
+fn serving_checks(
+    app: &App,
+    req: &Map<String, Value>,
+    msgs: &[Value],
+    stream: bool,
+) -> Result<Option<Response>, ApiError> {
     request::untrusted_mm_kwargs(req)?;
     if msgs.is_empty() && matches!(app.template, crate::sim::text::Template::Glm) {
         return Err(super::bad_request(
@@ -205,7 +214,11 @@ fn serving_checks(app: &App, req: &Map<String, Value>, msgs: &[Value], stream: b
     }
     match response_model_takes_nulls(req) {
         // Streamed, the failure ends the stream before its first event.
-        Err(_) if stream => Ok(Some(super::chat::sse_response(app, "", futures_util::stream::empty::<Bytes>()))),
+        Err(_) if stream => Ok(Some(super::chat::sse_response(
+            app,
+            "",
+            futures_util::stream::empty::<Bytes>(),
+        ))),
         Err(e) => Err(e),
         Ok(()) => Ok(None),
     }

@@ -241,15 +241,21 @@ pub(crate) fn sample_logprobs(requested: Option<i64>, prompt: Option<i64>) -> Re
 /// rules are the only ones `BeamSearchParams` runs.
 pub(crate) fn beam_search(req: &Map<String, Value>, completions: bool) -> Result<(), ApiError> {
     if completions && req.get("stream") == Some(&Value::Bool(true)) {
-        return Err(bad_request("Streaming is not currently supported with beam search", None, None));
+        return Err(bad_request(
+            "Streaming is not currently supported with beam search",
+            None,
+            None,
+        ));
     }
     if let Some(n) = req.get("n").and_then(Value::as_i64).filter(|n| *n < 1) {
         return Err(bad_request(&format!("n must be at least 1, got {n}."), None, None));
     }
+    // Chat's beam search checks them as it runs: inside a stream that has begun.
+    let in_stream = !completions && req.get("stream") == Some(&Value::Bool(true));
     for rule in RULES.iter().filter(|r| r.field == "temperature") {
         if let Some(x) = number(req, rule.field) {
             if (rule.refused)(x) {
-                return Err(refuse(rule, x));
+                return Err(refuse(rule, x).in_stream_if(in_stream));
             }
         }
     }

@@ -555,7 +555,9 @@ fn bounded(out: Value, b: &Bounds, integer: bool) -> Result<Value, Refusal> {
     let checks: [Check; 4] = [
         (b.le, "le", "less_than_equal", "less than or equal to", |x, b| x <= b),
         (b.lt, "lt", "less_than", "less than", |x, b| x < b),
-        (b.ge, "ge", "greater_than_equal", "greater than or equal to", |x, b| x >= b),
+        (b.ge, "ge", "greater_than_equal", "greater than or equal to", |x, b| {
+            x >= b
+        }),
         (b.gt, "gt", "greater_than", "greater than", |x, b| x > b),
     ];
     for (bound, key, kind, words, ok) in checks {
