@@ -123,30 +123,7 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
     let kwargs = request::template_kwargs(app, &req)?;
     request::refuse_chat_template(app, &req)?;
     let tools = req.get("tools").and_then(Value::as_array).cloned();
-    request::check_model(app, &req)?;
-    request::untrusted_mm_kwargs(&req)?;
-    request::truncation(app, &req)?;
-    request::render_checks(app, &messages, &kwargs)?;
-    if matches!(app.template, crate::sim::text::Template::Glm) {
-        continue_needs_no_generation_prompt(&req)?;
-    }
-    // Beam search builds `BeamSearchParams`, which `SamplingParams`' checks do not cover.
-    if req.get("use_beam_search") == Some(&Value::Bool(true)) {
-        validate::beam_search(&req, false)?;
-    } else {
-        validate::sampling(app, &req, &["max_completion_tokens", "max_tokens"])?;
-        let top = req.get("top_logprobs").and_then(Value::as_i64);
-        let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
-        validate::sample_logprobs(
-            top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))),
-            prompt_lp,
-        )?;
-    }
-    request::empty_decoder_prompt(&req)?;
-    if messages.is_empty() && req.get("add_generation_prompt") == Some(&Value::Bool(false)) {
-        // `get_chat_request_role` reads `messages[-1]`: Python's IndexError, a 500.
-        return Err(super::internal_error("list index out of range"));
-    }
+    serving_checks(app, &req, &messages, &kwargs)?;
     let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let n = request::n_choices(&req)?;
     let rendering = app.template.render(&kwargs);
@@ -177,8 +154,56 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
         .collect();
     let request_id = request::request_id(headers, &req);
     let job = Job::start(app, &[&prompt], choices)?;
-    Ok((
-        job,
+    let ctx = Ctx::new(app, &req, &messages, request_id, stream, &prompt, prompt_tokens);
+    Ok((job, ctx))
+}
+
+/// vLLM's refusals between the model check and generation, in its order: the model, the
+/// renderer's, then the sampling parameters' (beam search has its own) and the engine's.
+fn serving_checks(
+    app: &App,
+    req: &Map<String, Value>,
+    messages: &[Value],
+    kwargs: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    request::check_model(app, req)?;
+    request::untrusted_mm_kwargs(req)?;
+    request::truncation(app, req)?;
+    request::render_checks(app, messages, kwargs)?;
+    if matches!(app.template, crate::sim::text::Template::Glm) {
+        continue_needs_no_generation_prompt(req)?;
+    }
+    // Beam search builds `BeamSearchParams`, which `SamplingParams`' checks do not cover.
+    if req.get("use_beam_search") == Some(&Value::Bool(true)) {
+        validate::beam_search(req, false)?;
+    } else {
+        validate::sampling(app, req, &["max_completion_tokens", "max_tokens"])?;
+        let top = req.get("top_logprobs").and_then(Value::as_i64);
+        let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
+        validate::sample_logprobs(
+            top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))),
+            prompt_lp,
+        )?;
+    }
+    request::empty_decoder_prompt(req)?;
+    if messages.is_empty() && req.get("add_generation_prompt") == Some(&Value::Bool(false)) {
+        // `get_chat_request_role` reads `messages[-1]`: Python's IndexError, a 500.
+        return Err(super::internal_error("list index out of range"));
+    }
+    Ok(())
+}
+
+impl Ctx {
+    fn new(
+        app: &App,
+        req: &Map<String, Value>,
+        messages: &[Value],
+        request_id: String,
+        stream: request::StreamOptions,
+        prompt: &str,
+        prompt_tokens: usize,
+    ) -> Ctx {
+        let flag = |k: &str| req.get(k) == Some(&Value::Bool(true));
         Ctx {
             id: format!("chatcmpl-{request_id}"),
             request_id,
@@ -187,23 +212,22 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
             stream,
             forced_tool: matches!(req.get("tool_choice"), Some(Value::Object(_)))
                 || req.get("tool_choice") == Some(&json!("required")),
-            logprobs: (req.get("logprobs") == Some(&Value::Bool(true)))
-                .then(|| req.get("top_logprobs").and_then(Value::as_u64).unwrap_or(0) as usize),
-            role: chat_role(&req, &messages),
+            logprobs: flag("logprobs").then(|| req.get("top_logprobs").and_then(Value::as_u64).unwrap_or(0) as usize),
+            role: chat_role(req, messages),
             include_reasoning: req.get("include_reasoning") != Some(&Value::Bool(false)),
-            prompt_text: match req.get("return_prompt_text") {
-                Some(Value::Bool(true)) => Value::String(prompt.clone()),
-                _ => Value::Null,
+            prompt_text: if flag("return_prompt_text") {
+                Value::String(prompt.to_owned())
+            } else {
+                Value::Null
             },
-            beam_search: req.get("use_beam_search") == Some(&Value::Bool(true)),
+            beam_search: flag("use_beam_search"),
             prompt_logprobs: match req.get("prompt_logprobs") {
                 Some(p) if !p.is_null() => Value::Array(vec![Value::Null; prompt_tokens]),
                 _ => Value::Null,
             },
-            prompt_ids: (req.get("return_token_ids") == Some(&Value::Bool(true)))
-                .then(|| json!(vocab::tokenize(&prompt))),
-        },
-    ))
+            prompt_ids: flag("return_token_ids").then(|| json!(vocab::tokenize(prompt))),
+        }
+    }
 }
 
 /// A choice's generated token ids, with `return_token_ids`.

@@ -20,11 +20,30 @@ use crate::sim::vocab;
 /// runs without `--enable-prompt-embeds`).
 fn renderer_checks(app: &App, req: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let suffix = req.get("suffix").is_some_and(|s| !s.is_null());
-    if suffix && req.get("prompt_embeds").is_some_and(|s| !s.is_null()) {
+    let set = |k: &str| req.get(k).is_some_and(|v| !v.is_null());
+    // The renderer's order: echo, prompt embeddings, truncation, then the model's FIM support.
+    let conflict = [
+        ("echo", "Echo is unsupported with suffix."),
+        ("prompt_embeds", "suffix is not supported with prompt_embeds"),
+        (
+            "truncate_prompt_tokens",
+            "suffix is not supported with truncate_prompt_tokens",
+        ),
+    ]
+    .into_iter()
+    .find(|(k, _)| {
+        suffix
+            && if *k == "echo" {
+                req.get(*k) == Some(&Value::Bool(true))
+            } else {
+                set(k)
+            }
+    });
+    if let Some((_, message)) = conflict {
         return Err(super::error(
             axum::http::StatusCode::BAD_REQUEST,
             "BadRequestError",
-            "suffix is not supported with prompt_embeds",
+            message,
             Some("suffix"),
         ));
     }

@@ -1,6 +1,8 @@
 //! `POST /v1/responses` for plain turns (text in, text or a function call out), non-streaming
 //! and as the `event: …` / `data: …` event sequence agent frameworks consume.
 
+mod checks;
+
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse as _, Response};
@@ -141,89 +143,6 @@ fn echoes(req: &Map<String, Value>) -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// The request fields that may be null where `ResponsesResponse` (a pydantic model built from
-/// the request) refuses a null: (field, the error's type, its message).
-const NOT_NULL_IN_RESPONSE: &[(&str, &str, &str)] = &[
-    ("background", "bool_type", "Input should be a valid boolean"),
-    ("truncation", "literal_error", "Input should be 'auto' or 'disabled'"),
-];
-
-/// Building the response object fails, as pydantic's `ValidationError` in its `str` form.
-fn response_model_takes_nulls(req: &Map<String, Value>) -> Result<(), ApiError> {
-    let errors: Vec<String> = NOT_NULL_IN_RESPONSE
-        .iter()
-        .filter(|(field, _, _)| req.get(*field) == Some(&Value::Null))
-        .map(|(field, kind, msg)| {
-            format!(
-                "{field}\n  {msg} [type={kind}, input_value=None, input_type=NoneType]\n    For further information visit https://errors.pydantic.dev/2.14/v/{kind}"
-            )
-        })
-        .collect();
-    if errors.is_empty() {
-        return Ok(());
-    }
-    let label = if errors.len() == 1 { "error" } else { "errors" };
-    let text = format!(
-        "{} validation {label} for ResponsesResponse\n{}",
-        errors.len(),
-        errors.join("\n")
-    );
-    Err(super::bad_request(&text, None, None))
-}
-
-/// vLLM's refusals between the model check and generation, in its order; `Some` is an answer
-/// that is not an error (a stream that ends before its first event).
-fn serving_checks(
-    app: &App,
-    req: &Map<String, Value>,
-    msgs: &[Value],
-    stream: bool,
-) -> Result<Option<Response>, ApiError> {
-    request::untrusted_mm_kwargs(req)?;
-    if msgs.is_empty() && matches!(app.template, crate::sim::text::Template::Glm) {
-        return Err(super::bad_request(
-            "Cannot apply chat template to an empty conversation. Provide at least one message.",
-            None,
-            None,
-        ));
-    }
-    // Only the fields the Responses model declares reach its sampling parameters, and a falsy
-    // `stop` becomes none (`to_sampling_params`: `self.stop if self.stop else []`).
-    let mut fields = super::schema::declared("/v1/responses", req);
-    if matches!(fields.get("stop"), Some(Value::String(s)) if s.is_empty()) {
-        fields.remove("stop");
-    }
-    super::validate::sampling(app, &fields, &["max_output_tokens"])?;
-    // The simulator stores no responses: every previous one is unknown, as to a fresh vLLM.
-    if let Some(Value::String(prev)) = req.get("previous_response_id") {
-        return Err(super::error(
-            axum::http::StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            &format!("Response with id '{prev}' not found."),
-            Some("response_id"),
-        ));
-    }
-    // Without VLLM_ENABLE_RESPONSES_API_STORE (the default) there is no background mode.
-    if req.get("background").is_some_and(|b| b.as_bool() == Some(true)) {
-        return Err(super::error(
-            axum::http::StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
-            Some("background"),
-        ));
-    }
-    match response_model_takes_nulls(req) {
-        // Streamed, the failure ends the stream before its first event.
-        Err(_) if stream => Ok(Some(super::chat::sse_response(
-            app,
-            "",
-            futures_util::stream::empty::<Bytes>(),
-        ))),
-        Err(e) => Err(e),
-        Ok(()) => Ok(None),
-    }
-}
-
 /// `prompt_cache_options` as the response echoes it (`PromptCacheOptions.to_response`,
 /// responses/protocol.py): the request's, with its defaults, without `prewarm`.
 fn cache_options(req: &Map<String, Value>) -> Value {
@@ -337,7 +256,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let kwargs = request::template_kwargs(&app, &with_effort(&req))?;
     request::check_model(&app, &req)?;
     let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
-    if let Some(early) = serving_checks(&app, &req, &msgs, stream)? {
+    if let Some(early) = checks::serving_checks(&app, &req, &msgs, stream)? {
         return Ok(early);
     }
     let tools: Option<Vec<Value>> = req
