@@ -121,7 +121,6 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
         .unwrap_or_default();
     let stream = request::stream_options(app, &req)?;
     let kwargs = request::template_kwargs(app, &req)?;
-    request::refuse_chat_template(app, &req)?;
     let tools = req.get("tools").and_then(Value::as_array).cloned();
     serving_checks(app, &req, &messages, &kwargs)?;
     let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
@@ -167,6 +166,7 @@ fn serving_checks(
     kwargs: &Map<String, Value>,
 ) -> Result<(), ApiError> {
     request::check_model(app, req)?;
+    request::refuse_chat_template(app, req)?;
     request::untrusted_mm_kwargs(req)?;
     request::truncation(app, req)?;
     request::render_checks(app, messages, kwargs)?;
@@ -184,6 +184,7 @@ fn serving_checks(
             top.filter(|_| req.get("logprobs") == Some(&Value::Bool(true))),
             prompt_lp,
         )?;
+        validate::speculation(app, req)?;
     }
     request::empty_decoder_prompt(req)?;
     if messages.is_empty() && req.get("add_generation_prompt") == Some(&Value::Bool(false)) {

@@ -19,6 +19,9 @@ use crate::sim::vocab;
 /// a suffix where the model renders no fill-in-the-middle, and prompt embeddings (the server
 /// runs without `--enable-prompt-embeds`).
 fn renderer_checks(app: &App, req: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    if req.get("prompt") == Some(&Value::Array(Vec::new())) {
+        return Err(bad_request("You must pass at least one prompt", Some("prompt"), None));
+    }
     let suffix = req.get("suffix").is_some_and(|s| !s.is_null());
     let set = |k: &str| req.get(k).is_some_and(|v| !v.is_null());
     // The renderer's order: echo, prompt embeddings, truncation, then the model's FIM support.
@@ -63,15 +66,19 @@ fn renderer_checks(app: &App, req: &serde_json::Map<String, Value>) -> Result<()
         Some(Value::Array(a)) => !a.is_empty(),
         Some(_) => true,
     };
+    if embeds && req.get("prompt_logprobs").is_some_and(|p| !p.is_null()) {
+        return Err(bad_request(
+            "prompt_logprobs is not compatible with prompt embeds.",
+            None,
+            None,
+        ));
+    }
     if embeds {
         return Err(bad_request(
             "You must set `--enable-prompt-embeds` to input `prompt_embeds`.",
             Some("prompt_embeds"),
             None,
         ));
-    }
-    if req.get("prompt") == Some(&Value::Array(Vec::new())) {
-        return Err(bad_request("You must pass at least one prompt", Some("prompt"), None));
     }
     Ok(())
 }
@@ -93,6 +100,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         validate::sampling(&app, &req, &["max_tokens"])?;
         let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
         validate::sample_logprobs(req.get("logprobs").and_then(Value::as_i64), prompt_lp)?;
+        validate::speculation(&app, &req)?;
     }
     request::empty_decoder_prompt(&req)?;
     let stream = request::stream_options(&app, &req)?;

@@ -255,10 +255,10 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let kwargs = request::template_kwargs(&app, &with_effort(&req))?;
     request::check_model(&app, &req)?;
-    let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
     if let Some(early) = checks::serving_checks(&app, &req, &msgs, stream)? {
         return Ok(early);
     }
+    let max_output_tokens = request::max_tokens(&app, &req, &["max_output_tokens"])?;
     let tools: Option<Vec<Value>> = req
         .get("tools")
         .and_then(Value::as_array)

@@ -210,7 +210,12 @@ pub(crate) fn sampling(app: &App, req: &Map<String, Value>, max_names: &[&str]) 
             None,
         ));
     }
-    // The engine's check when the request is added: inside a stream that has begun.
+    Ok(())
+}
+
+/// The engine's check as it adds the request, after the logprob counts: inside a stream that
+/// has begun.
+pub(crate) fn speculation(app: &App, req: &Map<String, Value>) -> Result<(), ApiError> {
     speculative(app, req).map_err(|e| e.in_stream_if(req.get("stream") == Some(&Value::Bool(true))))
 }
 

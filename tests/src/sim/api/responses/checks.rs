@@ -55,6 +55,15 @@ pub(super) fn serving_checks(
             Some("response_id"),
         ));
     }
+    // Without VLLM_ENABLE_RESPONSES_API_STORE (the default) there is no background mode.
+    if req.get("background").is_some_and(|b| b.as_bool() == Some(true)) {
+        return Err(error(
+            axum::http::StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
+            Some("background"),
+        ));
+    }
     request::untrusted_mm_kwargs(req)?;
     if msgs.is_empty() && matches!(app.template, crate::sim::text::Template::Glm) {
         return Err(bad_request(
@@ -70,15 +79,7 @@ pub(super) fn serving_checks(
         fields.remove("stop");
     }
     validate::sampling(app, &fields, &["max_output_tokens"])?;
-    // Without VLLM_ENABLE_RESPONSES_API_STORE (the default) there is no background mode.
-    if req.get("background").is_some_and(|b| b.as_bool() == Some(true)) {
-        return Err(error(
-            axum::http::StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
-            Some("background"),
-        ));
-    }
+    validate::speculation(app, &fields)?;
     match response_model_takes_nulls(req) {
         // Streamed, the failure ends the stream before its first event.
         Err(_) if stream => Ok(Some(chat::sse_response(
