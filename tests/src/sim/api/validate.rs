@@ -272,7 +272,13 @@ fn speculative(app: &App, req: &Map<String, Value>) -> Result<(), ApiError> {
     if app.args.speculative.is_none() {
         return Ok(());
     }
-    let min_p = number(req, "min_p").unwrap_or(0.0);
+    // Greedy sampling resets min_p to 0 (`SamplingParams.__post_init__`), so it passes here.
+    let greedy = number(req, "temperature").is_some_and(|t| t < 1e-5);
+    let min_p = if greedy {
+        0.0
+    } else {
+        number(req, "min_p").unwrap_or(0.0)
+    };
     let bias = req
         .get("logit_bias")
         .and_then(Value::as_object)
