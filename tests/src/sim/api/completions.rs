@@ -106,9 +106,9 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let stream = request::stream_options(&app, &req)?;
     let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
     let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);
-    let longest = prompts.iter().map(|p| vocab::count_tokens(p)).max().unwrap_or(0);
-    request::check_prompt_length(&app, longest)?;
-    request::routed_experts_start(&req, prompts.iter().map(|p| vocab::count_tokens(p)).min().unwrap_or(0))?;
+    let lengths: Vec<usize> = prompts.iter().map(|p| vocab::count_tokens(p)).collect();
+    request::check_prompt_length(&app, lengths.iter().copied().max().unwrap_or(0))?;
+    request::routed_experts_start(&req, lengths.iter().copied().min().unwrap_or(0))?;
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let choices: Vec<ChoicePlan> = prompts
         .iter()
@@ -195,6 +195,14 @@ struct Reply {
 }
 
 impl Reply {
+    /// Choice `i`'s prompt ids with `return_token_ids` (a choice a prompt), else null.
+    fn prompt_ids_of(&self, i: usize) -> Value {
+        self.prompt_ids
+            .as_ref()
+            .and_then(|p| p.get(i).cloned())
+            .unwrap_or(Value::Null)
+    }
+
     fn chunk(&self, choices: Value) -> Value {
         json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model, "choices": choices})
     }
@@ -216,7 +224,7 @@ async fn whole(app: &Shared, mut job: Job, reply: &Reply, request_id: &str) -> R
         .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": top.map_or(Value::Null, |k| logprobs::completion(c.released(), k)), "finish_reason": c.finish, "stop_reason": null,
             "token_ids": reply.prompt_ids.as_ref().map_or(Value::Null, |_| json!(vocab::tokenize(&c.content_text()))),
             "prompt_logprobs": prompt_lp,
-            "prompt_token_ids": reply.prompt_ids.as_ref().and_then(|p| p.get(i % p.len().max(1)).cloned()).unwrap_or(Value::Null), "routed_experts": null, "weight_versions": null}))
+            "prompt_token_ids": reply.prompt_ids_of(i), "routed_experts": null, "weight_versions": null}))
         .collect();
     let (prompt_tokens, completion) = (job.prompt_tokens, job.completion_tokens());
     let body = json!({
@@ -287,12 +295,8 @@ fn delta_chunk(reply: &Reply, job: &Job, i: usize, d: &Delta, include_usage: boo
         _ => Value::Null,
     };
     let (prompt_ids, ids) = match &reply.prompt_ids {
-        Some(p) => (
-            if first {
-                p.get(i % p.len().max(1)).cloned().unwrap_or(Value::Null)
-            } else {
-                Value::Null
-            },
+        Some(_) => (
+            if first { reply.prompt_ids_of(i) } else { Value::Null },
             json!(vocab::tokenize(&d.tokens.concat())),
         ),
         None => (Value::Null, Value::Null),

@@ -190,7 +190,7 @@ pub(crate) fn routed_experts_start(req: &Map<String, Value>, prompt_len: usize) 
             Some("routed_experts_prompt_start"),
             Some(&start.to_string()),
         )
-        .in_stream_if(req.get("stream") == Some(&Value::Bool(true)))),
+        .in_stream_if(streaming(req))),
         _ => Ok(()),
     }
 }
@@ -214,12 +214,16 @@ pub(crate) fn truncation(app: &App, req: &Map<String, Value>) -> Result<(), ApiE
     Ok(())
 }
 
+/// Whether the (schema-coerced) request asked for a stream.
+pub(crate) fn streaming(req: &Map<String, Value>) -> bool {
+    req.get("stream") == Some(&Value::Bool(true))
+}
+
 /// The engine's input check (after the sampling parameters): a prompt truncated to nothing.
 /// Raised inside a stream that has begun.
 pub(crate) fn empty_decoder_prompt(req: &Map<String, Value>) -> Result<(), ApiError> {
     if req.get("truncate_prompt_tokens").and_then(Value::as_i64) == Some(0) {
-        let stream = req.get("stream") == Some(&Value::Bool(true));
-        return Err(super::bad_request("The decoder prompt cannot be empty", None, None).in_stream_if(stream));
+        return Err(super::bad_request("The decoder prompt cannot be empty", None, None).in_stream_if(streaming(req)));
     }
     Ok(())
 }

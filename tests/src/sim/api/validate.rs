@@ -5,6 +5,7 @@
 use serde_json::{Map, Value};
 
 use super::pydantic;
+use super::request::streaming;
 use super::{bad_request, ApiError, App};
 
 /// A request number as Python holds it after pydantic: JSON numbers, booleans, and the
@@ -122,6 +123,18 @@ const FLOATS: &[&str] = &[
     "min_p",
 ];
 
+/// The first of `rules` the request's values break.
+fn first_refusal<'a>(req: &Map<String, Value>, rules: impl IntoIterator<Item = &'a Rule>) -> Result<(), ApiError> {
+    for rule in rules {
+        if let Some(x) = number(req, rule.field) {
+            if (rule.refused)(x) {
+                return Err(refuse(rule, x));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn refuse(rule: &Rule, x: f64) -> ApiError {
     let shown = if FLOATS.contains(&rule.field) {
         float_str(x)
@@ -143,13 +156,7 @@ pub(crate) fn sampling(app: &App, req: &Map<String, Value>, max_names: &[&str]) 
             return Err(bad_request(&format!("n must be at least 1, got {n}."), None, None));
         }
     }
-    for rule in RULES {
-        if let Some(x) = number(req, rule.field) {
-            if (rule.refused)(x) {
-                return Err(refuse(rule, x));
-            }
-        }
-    }
+    first_refusal(req, RULES)?;
     let max = max_names.iter().find_map(|n| req.get(*n).and_then(Value::as_i64));
     if let Some(m) = max {
         if m < 1 {
@@ -181,13 +188,12 @@ pub(crate) fn sampling(app: &App, req: &Map<String, Value>, max_names: &[&str]) 
     // `_validate_allowed_token_ids`.
     if req.get("allowed_token_ids") == Some(&Value::Array(Vec::new())) {
         // Checked as the engine adds the request: inside a stream that has begun.
-        let stream = req.get("stream") == Some(&Value::Bool(true));
         return Err(bad_request(
             "allowed_token_ids is not None and empty!",
             Some("allowed_token_ids"),
             Some("[]"),
         )
-        .in_stream_if(stream));
+        .in_stream_if(streaming(req)));
     }
     if let Some(m) = max {
         let limit = app.args.max_model_len as i64;
@@ -216,7 +222,7 @@ pub(crate) fn sampling(app: &App, req: &Map<String, Value>, max_names: &[&str]) 
 /// The engine's check as it adds the request, after the logprob counts: inside a stream that
 /// has begun.
 pub(crate) fn speculation(app: &App, req: &Map<String, Value>) -> Result<(), ApiError> {
-    speculative(app, req).map_err(|e| e.in_stream_if(req.get("stream") == Some(&Value::Bool(true))))
+    speculative(app, req).map_err(|e| e.in_stream_if(streaming(req)))
 }
 
 /// vLLM's default `--max-logprobs`.
@@ -245,7 +251,7 @@ pub(crate) fn sample_logprobs(requested: Option<i64>, prompt: Option<i64>) -> Re
 /// The beam-search path's checks: a stream is refused on completions, and the temperature
 /// rules are the only ones `BeamSearchParams` runs.
 pub(crate) fn beam_search(req: &Map<String, Value>, completions: bool) -> Result<(), ApiError> {
-    if completions && req.get("stream") == Some(&Value::Bool(true)) {
+    if completions && streaming(req) {
         return Err(bad_request(
             "Streaming is not currently supported with beam search",
             None,
@@ -256,15 +262,8 @@ pub(crate) fn beam_search(req: &Map<String, Value>, completions: bool) -> Result
         return Err(bad_request(&format!("n must be at least 1, got {n}."), None, None));
     }
     // Chat's beam search checks them as it runs: inside a stream that has begun.
-    let in_stream = !completions && req.get("stream") == Some(&Value::Bool(true));
-    for rule in RULES.iter().filter(|r| r.field == "temperature") {
-        if let Some(x) = number(req, rule.field) {
-            if (rule.refused)(x) {
-                return Err(refuse(rule, x).in_stream_if(in_stream));
-            }
-        }
-    }
-    Ok(())
+    let temperature: Vec<&Rule> = RULES.iter().filter(|r| r.field == "temperature").collect();
+    first_refusal(req, temperature).map_err(|e| e.in_stream_if(!completions && streaming(req)))
 }
 
 /// `SamplingParams.verify` with a speculative config: min_p and logit_bias are refused.
