@@ -329,6 +329,21 @@ fn gateway_lines(v: &serde_json::Value) -> String {
     if let Some(rate) = v["tokens_per_s"].as_f64() {
         let _ = writeln!(out, "throughput {rate:.1} tokens/s over the last 10 s");
     }
+    out += &vllm_lines(&v["vllm"]);
+    out
+}
+
+/// Rank 0's vLLM and the release whose rules the gateway applies, with the warning when those
+/// are not its own.
+fn vllm_lines(v: &serde_json::Value) -> String {
+    let mut out = match v["version"].as_str() {
+        Some(version) => format!("vllm       {version} · rules {}\n", text(&v["rules"])),
+        None if v.is_object() => format!("vllm       not reported yet · rules {}\n", text(&v["rules"])),
+        None => String::new(),
+    };
+    if let Some(w) = v["warning"].as_str() {
+        out += &format!("warning    {w}\n");
+    }
     out
 }
 
@@ -442,6 +457,7 @@ mod tests {
         let v = json!({
             "ready": true, "upstream": {"state": "ready"}, "upstream_url": "http://127.0.0.1:18888",
             "profile": "deepseek-v4.1-flash", "model": "DS", "mode": "dspark", "tokens_per_s": 41.5,
+            "vllm": {"version": "0.34.0", "rules": "0.34.0", "fit": "known", "warning": null},
             "admission": {"open": true, "capacity": 2, "in_flight": 1, "queued": 0},
             "supervisor": {"state": "ready", "epoch": 3, "mode": "dspark", "runtime": "process", "restarts": 2,
                 "last_restart": {"reason": "rank 1 exited (signal 9)", "detected_in_s": 0.01},
@@ -472,5 +488,21 @@ mod tests {
         assert!(rank0 < rank1, "ranks in order:\n{t}");
         assert!(t.contains("1 h 1 min") && t.contains("1 min 5 s"), "{t}");
         assert!(!t.contains('{'), "no raw JSON:\n{t}");
+        assert!(
+            t.contains("vllm       0.34.0 · rules 0.34.0\n") && !t.contains("warning"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn a_release_sparkgate_was_not_tested_with_is_named_with_its_warning() {
+        let v = json!({"vllm": {"version": "0.36.0", "rules": "0.34.0", "fit": "newer", "warning": "vLLM 0.36.0 is newer"}});
+        assert_eq!(
+            vllm_lines(&v["vllm"]),
+            "vllm       0.36.0 · rules 0.34.0\nwarning    vLLM 0.36.0 is newer\n"
+        );
+        let v = json!({"vllm": {"version": null, "rules": "0.33.0"}});
+        assert_eq!(vllm_lines(&v["vllm"]), "vllm       not reported yet · rules 0.33.0\n");
+        assert_eq!(vllm_lines(&json!(null)), "", "an older gateway's status has no vllm");
     }
 }

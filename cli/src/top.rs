@@ -209,6 +209,18 @@ fn head_lines(status: &Value, spec: Option<&Value>) -> Vec<Line<'static>> {
     if let Some(r) = s.get("last_restart").filter(|r| !r.is_null()) {
         lines.push(Line::from(format!("last   {}", text(&r["reason"]))));
     }
+    let vllm = &status["vllm"];
+    if let Some(version) = vllm["version"].as_str() {
+        let warn = if vllm["warning"].is_string() {
+            " (untested release)"
+        } else {
+            ""
+        };
+        lines.push(Line::from(format!(
+            "vllm   {version} · rules {}{warn}",
+            text(&vllm["rules"])
+        )));
+    }
     lines
 }
 
@@ -344,6 +356,7 @@ sparkgate_time_to_first_token_seconds_bucket{le=\"+Inf\"} 10\n";
         let mut view = View::new("http://127.0.0.1:8888");
         let status = json!({
             "model": "DS", "profile": "deepseek-v4.1-flash", "mode": "dspark",
+            "vllm": {"version": "0.35.1", "rules": "0.34.0", "fit": "newer", "warning": "newer"},
             "admission": {"open": true, "capacity": 2, "in_flight": 1, "queued": 3},
             "supervisor": {"state": "ready", "epoch": 2, "mode": "dspark", "restarts": 1,
                 "last_restart": {"reason": "operator restart"},
@@ -363,6 +376,7 @@ sparkgate_time_to_first_token_seconds_bucket{le=\"+Inf\"} 10\n";
         let s = screen(&view);
         assert!(s.contains("ready: epoch 2, mode dspark"), "{s}");
         assert!(s.contains("policy fixed · restarts 1"), "{s}");
+        assert!(s.contains("vllm   0.35.1 · rules 0.34.0 (untested release)"), "{s}");
         assert!(s.contains("1 in flight of 2 · 3 queued · open"), "{s}");
         assert!(s.contains("tokens/s: 30 now"), "{s}");
         assert!(s.contains("TTFT            p50 ≤ 100.0 ms"), "{s}");

@@ -22,6 +22,7 @@ mod secret;
 mod section;
 mod source;
 mod spec;
+mod vllm;
 mod words;
 
 pub use choice::UnknownWord;
@@ -41,3 +42,4 @@ pub use source::Source;
 pub use spec::{
     default_max_num_seqs, seeded_throughput, Basis, SpecMethod, SpecMode, ThroughputPoint, ThroughputTable,
 };
+pub use vllm::{Fit, UpstreamVersion, VllmRelease};

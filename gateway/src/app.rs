@@ -74,6 +74,7 @@ pub(crate) fn status_json(app: &App) -> Value {
         "profile": app.profile,
         "model": app.normalizer.served(),
         "mode": app.control.mode(),
+        "vllm": app.groups.vllm_json(),
         "tokens_per_s": (app.control.tokens_per_s() * 10.0).round() / 10.0,
         "admission": {"open": !snap.paused, "capacity": snap.capacity, "in_flight": snap.in_use, "queued": snap.queued},
         "groups": app.groups.status_json(),

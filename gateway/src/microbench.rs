@@ -100,7 +100,13 @@ fn counted_loop<F: FnMut()>(iters: u64, one: &mut F) {
 fn prepare_typical(iters: u64) {
     let n = normalizer();
     counted(iters, || {
-        let p = prepare_now(&n, Api::Chat, black_box(&Bytes::from_static(TYPICAL.as_bytes()))).expect("a valid body");
+        let p = prepare_now(
+            &n,
+            sparkgate_config::VllmRelease::V0_33,
+            Api::Chat,
+            black_box(&Bytes::from_static(TYPICAL.as_bytes())),
+        )
+        .expect("a valid body");
         black_box(p.forward.len());
     });
 }
@@ -109,7 +115,8 @@ fn prepare_rewritten(iters: u64) {
     let n = normalizer();
     let body = Bytes::from(TYPICAL.replace(r#","stream_options":{"include_usage":true}"#, ""));
     counted(iters, || {
-        let p = prepare_now(&n, Api::Chat, black_box(&body)).expect("a valid body");
+        let p =
+            prepare_now(&n, sparkgate_config::VllmRelease::V0_33, Api::Chat, black_box(&body)).expect("a valid body");
         assert!(p.norm.usage_injected);
         black_box(p.forward.len());
     });
@@ -122,7 +129,8 @@ fn prepare_large(iters: u64) {
         r#"{{"model":"DeepSeek-v4.1-Flash-EXL3","messages":[{{"role":"user","content":"{text}"}}],"max_tokens":16}}"#
     ));
     counted(iters, || {
-        let p = prepare_now(&n, Api::Chat, black_box(&body)).expect("a valid body");
+        let p =
+            prepare_now(&n, sparkgate_config::VllmRelease::V0_33, Api::Chat, black_box(&body)).expect("a valid body");
         black_box(p.forward.len());
     });
 }

@@ -32,6 +32,9 @@ pub(crate) struct Request {
 enum Report {
     /// A rank was spawned: publish it.
     Spawned,
+    /// Rank 0's `/version`, read once it is ready (before the start's outcome, so the group is
+    /// published ready with it).
+    Version(sparkgate_config::UpstreamVersion),
     Event(Event),
 }
 
@@ -65,6 +68,7 @@ pub(crate) struct Actor {
     exits: mpsc::UnboundedReceiver<RankExit>,
     status_tx: watch::Sender<Status>,
     memory: Vec<NodeMemory>,
+    vllm: Option<sparkgate_config::UpstreamVersion>,
     /// Seconds the running group has looked stalled (the watchdog's `stalled_for`).
     stalled_s: Option<f64>,
     watching: Option<Watching>,
@@ -96,6 +100,7 @@ impl Actor {
             exits,
             status_tx,
             memory: Vec::new(),
+            vllm: None,
             stalled_s: None,
             watching: None,
             starting: None,
@@ -127,6 +132,7 @@ impl Actor {
             memory: self.memory.clone(),
             preparing,
             stalled_s: self.watching.as_ref().and(self.stalled_s),
+            vllm: self.vllm.clone(),
         }
     }
 
@@ -160,6 +166,14 @@ impl Actor {
                     Report::Spawned => {
                         self.record();
                         self.publish();
+                        continue;
+                    }
+                    Report::Version(v) => {
+                        if let Some(w) = v.warning() {
+                            tracing::warn!("{w}");
+                        }
+                        tracing::info!(vllm = %v.reported, rules = %v.rules, "rank 0's vLLM release");
+                        self.vllm = Some(v);
                         continue;
                     }
                     Report::Event(e) => (e, None),
@@ -290,7 +304,12 @@ impl Actor {
                 let _ = tx.send(Report::Spawned);
             };
             let outcome = match starter.run(epoch, mode, ranks.clone(), exits, spawned, cancelled).await {
-                Ok(()) => Ok(()),
+                Ok(()) => {
+                    if let Some(v) = starter.probe.version().await {
+                        let _ = tx.send(Report::Version(v));
+                    }
+                    Ok(())
+                }
                 Err(StartError::Cancelled) => return,
                 Err(StartError::Failed(why)) => Err(why),
                 Err(StartError::Stalled(why)) => {
@@ -408,6 +427,7 @@ impl Actor {
                     }
                 }
                 tracing::info!(epoch, "adopted the running rank group (no reload)");
+                self.vllm = self.starter.probe.version().await;
                 Origin::Adopted { epoch }
             }
         }

@@ -132,6 +132,15 @@ impl Probe {
         (sent, failures)
     }
 
+    /// Rank 0's vLLM release, from `/version` (`{"version": "0.34.0"}`), placed among the
+    /// releases sparkgate knows; `None` when it does not answer.
+    pub(crate) async fn version(&self) -> Option<sparkgate_config::UpstreamVersion> {
+        let (status, body) = self.get("/version").await?;
+        let reported: serde_json::Value = serde_json::from_slice(&body).ok().filter(|_| status == 200)?;
+        let reported = reported.get("version")?.as_str()?;
+        Some(sparkgate_config::UpstreamVersion::place(reported))
+    }
+
     pub(crate) async fn healthy(&self) -> bool {
         matches!(self.get("/health").await, Some((200, _)))
     }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use sparkgate_config::{NodeRole, Runtime, SpecMethod};
+use sparkgate_config::{NodeRole, Runtime, SpecMethod, UpstreamVersion};
 
 /// The group's state as published: the supervisor's phase (`machine::Phase`) seen from outside.
 /// `Stopped → Starting(epoch) → Ready(epoch) → Restarting → Backoff → Starting …`, or `Failed`
@@ -97,6 +97,10 @@ pub struct Status {
     /// until a step comes (or STALL_TIMEOUT restarts the group).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stalled_s: Option<f64>,
+    /// Rank 0's vLLM release, read from its `/version` when the group became ready (kept
+    /// until the next ready group replaces it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm: Option<UpstreamVersion>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -128,6 +132,7 @@ impl Status {
             memory: Vec::new(),
             preparing: None,
             stalled_s: None,
+            vllm: None,
         }
     }
 

@@ -1,8 +1,8 @@
-"""The reference fixture: vLLM 0.33.0's own `vllm serve` with a fake engine core.
+"""The reference fixture: vLLM's own `vllm serve` (0.33.0 or 0.34.0) with a fake engine core.
 
 Usage: python fixture.py --profile deepseek|glm --workdir DIR -- serve MODEL [vllm flags...]
 
-REAL (the PyPI package vllm==0.33.0, unmodified, in-process on VLLM_TARGET_DEVICE=cpu):
+REAL (the PyPI package vllm==0.33.0 or 0.34.0, unmodified, in-process on VLLM_TARGET_DEVICE=cpu):
   the `vllm serve` argument parser and its validation, AsyncEngineArgs -> VllmConfig, uvicorn,
   every FastAPI router (OpenAI, Anthropic Messages, SageMaker /invocations, tokenize, metrics),
   pydantic request validation, the exception handlers and error envelopes, the renderers
@@ -21,7 +21,9 @@ FAKED (what cannot exist here):
     DeepSeek's unused by its Python encoder);
   - argv: the model path, `--chat-template` and a DFlash draft path point at the generated
     stand-ins, `--host/--port` at the fixture's loopback port, and `--quantization exl3` is
-    dropped (EXL3 is a plugin of the deployment image, not in the stock package).
+    dropped (EXL3 is a plugin of the deployment image, not in the stock package);
+  - on 0.34, Triton reads as present during the CPU platform's config check
+    (`allow_config_without_triton`: Triton is for the model runner the fake core replaces).
 """
 
 import argparse
@@ -87,6 +89,26 @@ def install_fake_core(profile: str, tokenizer_path: str) -> None:
     core_client.EngineCoreClient.make_async_mp_client = staticmethod(make)
 
 
+def allow_config_without_triton() -> None:
+    """0.34's x86 CPU platform refuses to build a VllmConfig without triton-cpu (0.33 only
+    warned). Triton serves the CPU model runner, which the fake engine core replaces, so during
+    that one check Triton reads as present, and reads as it is again after it."""
+    from vllm import triton_utils
+    from vllm.platforms import cpu
+
+    check = cpu.CpuPlatform.check_and_update_config.__func__
+
+    def check_with_triton(cls, vllm_config):
+        had = triton_utils.HAS_TRITON
+        triton_utils.HAS_TRITON = True
+        try:
+            return check(cls, vllm_config)
+        finally:
+            triton_utils.HAS_TRITON = had
+
+    cpu.CpuPlatform.check_and_update_config = classmethod(check_with_triton)
+
+
 def prepare(profile: str, workdir: str) -> tuple[str, dict, str]:
     import fake_model
     import model_dir
@@ -110,6 +132,7 @@ def main() -> None:
     argv = rewrite(argv, model, facts["template"], draft, a.port)
     print("fixture: vllm " + " ".join(argv), flush=True)
     install_fake_core(a.profile, os.path.join(model, "tokenizer.json"))
+    allow_config_without_triton()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm"] + argv

@@ -4,7 +4,7 @@ say — the error for an input that is not a mapping, the tag a union adds to an
 location, and whether unknown keys are refused. vllm-sim's schema validation reads it beside
 the captured /openapi.json. Run with the vLLM venv's python:
 
-    ~/.cache/vllm-0.33.0/bin/python tests/sim-schema/capture_kinds.py > tests/sim-schema/vllm-0.33.0-kinds.json
+    ~/.cache/vllm-<version>/bin/python tests/sim-schema/capture_kinds.py > tests/sim-schema/vllm-<version>-kinds.json
 """
 
 import json

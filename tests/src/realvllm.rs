@@ -1,5 +1,5 @@
-//! The reference fixture from Rust: vLLM 0.33.0's real `vllm serve` frontend with a fake engine
-//! core (`tests/realvllm/`, what is real and what is faked is written at the top of
+//! The reference fixture from Rust: vLLM's real `vllm serve` frontend (each release of
+//! `VllmRelease`, in its own venv) with a fake engine core (`tests/realvllm/`, what is real and what is faked is written at the top of
 //! `fixture.py`), started like any fixture — a free loopback port, readiness from its log, killed
 //! when dropped — and the launch-plan argv each profile serves with.
 
@@ -8,26 +8,35 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sparkgate_config::{Config, LoadOptions, ProfileId, SpecMethod};
+use sparkgate_config::{Config, LoadOptions, ProfileId, SpecMethod, VllmRelease};
 
 use crate::harness::{free_port, Proc};
 use crate::http::try_request;
 
-/// The venv `.ci/run` installs `vllm==0.33.0` into (`SPARKGATE_VLLM_VENV` overrides).
-pub fn venv() -> PathBuf {
-    match std::env::var_os("SPARKGATE_VLLM_VENV") {
+/// The variable that names `release`'s venv instead of the default (`SPARKGATE_VLLM_VENV_0_34`).
+pub fn venv_variable(release: VllmRelease) -> String {
+    let version: Vec<&str> = release.version().split('.').collect();
+    format!("SPARKGATE_VLLM_VENV_{}_{}", version[0], version[1])
+}
+
+/// The venv `.ci/run` installs `vllm==<release>` into: `~/.cache/vllm-<release>`, or the
+/// variable [`venv_variable`] names.
+pub fn venv(release: VllmRelease) -> PathBuf {
+    match std::env::var_os(venv_variable(release)) {
         Some(v) => PathBuf::from(v),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/vllm-0.33.0"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+            .join(format!(".cache/vllm-{release}")),
     }
 }
 
 /// The venv's Python, or a panic that says how to get it (the suite never skips).
-pub fn python() -> String {
-    let venv = venv();
+pub fn python(release: VllmRelease) -> String {
+    let venv = venv(release);
     assert!(
         venv.join(".sparkgate-complete").exists(),
-        "vLLM 0.33.0 is not installed in {} — run `bash .ci/run` (or set SPARKGATE_VLLM_VENV)",
-        venv.display()
+        "vLLM {release} is not installed in {} — run `bash .ci/run` (or set {})",
+        venv.display(),
+        venv_variable(release)
     );
     venv.join("bin/python").to_string_lossy().into_owned()
 }
@@ -147,6 +156,7 @@ pub fn plan_argv_with(profile: ProfileId, mode: Option<SpecMethod>, extra: &[(&s
 pub struct RealVllm {
     pub proc: Proc,
     pub addr: SocketAddr,
+    pub release: VllmRelease,
     _work: tempfile::TempDir,
 }
 
@@ -154,13 +164,13 @@ pub struct RealVllm {
 const START: Duration = Duration::from_secs(240);
 
 impl RealVllm {
-    /// Serves `profile` with its default plan's rank-0 argv.
-    pub fn start(profile: ProfileId) -> RealVllm {
-        RealVllm::start_with(profile, &plan_argv(profile, None), &[])
+    /// `release` serving `profile` with its default plan's rank-0 argv.
+    pub fn start(release: VllmRelease, profile: ProfileId) -> RealVllm {
+        RealVllm::start_with(release, profile, &plan_argv(profile, None), &[])
     }
 
-    /// Serves `argv` (`serve MODEL …`, paths rewritten by the fixture) for `profile`.
-    pub fn start_with(profile: ProfileId, argv: &[String], env: &[(&str, &str)]) -> RealVllm {
+    /// `release` serving `argv` (`serve MODEL …`, paths rewritten by the fixture) for `profile`.
+    pub fn start_with(release: VllmRelease, profile: ProfileId, argv: &[String], env: &[(&str, &str)]) -> RealVllm {
         let work = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let mut args = vec![
@@ -176,7 +186,7 @@ impl RealVllm {
         args.extend(argv.iter().cloned());
         let mut full_env = vec![("PYTHONUNBUFFERED", "1")];
         full_env.extend_from_slice(env);
-        let proc = Proc::spawn(&python(), &args, &full_env);
+        let proc = Proc::spawn(&python(release), &args, &full_env);
         proc.wait_for_within("Application startup complete.", START);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         // Ready when `/health` answers 200, as the supervisor judges a rank.
@@ -192,6 +202,7 @@ impl RealVllm {
         RealVllm {
             proc,
             addr,
+            release,
             _work: work,
         }
     }

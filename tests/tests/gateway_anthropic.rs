@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use serde_json::json;
-use sparkgate_config::ProfileId;
+use sparkgate_config::{ProfileId, VllmRelease};
 use sparkgate_tests::http::{post_json, Streaming};
 use sparkgate_tests::realvllm::RealVllm;
 use sparkgate_tests::sse;
@@ -112,7 +112,7 @@ fn integer_efforts_on_messages_render_in_front_of_vllm_sim() {
 
 #[test]
 fn integer_efforts_on_messages_render_in_front_of_the_real_frontend() {
-    let real = RealVllm::start(ProfileId::DeepSeekV41Flash);
+    let real = RealVllm::start(VllmRelease::V0_33, ProfileId::DeepSeekV41Flash);
     let gw = TestGateway::builder(common::SIM).upstream(real.addr).start();
     integer_efforts_render(gw.addr);
 }

@@ -1,11 +1,11 @@
 //! Real clients from PyPI through the gateway (`tests/python/test_clients.py`): the `openai` SDK,
 //! `openai-agents` on chat completions and on Responses, `langchain-openai`, `pydantic-ai`, the
-//! `anthropic` SDK and `litellm` — once in front of vllm-sim and once in front of the real vLLM
-//! 0.33.0 frontend.
+//! `anthropic` SDK and `litellm` — in front of vllm-sim playing each vLLM release and in front of
+//! each real frontend (0.33.0, 0.34.0).
 
 use std::net::SocketAddr;
 
-use sparkgate_config::ProfileId;
+use sparkgate_config::{ProfileId, VllmRelease};
 use sparkgate_tests::harness::Sim;
 use sparkgate_tests::load::deepseek_sim_args;
 use sparkgate_tests::realvllm::RealVllm;
@@ -68,11 +68,11 @@ fn run_clients(backend: SocketAddr, tight_backend: SocketAddr, gw_env: &[(&str, 
     }
 }
 
-#[test]
-fn clients_in_front_of_vllm_sim() {
+fn in_front_of_vllm_sim(release: VllmRelease) {
     let args = [
         &deepseek_sim_args("8")[..],
         &["--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v41"],
+        &["--vllm-version", release.version()],
     ]
     .concat();
     let sim = Sim::start(SIM, &args, &[]);
@@ -80,10 +80,29 @@ fn clients_in_front_of_vllm_sim() {
     run_clients(sim.addr(), slow.addr(), &[("MAX_NUM_SEQS", "8")]);
 }
 
-#[test]
-fn clients_in_front_of_the_real_frontend() {
+fn in_front_of_the_real_frontend(release: VllmRelease) {
     // The profile's own plan argv (MAX_NUM_SEQS 2); the fake engine's 2 ms steps hold the tight
     // gateway's two 2000-token streams for seconds.
-    let real = RealVllm::start(ProfileId::DeepSeekV41Flash);
+    let real = RealVllm::start(release, ProfileId::DeepSeekV41Flash);
     run_clients(real.addr, real.addr, &[]);
+}
+
+#[test]
+fn clients_in_front_of_vllm_sim_as_0_33() {
+    in_front_of_vllm_sim(VllmRelease::V0_33);
+}
+
+#[test]
+fn clients_in_front_of_vllm_sim_as_0_34() {
+    in_front_of_vllm_sim(VllmRelease::V0_34);
+}
+
+#[test]
+fn clients_in_front_of_the_real_0_33_frontend() {
+    in_front_of_the_real_frontend(VllmRelease::V0_33);
+}
+
+#[test]
+fn clients_in_front_of_the_real_0_34_frontend() {
+    in_front_of_the_real_frontend(VllmRelease::V0_34);
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use sparkgate_config::ProfileId;
+use sparkgate_config::{ProfileId, VllmRelease};
 use sparkgate_tests::harness::Sim;
 use sparkgate_tests::http::{in_vllm, request, Streaming};
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
@@ -132,6 +132,7 @@ fn random_disconnects_never_put_more_than_max_num_seqs_into_vllm_sim() {
 #[test]
 fn random_disconnects_never_put_more_than_max_num_seqs_into_the_real_frontend() {
     let real = RealVllm::start_with(
+        VllmRelease::V0_33,
         ProfileId::DeepSeekV41Flash,
         &plan_argv(ProfileId::DeepSeekV41Flash, None),
         &[("FAKE_STEP_S", "0.01")],

@@ -4,7 +4,7 @@
 //! is checked as well.
 
 use serde_json::{json, Value};
-use sparkgate_config::ProfileId;
+use sparkgate_config::{ProfileId, VllmRelease};
 use sparkgate_tests::conformance::shape::{diff, response_shape};
 use sparkgate_tests::harness::Gateway;
 use sparkgate_tests::http::{request, HttpResponse};
@@ -23,6 +23,7 @@ struct Pair {
 impl Pair {
     fn start() -> Pair {
         let real = RealVllm::start_with(
+            VllmRelease::V0_33,
             ProfileId::DeepSeekV41Flash,
             &plan_argv(ProfileId::DeepSeekV41Flash, None),
             &[],

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sparkgate_config::ProfileId;
+use sparkgate_config::{ProfileId, VllmRelease};
 use sparkgate_tests::harness::Gateway;
 use sparkgate_tests::http::{post_json, request};
 use sparkgate_tests::realvllm::RealVllm;
@@ -73,7 +73,7 @@ fn one_exposition_with_both_families_and_the_upstream_gauge() {
 
 #[test]
 fn the_real_frontends_families_merge_into_a_valid_exposition() {
-    let real = RealVllm::start(ProfileId::DeepSeekV41Flash);
+    let real = RealVllm::start(VllmRelease::V0_33, ProfileId::DeepSeekV41Flash);
     let gw = TestGateway::builder(SIM).upstream(real.addr).start();
     let names = parse(&metrics(&gw));
     for family in [

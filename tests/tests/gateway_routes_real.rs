@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sparkgate_config::ProfileId;
+use sparkgate_config::{ProfileId, VllmRelease};
 use sparkgate_tests::http::{in_vllm, post_json};
 use sparkgate_tests::load::concurrent_streams;
 use sparkgate_tests::realvllm::{plan_argv, RealVllm};
@@ -20,6 +20,7 @@ const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 fn every_spelling_and_messages_stay_under_max_num_seqs_in_the_real_frontend() {
     // 20 ms engine steps: each stream lasts seconds, long enough to see the queue.
     let real = RealVllm::start_with(
+        VllmRelease::V0_33,
         ProfileId::DeepSeekV41Flash,
         &plan_argv(ProfileId::DeepSeekV41Flash, None),
         &[("FAKE_STEP_S", "0.02")],

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sparkgate_config::{ProfileId, SpecMethod};
+use sparkgate_config::{ProfileId, SpecMethod, VllmRelease};
 use sparkgate_tests::harness::Sim;
 use sparkgate_tests::http::{in_vllm, post_json};
 use sparkgate_tests::load::deepseek_sim_args;
@@ -120,6 +120,7 @@ fn prompt_lists_and_batches_take_a_permit_per_sequence_in_front_of_vllm_sim() {
 #[test]
 fn prompt_lists_and_batches_take_a_permit_per_sequence_in_front_of_the_real_frontend() {
     let real = RealVllm::start_with(
+        VllmRelease::V0_33,
         ProfileId::DeepSeekV41Flash,
         &plan_argv(ProfileId::DeepSeekV41Flash, Some(SpecMethod::None)),
         &[("FAKE_STEP_S", "0.02")],

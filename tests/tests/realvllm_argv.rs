@@ -1,5 +1,5 @@
 //! The launch plan's `vllm serve` argv, for every profile, mode and rank (and the plan's
-//! variants), goes through vLLM 0.33.0's own argument parser, serve-argument validation and
+//! variants), goes through each vLLM release's own argument parser (0.33.0 and 0.34.0), serve-argument validation and
 //! engine-config construction (`tests/realvllm/check_argv.py`). Paths that exist only in the
 //! deployment image are replaced by stand-ins; `--quantization exl3` is the one flag the stock
 //! package cannot take (the image's plugin), so it is dropped and must be the only thing dropped.
@@ -8,12 +8,12 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
-use sparkgate_config::ProfileId;
+use sparkgate_config::{ProfileId, VllmRelease};
 use sparkgate_tests::realvllm::{every_plan_argv, fixture_profile, python, script, test_config};
 
-/// Runs the checker on `cases`; one verdict per case, in order.
-fn check(cases: &[Value]) -> Vec<Value> {
-    let mut child = Command::new(python())
+/// Runs `release`'s checker on `cases`; one verdict per case, in order.
+fn check(release: VllmRelease, cases: &[Value]) -> Vec<Value> {
+    let mut child = Command::new(python(release))
         .arg(script("check_argv.py"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -49,8 +49,11 @@ fn every_plan_argv_is_accepted_by_vllm_itself() {
         .map(|p| json!({"name": p.name, "profile": fixture_profile(p.profile), "argv": p.argv}))
         .collect();
     assert!(cases.len() >= 40, "{} argv", cases.len());
-    for v in check(&cases) {
-        assert_eq!(v["ok"], true, "{}: {}", v["name"], v["error"]);
+    for (release, v) in VllmRelease::ALL
+        .into_iter()
+        .flat_map(|r| check(r, &cases).into_iter().map(move |v| (r, v)))
+    {
+        assert_eq!(v["ok"], true, "{release} {}: {}", v["name"], v["error"]);
         assert_eq!(
             v["dropped"],
             json!(["exl3"]),
@@ -77,8 +80,11 @@ fn a_wrong_flag_or_value_is_refused_by_vllm() {
             r#"{"method":"dspark","num_speculative_tokens":3,"disable_by_batch_size":4}"#,
         ]),
     ];
-    for v in check(&bad) {
-        assert_eq!(v["ok"], false, "{} must be refused", v["name"]);
+    for (release, v) in VllmRelease::ALL
+        .into_iter()
+        .flat_map(|r| check(r, &bad).into_iter().map(move |v| (r, v)))
+    {
+        assert_eq!(v["ok"], false, "{release} {} must be refused", v["name"]);
         assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
     }
 }

@@ -26,7 +26,7 @@ pub(super) async fn ready(State(app): State<Shared>) -> Response {
 pub(super) async fn metrics_text(State(app): State<Shared>) -> Response {
     let snap = app.control.snapshot();
     observe::admission(snap.queued, snap.in_use);
-    let own = observe::metrics_handle().render();
+    let own = observe::metrics_handle().render() + &app.groups.upstream_info();
     let body = match app.groups.all() {
         [one] => crate::upstream::exposition::merge(&own, one.metrics.get(&one.upstream).await.as_deref()),
         // Several groups: each rank 0's families with a `group` label.

@@ -19,6 +19,7 @@ use crate::api::error::GatewayError;
 use crate::api::family::Api;
 use crate::api::lax::lax_integer;
 use crate::api::normalize::{Normalized, Normalizer};
+use sparkgate_config::VllmRelease;
 
 /// How a request body is read: MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE.
 #[derive(Debug, Clone, Copy)]
@@ -363,7 +364,12 @@ pub(crate) struct Prepared {
 /// Parses and normalises `bytes`. What normalisation left as it was is forwarded as the client
 /// sent it — the same bytes, not a copy; a body it changed (or with a repeated key) is written
 /// anew.
-pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> Result<Prepared, GatewayError> {
+pub(crate) fn prepare_now(
+    normalizer: &Normalizer,
+    release: VllmRelease,
+    api: Api,
+    bytes: &Bytes,
+) -> Result<Prepared, GatewayError> {
     // A byte-order mark or UTF-16/32 is read as vLLM reads it; an unchanged body is forwarded
     // as sent, a changed one as UTF-8.
     let text = json_text(bytes)?;
@@ -380,7 +386,7 @@ pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> R
     let api = api.for_body(has_messages);
     // A batch's fields hold its conversations: too large to keep a second copy of to compare.
     let before = (api != Api::Batch && !repeated).then(|| fields.clone());
-    let mut norm = normalizer.normalize(api, fields, prompts)?;
+    let mut norm = normalizer.normalize(api, release, fields, prompts)?;
     let forward = match before {
         // Compared in order, without hashing: normalisation edits in place or appends, so an
         // unchanged body keeps its order (and a reordered one is rewritten, which is harmless).
@@ -400,14 +406,15 @@ pub(crate) fn prepare_now(normalizer: &Normalizer, api: Api, bytes: &Bytes) -> R
 /// Parses, normalises and re-serialises `bytes` (off the reactor thread when large).
 pub(crate) async fn prepare(
     normalizer: &std::sync::Arc<Normalizer>,
+    release: VllmRelease,
     api: Api,
     bytes: Bytes,
 ) -> Result<Prepared, GatewayError> {
     if bytes.len() <= OFF_THREAD {
-        return prepare_now(normalizer, api, &bytes);
+        return prepare_now(normalizer, release, api, &bytes);
     }
     let normalizer = normalizer.clone();
-    tokio::task::spawn_blocking(move || prepare_now(&normalizer, api, &bytes))
+    tokio::task::spawn_blocking(move || prepare_now(&normalizer, release, api, &bytes))
         .await
         .unwrap_or_else(|e| Err(GatewayError::InvalidJson(format!("the body could not be parsed: {e}"))))
 }
@@ -417,11 +424,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    const OLD: VllmRelease = VllmRelease::OLDEST;
+
     #[test]
     fn raw_fields_pass_unchanged_and_normalised_ones_win() {
         let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
         let body = br#"{"messages":[{"role":"user","content":"hi \u00e9"}],"model":null,"extra_body":{"messages":[],"top_k":3},"top_k":1}"#;
-        let p = prepare_now(&n, Api::Chat, &Bytes::from_static(body)).unwrap();
+        let p = prepare_now(&n, OLD, Api::Chat, &Bytes::from_static(body)).unwrap();
         let out: Value = serde_json::from_slice(&p.forward).unwrap();
         assert_eq!(out["model"], "DS");
         assert_eq!(out["messages"], json!([]), "extra_body's key wins over the raw one");
@@ -429,6 +438,7 @@ mod tests {
         assert!(out.get("extra_body").is_none());
         let plain = prepare_now(
             &n,
+            OLD,
             Api::Chat,
             &Bytes::from_static(br#"{"messages":[{"role":"user","content":"hi \u00e9"}]}"#),
         )
@@ -446,19 +456,20 @@ mod tests {
         let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
         for bad in [&b"[1]"[..], b"{\"a\":", b"\"x\""] {
             assert!(matches!(
-                prepare_now(&n, Api::Chat, &Bytes::from_static(bad)),
+                prepare_now(&n, OLD, Api::Chat, &Bytes::from_static(bad)),
                 Err(GatewayError::InvalidJson(_))
             ));
         }
         let batch = prepare_now(
             &n,
+            OLD,
             Api::Batch,
             &Bytes::from_static(br#"{"messages":[[{"role":"user","content":"a"}],[]]}"#),
         )
         .unwrap();
         assert_eq!(batch.norm.sequences.total(), 2);
         let chat_like = br#"{"messages":[],"chat_template_kwargs":{"chat_template":"x"}}"#;
-        let e = prepare_now(&n, Api::Invocations, &Bytes::from_static(chat_like)).unwrap_err();
+        let e = prepare_now(&n, OLD, Api::Invocations, &Bytes::from_static(chat_like)).unwrap_err();
         assert_eq!(
             e.param(),
             Some("chat_template_kwargs"),
@@ -472,12 +483,12 @@ mod tests {
         let sent = Bytes::from_static(
             br#"{"model":"DS", "messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"x\u0079":1}"#,
         );
-        let p = prepare_now(&n, Api::Chat, &sent).unwrap();
+        let p = prepare_now(&n, OLD, Api::Chat, &sent).unwrap();
         assert_eq!(p.forward, sent);
         assert_eq!(p.forward.as_ptr(), sent.as_ptr(), "the same bytes, not a copy");
         // A change anywhere is a rewrite, in the body's own key order.
         let aliased = Bytes::from_static(br#"{"stream":false,"model":null,"messages":[],"top_k":2}"#);
-        let p = prepare_now(&n, Api::Chat, &aliased).unwrap();
+        let p = prepare_now(&n, OLD, Api::Chat, &aliased).unwrap();
         let text = std::str::from_utf8(&p.forward).unwrap();
         assert!(text.ends_with(r#""messages":[],"top_k":2}"#), "{text}");
         assert_eq!(serde_json::from_slice::<Value>(&p.forward).unwrap()["model"], "DS");
@@ -487,7 +498,7 @@ mod tests {
     fn a_repeated_key_is_forwarded_once_with_its_last_value() {
         let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
         let body = Bytes::from_static(br#"{"model":"DS","top_k":1,"messages":[],"top_k":5,"model":"DS"}"#);
-        let p = prepare_now(&n, Api::Chat, &body).unwrap();
+        let p = prepare_now(&n, OLD, Api::Chat, &body).unwrap();
         let text = std::str::from_utf8(&p.forward).unwrap();
         assert_eq!(text.matches("top_k").count(), 1, "{text}");
         assert_eq!(text.matches("model").count(), 1, "{text}");
@@ -495,7 +506,7 @@ mod tests {
         assert_eq!((out["top_k"].clone(), out["model"].clone()), (json!(5), json!("DS")));
         // As vLLM reads it: the last `stream` decides whether the answer streams.
         let twice = Bytes::from_static(br#"{"messages":[],"stream":true,"stream":false}"#);
-        assert!(!prepare_now(&n, Api::Chat, &twice).unwrap().norm.stream);
+        assert!(!prepare_now(&n, OLD, Api::Chat, &twice).unwrap().norm.stream);
     }
 
     #[test]
@@ -512,13 +523,17 @@ mod tests {
         }
         let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
         let body = Bytes::from_static(br#"{"prompt":["a","b","c","d"],"n":2}"#);
-        let p = prepare_now(&n, Api::Completions, &body).unwrap();
+        let p = prepare_now(&n, OLD, Api::Completions, &body).unwrap();
         assert_eq!(p.norm.sequences.total(), 8);
-        let p = prepare_now(&n, Api::Invocations, &body).unwrap();
+        let p = prepare_now(&n, OLD, Api::Invocations, &body).unwrap();
         assert_eq!(p.norm.sequences.total(), 8, "a completions-shaped /invocations");
         let chat = Bytes::from_static(br#"{"messages":[],"prompt":["a","b"],"n":2}"#);
         assert_eq!(
-            prepare_now(&n, Api::Invocations, &chat).unwrap().norm.sequences.total(),
+            prepare_now(&n, OLD, Api::Invocations, &chat)
+                .unwrap()
+                .norm
+                .sequences
+                .total(),
             2
         );
     }

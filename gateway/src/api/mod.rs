@@ -1,8 +1,8 @@
 //! What the APIs are, below everything that serves them: the families and their framing
 //! (`family`), the route table (`routes`), each family's error forms (`openai`, `anthropic`),
 //! errors rendered in them (`error`), reading a body (`body`) in the encodings vLLM reads
-//! (`encoding`), its values as vLLM's models coerce them (`lax`), and normalising it
-//! (`normalize`).
+//! (`encoding`), its values as vLLM's models coerce them (`lax`), normalising it
+//! (`normalize`), and the rules that differ by vLLM release (`releases`).
 
 pub(crate) mod anthropic;
 pub(crate) mod body;
@@ -12,4 +12,5 @@ pub(crate) mod family;
 pub(crate) mod lax;
 pub(crate) mod normalize;
 pub(crate) mod openai;
+pub(crate) mod releases;
 pub(crate) mod routes;

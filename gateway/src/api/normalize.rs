@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
-use sparkgate_config::ProfileId;
+use sparkgate_config::{ProfileId, VllmRelease};
 
 use crate::api::error::GatewayError;
 use crate::api::family::Api;
 use crate::api::lax::{lax_bool, lax_integer};
+use crate::api::releases::Rule;
 use crate::observe::Repair;
 
 /// How deep a literal `extra_body` may nest inside another.
@@ -181,6 +182,7 @@ impl Normalizer {
     pub(crate) fn normalize(
         &self,
         api: Api,
+        release: VllmRelease,
         mut body: Map<String, Value>,
         prompts: Option<u32>,
     ) -> Result<Normalized, GatewayError> {
@@ -189,7 +191,7 @@ impl Normalizer {
         if flatten_extra_body(&mut body)? {
             repairs.push(Repair::ExtraBody);
         }
-        if api == Api::Chat && drop_empty_tools(&mut body) {
+        if api == Api::Chat && Rule::DropEmptyTools.holds(release) && drop_empty_tools(&mut body) {
             repairs.push(Repair::EmptyTools);
         }
         let model = body.field("model").and_then(Value::as_str).map(str::to_owned);
@@ -561,8 +563,8 @@ fn inject_usage(body: &mut Map<String, Value>) -> bool {
     }
 }
 
-/// LiteLLM's Responses bridge sends chat completions with `tools: []`, which vLLM refuses
-/// ("`tools` must not be an empty array"): the list is dropped, with a `tool_choice` of `auto`
+/// LiteLLM's Responses bridge sends chat completions with `tools: []`, which vLLM 0.33 refuses
+/// ("`tools` must not be an empty array"; `releases::Rule::DropEmptyTools`): the list is dropped, with a `tool_choice` of `auto`
 /// or `none`, which mean the same without it. `required` or a named tool, with nothing to
 /// choose from, stays for vLLM to refuse.
 fn drop_empty_tools(body: &mut Map<String, Value>) -> bool {

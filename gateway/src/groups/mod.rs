@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sparkgate_config::{Config, GroupConfig, GroupRouting, SINGLE_GROUP};
+use sparkgate_config::{Config, GroupConfig, GroupRouting, UpstreamVersion, VllmRelease, SINGLE_GROUP};
 use sparkgate_supervisor::{GroupState, Status, SupervisorHandle};
 
 use crate::control::admission::{Hold, Home, Preference, Reservation};
@@ -72,18 +72,54 @@ pub(crate) struct Groups {
     /// Conversation prefix → (group index, when it last went there).
     recent: Mutex<HashMap<u64, (usize, Instant)>>,
     turn: AtomicUsize,
+    releases: Releases,
 }
 
 impl Groups {
     pub(crate) fn new(list: Vec<Group>, routing: GroupRouting, wait: Duration) -> Groups {
         assert!(!list.is_empty(), "at least one group");
+        let releases = Releases::new(list.len());
         Groups {
             list: list.into_iter().map(Arc::new).collect(),
             routing,
             wait,
             recent: Mutex::new(HashMap::new()),
             turn: AtomicUsize::new(0),
+            releases,
         }
+    }
+
+    /// The vLLM release whose rules the gateway applies (`release::Releases::rules`).
+    pub(crate) fn rules(&self) -> VllmRelease {
+        self.releases.rules()
+    }
+
+    /// Records what group `index`'s rank 0 reported (`None`: unknown now), with its metric.
+    pub(crate) fn set_vllm(&self, index: usize, version: Option<UpstreamVersion>) {
+        if self.releases.set(index, version.clone()) {
+            if let Some(w) = version.as_ref().and_then(UpstreamVersion::warning) {
+                tracing::warn!(group = %self.list[index].name, "{w}");
+            }
+        }
+    }
+
+    /// The gateway's vLLM in `/admin/status`: the first group's report (each group's is in
+    /// its own entry) and the release whose rules apply.
+    pub(crate) fn vllm_json(&self) -> Value {
+        let reported = (0..self.list.len()).find_map(|i| self.releases.of(i));
+        let mut j = reported.as_ref().map_or_else(|| json!({"version": null}), vllm_json);
+        j["rules"] = json!(self.rules());
+        j["release_rules"] = json!(crate::api::releases::holding(self.rules()));
+        j
+    }
+
+    /// Each group's vLLM as the `sparkgate_upstream_info` family (rendered at each scrape, so
+    /// a replaced version leaves no stale series).
+    pub(crate) fn upstream_info(&self) -> String {
+        let known: Vec<(&str, UpstreamVersion)> = (self.list.iter().enumerate())
+            .filter_map(|(i, g)| Some((g.name.as_str(), self.releases.of(i)?)))
+            .collect();
+        crate::observe::upstream_info(&known)
     }
 
     pub(crate) fn all(&self) -> &[Arc<Group>] {
@@ -231,7 +267,8 @@ impl Groups {
         let groups: Vec<Value> = self
             .list
             .iter()
-            .map(|g| {
+            .enumerate()
+            .map(|(index, g)| {
                 let v = g.view();
                 let mut j = json!({
                     "name": g.name,
@@ -243,6 +280,9 @@ impl Groups {
                     "open": g.open(),
                     "routed": g.routed.load(Ordering::Relaxed),
                 });
+                if let Some(v) = self.releases.of(index) {
+                    j["vllm"] = vllm_json(&v);
+                }
                 // One group's supervisor is the status's own `supervisor`; several are each here.
                 if let Some(s) = g.supervisor.as_ref().filter(|_| self.list.len() > 1) {
                     j["supervisor"] = serde_json::to_value(s.status()).unwrap_or_default();
@@ -285,6 +325,12 @@ impl Groups {
         };
         Groups::new(list, config.gateway.group_routing, config.gateway.affinity_wait)
     }
+}
+
+/// A group's vLLM in `/admin/status`: what rank 0 reported, whose rules apply, and the
+/// warning when those are not its own.
+pub(crate) fn vllm_json(v: &UpstreamVersion) -> Value {
+    json!({"version": v.reported, "rules": v.rules, "fit": v.fit, "warning": v.warning()})
 }
 
 /// A group's view from its supervisor's published status.
@@ -351,7 +397,11 @@ pub(crate) fn mirror(control: GatewayControl, groups: Arc<Groups>) {
         sparkgate_task::spawn("group-mirror", async move {
             let mut rx = sup.subscribe();
             loop {
-                let view = view_of(&rx.borrow_and_update());
+                let (view, vllm) = {
+                    let status = rx.borrow_and_update();
+                    (view_of(&status), status.vllm.clone())
+                };
+                groups.set_vllm(index, vllm);
                 let group = &groups.all()[index];
                 let changed = {
                     let mut v = group.view.write().expect("group view");
@@ -375,8 +425,10 @@ pub(crate) use prefix::prefix_key;
 
 mod fence;
 mod group;
+mod release;
 pub(crate) use group::{Group, Lease};
 use group::{View, HELD};
+use release::Releases;
 
 #[cfg(test)]
 mod tests;

@@ -19,13 +19,21 @@ use crate::control::state::{GatewayControl, UpstreamState};
 use crate::groups::{Groups, Upstreams};
 use crate::observe;
 
-/// In gateway-only mode nobody supervises the upstream: probe its `/health` every second.
+/// In gateway-only mode nobody supervises the upstream: probe its `/health` every second, and
+/// read its `/version` whenever it comes back (it may be a different vLLM now).
 async fn probe_upstream(app: Shared) {
     let upstream = &app.groups.first().upstream;
+    let mut known = false;
     loop {
         let state = if upstream.healthy().await {
+            if !known {
+                let version = upstream.version().await;
+                known = version.is_some();
+                app.groups.set_vllm(0, version);
+            }
             UpstreamState::Ready
         } else {
+            known = false;
             UpstreamState::Unreachable(format!("{}/health does not answer 200", upstream.base()))
         };
         app.control.set_upstream(state);

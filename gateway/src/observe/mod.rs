@@ -40,6 +40,38 @@ pub(crate) const QUARANTINED: &str = "sparkgate_quarantined_requests_total";
 pub(crate) const ABORT_FENCE_SECONDS: &str = "sparkgate_abort_fence_seconds";
 pub(crate) const CLIENT_GONE: &str = "sparkgate_client_gone_total";
 
+/// Rendered at each scrape from the groups' state (`Groups::upstream_info`), not recorded.
+pub(crate) const UPSTREAM_INFO: &str = "sparkgate_upstream_info";
+
+/// `sparkgate_upstream_info` for the groups whose rank 0 reported its version (empty when
+/// none has): one sample per group, valued 1.
+pub(crate) fn upstream_info(groups: &[(&str, sparkgate_config::UpstreamVersion)]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if groups.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "# HELP {UPSTREAM_INFO} Each rank group's vLLM (1): the version rank 0's /version reported, the release whose rules the gateway applies, and how it fits the releases sparkgate is tested with (known, newer, older, unreadable).");
+    let _ = writeln!(out, "# TYPE {UPSTREAM_INFO} gauge");
+    for (group, v) in groups {
+        let fit = serde_json::to_value(v.fit).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{UPSTREAM_INFO}{{group=\"{}\",vllm_version=\"{}\",rules=\"{}\",fit=\"{}\"}} 1",
+            label(group),
+            label(&v.reported),
+            v.rules,
+            fit.as_str().unwrap_or_default()
+        );
+    }
+    out
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
 ];

@@ -22,7 +22,8 @@ pub(super) async fn utility(
 ) -> Result<Response, GatewayError> {
     check_content_type(&parts.headers)?;
     let bytes = crate::api::body::read(body).await?;
-    let Prepared { forward, .. } = crate::api::body::prepare(&app.normalizer, Api::Utility, bytes).await?;
+    let Prepared { forward, .. } =
+        crate::api::body::prepare(&app.normalizer, app.groups.rules(), Api::Utility, bytes).await?;
     forward_as_is(app, request_id, parts.method, parts.uri.path(), &parts.headers, forward).await
 }
 

@@ -21,7 +21,7 @@ pub(super) async fn prepare(ctx: &Ctx<'_>, body: impl RequestBody) -> Result<Pre
         forward,
         user,
         priority,
-    } = crate::api::body::prepare(&app.normalizer, ctx.api, bytes).await?;
+    } = crate::api::body::prepare(&app.normalizer, app.groups.rules(), ctx.api, bytes).await?;
     for rule in &norm.repairs {
         counter!(observe::REPAIRS, "rule" => rule.label()).increment(1);
     }

@@ -418,6 +418,23 @@ impl Upstream {
         resp
     }
 
+    /// `GET /version` with a short timeout: rank 0's vLLM release, placed among the known ones.
+    pub(crate) async fn version(&self) -> Option<sparkgate_config::UpstreamVersion> {
+        use http_body_util::BodyExt as _;
+        let none = HeaderMap::new();
+        let read = async {
+            let r = self
+                .send(Method::GET, "/version", &none, "sparkgate-version", Bytes::new())
+                .await
+                .ok()?;
+            let ok = r.status() == 200;
+            let body = r.into_body().collect().await.ok()?.to_bytes();
+            let v: serde_json::Value = serde_json::from_slice(&body).ok().filter(|_| ok)?;
+            Some(sparkgate_config::UpstreamVersion::place(v.get("version")?.as_str()?))
+        };
+        tokio::time::timeout(Duration::from_secs(2), read).await.ok().flatten()
+    }
+
     /// `GET /health` with a short timeout: true on 200. The body is read, so the connection
     /// goes back to the pool for the next probe.
     pub(crate) async fn healthy(&self) -> bool {

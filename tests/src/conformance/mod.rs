@@ -1,6 +1,6 @@
-//! The conformance suite: the battery in `tests/conformance/cases.json` is sent to the real vLLM
-//! 0.33.0 frontend (`crate::realvllm`) and to vllm-sim, both started with the same launch-plan
-//! argv, and every structural difference (`shape`) is a failure — except the few listed with
+//! The conformance suite: the battery in `tests/conformance/cases.json` is sent to a real vLLM
+//! frontend (`crate::realvllm`, each release) and to vllm-sim playing the same release, both
+//! started with the same launch-plan argv, and every structural difference (`shape`) is a failure — except the few listed with
 //! their reasons under "Conformance exclusions" in `tests/vllm-sim.md`, and exactly those.
 
 pub mod shape;
@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde_json::Value;
-use sparkgate_config::ProfileId;
+use sparkgate_config::{ProfileId, VllmRelease};
 
 use crate::harness::{addr_in, Proc};
 use crate::http::try_request;
@@ -166,7 +166,7 @@ pub fn compare(
 
 /// A vllm-sim group serving `argv` (a plan's rank-0 argv): rank 0 and, for a two-node plan, a
 /// headless rank 1 joined over loopback. Returns the processes (kept alive) and rank 0's address.
-pub fn start_sim(bin: &str, argv: &[String]) -> (Vec<Proc>, SocketAddr) {
+pub fn start_sim(bin: &str, release: VllmRelease, argv: &[String]) -> (Vec<Proc>, SocketAddr) {
     let set = |argv: &mut Vec<String>, flag: &str, value: &str| {
         if let Some(i) = argv.iter().position(|a| a == flag) {
             argv[i + 1] = value.to_owned();
@@ -179,6 +179,7 @@ pub fn start_sim(bin: &str, argv: &[String]) -> (Vec<Proc>, SocketAddr) {
         ("SIM_DRAFT_ACCEPTANCE", "0"),
     ];
     let mut a0 = argv.to_vec();
+    a0.extend(["--vllm-version".to_owned(), release.version().to_owned()]);
     set(&mut a0, "--port", "0");
     set(&mut a0, "--master-addr", "127.0.0.1");
     set(&mut a0, "--master-port", "0");

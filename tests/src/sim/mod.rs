@@ -1,7 +1,7 @@
-//! `vllm-sim`: a CPU simulator of one `vllm serve` rank of vLLM 0.33 — same command line, a real
-//! TCP rendezvous between ranks, vLLM's HTTP surface, deterministic output paced from the
-//! profile's throughput table, and fault injection. See `tests/vllm-sim.md` for where it
-//! knowingly differs from vLLM.
+//! `vllm-sim`: a CPU simulator of one `vllm serve` rank of vLLM 0.33 or 0.34 (`--vllm-version`,
+//! default the newest) — same command line, a real TCP rendezvous between ranks, vLLM's HTTP
+//! surface, deterministic output paced from the profile's throughput table, and fault
+//! injection. See `tests/vllm-sim.md` for where it knowingly differs from vLLM.
 
 mod api;
 mod args;
@@ -23,7 +23,7 @@ mod vocab;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sparkgate_config::{seeded_throughput, ProfileId, SpecMethod};
+use sparkgate_config::{seeded_throughput, ProfileId, SpecMethod, VllmRelease};
 
 pub use args::{parse as parse_args, ArgError, ServeArgs};
 
@@ -35,6 +35,34 @@ fn env_secs(name: &str, default: f64) -> Duration {
     Duration::from_secs_f64(env_f64(name).unwrap_or(default).max(0.0))
 }
 
+/// The release this process plays, set once from `--vllm-version` before serving.
+static RELEASE: std::sync::OnceLock<VllmRelease> = std::sync::OnceLock::new();
+
+/// The vLLM release the simulator plays (the newest unless `--vllm-version` named another).
+pub(crate) fn release() -> VllmRelease {
+    RELEASE.get().copied().unwrap_or(VllmRelease::NEWEST)
+}
+
+/// Takes the simulator's own `--vllm-version V` (or `=V`) out of `argv`: not a vLLM flag, so a
+/// plan's EXTRA_ARGS can carry it to every simulated rank.
+fn take_release(argv: &[String]) -> Result<(VllmRelease, Vec<String>), String> {
+    let mut rest = Vec::with_capacity(argv.len());
+    let mut release = VllmRelease::NEWEST;
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        let value = match a.strip_prefix("--vllm-version") {
+            Some("") => it.next().ok_or("argument --vllm-version: expected one argument")?,
+            Some(v) if v.starts_with('=') => &v[1..],
+            _ => {
+                rest.push(a.clone());
+                continue;
+            }
+        };
+        release = VllmRelease::parse(value).map_err(|e| format!("argument --vllm-version: {e}"))?;
+    }
+    Ok((release, rest))
+}
+
 /// Runs the simulator with `argv` (without the program name); returns the exit status.
 pub fn main(argv: &[String]) -> i32 {
     if argv.first().map(String::as_str) == Some("selfcheck") {
@@ -43,7 +71,17 @@ pub fn main(argv: &[String]) -> i32 {
     if argv.first().map(String::as_str) == Some("pack-engram") {
         return pack_engram(&argv[1..]);
     }
-    let args = match args::parse(argv) {
+    let argv = match take_release(argv) {
+        Ok((release, rest)) => {
+            let _ = RELEASE.set(release);
+            rest
+        }
+        Err(e) => {
+            eprintln!("vllm serve: error: {e}");
+            return 2;
+        }
+    };
+    let args = match args::parse(&argv) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{}", e.message);
@@ -165,8 +203,8 @@ async fn run(args: ServeArgs) -> i32 {
             "APIServer",
             "serve.py:216",
             &format!(
-                "Launching vLLM (v0.33.0) headless multiproc executor, with head node address {}:{} for torch.distributed process group.",
-                args.master_addr, args.master_port
+                "Launching vLLM (v{}) headless multiproc executor, with head node address {}:{} for torch.distributed process group.",
+                release(), args.master_addr, args.master_port
             ),
         );
         load("Worker_TP1", &faults, load_time).await;
@@ -238,7 +276,11 @@ fn arm_timed_faults(faults: &Arc<faults::Faults>) {
 
 /// vLLM's first lines: its version, its start-up quirks, the non-default arguments.
 fn log_start(args: &ServeArgs) {
-    log::info("APIServer", "api_server.py:1893", "vLLM API server version 0.33.0");
+    log::info(
+        "APIServer",
+        "api_server.py:1893",
+        &format!("vLLM API server version {}", release()),
+    );
     faults::startup_quirks();
     let given: serde_json::Map<String, serde_json::Value> = args
         .given
@@ -325,7 +367,8 @@ fn app(
         text::Template::DeepSeek
     };
     let fingerprint = format!(
-        "vllm-0.33.0-tp{}-{:08x}",
+        "vllm-{}-tp{}-{:08x}",
+        release(),
         args.tensor_parallel_size,
         args.served_name()
             .bytes()

@@ -14,7 +14,7 @@ fn glm() -> Normalizer {
 }
 
 fn run(n: &Normalizer, api: Api, body: Value) -> Result<Normalized, GatewayError> {
-    n.normalize(api, body.as_object().unwrap().clone(), None)
+    n.normalize(api, VllmRelease::V0_33, body.as_object().unwrap().clone(), None)
 }
 
 fn ok(n: &Normalizer, api: Api, body: Value) -> Value {
@@ -216,6 +216,23 @@ fn chat_template_kwargs_rules() {
 }
 
 #[test]
+fn an_empty_tools_list_is_dropped_on_0_33_only_which_refuses_it() {
+    let n = ds();
+    let body = json!({"messages": [], "tools": [], "tool_choice": "auto"});
+    let on = |release| {
+        n.normalize(Api::Chat, release, body.as_object().unwrap().clone(), None)
+            .unwrap()
+    };
+    assert_eq!(on(VllmRelease::V0_33).repairs, vec![Repair::EmptyTools]);
+    let out = on(VllmRelease::V0_34);
+    assert!(out.repairs.is_empty(), "0.34 accepts `tools: []` itself");
+    assert_eq!(
+        (&out.body["tools"], &out.body["tool_choice"]),
+        (&json!([]), &json!("auto"))
+    );
+}
+
+#[test]
 fn an_empty_tools_list_is_dropped_on_chat_with_a_choice_that_means_the_same() {
     let n = ds();
     for choice in [None, Some(json!("auto")), Some(json!("none")), Some(Value::Null)] {
@@ -406,7 +423,7 @@ fn anthropic_effort_takes_chats_forms_in_output_config_and_in_the_kwargs() {
 fn sequences_count_every_sequence_a_request_runs() {
     let n = ds();
     let seqs = |api, body: Value, prompts| {
-        n.normalize(api, body.as_object().unwrap().clone(), prompts)
+        n.normalize(api, VllmRelease::V0_33, body.as_object().unwrap().clone(), prompts)
             .unwrap()
             .sequences
     };

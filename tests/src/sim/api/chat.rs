@@ -390,6 +390,15 @@ impl StreamState {
         }
     }
 
+    /// With `include_reasoning: false` the reasoning parser sets each delta's reasoning to
+    /// None (`parse_delta`), which pydantic then writes: `"reasoning": null` on every delta
+    /// that carries content or a tool call.
+    fn hide_reasoning(&self, delta: &mut Map<String, Value>) {
+        if !self.ctx.include_reasoning {
+            delta.insert("reasoning".into(), Value::Null);
+        }
+    }
+
     fn on_delta(&mut self, index: usize, d: Delta) {
         self.role_chunks();
         let mut delta = Map::new();
@@ -398,6 +407,7 @@ impl StreamState {
         }
         if !d.content.is_empty() {
             delta.insert("content".into(), Value::String(d.content));
+            self.hide_reasoning(&mut delta);
         }
         let mut tokens = d.tokens;
         if !d.last {
@@ -417,16 +427,15 @@ impl StreamState {
                 );
             }
             let id = format!("chatcmpl-tool-{}", request::random_hex(16));
-            self.push_delta(
-                index,
+            for mut call in [
                 json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name}}]}),
-                &[],
-            );
-            self.push_delta(
-                index,
                 json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]}),
-                &[],
-            );
+            ] {
+                if let Value::Object(delta) = &mut call {
+                    self.hide_reasoning(delta);
+                }
+                self.push_delta(index, call, &[]);
+            }
         } else if finish == "stop" && !delta.is_empty() {
             // The end-of-sequence token has no text: its chunk carries only the finish reason.
             self.push_delta(

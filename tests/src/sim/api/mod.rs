@@ -198,7 +198,7 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/ping", get(health).post(health))
         .route(
             "/version",
-            get(|| async { json_response(StatusCode::OK, &json!({"version": "0.33.0"})) }),
+            get(|| async { json_response(StatusCode::OK, &json!({"version": crate::sim::release().version()})) }),
         )
         .route(
             "/load",

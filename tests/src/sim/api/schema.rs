@@ -1,5 +1,5 @@
-//! vLLM 0.33's request models, derived from the real frontend's own `/openapi.json` (captured in
-//! `tests/sim-schema/`, checked against the live frontend by every `diff-fuzz` run) and the
+//! vLLM's request models per release, derived from the real frontend's own `/openapi.json`
+//! (captured per release in `tests/sim-schema/`, checked against the live frontend by every `diff-fuzz` run) and the
 //! facts pydantic knows that the schema does not say (`…-kinds.json`, written by
 //! `capture_kinds.py`: each class's error for an input that is not a mapping, the tag a union
 //! adds to an error's location, whether unknown keys are refused). Each route's body is one
@@ -11,16 +11,17 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use serde_json::{Map, Value};
+use sparkgate_config::VllmRelease;
 
 pub(crate) use check::check_body;
 
 /// The fields of `body` that `POST path`'s model declares (pydantic drops the rest of an
 /// extra-allowing model before the request becomes sampling parameters).
 pub(crate) fn declared(path: &str, body: &Map<String, Value>) -> Map<String, Value> {
-    let Some(Ty::Ref(name)) = SCHEMA.body(path) else {
+    let Some(Ty::Ref(name)) = schema().body(path) else {
         return body.clone();
     };
-    let Some(Component::Model(m)) = SCHEMA.component(name) else {
+    let Some(Component::Model(m)) = schema().component(name) else {
         return body.clone();
     };
     body.iter()
@@ -29,8 +30,19 @@ pub(crate) fn declared(path: &str, body: &Map<String, Value>) -> Map<String, Val
         .collect()
 }
 
-const OPENAPI: &str = include_str!("../../../sim-schema/vllm-0.33.0-openapi.json");
-const KINDS: &str = include_str!("../../../sim-schema/vllm-0.33.0-kinds.json");
+/// Each release's captured `/openapi.json` and kinds.
+const CAPTURED: [(VllmRelease, &str, &str); 2] = [
+    (
+        VllmRelease::V0_33,
+        include_str!("../../../sim-schema/vllm-0.33.0-openapi.json"),
+        include_str!("../../../sim-schema/vllm-0.33.0-kinds.json"),
+    ),
+    (
+        VllmRelease::V0_34,
+        include_str!("../../../sim-schema/vllm-0.34.0-openapi.json"),
+        include_str!("../../../sim-schema/vllm-0.34.0-kinds.json"),
+    ),
+];
 
 /// Numeric bounds (`Field(ge=…, gt=…, le=…, lt=…)`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -130,12 +142,31 @@ pub(crate) struct Schema {
     bodies: HashMap<String, Ty>,
 }
 
-/// The captured schema, read once.
-pub(crate) static SCHEMA: LazyLock<Schema> = LazyLock::new(|| {
-    let openapi: Value = serde_json::from_str(OPENAPI).expect("captured openapi.json");
-    let kinds: Value = serde_json::from_str(KINDS).expect("captured kinds.json");
-    Schema::build(&openapi, &kinds)
+/// Each release's captured schema, read once.
+static SCHEMAS: LazyLock<Vec<(VllmRelease, Schema)>> = LazyLock::new(|| {
+    CAPTURED
+        .iter()
+        .map(|(release, openapi, kinds)| {
+            let openapi: Value = serde_json::from_str(openapi).expect("captured openapi.json");
+            let kinds: Value = serde_json::from_str(kinds).expect("captured kinds.json");
+            (*release, Schema::build(&openapi, &kinds))
+        })
+        .collect()
 });
+
+/// `release`'s request models.
+pub(crate) fn of(release: VllmRelease) -> &'static Schema {
+    &SCHEMAS
+        .iter()
+        .find(|(r, _)| *r == release)
+        .expect("every release is captured")
+        .1
+}
+
+/// The request models of the release the simulator plays.
+pub(crate) fn schema() -> &'static Schema {
+    of(crate::sim::release())
+}
 
 impl Schema {
     pub(crate) fn build(openapi: &Value, kinds: &Value) -> Schema {
@@ -355,9 +386,9 @@ mod tests {
             "/tokenize",
             "/detokenize",
         ] {
-            assert!(SCHEMA.body(path).is_some(), "{path}");
+            assert!(schema().body(path).is_some(), "{path}");
         }
-        let Some(Component::Model(chat)) = SCHEMA.component("ChatCompletionRequest") else {
+        let Some(Component::Model(chat)) = schema().component("ChatCompletionRequest") else {
             panic!("chat model");
         };
         let field = |n: &str| chat.fields.iter().find(|f| f.0 == n).cloned().unwrap();
@@ -374,7 +405,7 @@ mod tests {
                 }
             ])))
         );
-        let Some(Component::Model(format)) = SCHEMA.component("ResponseFormat") else {
+        let Some(Component::Model(format)) = schema().component("ResponseFormat") else {
             panic!("response_format model");
         };
         assert!(format.facts.union_tag.starts_with("function-wrap"));

@@ -7,12 +7,13 @@
 use serde_json::{Map, Value};
 
 use super::super::pydantic::{py_str, repr_str, PyErr};
-use super::{Bounds, Component, FieldValidator, ModelTy, Ty, FIELD_VALIDATORS, SCHEMA};
+use super::schema;
+use super::{Bounds, Component, FieldValidator, ModelTy, Ty, FIELD_VALIDATORS};
 use crate::sim::api::{pydantic, ApiError};
 
 /// Validates `body` as `POST path`'s request model, replacing it with the coerced values.
 pub(crate) fn check_body(path: &str, body: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let Some(ty) = SCHEMA.body(path) else {
+    let Some(ty) = schema().body(path) else {
         return Ok(());
     };
     let mut errors = Vec::new();
@@ -98,7 +99,7 @@ fn check(ty: &Ty, v: &Value, loc: &mut Vec<String>, errors: &mut Vec<PyErr>, mod
         Ty::Any => Some(v.clone()),
         Ty::Nullable(_) if v.is_null() => Some(Value::Null),
         Ty::Nullable(inner) => check(inner, v, loc, errors, mode),
-        Ty::Ref(name) => match SCHEMA.component(name) {
+        Ty::Ref(name) => match schema().component(name) {
             Some(Component::Model(m)) => model(m, v, loc, errors, mode),
             Some(Component::Alias(t)) => check(t, v, loc, errors, mode),
             None => Some(v.clone()),
@@ -140,7 +141,7 @@ fn union(members: &[Ty], v: &Value, loc: &mut Vec<String>, errors: &mut Vec<PyEr
 /// the rendering drops, for the rest).
 fn tag(m: &Ty) -> String {
     match m {
-        Ty::Ref(name) => match SCHEMA.component(name) {
+        Ty::Ref(name) => match schema().component(name) {
             Some(Component::Model(model)) => model.facts.union_tag.clone(),
             _ => "[alias]".into(),
         },
