@@ -70,6 +70,9 @@ fn operator_commands_through_the_cli() {
     );
     assert!(rank0.is_some() && rank0 < rank1, "ranks in order:\n{out}");
     assert!(!out.contains('{'), "words, not JSON:\n{out}");
+    // The supervisor read rank 0's /version when the group became ready (vllm-sim plays the
+    // newest release unless told otherwise).
+    assert!(out.contains("vllm       0.34.0 · rules 0.34.0\n"), "{out}");
     assert!(
         out.contains("throughput ") && out.contains(" tokens/s over the last 10 s"),
         "{out}"
@@ -78,6 +81,12 @@ fn operator_commands_through_the_cli() {
     let (ok, out) = cli(&["status", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert!(ok && v["supervisor"]["epoch"] == 1, "{out}");
+    assert_eq!(v["supervisor"]["vllm"]["reported"], "0.34.0", "{out}");
+    assert_eq!(
+        (&v["vllm"]["version"], &v["vllm"]["fit"]),
+        (&"0.34.0".into(), &"known".into()),
+        "{out}"
+    );
     snap("status-json", &out);
     let (ok, out) = cli(&["spec"]);
     assert!(ok && out.starts_with("mode      dspark (policy fixed)"), "{out}");

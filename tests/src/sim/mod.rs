@@ -5,6 +5,7 @@
 
 mod api;
 mod args;
+mod changes;
 mod control;
 mod counting;
 mod engine;

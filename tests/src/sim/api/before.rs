@@ -4,15 +4,16 @@
 //! naming the vLLM function it ports (chat_completion/protocol.py, completion/protocol.py,
 //! generate/base/protocol.py).
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::pydantic::{py_repr, py_str};
 use super::{bad_request, internal_error, ApiError};
+use crate::sim::changes::{since, Change};
 
 type Body = Map<String, Value>;
 
 /// One before-validator.
-pub(crate) type Before = fn(&Body) -> Result<(), ApiError>;
+pub(crate) type Before = fn(&mut Body) -> Result<(), ApiError>;
 
 /// `ChatCompletionRequest`'s, in the order they run.
 pub(crate) const CHAT: &[Before] = &[
@@ -53,7 +54,7 @@ pub(crate) const COMPLETION_FIELDS: &[Before] = &[thinking_token_budget, structu
 pub(crate) const RESPONSES_FIELDS: &[Before] = &[structured_outputs_constraint];
 
 /// Runs `list` on `body`; the first refusal.
-pub(crate) fn run(list: &[Before], body: &Body) -> Result<(), ApiError> {
+pub(crate) fn run(list: &[Before], body: &mut Body) -> Result<(), ApiError> {
     list.iter().try_for_each(|check| check(body))
 }
 
@@ -87,7 +88,7 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 /// `check_generation_prompt`.
-fn check_generation_prompt(body: &Body) -> Result<(), ApiError> {
+fn check_generation_prompt(body: &mut Body) -> Result<(), ApiError> {
     if truthy(body, "continue_final_message") && truthy(body, "add_generation_prompt") {
         return Err(bad_request(
             "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
@@ -98,9 +99,19 @@ fn check_generation_prompt(body: &Body) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `check_tool_usage`.
-fn check_tool_usage(body: &Body) -> Result<(), ApiError> {
-    if body.get("tools") == Some(&Value::Array(Vec::new())) {
+/// `check_tool_usage`. From 0.34 an empty `tools` list without a named tool reads as no tools,
+/// and `auto` or `required` then as `none` (0.33 refused the list).
+fn check_tool_usage(body: &mut Body) -> Result<(), ApiError> {
+    let empty = body.get("tools") == Some(&Value::Array(Vec::new()));
+    if empty && since(Change::EmptyToolsAreNoTools) && !body.get("tool_choice").is_some_and(Value::is_object) {
+        body.insert("tools".into(), Value::Null);
+        if matches!(
+            body.get("tool_choice").and_then(Value::as_str),
+            Some("auto" | "required")
+        ) {
+            body.insert("tool_choice".into(), json!("none"));
+        }
+    } else if empty && !since(Change::EmptyToolsAreNoTools) {
         return Err(bad_request(
             "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
             Some("tools"),
@@ -121,7 +132,10 @@ fn check_tool_usage(body: &Body) -> Result<(), ApiError> {
     }
     match choice {
         Value::String(s) if s == "auto" || s == "required" => Ok(()),
-        Value::Object(named) => check_named_tool(named),
+        Value::Object(named) => {
+            let name = check_named_tool(named)?;
+            named_tool_listed(body, name)
+        }
         other => Err(bad_request(
             &format!(
                 "Invalid value for `tool_choice`: {}! Only named tools, \"none\", \"auto\" or \"required\" are supported.",
@@ -135,8 +149,39 @@ fn check_tool_usage(body: &Body) -> Result<(), ApiError> {
 
 const CORRECT_USAGE: &str = "Correct usage: `{\"type\": \"function\", \"function\": {\"name\": \"my_function\"}}`";
 
-/// `check_tool_usage`'s named-tool part (the match against `tools` is left to the engine).
-fn check_named_tool(named: &Body) -> Result<(), ApiError> {
+/// `check_tool_usage`'s loop over `tools` for the named tool: each entry is read as
+/// `tool["function"]["name"]`, so an entry that is not a mapping with a `function` mapping
+/// ends the request with Python's error (a 500, as in vLLM).
+fn named_tool_listed(body: &Body, name: &str) -> Result<(), ApiError> {
+    for tool in body.get("tools").and_then(Value::as_array).into_iter().flatten() {
+        let function = subscript(tool, "function")?;
+        if subscript(function, "name")? == &Value::String(name.to_owned()) {
+            return Ok(());
+        }
+    }
+    let message = if since(Change::EmptyToolsAreNoTools) {
+        format!("The tool `{name}` specified in `tool_choice` does not match any of the specified `tools`")
+    } else {
+        "The tool specified in `tool_choice` does not match any of the specified `tools`".to_owned()
+    };
+    Err(bad_request(&message, Some("tool_choice"), None))
+}
+
+/// Python's `value[key]` with a string key: the value, or the `KeyError` / `TypeError` text.
+fn subscript<'a>(value: &'a Value, key: &str) -> Result<&'a Value, ApiError> {
+    match value {
+        Value::Object(o) => o.get(key).ok_or_else(|| internal_error(&format!("'{key}'"))),
+        Value::Array(_) => Err(internal_error("list indices must be integers or slices, not str")),
+        Value::String(_) => Err(internal_error("string indices must be integers, not 'str'")),
+        other => Err(internal_error(&format!(
+            "'{}' object is not subscriptable",
+            type_name(other)
+        ))),
+    }
+}
+
+/// `check_tool_usage`'s named-tool part: the name it names.
+fn check_named_tool(named: &Body) -> Result<&str, ApiError> {
     let function = match named.get("function") {
         Some(Value::Object(f)) => f,
         other => {
@@ -154,7 +199,7 @@ fn check_named_tool(named: &Body) -> Result<(), ApiError> {
             Some("tool_choice.function.name"),
             None,
         )),
-        Some(Value::String(s)) if !s.is_empty() => Ok(()),
+        Some(Value::String(s)) if !s.is_empty() => Ok(s),
         Some(other) => Err(bad_request(
             &format!(
                 "Invalid `name` in `function`: `{}` in `tool_choice`! {CORRECT_USAGE}",
@@ -185,7 +230,7 @@ fn structured_count(body: &Body) -> Result<usize, ApiError> {
 const ONE_KIND: &str = "You can only use one kind of constraints for structured outputs ('json', 'regex' or 'choice').";
 
 /// Chat's `check_structured_outputs_count`.
-fn chat_structured_outputs_count(body: &Body) -> Result<(), ApiError> {
+fn chat_structured_outputs_count(body: &mut Body) -> Result<(), ApiError> {
     let count = structured_count(body)?;
     if count > 1 {
         return Err(bad_request(ONE_KIND, None, None));
@@ -206,7 +251,7 @@ fn chat_structured_outputs_count(body: &Body) -> Result<(), ApiError> {
 }
 
 /// Completions' `check_structured_outputs_count`.
-fn completion_structured_outputs_count(body: &Body) -> Result<(), ApiError> {
+fn completion_structured_outputs_count(body: &mut Body) -> Result<(), ApiError> {
     if structured_count(body)? > 1 {
         return Err(bad_request(ONE_KIND, Some("structured_outputs"), None));
     }
@@ -279,7 +324,7 @@ fn no_ids_with_beam_search(body: &Body) -> Result<(), ApiError> {
 }
 
 /// Chat's `check_logprobs`.
-fn chat_check_logprobs(body: &Body) -> Result<(), ApiError> {
+fn chat_check_logprobs(body: &mut Body) -> Result<(), ApiError> {
     no_ids_with_beam_search(body)?;
     if truthy(body, "logprob_token_ids") && !truthy(body, "logprobs") {
         return Err(bad_request(
@@ -292,7 +337,7 @@ fn chat_check_logprobs(body: &Body) -> Result<(), ApiError> {
 }
 
 /// Completions' `check_logprobs`.
-fn completion_check_logprobs(body: &Body) -> Result<(), ApiError> {
+fn completion_check_logprobs(body: &mut Body) -> Result<(), ApiError> {
     no_ids_with_beam_search(body)?;
     if truthy(body, "use_beam_search") && truthy(body, "echo") && present(body, "logprobs").is_some() {
         return Err(bad_request(
@@ -320,7 +365,7 @@ fn completion_check_logprobs(body: &Body) -> Result<(), ApiError> {
 }
 
 /// `validate_stream_options`.
-pub(crate) fn validate_stream_options(body: &Body) -> Result<(), ApiError> {
+pub(crate) fn validate_stream_options(body: &mut Body) -> Result<(), ApiError> {
     if truthy(body, "stream_options") && !truthy(body, "stream") {
         return Err(bad_request(
             "Stream options can only be defined when `stream=True`.",
@@ -332,7 +377,7 @@ pub(crate) fn validate_stream_options(body: &Body) -> Result<(), ApiError> {
 }
 
 /// `validate_response_format` (the structural-tag check is left to the schema).
-fn validate_response_format(body: &Body) -> Result<(), ApiError> {
+fn validate_response_format(body: &mut Body) -> Result<(), ApiError> {
     let Some(Value::Object(rf)) = present(body, "response_format") else {
         return Ok(());
     };
@@ -347,7 +392,7 @@ fn validate_response_format(body: &Body) -> Result<(), ApiError> {
 }
 
 /// `validate_cache_salt` (generate/base/protocol.py).
-fn check_cache_salt_support(body: &Body) -> Result<(), ApiError> {
+fn check_cache_salt_support(body: &mut Body) -> Result<(), ApiError> {
     match present(body, "cache_salt") {
         None => Ok(()),
         Some(Value::String(s)) if !s.is_empty() => {
@@ -369,7 +414,7 @@ fn check_cache_salt_support(body: &Body) -> Result<(), ApiError> {
 }
 
 /// `validate_prompt_and_prompt_embeds`.
-fn validate_prompt_and_prompt_embeds(body: &Body) -> Result<(), ApiError> {
+fn validate_prompt_and_prompt_embeds(body: &mut Body) -> Result<(), ApiError> {
     let prompt_empty = match present(body, "prompt") {
         None => true,
         Some(Value::String(s)) => s.is_empty(),
@@ -391,7 +436,7 @@ fn validate_prompt_and_prompt_embeds(body: &Body) -> Result<(), ApiError> {
 }
 
 /// Responses' `validate_prompt`.
-fn validate_prompt(body: &Body) -> Result<(), ApiError> {
+fn validate_prompt(body: &mut Body) -> Result<(), ApiError> {
     if present(body, "prompt").is_some() {
         return Err(bad_request("prompt template is not supported", Some("prompt"), None));
     }
@@ -399,7 +444,7 @@ fn validate_prompt(body: &Body) -> Result<(), ApiError> {
 }
 
 /// Responses' `validate_background`: `data.get("store", True)`.
-fn validate_background(body: &Body) -> Result<(), ApiError> {
+fn validate_background(body: &mut Body) -> Result<(), ApiError> {
     let store = body.get("store").is_none_or(|_| truthy(body, "store"));
     if truthy(body, "background") && !store {
         return Err(bad_request(
@@ -413,7 +458,7 @@ fn validate_background(body: &Body) -> Result<(), ApiError> {
 
 /// `validate_thinking_token_budget` (sampling_params.py), the field's `BeforeValidator`: an
 /// integer, -1 or at least 0 (a boolean or a float is refused).
-fn thinking_token_budget(body: &Body) -> Result<(), ApiError> {
+fn thinking_token_budget(body: &mut Body) -> Result<(), ApiError> {
     let Some(v) = present(body, "thinking_token_budget") else {
         return Ok(());
     };
@@ -430,7 +475,7 @@ fn thinking_token_budget(body: &Body) -> Result<(), ApiError> {
 /// `StructuredOutputsParams.__post_init__` (sampling_params.py): a `structured_outputs` that
 /// sets none of the constraints is refused, its fields shown as Python's `__dict__`. It runs
 /// where the request becomes sampling parameters, after the schema.
-fn structured_outputs_constraint(body: &Body) -> Result<(), ApiError> {
+fn structured_outputs_constraint(body: &mut Body) -> Result<(), ApiError> {
     let Some(Value::Object(so)) = present(body, "structured_outputs") else {
         return Ok(());
     };
@@ -464,7 +509,7 @@ fn structured_outputs_constraint(body: &Body) -> Result<(), ApiError> {
 
 /// Responses' `check_tool_usage`: `len(tools)` (a `TypeError` for a number or a boolean, which
 /// vLLM answers 400), then a tool choice that needs tools.
-fn responses_tool_usage(body: &Body) -> Result<(), ApiError> {
+fn responses_tool_usage(body: &mut Body) -> Result<(), ApiError> {
     let has_tools = match present(body, "tools") {
         None => false,
         Some(Value::Array(a)) => !a.is_empty(),
@@ -491,7 +536,7 @@ fn responses_tool_usage(body: &Body) -> Result<(), ApiError> {
 }
 
 /// Responses' `check_custom_tool_format`.
-fn check_custom_tool_format(body: &Body) -> Result<(), ApiError> {
+fn check_custom_tool_format(body: &mut Body) -> Result<(), ApiError> {
     let Some(Value::Array(tools)) = body.get("tools") else {
         return Ok(());
     };
@@ -513,7 +558,7 @@ fn check_custom_tool_format(body: &Body) -> Result<(), ApiError> {
 
 /// `check_system_message_content_type`: `for msg in data.get("messages", [])` — a `TypeError`
 /// (answered 400) for a value Python cannot iterate.
-fn check_system_message_content_type(body: &Body) -> Result<(), ApiError> {
+fn check_system_message_content_type(body: &mut Body) -> Result<(), ApiError> {
     match body.get("messages") {
         Some(v @ (Value::Null | Value::Bool(_) | Value::Number(_))) => Err(bad_request(
             &format!("'{}' object is not iterable", type_name(v)),

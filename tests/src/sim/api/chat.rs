@@ -14,6 +14,7 @@ use super::request;
 use super::schema;
 use super::validate;
 use super::{internal_error, json_response, ApiError, App, Shared};
+use crate::sim::changes::{exclude_null, since, Change};
 use crate::sim::structured::Constraint;
 use crate::sim::text::{self, ToolCall};
 use crate::sim::vocab;
@@ -106,8 +107,8 @@ fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiErr
 
 /// `ChatCompletionRequest`'s validation: its before-validators, then the captured schema.
 pub(crate) fn validated(mut req: Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
-    before::run(before::CHAT, &req)?;
-    before::run(before::CHAT_FIELDS, &req)?;
+    before::run(before::CHAT, &mut req)?;
+    before::run(before::CHAT_FIELDS, &mut req)?;
     schema::check_body("/v1/chat/completions", &mut req)?;
     Ok(req)
 }
@@ -285,6 +286,7 @@ pub(crate) fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
                 Some(r) if ctx.include_reasoning => Value::String(r),
                 _ => Value::Null,
             };
+            exclude_null(&mut message, "annotations", Change::AnnotationsOmittedWhenNone);
             let lp = ctx.logprobs.map_or(Value::Null, |top| logprobs::chat(c.released(), top));
             json!({"index": index, "message": message, "logprobs": lp, "finish_reason": c.finish, "stop_reason": c.stop_reason, "token_ids": output_ids(ctx, c), "routed_experts": null, "weight_versions": null})
         })
@@ -293,6 +295,11 @@ pub(crate) fn full_body(app: &App, job: &Job, ctx: &Ctx) -> Value {
     if ctx.beam_search {
         usage["prompt_tokens_details"] = Value::Null;
     }
+    exclude_null(
+        &mut usage,
+        "prompt_tokens_details",
+        Change::PromptDetailsOmittedWhenNone,
+    );
     json!({
         "id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model, "choices": choices,
         "service_tier": null, "system_fingerprint": app.fingerprint,
@@ -359,6 +366,13 @@ impl StreamState {
         for index in 0..self.job.choices.len() {
             let choice = json!({"index": index, "delta": {"role": self.ctx.role, "content": ""}, "logprobs": null, "finish_reason": null});
             let mut c = self.chunk(json!([choice]), None);
+            if c.get("usage").is_some() && since(Change::FirstChunkPromptDetails) {
+                // The role chunks' usage: the prompt's split is known from the first output.
+                let details = usage(&self.app, &self.job, false)["prompt_tokens_details"].take();
+                if !details.is_null() {
+                    c["usage"]["prompt_tokens_details"] = details;
+                }
+            }
             c["prompt_token_ids"] = self.ctx.prompt_ids.clone().unwrap_or(Value::Null);
             c["prompt_text"] = self.ctx.prompt_text.clone();
             self.pending.push_back(frame(&c));
@@ -427,10 +441,19 @@ impl StreamState {
                 );
             }
             let id = format!("chatcmpl-tool-{}", request::random_hex(16));
-            for mut call in [
-                json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name}}]}),
-                json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]}),
-            ] {
+            // A forced call (required or named) comes as one delta on GLM and as name, then
+            // arguments on DeepSeek: what the real frontend streams for each profile.
+            let deltas = if self.ctx.forced_tool && self.app.template == text::Template::Glm {
+                vec![
+                    json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name, "arguments": call.arguments}}]}),
+                ]
+            } else {
+                vec![
+                    json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name}}]}),
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]}),
+                ]
+            };
+            for mut call in deltas {
                 if let Value::Object(delta) = &mut call {
                     self.hide_reasoning(delta);
                 }

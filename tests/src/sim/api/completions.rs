@@ -12,6 +12,7 @@ use super::generate::{ChoicePlan, Delta, Job, Step};
 use super::request::{self, invalid};
 use super::{bad_request, before, logprobs, schema, validate, App};
 use super::{internal_error, json_response, ApiError, Shared};
+use crate::sim::changes::{exclude_null, Change};
 use crate::sim::text::{self, Output};
 use crate::sim::vocab;
 
@@ -85,8 +86,8 @@ fn renderer_checks(app: &App, req: &serde_json::Map<String, Value>) -> Result<()
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
-    before::run(before::COMPLETION, &req)?;
-    before::run(before::COMPLETION_FIELDS, &req)?;
+    before::run(before::COMPLETION, &mut req)?;
+    before::run(before::COMPLETION_FIELDS, &mut req)?;
     schema::check_body("/v1/completions", &mut req)?;
     request::check_model(&app, &req)?;
     request::untrusted_mm_kwargs(&req)?;
@@ -227,7 +228,7 @@ async fn whole(app: &Shared, mut job: Job, reply: &Reply, request_id: &str) -> R
             "prompt_token_ids": reply.prompt_ids_of(i), "routed_experts": null, "weight_versions": null}))
         .collect();
     let (prompt_tokens, completion) = (job.prompt_tokens, job.completion_tokens());
-    let body = json!({
+    let mut body = json!({
         "id": reply.id, "object": "text_completion", "created": reply.created, "model": reply.model, "choices": choices,
         "service_tier": null, "system_fingerprint": app.fingerprint,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion, "completion_tokens": completion,
@@ -235,6 +236,11 @@ async fn whole(app: &Shared, mut job: Job, reply: &Reply, request_id: &str) -> R
             "completion_tokens_details": null},
         "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null
     });
+    exclude_null(
+        &mut body["usage"],
+        "prompt_tokens_details",
+        Change::PromptDetailsOmittedWhenNone,
+    );
     Ok(with_request_id(app, request_id, json_response(StatusCode::OK, &body)))
 }
 

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::pydantic::{self, PyErr};
 use super::{chat, completions, internal_error, json_response, request, ApiError, Shared};
+use crate::sim::changes::{exclude_null, since, Change};
 
 pub(crate) async fn batch(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     match run_batch(&app, &headers, &body).await {
@@ -68,7 +69,7 @@ async fn run_batch(app: &Shared, headers: &HeaderMap, body: &[u8]) -> Result<Res
         }
     };
     let mut choices = Vec::new();
-    let (mut prompt, mut completion) = (0, 0);
+    let (mut prompt, mut completion, mut reasoning, mut cached) = (0, 0, 0, 0);
     let mut first: Option<Value> = None;
     for (index, conversation) in conversations.into_iter().enumerate() {
         let mut one = req.clone();
@@ -83,12 +84,27 @@ async fn run_batch(app: &Shared, headers: &HeaderMap, body: &[u8]) -> Result<Res
         choices.push(choice);
         prompt += job.prompt_tokens;
         completion += job.completion_tokens();
+        reasoning += job.reasoning_tokens();
+        cached += job.cached_tokens;
         first.get_or_insert(body);
     }
     let mut body = first.unwrap_or_default();
     body["choices"] = Value::Array(choices);
     body["usage"] = json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
         "prompt_tokens_details": null, "completion_tokens_details": null});
+    if since(Change::BatchUsageDetails) {
+        // batch_serving.py: the prompts' summed counts, and the reasoning the parser counted.
+        body["usage"]["completion_tokens_details"] = json!({"reasoning_tokens": reasoning});
+        if app.args.enable_prompt_tokens_details {
+            body["usage"]["prompt_tokens_details"] =
+                json!({"cached_tokens": cached, "created_cache_tokens": 0, "multimodal_tokens": null});
+        }
+    }
+    exclude_null(
+        &mut body["usage"],
+        "prompt_tokens_details",
+        Change::PromptDetailsOmittedWhenNone,
+    );
     Ok(json_response(StatusCode::OK, &body))
 }
 

@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use super::chat;
 use super::generate::{Job, Step};
 use super::{json_response, request, schema, ApiError, App, Shared};
+use crate::sim::changes::{since, Change};
 use crate::sim::text;
 use crate::sim::vocab;
 
@@ -119,8 +120,16 @@ fn to_chat(req: &Map<String, Value>) -> Map<String, Value> {
     if let Some(effort) = config.and_then(|c| c.get("effort")).filter(|v| !v.is_null()) {
         chat.insert("reasoning_effort".into(), effort.clone());
     }
-    if req.get("thinking").and_then(|t| t.get("type")).and_then(Value::as_str) == Some("disabled") {
+    let thinking = req.get("thinking").and_then(|t| t.get("type")).and_then(Value::as_str);
+    let off =
+        thinking == Some("disabled") || (thinking == Some("between_tools") && since(Change::ThinkingBetweenTools));
+    if off {
         chat.insert("reasoning_effort".into(), json!("none"));
+    }
+    if since(Change::AnthropicMinTokens) {
+        if let Some(n) = req.get("min_tokens").filter(|v| !v.is_null()) {
+            chat.insert("min_tokens".into(), n.clone());
+        }
     }
     if let Some(schema) = config.and_then(|c| c.get("format")).and_then(|f| f.get("schema")) {
         chat.insert(
@@ -214,7 +223,13 @@ impl Events {
     fn start(&mut self) {
         if !self.started {
             self.started = true;
-            let u = json!({"input_tokens": self.job.prompt_tokens, "output_tokens": 0});
+            // From 0.34 the chat stream's first chunk carries the prompt's token details, so
+            // message_start has the cache counts the final usage has.
+            let u = if since(Change::MessageStartCacheTokens) {
+                usage(&self.app, self.job.prompt_tokens, 0)
+            } else {
+                json!({"input_tokens": self.job.prompt_tokens, "output_tokens": 0})
+            };
             let msg = json!({"id": self.id, "type": "message", "role": "assistant", "content": [], "model": self.app.args.served_name(), "stop_reason": null, "stop_sequence": null, "usage": u});
             self.out.push(event(
                 "message_start",
@@ -349,6 +364,12 @@ pub(crate) async fn count_tokens(
         return Ok(e.into_anthropic());
     }
     let n = vocab::count_tokens(&text::render_prompt(&messages, &app.template.render(&kwargs)));
+    // 0.33 rendered the count as a chat request, with the context limit; 0.34 counts past it.
+    if !since(Change::CountTokensOverContext) {
+        if let Err(e) = request::check_prompt_length(&app, n) {
+            return Ok(e.into_anthropic());
+        }
+    }
     Ok(json_response(
         StatusCode::OK,
         &json!({"input_tokens": n, "context_management": {"original_input_tokens": n}}),

@@ -243,13 +243,13 @@ fn final_output(turn: &Turn, plan: &ChoicePlan, streamed: bool) -> Vec<Value> {
 
 pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let mut req = request::json_object(&headers, &body)?;
-    super::before::run(super::before::RESPONSES, &req)?;
+    super::before::run(super::before::RESPONSES, &mut req)?;
     // `input_item_parsing` makes any other iterable a list: a mapping becomes its keys.
     if let Some(Value::Object(m)) = req.get("input") {
         let keys = m.keys().cloned().map(Value::String).collect();
         req.insert("input".into(), Value::Array(keys));
     }
-    super::before::run(super::before::RESPONSES_FIELDS, &req)?;
+    super::before::run(super::before::RESPONSES_FIELDS, &mut req)?;
     super::schema::check_body("/v1/responses", &mut req)?;
     let msgs = messages(&req)?;
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);

@@ -127,6 +127,30 @@ pub(crate) const FIELD_VALIDATORS: &[(&str, &str, FieldValidator)] = &[
     ("AnthropicCountTokensRequest", "model", model_required),
 ];
 
+/// A `model_validator(mode="before")` on a nested model: run on its raw mapping before its
+/// fields; `Some(message)` is pydantic's `value_error`.
+pub(crate) type ModelValidator = fn(&Map<String, Value>) -> Option<String>;
+
+/// The nested models' before-validators, by model, each ported from vLLM.
+pub(crate) const MODEL_VALIDATORS: &[(&str, ModelValidator)] = &[
+    // anthropic/protocol.py (0.34), AnthropicTool.reject_anthropic_defined_tools.
+    ("AnthropicTool", anthropic_defined_tool),
+];
+
+fn anthropic_defined_tool(tool: &Map<String, Value>) -> Option<String> {
+    if !crate::sim::changes::since(crate::sim::changes::Change::AnthropicDefinedToolsRefused) {
+        return None;
+    }
+    match tool.get("type") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(t)) if t == "custom" => None,
+        Some(other) => Some(format!(
+            "tool type {} is not supported; only custom tools with an input_schema are supported",
+            super::pydantic::py_repr(other)
+        )),
+    }
+}
+
 fn model_required(v: &Value) -> Option<&'static str> {
     (v.as_str() == Some("")).then_some("Model is required")
 }

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::super::pydantic::{py_str, repr_str, PyErr};
 use super::schema;
-use super::{Bounds, Component, FieldValidator, ModelTy, Ty, FIELD_VALIDATORS};
+use super::{Bounds, Component, FieldValidator, ModelTy, Ty, FIELD_VALIDATORS, MODEL_VALIDATORS};
 use crate::sim::api::{pydantic, ApiError};
 
 /// Validates `body` as `POST path`'s request model, replacing it with the coerced values.
@@ -214,6 +214,12 @@ fn model(m: &ModelTy, v: &Value, loc: &mut Vec<String>, errors: &mut Vec<PyErr>,
         push(errors, loc, static_kind(kind), msg.clone(), v, ctx.clone());
         return None;
     };
+    let validator = MODEL_VALIDATORS.iter().find(|(name, _)| *name == m.name);
+    if let Some(msg) = validator.and_then(|(_, f)| f(obj)) {
+        let ctx = format!("'error': ValueError({})", repr_str(&msg));
+        push(errors, loc, "value_error", format!("Value error, {msg}"), v, Some(ctx));
+        return None;
+    }
     let before = errors.len();
     let mut out = obj.clone();
     for (name, ty, required) in &m.fields {
