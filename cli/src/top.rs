@@ -198,7 +198,7 @@ fn head_lines(status: &Value, spec: Option<&Value>) -> Vec<Line<'static>> {
     };
     let policy = spec.map_or_else(|| "?".to_owned(), |v| text(&v["policy"]));
     let mut lines = vec![
-        Line::from(format!("{} ({})", text(&status["model"]), text(&status["profile"])).bold()),
+        Line::from(model_line(status).bold()),
         Line::from(format!("group  {}", groups_phase(status).unwrap_or(phase))),
         Line::from(format!(
             "mode   {} · policy {policy} · restarts {}",
@@ -209,19 +209,20 @@ fn head_lines(status: &Value, spec: Option<&Value>) -> Vec<Line<'static>> {
     if let Some(r) = s.get("last_restart").filter(|r| !r.is_null()) {
         lines.push(Line::from(format!("last   {}", text(&r["reason"]))));
     }
+    lines
+}
+
+/// The model, and rank 0's vLLM with the rules applied when they are not its own release's.
+fn model_line(status: &Value) -> String {
+    let mut line = format!("{} ({})", text(&status["model"]), text(&status["profile"]));
     let vllm = &status["vllm"];
     if let Some(version) = vllm["version"].as_str() {
-        let warn = if vllm["warning"].is_string() {
-            " (untested release)"
-        } else {
-            ""
-        };
-        lines.push(Line::from(format!(
-            "vllm   {version} · rules {}{warn}",
-            text(&vllm["rules"])
-        )));
+        line += &format!(" · vLLM {version}");
+        if vllm["warning"].is_string() {
+            line += &format!(" (untested: rules {})", text(&vllm["rules"]));
+        }
     }
-    lines
+    line
 }
 
 /// With several groups: each group's name, state and load on the one line.
@@ -376,7 +377,10 @@ sparkgate_time_to_first_token_seconds_bucket{le=\"+Inf\"} 10\n";
         let s = screen(&view);
         assert!(s.contains("ready: epoch 2, mode dspark"), "{s}");
         assert!(s.contains("policy fixed · restarts 1"), "{s}");
-        assert!(s.contains("vllm   0.35.1 · rules 0.34.0 (untested release)"), "{s}");
+        assert!(
+            s.contains("DS (deepseek-v4.1-flash) · vLLM 0.35.1 (untested: rules 0.34.0)"),
+            "{s}"
+        );
         assert!(s.contains("1 in flight of 2 · 3 queued · open"), "{s}");
         assert!(s.contains("tokens/s: 30 now"), "{s}");
         assert!(s.contains("TTFT            p50 ≤ 100.0 ms"), "{s}");

@@ -47,9 +47,12 @@ pub(crate) fn holding(release: VllmRelease) -> Vec<&'static str> {
 mod tests {
     use super::*;
 
+    /// Every variant of `Rule` (a new one must be added here, and so get its row checked).
+    const EVERY_RULE: &[Rule] = &[Rule::DropEmptyTools];
+
     #[test]
     fn every_rule_has_one_row_naming_known_releases() {
-        for rule in [Rule::DropEmptyTools] {
+        for &rule in EVERY_RULE {
             assert_eq!(ROWS.iter().filter(|r| r.rule == rule).count(), 1, "{rule:?}");
         }
         let docs = include_str!("../../../docs/versions.md");
