@@ -373,15 +373,23 @@ fn union(s: &Value, members: &[Value]) -> Ty {
             .and_then(Value::as_str)
             .unwrap_or("type")
             .to_owned();
-        let members = d
+        // The schema sorts the mapping by tag; pydantic lists tags in the union's own order,
+        // which `oneOf` keeps.
+        let order: Vec<&Value> = s
+            .get("oneOf")
+            .and_then(Value::as_array)
+            .map(|o| o.iter().filter_map(|m| m.get("$ref")).collect())
+            .unwrap_or_default();
+        let mut mapping: Vec<(&String, &Value)> = d
             .get("mapping")
             .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(tag, r)| (tag.clone(), ty(&serde_json::json!({ "$ref": r }))))
-                    .collect()
-            })
+            .map(|m| m.iter().collect())
             .unwrap_or_default();
+        mapping.sort_by_key(|(_, r)| order.iter().position(|o| o == r).unwrap_or(usize::MAX));
+        let members = mapping
+            .into_iter()
+            .map(|(tag, r)| (tag.clone(), ty(&serde_json::json!({ "$ref": r }))))
+            .collect();
         Ty::Tagged { key, members }
     } else if rest.len() == 1 {
         ty(rest[0])
