@@ -31,6 +31,12 @@ pub(crate) enum Change {
     AnthropicMinTokens,
     /// `count_tokens` counts a prompt over the context limit instead of refusing it.
     CountTokensOverContext,
+    /// DeepSeek V4.1's encoder honours `continue_final_message` (refused without a final
+    /// assistant message) and `add_generation_prompt`.
+    DeepSeekContinueFinalMessage,
+    /// Responses input items follow the OpenResponses schema: `type` defaults to `message`,
+    /// a missing or empty id and status are filled, a reasoning item's summary too.
+    OpenResponsesInputItems,
 }
 
 /// Each change and the release it arrived in.
@@ -45,6 +51,8 @@ const ARRIVED: &[(Change, VllmRelease)] = &[
     (Change::ThinkingBetweenTools, VllmRelease::V0_34),
     (Change::AnthropicMinTokens, VllmRelease::V0_34),
     (Change::CountTokensOverContext, VllmRelease::V0_34),
+    (Change::DeepSeekContinueFinalMessage, VllmRelease::V0_34),
+    (Change::OpenResponsesInputItems, VllmRelease::V0_34),
 ];
 
 /// Whether `change` holds in the release the simulator plays.

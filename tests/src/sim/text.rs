@@ -247,7 +247,17 @@ pub(crate) fn plan_chat(
         .and_then(|m| m.get("role"))
         .and_then(Value::as_str)
         .unwrap_or("user");
-    let last_text = content_text(last.and_then(|m| m.get("content")));
+    // What the model answers: the last message, or after the assistant's own turn, the user's
+    // before it (the fixture's model reads the text after the last user header).
+    let asked = match last_role {
+        "assistant" => messages
+            .iter()
+            .rev()
+            .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+            .or(last),
+        _ => last,
+    };
+    let last_text = content_text(asked.and_then(|m| m.get("content")));
     let mut out = if last_role == "tool" {
         let text = format!("The tool returned: {}", last_text.trim());
         Output {

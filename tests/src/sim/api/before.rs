@@ -41,6 +41,7 @@ pub(crate) const COMPLETION: &[Before] = &[
 pub(crate) const RESPONSES: &[Before] = &[
     responses_tool_usage,
     check_custom_tool_format,
+    super::responses::input::input_item_parsing,
     validate_prompt,
     validate_background,
     check_cache_salt_support,

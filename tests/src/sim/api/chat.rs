@@ -69,7 +69,22 @@ pub(crate) struct Ctx {
     pub(crate) prompt_logprobs: Value,
 }
 
-/// The Hugging Face renderer's refusal (GLM's; DeepSeek's own encoder has none): continuing
+/// DeepSeek V4.1's encoder from 0.34 (`encode_messages`): continuing the final message needs
+/// one from the assistant to continue.
+fn continue_needs_final_assistant(req: &Map<String, Value>, messages: &[Value]) -> Result<(), ApiError> {
+    let continuing = req.get("continue_final_message").and_then(Value::as_bool) == Some(true);
+    let last_is_assistant = messages.last().and_then(|m| m.get("role")) == Some(&json!("assistant"));
+    if continuing && !last_is_assistant && since(Change::DeepSeekContinueFinalMessage) {
+        return Err(super::bad_request(
+            "continue_final_message requires a final assistant message",
+            None,
+            None,
+        ));
+    }
+    Ok(())
+}
+
+/// The Hugging Face renderer's refusal (GLM's; DeepSeek's own encoder had none before 0.34): continuing
 /// the final message and adding a generation prompt (on by default) exclude each other.
 fn continue_needs_no_generation_prompt(req: &Map<String, Value>) -> Result<(), ApiError> {
     let set = |k: &str, default: bool| req.get(k).and_then(Value::as_bool).unwrap_or(default);
@@ -81,6 +96,36 @@ fn continue_needs_no_generation_prompt(req: &Map<String, Value>) -> Result<(), A
         ));
     }
     Ok(())
+}
+
+/// How the rendered prompt ends, as the real frontend with the fixture's model answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// The assistant's generation prompt: the model thinks as the template says.
+    Generation,
+    /// The final assistant message continued: the answer follows as content.
+    Continuation,
+    /// No assistant header, or (0.33's DeepSeek encoder) a continued message closed by EOS:
+    /// the answer comes without thinking, and the parser reads it as reasoning.
+    AsReasoning,
+}
+
+impl Opening {
+    /// GLM's template honours `add_generation_prompt` and `continue_final_message`; DeepSeek's
+    /// encoder does from 0.34 (continuing implies no generation prompt); 0.33's always added
+    /// the generation prompt, after closing a continued message.
+    fn of(app: &App, req: &Map<String, Value>, messages: &[Value]) -> Opening {
+        let set = |k: &str, default: bool| req.get(k).and_then(Value::as_bool).unwrap_or(default);
+        let last_is_assistant = messages.last().and_then(|m| m.get("role")) == Some(&json!("assistant"));
+        let continuing = set("continue_final_message", false) && last_is_assistant;
+        let honoured = app.template == text::Template::Glm || since(Change::DeepSeekContinueFinalMessage);
+        match (honoured, continuing, set("add_generation_prompt", true)) {
+            (true, true, _) => Opening::Continuation,
+            (true, false, false) => Opening::AsReasoning,
+            (false, true, _) => Opening::AsReasoning,
+            _ => Opening::Generation,
+        }
+    }
 }
 
 fn chat_role(req: &Map<String, Value>, messages: &[Value]) -> String {
@@ -126,7 +171,12 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
     serving_checks(app, &req, &messages, &kwargs)?;
     let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
     let n = request::n_choices(&req)?;
-    let rendering = app.template.render(&kwargs);
+    let mut rendering = app.template.render(&kwargs);
+    let opening = Opening::of(app, &req, &messages);
+    if opening != Opening::Generation {
+        // The prompt does not end in the assistant's header: the model answers at once.
+        rendering.thinking = false;
+    }
     let prompt = text::render_prompt(&messages, &rendering);
     let prompt_tokens = vocab::count_tokens(&prompt);
     request::check_prompt_length(app, prompt_tokens)?;
@@ -140,6 +190,10 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
     let choices = (0..n)
         .map(|_| {
             let mut out = text::plan_chat(&messages, tools.as_deref(), req.get("tool_choice"), &rendering);
+            if opening == Opening::AsReasoning {
+                // No `</think>` after the prompt: the reasoning parser takes it all as reasoning.
+                out.reasoning.append(&mut out.content);
+            }
             if let Some(c) = &constraint {
                 out.constrain(c);
             }
@@ -171,8 +225,9 @@ fn serving_checks(
     request::untrusted_mm_kwargs(req)?;
     request::truncation(app, req)?;
     request::render_checks(app, messages, kwargs)?;
-    if matches!(app.template, crate::sim::text::Template::Glm) {
-        continue_needs_no_generation_prompt(req)?;
+    match app.template {
+        text::Template::Glm => continue_needs_no_generation_prompt(req)?,
+        text::Template::DeepSeek => continue_needs_final_assistant(req, messages)?,
     }
     // Beam search builds `BeamSearchParams`, which `SamplingParams`' checks do not cover.
     if req.get("use_beam_search") == Some(&Value::Bool(true)) {

@@ -2,6 +2,7 @@
 //! and as the `event: …` / `data: …` event sequence agent frameworks consume.
 
 mod checks;
+pub(crate) mod input;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

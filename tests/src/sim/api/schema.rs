@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 use serde_json::{Map, Value};
 use sparkgate_config::VllmRelease;
 
-pub(crate) use check::check_body;
+pub(crate) use check::{check_body, conforms};
 
 /// The fields of `body` that `POST path`'s model declares (pydantic drops the rest of an
 /// extra-allowing model before the request becomes sampling parameters).

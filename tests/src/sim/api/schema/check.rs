@@ -11,6 +11,20 @@ use super::schema;
 use super::{Bounds, Component, FieldValidator, ModelTy, Ty, FIELD_VALIDATORS, MODEL_VALIDATORS};
 use crate::sim::api::{pydantic, ApiError};
 
+/// Whether `v` validates as the component `name` (a model a before-validator builds from a
+/// dict, which pydantic then takes as it is).
+pub(crate) fn conforms(name: &str, v: &Value) -> bool {
+    let mut errors = Vec::new();
+    let out = check(
+        &Ty::Ref(name.to_owned()),
+        v,
+        &mut vec!["body".to_owned()],
+        &mut errors,
+        Mode::Lax,
+    );
+    out.is_some() && errors.is_empty()
+}
+
 /// Validates `body` as `POST path`'s request model, replacing it with the coerced values.
 pub(crate) fn check_body(path: &str, body: &mut Map<String, Value>) -> Result<(), ApiError> {
     let Some(ty) = schema().body(path) else {
