@@ -37,6 +37,8 @@ pub(crate) enum Change {
     /// Responses input items follow the OpenResponses schema: `type` defaults to `message`,
     /// a missing or empty id and status are filled, a reasoning item's summary too.
     OpenResponsesInputItems,
+    /// `ResponsesRequest.thinking_token_budget` exists, with the sampling parameter's check.
+    ResponsesThinkingTokenBudget,
 }
 
 /// Each change and the release it arrived in.
@@ -53,6 +55,7 @@ const ARRIVED: &[(Change, VllmRelease)] = &[
     (Change::CountTokensOverContext, VllmRelease::V0_34),
     (Change::DeepSeekContinueFinalMessage, VllmRelease::V0_34),
     (Change::OpenResponsesInputItems, VllmRelease::V0_34),
+    (Change::ResponsesThinkingTokenBudget, VllmRelease::V0_34),
 ];
 
 /// Whether `change` holds in the release the simulator plays.

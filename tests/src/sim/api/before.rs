@@ -52,7 +52,7 @@ pub(crate) const RESPONSES: &[Before] = &[
 /// every type error pydantic has collected (in field order).
 pub(crate) const CHAT_FIELDS: &[Before] = &[thinking_token_budget, structured_outputs_constraint];
 pub(crate) const COMPLETION_FIELDS: &[Before] = &[thinking_token_budget, structured_outputs_constraint];
-pub(crate) const RESPONSES_FIELDS: &[Before] = &[structured_outputs_constraint];
+pub(crate) const RESPONSES_FIELDS: &[Before] = &[responses_thinking_token_budget, structured_outputs_constraint];
 
 /// Runs `list` on `body`; the first refusal.
 pub(crate) fn run(list: &[Before], body: &mut Body) -> Result<(), ApiError> {
@@ -471,6 +471,14 @@ fn thinking_token_budget(body: &mut Body) -> Result<(), ApiError> {
             Some(&py_str(v)),
         )),
     }
+}
+
+/// `ResponsesRequest.thinking_token_budget`, a field from 0.34 (an unknown key before).
+fn responses_thinking_token_budget(body: &mut Body) -> Result<(), ApiError> {
+    if since(Change::ResponsesThinkingTokenBudget) {
+        thinking_token_budget(body)?;
+    }
+    Ok(())
 }
 
 /// `StructuredOutputsParams.__post_init__` (sampling_params.py): a `structured_outputs` that
