@@ -337,7 +337,8 @@ fn health_models_version_tokenize() {
     assert_eq!((h.status, h.body.len()), (200, 0));
     assert_eq!(
         request(a, "GET", "/version", &[], b"").json(),
-        json!({"version": "0.33.0"})
+        json!({"version": "0.34.0"}),
+        "the newest release, played by default"
     );
     let m = request(a, "GET", "/v1/models", &[], b"").json();
     assert_eq!(m["object"], "list");
