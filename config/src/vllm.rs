@@ -96,6 +96,13 @@ impl UpstreamVersion {
         }
     }
 
+    /// Places the version a `/version` answer names (`{"version": "0.34.0"}`); `None` for a
+    /// body of another shape.
+    pub fn from_answer(body: &[u8]) -> Option<UpstreamVersion> {
+        let answer: serde_json::Value = serde_json::from_slice(body).ok()?;
+        Some(UpstreamVersion::place(answer.get("version")?.as_str()?))
+    }
+
     /// What `status` warns about, when the rules are not the reported release's own.
     pub fn warning(&self) -> Option<String> {
         let known = format!(
@@ -157,6 +164,14 @@ mod tests {
             assert_eq!((v.rules, v.fit), (rules, fit), "{reported}");
             assert_eq!(v.warning().is_none(), fit == Fit::Known, "{reported}");
         }
+    }
+
+    #[test]
+    fn a_version_answer_is_read_by_its_field() {
+        let v = UpstreamVersion::from_answer(br#"{"version": "0.34.1"}"#).unwrap();
+        assert_eq!((v.reported.as_str(), v.rules), ("0.34.1", VllmRelease::V0_34));
+        assert_eq!(UpstreamVersion::from_answer(br#"{"v": "0.34.1"}"#), None);
+        assert_eq!(UpstreamVersion::from_answer(b"not json"), None);
     }
 
     #[test]

@@ -136,9 +136,7 @@ impl Probe {
     /// releases sparkgate knows; `None` when it does not answer.
     pub(crate) async fn version(&self) -> Option<sparkgate_config::UpstreamVersion> {
         let (status, body) = self.get("/version").await?;
-        let reported: serde_json::Value = serde_json::from_slice(&body).ok().filter(|_| status == 200)?;
-        let reported = reported.get("version")?.as_str()?;
-        Some(sparkgate_config::UpstreamVersion::place(reported))
+        sparkgate_config::UpstreamVersion::from_answer(&body).filter(|_| status == 200)
     }
 
     pub(crate) async fn healthy(&self) -> bool {

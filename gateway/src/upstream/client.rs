@@ -420,39 +420,29 @@ impl Upstream {
 
     /// `GET /version` with a short timeout: rank 0's vLLM release, placed among the known ones.
     pub(crate) async fn version(&self) -> Option<sparkgate_config::UpstreamVersion> {
+        let (ok, body) = self.probe("/version", "sparkgate-version").await?;
+        sparkgate_config::UpstreamVersion::from_answer(&body).filter(|_| ok)
+    }
+
+    /// `GET /health` with a short timeout: true on 200.
+    pub(crate) async fn healthy(&self) -> bool {
+        matches!(self.probe("/health", "sparkgate-health").await, Some((true, _)))
+    }
+
+    /// A probe's `GET path` within 2 s: whether it answered 200, and its body. The body is read
+    /// whole, so the connection goes back to the pool for the next probe.
+    async fn probe(&self, path: &str, request_id: &str) -> Option<(bool, Bytes)> {
         use http_body_util::BodyExt as _;
         let none = HeaderMap::new();
         let read = async {
             let r = self
-                .send(Method::GET, "/version", &none, "sparkgate-version", Bytes::new())
+                .send(Method::GET, path, &none, request_id, Bytes::new())
                 .await
                 .ok()?;
             let ok = r.status() == 200;
-            let body = r.into_body().collect().await.ok()?.to_bytes();
-            let v: serde_json::Value = serde_json::from_slice(&body).ok().filter(|_| ok)?;
-            Some(sparkgate_config::UpstreamVersion::place(v.get("version")?.as_str()?))
+            Some((ok, r.into_body().collect().await.ok()?.to_bytes()))
         };
         tokio::time::timeout(Duration::from_secs(2), read).await.ok().flatten()
-    }
-
-    /// `GET /health` with a short timeout: true on 200. The body is read, so the connection
-    /// goes back to the pool for the next probe.
-    pub(crate) async fn healthy(&self) -> bool {
-        use http_body_util::BodyExt as _;
-        let none = HeaderMap::new();
-        let probe = async {
-            let r = self
-                .send(Method::GET, "/health", &none, "sparkgate-health", Bytes::new())
-                .await
-                .ok()?;
-            let ok = r.status() == 200;
-            r.into_body().collect().await.ok()?;
-            Some(ok)
-        };
-        matches!(
-            tokio::time::timeout(Duration::from_secs(2), probe).await,
-            Ok(Some(true))
-        )
     }
 }
 

@@ -103,21 +103,24 @@ fn check_generation_prompt(body: &mut Body) -> Result<(), ApiError> {
 /// `check_tool_usage`. From 0.34 an empty `tools` list without a named tool reads as no tools,
 /// and `auto` or `required` then as `none` (0.33 refused the list).
 fn check_tool_usage(body: &mut Body) -> Result<(), ApiError> {
-    let empty = body.get("tools") == Some(&Value::Array(Vec::new()));
-    if empty && since(Change::EmptyToolsAreNoTools) && !body.get("tool_choice").is_some_and(Value::is_object) {
-        body.insert("tools".into(), Value::Null);
-        if matches!(
-            body.get("tool_choice").and_then(Value::as_str),
-            Some("auto" | "required")
-        ) {
-            body.insert("tool_choice".into(), json!("none"));
+    if body.get("tools") == Some(&Value::Array(Vec::new())) {
+        if !since(Change::EmptyToolsAreNoTools) {
+            return Err(bad_request(
+                "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
+                Some("tools"),
+                None,
+            ));
         }
-    } else if empty && !since(Change::EmptyToolsAreNoTools) {
-        return Err(bad_request(
-            "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
-            Some("tools"),
-            None,
-        ));
+        // A named tool keeps the empty list, so the match below names the mismatch.
+        if !body.get("tool_choice").is_some_and(Value::is_object) {
+            body.insert("tools".into(), Value::Null);
+            if matches!(
+                body.get("tool_choice").and_then(Value::as_str),
+                Some("auto" | "required")
+            ) {
+                body.insert("tool_choice".into(), json!("none"));
+            }
+        }
     }
     let choice = match body.get("tool_choice") {
         None | Some(Value::Null) => return Ok(()),
