@@ -65,18 +65,33 @@ class FakeEngineCore:
         self.resources = SimpleNamespace(engine_dead=False)
         self.engine_ranks_managed = [0]
         self.queries = 0
+        # (prompt ids, planned ids) of recent requests: a prompt that is one of them followed by
+        # the start of its plan continues that plan, as a model does at temperature 0.
+        self.memory: deque = deque(maxlen=256)
 
     # --- the client surface -------------------------------------------------------------
 
     async def add_request_async(self, req) -> None:
-        prompt = self.tok.decode(req.prompt_token_ids or [], skip_special_tokens=False)
+        ids = list(req.prompt_token_ids or [])
         if os.environ.get("FAKE_LOG_REQUESTS"):
             print(f"fake-core: request {req.request_id} structured={req.sampling_params.structured_outputs}", flush=True)
-        text = fake_model.plan(prompt, self.profile, req.sampling_params.structured_outputs)
-        planned = self.tok.encode(text).ids + [self.eos]
+        planned = self._continuation(ids)
+        if planned is None:
+            prompt = self.tok.decode(ids, skip_special_tokens=False)
+            text = fake_model.plan(prompt, self.profile, req.sampling_params.structured_outputs)
+            planned = self.tok.encode(text).ids + [self.eos]
+            self.memory.append((ids, planned))
         chunks = max(0, (len(req.prompt_token_ids or []) - 1) // max(1, self.max_batched))
         self.waiting.append(Running(req, planned, chunks))
         self._kick()
+
+    def _continuation(self, ids: list[int]) -> list[int] | None:
+        """The rest of a remembered plan when `ids` is its prompt plus the plan's first tokens."""
+        for prompt, planned in reversed(self.memory):
+            n = len(prompt)
+            if n < len(ids) <= n + len(planned) and ids[:n] == prompt and ids[n:] == planned[: len(ids) - n]:
+                return planned[len(ids) - n :]
+        return None
 
     async def abort_requests_async(self, request_ids) -> None:
         ids = set(request_ids)

@@ -14,7 +14,9 @@ REAL (the PyPI package vllm==0.33.0 or 0.34.0, unmodified, in-process on VLLM_TA
 FAKED (what cannot exist here):
   - the engine core (`fake_core.FakeEngineCore`, swapped in at
     `EngineCoreClient.make_async_mp_client`): no GPU, no model; it schedules and emits tokens;
-  - the model's words (`fake_model`): chosen from the rendered prompt, not sampled;
+  - the model's words (`fake_model`): chosen from the rendered prompt, not sampled; a prompt
+    that is a recent request's prompt followed by the start of that request's output continues
+    that output token for token, as a model does at temperature 0 (a cut generation resumed);
   - the model directory (`model_dir`): a byte-level BPE trained offline on the fake model's
     sentences plus the profile's special and added tokens, a weightless LlamaForCausalLM
     config.json, and a stand-in chat template (GLM's reconstructed from the guide's rule;
