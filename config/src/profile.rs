@@ -71,6 +71,9 @@ static DEEPSEEK: ProfileFacts = ProfileFacts {
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
         "--no-enable-flashinfer-autotune",
+        // render, tokens-in generate and derender: how a cut generation continues exactly
+        // (docs/resume.md); the gateway's route table never exposes them to clients.
+        "--enable-scale-out",
     ],
     hf_overrides: Some(r#"{"engram_table_dir":"/engram-src"}"#),
     cap_add: &["SYS_PTRACE", "IPC_LOCK"],
@@ -93,6 +96,7 @@ static GLM: ProfileFacts = ProfileFacts {
         "glm45",
         "--enable-prefix-caching",
         "--no-enable-flashinfer-autotune",
+        "--enable-scale-out",
     ],
     hf_overrides: None,
     cap_add: &["IPC_LOCK"],

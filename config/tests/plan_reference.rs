@@ -12,7 +12,7 @@ const DEEPSEEK_RANK0: &str = r#"serve /model --served-model-name DeepSeek-v4.1-F
  --tensor-parallel-size 2 --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 29521
  --distributed-executor-backend mp
  --tokenizer-mode deepseek_v41 --tool-call-parser deepseek_v41 --reasoning-parser deepseek_v41
- --enable-auto-tool-choice --enable-prefix-caching --enable-prompt-tokens-details --no-enable-flashinfer-autotune
+ --enable-auto-tool-choice --enable-prefix-caching --enable-prompt-tokens-details --no-enable-flashinfer-autotune --enable-scale-out
  --hf-overrides {"engram_table_dir":"/engram-src"}
  --quantization exl3 --max-model-len 600000 --gpu-memory-utilization 0.88 --max-num-seqs 2 --max-num-batched-tokens 1024
  --long-prefill-token-threshold 1792 --kv-cache-memory-bytes 2684354560 --block-size 64
@@ -24,7 +24,7 @@ const DEEPSEEK_RANK0: &str = r#"serve /model --served-model-name DeepSeek-v4.1-F
 const GLM_RANK0: &str = r#"serve /root/.cache/huggingface/hub/models--Mia-AiLab--GLM-5.3-Flash-EXL3-TR3-4bpw/snapshots/25a44fdbf16862a46b7cc9921142c6c81350af2f
  --served-model-name GLM-5.3-Flash-EXL3 --host 0.0.0.0 --port 8888 --tensor-parallel-size 2 --nnodes 2 --node-rank 0
  --master-addr 127.0.0.1 --master-port 29521 --distributed-executor-backend mp
- --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --enable-prefix-caching --no-enable-flashinfer-autotune
+ --tool-call-parser glm47 --enable-auto-tool-choice --reasoning-parser glm45 --enable-prefix-caching --no-enable-flashinfer-autotune --enable-scale-out
  --quantization exl3 --max-model-len 900000 --gpu-memory-utilization 0.87 --max-num-seqs 4 --max-num-batched-tokens 1024
  --kv-cache-dtype fp8
  --speculative-config {"method":"dflash","model":"/root/.cache/huggingface/hub/models--incoai--GLM-5.3-Flash-DFlash2/snapshots/main","num_speculative_tokens":7,"kv_cache_dtype":"auto","draft_sample_method":"probabilistic","rejection_sample_method":"standard","draft_tensor_parallel_size":1}

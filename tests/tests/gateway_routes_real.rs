@@ -1,7 +1,8 @@
 //! The route table in front of the real vLLM 0.33.0 frontend: six concurrent streams on
 //! `/v1/messages`, `/v1/chat%2Fcompletions` and `/v1/%63hat/completions` never put more than
 //! MAX_NUM_SEQS requests into vLLM (its own running + waiting gauges), and the checks hold on
-//! every spelling.
+//! every spelling. The scale-out routes the plan turns on for resuming streams
+//! (`--enable-scale-out`) answer on rank 0 and never through the gateway.
 
 use std::time::Duration;
 
@@ -60,6 +61,25 @@ fn every_spelling_and_messages_stay_under_max_num_seqs_in_the_real_frontend() {
             r.json()["error"]["param"],
             "chat_template_kwargs",
             "{path}: {}",
+            r.text()
+        );
+    }
+    // Rank 0 serves tokens-in generation and the renderers (the gateway's resume uses them),
+    // and clients never reach them: the gateway's table does not list them.
+    let tokens = json!({"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 1}});
+    assert_eq!(post_json(real.addr, "/inference/v1/generate", &tokens).status, 200);
+    for path in [
+        "/inference/v1/generate",
+        "/v1/chat/completions/render",
+        "/v1/chat/completions/derender",
+        "/v1/completions/render",
+        "/v1/messages/render",
+    ] {
+        let r = post_json(gw.addr, path, &tokens);
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+        assert!(
+            r.json().get("detail").is_none(),
+            "{path}: the gateway's own 404: {}",
             r.text()
         );
     }

@@ -90,6 +90,7 @@ pub(super) const FLAGS: &[(&str, Kind)] = &[
     ("trust-request-chat-template", Bool),
     ("tool-call-parser", Str),
     ("enable-auto-tool-choice", Bool),
+    ("enable-scale-out", Bool),
     ("reasoning-parser", Str),
     ("language-model-only", Bool),
     ("limit-mm-per-prompt", Json),
