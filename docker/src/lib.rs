@@ -9,6 +9,26 @@ mod ssh;
 pub use image::{registry_host, ImageIdentity, ImageProgress};
 pub use ssh::{RemoteProcess, SshTarget};
 
+/// How a container or a remote process ended: in words, and its kind when that is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exit {
+    pub status: String,
+    pub kind: Option<ExitKind>,
+}
+
+/// The kind of an exit: a code (Docker reports a signal death as 128 + n), or a signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitKind {
+    Code(i64),
+    Signal,
+}
+
+impl Exit {
+    fn unknown(status: String) -> Exit {
+        Exit { status, kind: None }
+    }
+}
+
 use std::collections::HashMap;
 
 use bollard::models::{
@@ -236,15 +256,15 @@ impl Node {
         self.remove_named(id).await
     }
 
-    /// Resolves when the container stops; the exit code (or an error text).
-    pub async fn wait_exit(&self, id: &str) -> String {
+    /// Resolves when the container stops: its exit code (or why it could not be read).
+    pub async fn wait_exit(&self, id: &str) -> Exit {
         let opts = WaitContainerOptionsBuilder::default().condition("not-running").build();
         let mut stream = self.docker.wait_container(id, Some(opts));
         let code = match stream.next().await {
             Some(Ok(r)) => r.status_code,
             Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
-            Some(Err(e)) => return format!("wait failed: {e}"),
-            None => return "container gone".into(),
+            Some(Err(e)) => return Exit::unknown(format!("wait failed: {e}")),
+            None => return Exit::unknown("container gone".into()),
         };
         // The exit code alone cannot tell the kernel's OOM killer from `docker kill`.
         let oom = self
@@ -254,10 +274,16 @@ impl Node {
             .ok()
             .and_then(|c| c.state?.oom_killed)
             .unwrap_or(false);
-        if oom {
+        let status = if oom {
             format!("exit status: {code} (OOM-killed)")
         } else {
             format!("exit status: {code}")
+        };
+        // The OOM killer's SIGKILL is a signal death whatever code the daemon reports.
+        let kind = if oom { ExitKind::Signal } else { ExitKind::Code(code) };
+        Exit {
+            status,
+            kind: Some(kind),
         }
     }
 

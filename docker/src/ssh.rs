@@ -187,7 +187,7 @@ pub struct RemoteProcess {
     /// Its stdout and stderr, line by line.
     pub lines: tokio::sync::mpsc::UnboundedReceiver<String>,
     /// Resolves with its exit status (or why the session ended).
-    pub exit: tokio::sync::oneshot::Receiver<String>,
+    pub exit: tokio::sync::oneshot::Receiver<crate::Exit>,
 }
 
 impl Node {
@@ -250,10 +250,16 @@ impl Node {
         let (exit_tx, exit) = tokio::sync::oneshot::channel();
         sparkgate_task::spawn("ssh-exit", async move {
             let status = match child.wait().await {
-                Ok(s) => s.to_string(),
+                Ok(s) => crate::Exit {
+                    status: s.to_string(),
+                    kind: s.code().map(|c| crate::ExitKind::Code(i64::from(c))),
+                },
                 // sshd reports a signal death as exit-signal, which the mux passes on as this.
-                Err(openssh::Error::RemoteProcessTerminated) => "killed by a signal".to_owned(),
-                Err(e) => format!("the SSH session ended: {e}"),
+                Err(openssh::Error::RemoteProcessTerminated) => crate::Exit {
+                    status: "killed by a signal".to_owned(),
+                    kind: Some(crate::ExitKind::Signal),
+                },
+                Err(e) => crate::Exit::unknown(format!("the SSH session ended: {e}")),
             };
             let _ = exit_tx.send(status);
         });

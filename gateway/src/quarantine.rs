@@ -1,8 +1,10 @@
-//! Poison requests: a request vLLM held when its rank group was lost is a suspect, its
-//! strikes counted as it is sent again through new epochs. It is quarantined — not sent again,
-//! ended with `request_crashed_engine` — when the evidence names it: it ran alone and the group
-//! died within [`POISON_WINDOW`] of its dispatch; or it was lost under twice with no other
-//! suspect beside it the second time; or three times. A request lost under twice runs on
+//! Poison requests: a request vLLM held when its rank group failed is a suspect, its strikes
+//! counted as it is sent again through new epochs. It is quarantined — not sent again, ended
+//! with `request_crashed_engine` — when the evidence names it: it ran alone and the engine
+//! crashed (a rank exited by itself, `LossCause::Crashed`) within [`POISON_WINDOW`] of its
+//! dispatch; or it was lost under twice with no other suspect beside it the second time; or
+//! three times. A rank killed from outside (the OOM killer, an operator's SIGKILL), a hang or
+//! memguard is no such evidence: a lone request then is sent again once, like a bystander. A request lost under twice runs on
 //! probation — no other such suspect beside it on its group — so a bystander that shared two
 //! crashes with a poison request is told apart from it by the third. A body quarantined twice
 //! (two requests, e.g. a client sending it again) is refused at arrival for [`TTL`].
@@ -28,8 +30,9 @@ use bytes::Bytes;
 use metrics::counter;
 
 use crate::control::clients::Caller;
-use crate::groups::Group;
+use crate::groups::{Group, Lost};
 use crate::observe;
+use sparkgate_supervisor::LossCause;
 
 /// A group lost this soon after a lone request was sent to it is that request's doing.
 const POISON_WINDOW: Duration = Duration::from_secs(10);
@@ -47,6 +50,8 @@ pub(crate) struct Loss {
     pub(crate) soon: bool,
     /// No other suspect ran on the group from its dispatch to the loss.
     pub(crate) lone_suspect: bool,
+    /// The engine crashed by itself (not killed, hung or stopped from outside).
+    pub(crate) crashed: bool,
 }
 
 /// What the gateway does with a request whose group was lost under it.
@@ -60,7 +65,7 @@ pub(crate) enum Verdict {
 
 /// The rule, for a request's `strikes`-th loss.
 fn judge(strikes: u32, loss: Loss) -> Verdict {
-    let named = (loss.alone && loss.soon) || (strikes >= 2 && loss.lone_suspect) || strikes >= 3;
+    let named = (loss.alone && loss.soon && loss.crashed) || (strikes >= 2 && loss.lone_suspect) || strikes >= 3;
     if named {
         Verdict::Quarantined
     } else {
@@ -183,12 +188,13 @@ impl Dispatched {
         }
     }
 
-    /// What a loss noticed now says.
-    pub(crate) fn loss(&self) -> Loss {
+    /// What a loss by `cause`, noticed now, says.
+    pub(crate) fn loss(&self, cause: LossCause) -> Loss {
         Loss {
             alone: self.alone && self.group.routed() == self.routed,
             soon: self.at.elapsed() <= POISON_WINDOW,
             lone_suspect: self.lone_suspect && self.group.suspects().1 == self.suspects_routed,
+            crashed: cause == LossCause::Crashed,
         }
     }
 }
@@ -211,10 +217,10 @@ pub(crate) struct Suspect {
 }
 
 impl Suspect {
-    /// Judges this loss, noticed now; logs and counts the verdict. Also the request's strikes
-    /// now.
-    pub(crate) fn judge(self) -> (Verdict, u32) {
-        let loss = self.dispatched.loss();
+    /// Judges this loss by `cause`, noticed now; logs and counts the verdict. Also the
+    /// request's strikes now.
+    pub(crate) fn judge(self, cause: LossCause) -> (Verdict, u32) {
+        let loss = self.dispatched.loss(cause);
         let strikes = self.strikes.saturating_add(1);
         (self.record(judge(strikes, loss), strikes, loss), strikes)
     }
@@ -224,12 +230,13 @@ impl Suspect {
     /// died soon after its dispatch — counts against its body. The client already has the
     /// stream's error event.
     pub(crate) fn on_cut(self) {
-        let loss = self.dispatched.loss();
+        let loss = self.dispatched.loss(LossCause::Crashed);
         if !(loss.alone && loss.soon) {
             return;
         }
         sparkgate_task::spawn("quarantine-verdict", async move {
-            if self.dispatched.group.lost_since(self.dispatched.epoch).await {
+            let lost = self.dispatched.group.lost_since(self.dispatched.epoch).await;
+            if lost == Some(Lost::Failed(LossCause::Crashed)) {
                 self.record(Verdict::Quarantined, self.strikes.saturating_add(1), loss);
             }
         });
@@ -277,9 +284,15 @@ mod tests {
             alone,
             soon,
             lone_suspect,
+            crashed: true,
         }
     }
     const LONE_AND_SOON: Loss = loss(true, true, true);
+    /// Alone and soon, but the rank was killed from outside (or hung, or memguard fired).
+    const LONE_AND_SOON_KILLED: Loss = Loss {
+        crashed: false,
+        ..LONE_AND_SOON
+    };
     const CROWDED: Loss = loss(false, true, false);
     const LONE_BUT_LATE: Loss = loss(true, false, true);
     const AMONG_OTHERS_ONLY_SUSPECT: Loss = loss(false, true, true);
@@ -298,6 +311,16 @@ mod tests {
             "a first loss needs more"
         );
         assert_eq!(judge(1, LONE_AND_SOON), Verdict::Quarantined);
+        assert_eq!(
+            judge(1, LONE_AND_SOON_KILLED),
+            Verdict::Suspect,
+            "a kill from outside names no request: sent again once"
+        );
+        assert_eq!(
+            judge(2, LONE_AND_SOON_KILLED),
+            Verdict::Quarantined,
+            "lost under twice with no other suspect beside it"
+        );
         assert_eq!(
             judge(2, CROWDED),
             Verdict::Suspect,

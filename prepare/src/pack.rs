@@ -229,7 +229,7 @@ impl PackRun<'_> {
         };
         let (status, tail) = tokio::join!(node.wait_exit(&id), relay);
         let _ = node.kill_and_remove(&id).await;
-        Ok((status, tail))
+        Ok((status.status, tail))
     }
 }
 

@@ -71,7 +71,7 @@ pub async fn self_check(docker: &Node, rank0: &RankPlan, argv: &[String], log: &
         .run(&spec, &[])
         .await
         .map_err(|e| PrepareError::SelfCheck(format!("the self-check container did not start: {e}")))?;
-    let status = docker.wait_exit(&id).await;
+    let exit = docker.wait_exit(&id).await;
     let output: Vec<bytes::Bytes> = docker.logs(&id, None).collect().await;
     docker.kill_and_remove(&id).await.ok();
     let text: String = output.iter().map(|b| String::from_utf8_lossy(b)).collect();
@@ -79,9 +79,10 @@ pub async fn self_check(docker: &Node, rank0: &RankPlan, argv: &[String], log: &
         let _ = std::fs::create_dir_all(dir);
     }
     let _ = std::fs::write(log, &text);
-    if status == "exit status: 0" {
+    if exit.kind == Some(sparkgate_docker::ExitKind::Code(0)) {
         return Ok(());
     }
+    let status = exit.status;
     let lines: Vec<&str> = text.lines().collect();
     let tail = lines[lines.len().saturating_sub(20)..].join(" | ");
     Err(PrepareError::SelfCheck(format!(

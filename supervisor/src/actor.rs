@@ -221,6 +221,7 @@ impl Actor {
                 "rank {} exited{during} ({}); last lines: {tail}",
                 exit.rank, exit.status
             ),
+            cause: exit.kind.cause(),
         }
     }
 

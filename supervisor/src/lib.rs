@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub use error::SupervisorError;
 pub use machine::Answer;
 pub use probe::Progress;
-pub use status::{GroupState, LastRestart, NodeMemory, RankStatus, Status};
+pub use status::{GroupState, LastRestart, LossCause, NodeMemory, RankStatus, Status};
 
 use sparkgate_prepare::verify::ssh_target;
 

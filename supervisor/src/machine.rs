@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sparkgate_config::SpecMethod;
 
 use crate::backoff::Backoff;
-use crate::status::{GroupState, LastRestart};
+use crate::status::{GroupState, LastRestart, LossCause};
 
 /// Where the group is.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +63,8 @@ pub(crate) enum Then {
 pub(crate) struct Failure {
     pub(crate) reason: String,
     pub(crate) detected_in: Option<Duration>,
+    /// What ended the group, as the gateway's poison guard weighs it.
+    pub(crate) cause: LossCause,
 }
 
 /// What operators (and the speculation policy) ask for.
@@ -106,10 +108,11 @@ pub(crate) enum Event {
         epoch: u64,
         outcome: Result<(), String>,
     },
-    /// A rank of `epoch` exited (its reason says which and how).
+    /// A rank of `epoch` exited (its reason says which and how; its cause, what ended it).
     RankExited {
         epoch: u64,
         reason: String,
+        cause: LossCause,
     },
     /// The watchdog's verdict on a running `epoch` (health, memory, stall).
     Unwell {
@@ -223,9 +226,19 @@ impl Machine {
             Phase::Stopping { then: Then::Stay, .. } => GroupState::Stopping,
             Phase::Stopping { then: Then::Exit, .. } | Phase::ShuttingDown => GroupState::ShuttingDown,
             Phase::Stopping {
-                then: Then::Start { reason } | Then::Retry(Failure { reason, .. }),
+                then: Then::Start { reason },
                 ..
-            } => GroupState::Restarting { reason: reason.clone() },
+            } => GroupState::Restarting {
+                reason: reason.clone(),
+                cause: None,
+            },
+            Phase::Stopping {
+                then: Then::Retry(Failure { reason, cause, .. }),
+                ..
+            } => GroupState::Restarting {
+                reason: reason.clone(),
+                cause: Some(*cause),
+            },
             Phase::Backoff { reason, delay, .. } => GroupState::Backoff {
                 reason: reason.clone(),
                 retry_in_s: delay.as_secs_f64(),
@@ -311,7 +324,7 @@ impl Machine {
             P::Starting { epoch } | P::Ready { epoch } => {
                 let epoch = *epoch;
                 self.restarts += 1;
-                self.last_restart = Some(LastRestart::now(&reason, None));
+                self.last_restart = Some(LastRestart::now(&reason, None, None));
                 (Answer::Accepted, self.stop(epoch, Then::Start { reason }, now))
             }
             P::Stopping { then, .. } => {
@@ -359,6 +372,7 @@ impl Machine {
                     Failure {
                         reason: format!("node preparation failed: {reason}"),
                         detected_in: None,
+                        cause: LossCause::FailedStart,
                     },
                 )
             }
@@ -377,13 +391,17 @@ impl Machine {
                 let failure = Failure {
                     reason,
                     detected_in: None,
+                    cause: LossCause::FailedStart,
                 };
                 self.stop(epoch, Then::Retry(failure), now)
             }
-            (Event::RankExited { epoch, reason }, P::Starting { epoch: e } | P::Ready { epoch: e }) if epoch == *e => {
+            (Event::RankExited { epoch, reason, cause }, P::Starting { epoch: e } | P::Ready { epoch: e })
+                if epoch == *e =>
+            {
                 let failure = Failure {
                     reason,
                     detected_in: Some(Duration::ZERO),
+                    cause,
                 };
                 self.stop(epoch, Then::Retry(failure), now)
             }
@@ -446,7 +464,7 @@ impl Machine {
     fn failed(&mut self, epoch: u64, failure: Failure) -> Vec<Action> {
         self.restarts += 1;
         let detected = failure.detected_in.map(|d| d.as_secs_f64());
-        self.last_restart = Some(LastRestart::now(&failure.reason, detected));
+        self.last_restart = Some(LastRestart::now(&failure.reason, detected, Some(failure.cause)));
         match self.backoff.failed() {
             None => {
                 let reason = format!(

@@ -100,7 +100,14 @@ impl Run {
                 Action::Watch { epoch } => {
                     if let Some(after) = self.script.crash_after {
                         let reason = format!("rank 1 exited (signal 9), epoch {epoch}");
-                        self.schedule(after, Event::RankExited { epoch, reason });
+                        self.schedule(
+                            after,
+                            Event::RankExited {
+                                epoch,
+                                reason,
+                                cause: LossCause::Crashed,
+                            },
+                        );
                     }
                 }
                 Action::Stop { epoch } => {

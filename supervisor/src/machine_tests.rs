@@ -25,6 +25,7 @@ fn failure(reason: &str) -> Failure {
     Failure {
         reason: reason.into(),
         detected_in: None,
+        cause: LossCause::Crashed,
     }
 }
 
@@ -282,6 +283,7 @@ fn a_shutdown_never_schedules_a_start() {
             Event::RankExited {
                 epoch: 3,
                 reason: "x".into(),
+                cause: LossCause::Crashed,
             },
             Event::Up {
                 epoch: 3,
@@ -338,6 +340,7 @@ fn events_of_another_epoch_or_phase_change_nothing() {
             Event::RankExited {
                 epoch: 2,
                 reason: "old".into(),
+                cause: LossCause::Crashed,
             },
             Event::Up {
                 epoch: 2,
@@ -365,6 +368,7 @@ fn a_rank_exit_while_stopping_is_expected() {
         Event::RankExited {
             epoch: 3,
             reason: "killed".into(),
+            cause: LossCause::Crashed,
         },
         Instant::now(),
     );
@@ -398,11 +402,22 @@ fn failures_back_off_and_the_budget_gives_up() {
             Event::RankExited {
                 epoch,
                 reason: format!("rank 1 exited (signal 9), epoch {epoch}"),
+                cause: LossCause::Killed,
             },
             t0,
         );
         assert_eq!(a, vec![Action::Publish, Action::Stop { epoch }]);
-        assert!(matches!(m.group_state(), GroupState::Restarting { .. }));
+        assert!(
+            matches!(
+                m.group_state(),
+                GroupState::Restarting {
+                    cause: Some(LossCause::Killed),
+                    ..
+                }
+            ),
+            "the published state names what ended the group: {:?}",
+            m.group_state()
+        );
         let (_, a) = m.step(Event::Down { epoch }, t0);
         if epoch == 4 {
             assert_eq!(a, vec![Action::Publish]);
@@ -515,6 +530,7 @@ fn a_stalled_group_reports_when_it_was_last_seen() {
             failure: Failure {
                 reason: "no engine step for 10 s".into(),
                 detected_in: Some(Duration::from_secs(10)),
+                cause: LossCause::Unwell,
             },
         },
         t0,

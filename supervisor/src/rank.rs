@@ -14,7 +14,7 @@ use sparkgate_docker::{Node, SshTarget};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::SupervisorError;
-use crate::exits::{watch_exit, Exited, RankExit};
+use crate::exits::{watch_exit, ExitKind, Exited, RankExit};
 use crate::logsink::{Capture, LogSink};
 use crate::status::RankStatus;
 
@@ -128,8 +128,8 @@ impl Rank {
                 let _ = r.await;
             }
             match status {
-                Ok(s) => s.to_string(),
-                Err(e) => format!("wait failed: {e}"),
+                Ok(s) => (s.to_string(), ExitKind::of_status(&s)),
+                Err(e) => (format!("wait failed: {e}"), ExitKind::Unknown),
             }
         });
         let runtime = Runtime::Process {
@@ -158,7 +158,10 @@ impl Rank {
         });
         let exit = process.exit;
         let exited = watch_exit(to.epoch, plan.rank, to.exits, async move {
-            exit.await.unwrap_or_else(|_| "the SSH session ended".into())
+            match exit.await {
+                Ok(e) => (e.status, e.kind.map_or(ExitKind::Unknown, exit_kind)),
+                Err(_) => ("the SSH session ended".into(), ExitKind::Unknown),
+            }
         });
         let runtime = Runtime::Remote {
             link: link.clone(),
@@ -195,7 +198,8 @@ impl Rank {
         });
         let (waiter, wait_id) = (docker.clone(), id.clone());
         let exited = watch_exit(to.epoch, plan.rank, to.exits, async move {
-            waiter.wait_exit(&wait_id).await
+            let exit = waiter.wait_exit(&wait_id).await;
+            (exit.status, exit.kind.map_or(ExitKind::Unknown, exit_kind))
         });
         let runtime = Runtime::Container {
             docker: docker.clone(),
@@ -451,5 +455,13 @@ impl Backend {
             (Backend::Docker { head, .. }, None) => Some(Ok(head.clone())),
             (Backend::Process { .. }, _) => None,
         }
+    }
+}
+
+/// The exit kind of what the Docker crate saw (a container's code, a remote process's end).
+fn exit_kind(kind: sparkgate_docker::ExitKind) -> ExitKind {
+    match kind {
+        sparkgate_docker::ExitKind::Code(c) => ExitKind::Code(c),
+        sparkgate_docker::ExitKind::Signal => ExitKind::Signal,
     }
 }

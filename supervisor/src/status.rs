@@ -23,6 +23,9 @@ pub enum GroupState {
     /// failure with no backoff due).
     Restarting {
         reason: String,
+        /// Why the serving group was lost (absent for an operator's restart or mode switch).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cause: Option<LossCause>,
     },
     /// Waiting `retry_in_s` before the next start after a failure.
     Backoff {
@@ -36,6 +39,26 @@ pub enum GroupState {
     },
     /// The gateway is exiting.
     ShuttingDown,
+}
+
+/// Why a running group was lost: the evidence the gateway's poison guard weighs against the
+/// requests vLLM held (`sparkgate_gateway::quarantine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossCause {
+    /// A rank exited by itself (an exit code below 128): the engine died of its own error,
+    /// which a request can cause.
+    Crashed,
+    /// A signal ended a rank (the OOM killer, an operator's `kill`; a container's 128 + n).
+    Killed,
+    /// The runtime lost sight of a rank (a broken wait, an SSH session that ended).
+    Unreachable,
+    /// The watchdog's verdict: no engine step, no token, or failed health checks.
+    Unwell,
+    /// Memguard: a node's available memory fell under MEM_GUARD_GIB.
+    Memory,
+    /// The group never became ready (preparation or start failed).
+    FailedStart,
 }
 
 /// One rank as last seen.
@@ -59,10 +82,13 @@ pub struct LastRestart {
     /// Seconds from the last sign of life (a health answer, an engine step) to the failure
     /// being noticed; absent for an operator's restart.
     pub detected_in_s: Option<f64>,
+    /// What ended the group; absent for an operator's restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<LossCause>,
 }
 
 impl LastRestart {
-    pub(crate) fn now(reason: &str, detected_in_s: Option<f64>) -> Self {
+    pub(crate) fn now(reason: &str, detected_in_s: Option<f64>, cause: Option<LossCause>) -> Self {
         let at_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -71,6 +97,7 @@ impl LastRestart {
             reason: reason.to_owned(),
             at_unix,
             detected_in_s,
+            cause,
         }
     }
 }

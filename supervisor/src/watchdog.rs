@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::machine::Failure;
 use crate::probe::Progress;
-use crate::status::NodeMemory;
+use crate::status::{LossCause, NodeMemory};
 
 /// One round of checks (`sampler.rs` takes one about every second).
 #[derive(Debug, Clone, PartialEq)]
@@ -101,6 +101,7 @@ impl Watchdog {
                 self.limits.stall_timeout.as_secs()
             ),
             detected_in: Some(quiet),
+            cause: LossCause::Unwell,
         })
     }
 
@@ -126,6 +127,7 @@ impl Watchdog {
                 low.node
             ),
             detected_in: Some(Duration::ZERO),
+            cause: LossCause::Memory,
         })
     }
 
@@ -139,6 +141,7 @@ impl Watchdog {
         (self.unhealthy >= 3).then(|| Failure {
             reason: "rank 0 failed 3 health checks in a row".into(),
             detected_in: Some(now.saturating_duration_since(self.healthy_at)),
+            cause: LossCause::Unwell,
         })
     }
 
@@ -157,6 +160,7 @@ impl Watchdog {
                 p.running
             ),
             detected_in: Some(quiet),
+            cause: LossCause::Unwell,
         })
     }
 }

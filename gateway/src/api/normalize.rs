@@ -53,8 +53,9 @@ pub(crate) struct Normalized {
     /// The gateway added `stream_options.include_usage` for its own accounting; the usage chunk
     /// must not reach the client.
     pub(crate) usage_injected: bool,
-    /// The model name as the client sent it (for the log line).
-    pub(crate) model: Option<String>,
+    /// The model name as the client sent it (for the log line); the served name is shared, not
+    /// copied, since nearly every request sends it.
+    pub(crate) model: Option<std::sync::Arc<str>>,
 }
 
 /// The sequences a request makes vLLM run at once — each holds one of MAX_NUM_SEQS: `n` per
@@ -141,6 +142,8 @@ fn lax_count(value: Option<&Value>) -> u32 {
 pub(crate) struct Normalizer {
     profile: ProfileId,
     served: String,
+    /// `served`, shared by every request that names it.
+    served_shared: std::sync::Arc<str>,
     aliases: Vec<String>,
     effort_map: HashMap<String, String>,
 }
@@ -168,6 +171,7 @@ impl Normalizer {
         Self {
             profile,
             served: served.to_owned(),
+            served_shared: served.into(),
             aliases: aliases.to_vec(),
             effort_map: effort_map.iter().cloned().collect(),
         }
@@ -194,7 +198,13 @@ impl Normalizer {
         if api == Api::Chat && Rule::DropEmptyTools.holds(release) && drop_empty_tools(&mut body) {
             repairs.push(Repair::EmptyTools);
         }
-        let model = body.field("model").and_then(Value::as_str).map(str::to_owned);
+        let model = body.field("model").and_then(Value::as_str).map(|m| {
+            if m == self.served {
+                self.served_shared.clone()
+            } else {
+                m.into()
+            }
+        });
         self.resolve_model(&mut body)?;
         // With kwargs that are not an object vLLM refuses the request: nothing to translate.
         let kwargs_valid = matches!(

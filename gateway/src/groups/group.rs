@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use sparkgate_config::SpecMethod;
-use sparkgate_supervisor::{GroupState, SupervisorHandle};
+use sparkgate_supervisor::{GroupState, LossCause, Status, SupervisorHandle};
 
 use crate::control::admission::Reservation;
 use crate::control::state::UpstreamState;
@@ -18,6 +18,34 @@ pub(super) struct View {
     pub(super) state: UpstreamState,
     pub(super) mode: SpecMethod,
     pub(super) capacity: u32,
+}
+
+/// How a serving group was lost, as its supervisor published it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lost {
+    /// A failure, and what ended the group.
+    Failed(LossCause),
+    /// Stopped on purpose: an operator's restart, stop or mode switch, or the gateway's exit.
+    Stopped,
+}
+
+impl Lost {
+    /// The loss a status published after the serving one tells: the state under way, else (the
+    /// watch kept only a later state) the last restart's cause.
+    fn of(s: &Status) -> Lost {
+        match &s.state {
+            GroupState::Restarting { cause: Some(c), .. } => Lost::Failed(*c),
+            GroupState::Restarting { cause: None, .. }
+            | GroupState::Stopping
+            | GroupState::Stopped
+            | GroupState::ShuttingDown => Lost::Stopped,
+            _ => s
+                .last_restart
+                .as_ref()
+                .and_then(|r| r.cause)
+                .map_or(Lost::Stopped, Lost::Failed),
+        }
+    }
 }
 
 /// One rank group.
@@ -179,16 +207,17 @@ impl Group {
     }
 
     /// Waits (at most a second) until the group is no longer the serving group of `epoch` —
-    /// its supervisor noticed its loss — so a retry is not sent into the same dead rank;
-    /// whether it was lost. Without a supervisor nothing judges a loss: never.
-    pub(crate) async fn lost_since(&self, epoch: Option<u64>) -> bool {
-        let Some(sup) = &self.supervisor else { return false };
+    /// its supervisor noticed its loss — so a retry is not sent into the same dead rank; how it
+    /// was lost, if it was. Without a supervisor nothing judges a loss: never.
+    pub(crate) async fn lost_since(&self, epoch: Option<u64>) -> Option<Lost> {
+        let sup = self.supervisor.as_ref()?;
         let mut status = sup.subscribe();
         let changed = status.wait_for(|s| !(s.is_serving() && Some(s.epoch) == epoch));
-        let lost = tokio::time::timeout(Duration::from_secs(1), changed)
-            .await
-            .map(|seen| seen.is_ok());
-        lost == Ok(true)
+        let lost = match tokio::time::timeout(Duration::from_secs(1), changed).await {
+            Ok(Ok(seen)) => Some(Lost::of(&seen)),
+            _ => None,
+        };
+        lost
     }
 
     /// Suspects' leases in flight now, and given ever.

@@ -344,7 +344,7 @@ fn view_of(status: &Status) -> View {
         )),
         GroupState::Ready { .. } => UpstreamState::Ready,
         GroupState::Starting { epoch } => UpstreamState::Restarting(format!("starting epoch {epoch}")),
-        GroupState::Restarting { reason } | GroupState::Backoff { reason, .. } => {
+        GroupState::Restarting { reason, .. } | GroupState::Backoff { reason, .. } => {
             UpstreamState::Restarting(reason.clone())
         }
         GroupState::Failed { reason } => UpstreamState::Failed(reason.clone()),
@@ -426,7 +426,7 @@ pub(crate) use prefix::prefix_key;
 mod fence;
 mod group;
 mod release;
-pub(crate) use group::{Group, Lease};
+pub(crate) use group::{Group, Lease, Lost};
 use group::{View, HELD};
 use release::Releases;
 

@@ -37,7 +37,7 @@ pub(crate) struct RelayCtx {
     pub(crate) request_id: String,
     pub(crate) route: &'static str,
     /// The model name as the client sent it (for the log line).
-    pub(crate) model: Option<String>,
+    pub(crate) model: Option<std::sync::Arc<str>>,
     pub(crate) drain_timeout: Duration,
     /// Judged if the stream is cut under it (the poison-request guard, `quarantine`).
     pub(crate) suspect: Option<crate::quarantine::Suspect>,

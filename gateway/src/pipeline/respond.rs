@@ -23,7 +23,7 @@ pub(super) enum Reply {
     Whole {
         resp: Response,
         usage: observe::Usage,
-        model: Option<String>,
+        model: Option<std::sync::Arc<str>>,
     },
 }
 

@@ -14,7 +14,7 @@ use super::context::{Ctx, Prepared, Sent};
 use super::hold::Held;
 use crate::api::error::GatewayError;
 use crate::control::admission::Permit;
-use crate::groups::{Group, Lease};
+use crate::groups::{Group, Lease, Lost};
 use crate::quarantine::{Dispatched, Stage, Suspect, Verdict, PROBATION_FROM};
 use crate::upstream::UpstreamError;
 
@@ -149,12 +149,13 @@ async fn unanswered(
     let lost = group.lost_since(dispatched.epoch).await;
     drop(slots);
     let never_reached = err.is_connect();
-    if !(lost || never_reached || group.restarting()) {
+    if !(lost.is_some() || never_reached || group.restarting()) {
         return Err(unreachable(&group, &err));
     }
-    if lost && !never_reached {
-        // vLLM held it when the group was lost: a suspect, or a poison request.
-        let (verdict, strikes) = suspect(ctx, req, tries.strikes, dispatched).judge();
+    // vLLM held it when the group failed: a suspect, or a poison request. A group stopped on
+    // purpose says nothing of the requests it held.
+    if let (Some(Lost::Failed(cause)), false) = (lost, never_reached) {
+        let (verdict, strikes) = suspect(ctx, req, tries.strikes, dispatched).judge(cause);
         if verdict == Verdict::Quarantined {
             return Err(quarantined(ctx.request_id, &ctx.caller, Stage::Dispatch));
         }

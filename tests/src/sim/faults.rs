@@ -3,13 +3,13 @@
 //!
 //! | variable | effect |
 //! |---|---|
-//! | `SIM_FAULT_CRASH_AFTER_REQUESTS=N` | exit abruptly (status 137) when the N-th request finishes |
+//! | `SIM_FAULT_CRASH_AFTER_REQUESTS=N` | exit abruptly (status 1, an engine that died of its own error) when the N-th request finishes |
 //! | `SIM_FAULT_CRASH_AFTER_S=T` | exit abruptly T seconds after start |
 //! | `SIM_FAULT_HANG_AFTER_REQUESTS=N` | after N finished requests, stop stepping and stop logging |
 //! | `SIM_FAULT_HANG_AFTER_S=T` | the same, T seconds after start |
 //! | `SIM_FAULT_HANG_AT_START=1` | print the first load lines, then hang before ready |
 //! | `SIM_FAULT_STREAM_ERROR_AFTER_TOKENS=N` | every request fails after N tokens (SSE error event + `[DONE]`, or 500) |
-//! | `SIM_FAULT_CRASH_ON=MARKER` | exit abruptly (status 137) when the engine schedules a request whose prompt contains MARKER (a poison request) |
+//! | `SIM_FAULT_CRASH_ON=MARKER` | exit abruptly (status 1, an engine that died of its own error) when the engine schedules a request whose prompt contains MARKER (a poison request) |
 //! | `SIM_FAULT_REFUSE_CONNECTIONS=1` | never accept HTTP connections (the port is bound but refuses) |
 //! | `SIM_LOG_INVALID_UTF8=1` | print a line with bytes that are not UTF-8 early in the start (native libraries do) |
 //! | `SIM_SPAWN_HELPER=1` | start a helper process (`sleep`), as vLLM starts its engine and worker processes, and log its pid |
@@ -68,9 +68,11 @@ impl Faults {
         }
     }
 
-    /// Exits the process the way a killed rank does: no goodbye, status 137.
+    /// Exits the process as a rank whose engine died of its own error does: no goodbye,
+    /// status 1 (a kill from outside, the OOM killer's or an operator's, is a signal instead —
+    /// which the supervisor tells apart, `LossCause`).
     pub(crate) fn crash(&self) -> ! {
-        std::process::exit(137)
+        std::process::exit(1)
     }
 
     /// Whether any of `prompts` holds SIM_FAULT_CRASH_ON's marker.
