@@ -499,6 +499,8 @@ pub struct Gateway {
     pub client_weights: Vec<(Secret, u32)>,
     pub first_token_timeout: Duration,
     pub stream_idle_timeout: Duration,
+    /// How long a cut stream waits to be continued; zero: cut streams end with their error.
+    pub resume_timeout: Duration,
     pub request_timeout: Duration,
     /// Requests per minute per key; `None` = no rate limit.
     pub rate_limit_rpm: Option<u32>,

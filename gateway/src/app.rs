@@ -23,6 +23,8 @@ pub(crate) struct App {
     pub(crate) first_token_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) request_timeout: Duration,
+    /// How long a cut stream waits to be continued (RESUME_TIMEOUT; zero: not at all).
+    pub(crate) resume_timeout: Duration,
     pub(crate) profile: String,
     /// The profile's speculation modes (what `/admin/spec` may switch to).
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
@@ -39,18 +41,23 @@ impl App {
     pub(crate) fn new(config: &Config, control: GatewayControl, groups: Arc<Groups>) -> Shared {
         let g = &config.gateway;
         Arc::new(App {
-            normalizer: Arc::new(Normalizer::new(
-                config.profile,
-                &config.serving.served_model_name,
-                &g.model_aliases,
-                &g.effort_map,
-            )),
+            normalizer: Arc::new({
+                let mut n = Normalizer::new(
+                    config.profile,
+                    &config.serving.served_model_name,
+                    &g.model_aliases,
+                    &g.effort_map,
+                );
+                n.resume_streams = !g.resume_timeout.is_zero();
+                n
+            }),
             groups,
             control,
             drain_timeout: g.drain_timeout,
             first_token_timeout: g.first_token_timeout,
             idle_timeout: g.stream_idle_timeout,
             request_timeout: g.request_timeout,
+            resume_timeout: g.resume_timeout,
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
             quarantine: Arc::default(),

@@ -66,6 +66,12 @@ pub fn cases() -> &'static [Case] {
             run: sse_tap,
         },
         Case {
+            name: "sse_tap_traced_frame",
+            what: "the tap on one token frame of a stream that can be continued: its token ids recorded and written null for the client (docs/resume.md)",
+            counted_iters: 200_000,
+            run: sse_tap_traced,
+        },
+        Case {
             name: "admission_acquire_release",
             what: "an uncontended admission permit taken and dropped",
             counted_iters: 50_000,
@@ -74,8 +80,12 @@ pub fn cases() -> &'static [Case] {
     ]
 }
 
+/// The normaliser as `sparkgate serve` makes it by default (streams that can be continued ask
+/// vLLM for their token ids, RESUME_TIMEOUT).
 fn normalizer() -> Normalizer {
-    Normalizer::new(ProfileId::DeepSeekV41Flash, "DeepSeek-v4.1-Flash-EXL3", &[], &[])
+    let mut n = Normalizer::new(ProfileId::DeepSeekV41Flash, "DeepSeek-v4.1-Flash-EXL3", &[], &[]);
+    n.resume_streams = true;
+    n
 }
 
 const TYPICAL: &str = r#"{"model":"DeepSeek-v4.1-Flash-EXL3","messages":[{"role":"system","content":"You are a careful assistant. Answer briefly and cite the function names you use."},{"role":"user","content":"How does the gateway decide when a request may start? Explain admission in two sentences."},{"role":"assistant","content":"A request starts when a slot under MAX_NUM_SEQS is free; otherwise it waits in a bounded queue, in arrival order, until one is released or its timeout passes."},{"role":"user","content":"And what happens to the queue when the ranks restart? Keep it short."}],"max_tokens":256,"temperature":0.6,"top_p":0.95,"stream":true,"stream_options":{"include_usage":true}}"#;
@@ -139,7 +149,21 @@ const FRAME: &[u8] = br#"data: {"id":"chatcmpl-4f1c2a","object":"chat.completion
 
 "#;
 
+/// The same frame as vLLM sends it with `return_token_ids` (what a stream that can be continued
+/// asks for).
+const TRACED_FRAME: &[u8] = br#"data: {"id":"chatcmpl-4f1c2a","object":"chat.completion.chunk","created":1764600000,"model":"DeepSeek-v4.1-Flash-EXL3","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null,"token_ids":[48213]}],"kv_transfer_params":null}
+
+"#;
+
 fn sse_tap(iters: u64) {
+    tap_frames(iters, FRAME, false);
+}
+
+fn sse_tap_traced(iters: u64) {
+    tap_frames(iters, TRACED_FRAME, true);
+}
+
+fn tap_frames(iters: u64, frame: &'static [u8], traced: bool) {
     // The tap arms a tokio timer when it is made: give it a runtime to arm it on.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -153,8 +177,12 @@ fn sse_tap(iters: u64) {
     });
     control.admission().set_capacity(2);
     control.set_mode(SpecMethod::Dspark);
-    let mut tap = Tap::chat(control);
-    let frame = Bytes::from_static(FRAME);
+    let mut tap = if traced {
+        Tap::traced_chat(control)
+    } else {
+        Tap::chat(control)
+    };
+    let frame = Bytes::from_static(frame);
     counted(iters, || {
         let out = tap.feed(black_box(frame.clone()));
         black_box(out.map(|b| b.len()));

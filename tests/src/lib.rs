@@ -2,6 +2,7 @@
 //! the integration tests share.
 
 pub mod conformance;
+pub mod cutproxy;
 pub mod difffuzz;
 pub mod faults;
 pub mod harness;

@@ -18,7 +18,7 @@ use crate::api::encoding::json_text;
 use crate::api::error::GatewayError;
 use crate::api::family::Api;
 use crate::api::lax::lax_integer;
-use crate::api::normalize::{Normalized, Normalizer};
+use crate::api::normalize::{Normalized, Normalizer, ResumeSpec};
 use sparkgate_config::VllmRelease;
 
 /// How a request body is read: MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE.
@@ -87,6 +87,8 @@ const TOUCHED: &[&str] = &[
     "reasoning",
     "thinking",
     "tool_choice",
+    // Set to true upstream on a stream that can be continued (`resume`).
+    "return_token_ids",
 ];
 
 /// Bodies larger than this are parsed and re-serialised off the reactor thread.
@@ -170,6 +172,8 @@ struct Split<'a> {
     priority: Option<i64>,
     /// The prompts a completions `prompt` holds (`prompt_count`), when the body has one.
     prompts: Option<u32>,
+    /// A field a continuation cannot honour exactly (`resume::blocks`).
+    resume_blocked: bool,
 }
 
 fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
@@ -182,7 +186,9 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
     let mut fields = Map::new();
     let mut raw = Vec::with_capacity(entries.len());
     let (mut user, mut priority, mut prompts) = (None, None, None);
+    let mut resume_blocked = false;
     for (key, v) in entries {
+        resume_blocked |= crate::api::resume::blocks(&key, v.get());
         // These stay raw: only read (the last one, as vLLM reads it), never rewritten.
         if key == "user" {
             user = serde_json::from_str::<String>(v.get()).ok();
@@ -212,6 +218,7 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
         user,
         priority,
         prompts,
+        resume_blocked,
     })
 }
 
@@ -328,7 +335,7 @@ fn has_repeats(entries: &[(Cow<'_, str>, &RawValue)]) -> bool {
 
 /// The normalised fields and the raw ones as one JSON object (a normalised field wins over a
 /// raw one of the same name: `extra_body` may set any key).
-fn join(fields: &Map<String, Value>, raw: &[(Cow<'_, str>, &RawValue)]) -> Vec<u8> {
+fn join(fields: &Map<String, Value>, raw: &[(Cow<'_, str>, &RawValue)], extra: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(raw.iter().map(|(_, v)| v.get().len() + 16).sum::<usize>() + 256);
     out.push(b'{');
     let mut first = true;
@@ -345,6 +352,12 @@ fn join(fields: &Map<String, Value>, raw: &[(Cow<'_, str>, &RawValue)]) -> Vec<u
     }
     for (k, v) in raw.iter().filter(|(k, _)| !fields.contains_key(k.as_ref())) {
         put(&mut out, k, v.get().as_bytes());
+    }
+    if !extra.is_empty() {
+        if !first {
+            out.push(b',');
+        }
+        out.extend_from_slice(extra);
     }
     out.push(b'}');
     out
@@ -380,6 +393,7 @@ pub(crate) fn prepare_now(
         user,
         priority,
         prompts,
+        resume_blocked,
     } = split(&text, api)?;
     // `messages` stays raw here, so the dispatch reads the raw fields.
     let has_messages = fields.keys().any(|k| k == "messages") || raw.iter().any(|(k, _)| k == "messages");
@@ -387,11 +401,21 @@ pub(crate) fn prepare_now(
     // A batch's fields hold its conversations: too large to keep a second copy of to compare.
     let before = (api != Api::Batch && !repeated).then(|| fields.clone());
     let mut norm = normalizer.normalize(api, release, fields, prompts)?;
+    norm.resume = resume_spec(normalizer, api, &norm, prompts, resume_blocked);
+    // Asked of vLLM for a continuation, as text: appended to a body sent as it came, written
+    // last into a rewritten one (a repeated key's last value is the one vLLM reads).
+    let ask_ids: &[u8] = match norm.resume {
+        Some(r) if !r.client_ids => br#""return_token_ids":true"#,
+        _ => b"",
+    };
+    let as_sent = matches!(text, Cow::Borrowed(_));
     let forward = match before {
         // Compared in order, without hashing: normalisation edits in place or appends, so an
         // unchanged body keeps its order (and a reordered one is rewritten, which is harmless).
-        Some(before) if before.iter().eq(norm.body.iter()) => bytes.clone(),
-        _ => Bytes::from(join(&norm.body, &raw)),
+        Some(before) if before.iter().eq(norm.body.iter()) && (ask_ids.is_empty() || as_sent) => {
+            with_field(bytes, ask_ids)
+        }
+        _ => Bytes::from(join(&norm.body, &raw, ask_ids)),
     };
     // The forwarded bytes are what stays alive while the request waits in the queue.
     norm.body = Map::new();
@@ -401,6 +425,46 @@ pub(crate) fn prepare_now(
         user,
         priority,
     })
+}
+
+/// How a stream of this request can be continued: a single chat or completions sequence with
+/// nothing a continuation cannot honour (`resume::blocks`), when RESUME_TIMEOUT is set.
+fn resume_spec(
+    normalizer: &Normalizer,
+    api: Api,
+    norm: &Normalized,
+    prompts: Option<u32>,
+    blocked: bool,
+) -> Option<ResumeSpec> {
+    use crate::api::resume::Resumable;
+    if !normalizer.resume_streams || !norm.stream || blocked || norm.sequences.total() != 1 {
+        return None;
+    }
+    let kind = match api {
+        Api::Chat => Resumable::Chat,
+        Api::Completions if prompts == Some(1) => Resumable::Completions,
+        _ => return None,
+    };
+    use crate::api::normalize::Fields as _;
+    let client_ids = norm.body.field("return_token_ids").and_then(crate::api::lax::lax_bool) == Some(true);
+    Some(ResumeSpec { kind, client_ids })
+}
+
+/// `body` (a JSON object's text) with `field` (`"key":value`, if any) added as its last member.
+fn with_field(body: &Bytes, field: &[u8]) -> Bytes {
+    if field.is_empty() {
+        return body.clone();
+    }
+    let end = body.iter().rposition(|b| *b == b'}').unwrap_or(body.len());
+    let empty = body[..end].iter().rev().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let mut out = Vec::with_capacity(body.len() + field.len() + 1);
+    out.extend_from_slice(&body[..end]);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(field);
+    out.extend_from_slice(&body[end..]);
+    Bytes::from(out)
 }
 
 /// Parses, normalises and re-serialises `bytes` (off the reactor thread when large).

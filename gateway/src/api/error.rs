@@ -76,6 +76,9 @@ pub enum GatewayError {
     UpstreamBroke,
     #[error("the model's stream ended before it finished")]
     UpstreamTruncated,
+    /// A stream cut by its group's loss that could not be continued (docs/resume.md).
+    #[error("the model's rank group was lost mid-stream and the answer could not be continued: {detail}")]
+    ResumeFailed { detail: String },
     #[error("request_crashed_engine: {} (request id {request_id})", if *at_arrival { "two requests with this body were quarantined for losing the model's engine; it is refused for an hour" } else { "the model's engine was lost under this request (twice, or at once while it ran alone); it is not sent again" })]
     RequestCrashedEngine { request_id: String, at_arrival: bool },
     #[error("the gateway is shutting down; retry later")]
@@ -130,7 +133,9 @@ impl GatewayError {
             | GatewayError::ShuttingDown
             | GatewayError::DrainTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::FirstTokenTimeout { .. } | GatewayError::StreamIdle { .. } => StatusCode::GATEWAY_TIMEOUT,
-            GatewayError::UpstreamBroke | GatewayError::UpstreamTruncated => StatusCode::BAD_GATEWAY,
+            GatewayError::UpstreamBroke | GatewayError::UpstreamTruncated | GatewayError::ResumeFailed { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             GatewayError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -248,7 +253,7 @@ impl GatewayError {
         match self {
             GatewayError::FirstTokenTimeout { .. } => StreamEnd::FirstTokenTimeout,
             GatewayError::StreamIdle { .. } => StreamEnd::IdleTimeout,
-            GatewayError::UpstreamBroke => StreamEnd::UpstreamBroken,
+            GatewayError::UpstreamBroke | GatewayError::ResumeFailed { .. } => StreamEnd::UpstreamBroken,
             GatewayError::UpstreamTruncated => StreamEnd::UpstreamTruncated,
             GatewayError::DrainTimeout { .. } | GatewayError::ShuttingDown => StreamEnd::DrainTimeout,
             _ => StreamEnd::GatewayError,

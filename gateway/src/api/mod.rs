@@ -2,7 +2,8 @@
 //! (`family`), the route table (`routes`), each family's error forms (`openai`, `anthropic`),
 //! errors rendered in them (`error`), reading a body (`body`) in the encodings vLLM reads
 //! (`encoding`), its values as vLLM's models coerce them (`lax`), normalising it
-//! (`normalize`), and the rules that differ by vLLM release (`releases`).
+//! (`normalize`), the rules that differ by vLLM release (`releases`), and what continuing a cut
+//! stream needs of the APIs (`resume`).
 
 pub(crate) mod anthropic;
 pub(crate) mod body;
@@ -13,4 +14,5 @@ pub(crate) mod lax;
 pub(crate) mod normalize;
 pub(crate) mod openai;
 pub(crate) mod releases;
+pub(crate) mod resume;
 pub(crate) mod routes;

@@ -22,7 +22,7 @@ const KWARGS_MAX_BYTES: usize = 16 * 1024;
 /// Lookups by scan, not by hash: a request's top-level fields here are the few `TOUCHED` ones
 /// and a kwargs object holds at most KWARGS_MAX_KEYS, so comparing keys costs less than the
 /// SipHash of the one looked for (IndexMap's `get`: ~150 instructions, a dozen times a request).
-trait Fields {
+pub(crate) trait Fields {
     fn field(&self, key: &str) -> Option<&Value>;
     fn field_mut(&mut self, key: &str) -> Option<&mut Value>;
     fn has(&self, key: &str) -> bool {
@@ -56,6 +56,16 @@ pub(crate) struct Normalized {
     /// The model name as the client sent it (for the log line); the served name is shared, not
     /// copied, since nearly every request sends it.
     pub(crate) model: Option<std::sync::Arc<str>>,
+    /// How a cut stream of this request can be continued exactly (`body::prepare_now` decides).
+    pub(crate) resume: Option<ResumeSpec>,
+}
+
+/// A stream that can be continued, and whether its client asked for token ids itself (else
+/// the gateway asked, and removes them from what the client gets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ResumeSpec {
+    pub(crate) kind: crate::api::resume::Resumable,
+    pub(crate) client_ids: bool,
 }
 
 /// The sequences a request makes vLLM run at once — each holds one of MAX_NUM_SEQS: `n` per
@@ -144,6 +154,8 @@ pub(crate) struct Normalizer {
     served: String,
     /// `served`, shared by every request that names it.
     served_shared: std::sync::Arc<str>,
+    /// RESUME_TIMEOUT is set: streams that can be continued ask vLLM for their token ids.
+    pub(crate) resume_streams: bool,
     aliases: Vec<String>,
     effort_map: HashMap<String, String>,
 }
@@ -172,6 +184,7 @@ impl Normalizer {
             profile,
             served: served.to_owned(),
             served_shared: served.into(),
+            resume_streams: false,
             aliases: aliases.to_vec(),
             effort_map: effort_map.iter().cloned().collect(),
         }
@@ -236,6 +249,7 @@ impl Normalizer {
             effort_mapping,
             usage_injected,
             model,
+            resume: None,
         })
     }
 

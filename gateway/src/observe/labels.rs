@@ -65,6 +65,23 @@ labels! {
 }
 
 labels! {
+    /// Why a cut stream could not be continued (`sparkgate_stream_resume_failures_total{reason}`;
+    /// docs/resume.md): the stream then ends with its error event, as before resuming existed.
+    ResumeFailure {
+        /// No group was Ready again within RESUME_TIMEOUT.
+        Timeout => "timeout",
+        /// Cut a third time.
+        TooMany => "too_many",
+        /// The request crashed the engine (the poison guard): not sent into the next epoch.
+        Quarantined => "quarantined",
+        /// vLLM rendered another prompt than the stream's: the continuation would not be exact.
+        PromptMismatch => "prompt_mismatch",
+        /// Rank 0 refused or broke a render, generate or derender call.
+        Upstream => "upstream",
+    }
+}
+
+labels! {
     /// Where a request was waiting when its client left (`sparkgate_client_gone_total{stage}`).
     Waiting {
         /// Its body was being read or prepared.

@@ -6,7 +6,9 @@ mod labels;
 mod logline;
 pub(crate) mod logwriter;
 
-pub(crate) use labels::{Affinity, QuarantineStage, Rejection, Repair, StreamEnd, UpstreamErrorKind, Waiting};
+pub(crate) use labels::{
+    Affinity, QuarantineStage, Rejection, Repair, ResumeFailure, StreamEnd, UpstreamErrorKind, Waiting,
+};
 
 use std::sync::{Mutex, OnceLock};
 
@@ -42,6 +44,9 @@ pub(crate) const CLIENT_GONE: &str = "sparkgate_client_gone_total";
 
 /// Rendered at each scrape from the groups' state (`Groups::upstream_info`), not recorded.
 pub(crate) const UPSTREAM_INFO: &str = "sparkgate_upstream_info";
+pub(crate) const RESUMES: &str = "sparkgate_stream_resumes_total";
+pub(crate) const RESUME_FAILURES: &str = "sparkgate_stream_resume_failures_total";
+pub(crate) const RESUME_WAIT_SECONDS: &str = "sparkgate_stream_resume_wait_seconds";
 
 /// `sparkgate_upstream_info` for the groups whose rank 0 reported its version (empty when
 /// none has): one sample per group, valued 1.
@@ -162,6 +167,19 @@ fn describe() {
         UPSTREAM_ERRORS,
         "Upstream requests that failed before headers, by kind."
     );
+    describe_counter!(
+        RESUMES,
+        "Streams cut by their rank group's loss and continued exactly where they stopped (docs/resume.md)."
+    );
+    describe_counter!(
+        RESUME_FAILURES,
+        "Cut streams that could not be continued and ended with their error event, by reason."
+    );
+    describe_histogram!(
+        RESUME_WAIT_SECONDS,
+        Unit::Seconds,
+        "How long a cut stream waited from the cut to its continuation's first token."
+    );
     describe_counter!(GROUP_REQUESTS, "Generations routed to each rank group.");
     describe_gauge!(GROUP_OPEN, "1 while a rank group takes new requests, by group.");
     describe_gauge!(GROUP_IN_FLIGHT, "Sequences running on each rank group.");
@@ -180,6 +198,10 @@ fn register() {
     }
     counter!(BODY_TIMEOUTS).absolute(0);
     counter!(SUSPECTS).absolute(0);
+    counter!(RESUMES).absolute(0);
+    for reason in ResumeFailure::ALL {
+        counter!(RESUME_FAILURES, "reason" => reason.label()).absolute(0);
+    }
     for stage in Waiting::ALL {
         counter!(CLIENT_GONE, "stage" => stage.label()).absolute(0);
     }

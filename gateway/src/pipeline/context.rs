@@ -22,6 +22,8 @@ use crate::upstream::UpstreamBody;
 /// One generation on its way through the stages.
 pub(super) struct Ctx<'a> {
     pub(super) app: &'a App,
+    /// The same, shared: what outlives the stages (a stream's continuation) holds it.
+    pub(super) shared: &'a std::sync::Arc<App>,
     pub(super) request_id: &'a str,
     pub(super) route: &'static Route,
     pub(super) api: Api,
@@ -33,7 +35,7 @@ pub(super) struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     pub(super) fn new(
-        app: &'a App,
+        shared: &'a std::sync::Arc<App>,
         request_id: &'a str,
         route: &'static Route,
         api: Api,
@@ -42,7 +44,8 @@ impl<'a> Ctx<'a> {
     ) -> Ctx<'a> {
         let pending = Pending::new(request_id, route.label, Instant::now());
         Ctx {
-            app,
+            app: shared,
+            shared,
             request_id,
             route,
             api,

@@ -1,15 +1,16 @@
 //! The holders of a generation's admission permit and group lease: `Held` while the gateway
-//! waits for vLLM's answer, then its response body (`HoldPermit`).
+//! waits for vLLM's answer, then a whole answer's body (`HoldPermit`; a stream's relay holds its
+//! own `Held`).
 
 use bytes::Bytes;
 
 use crate::control::admission::Permit;
 use crate::groups::Lease;
 
-/// A response body that keeps the generation's slots until it is fully sent or dropped,
-/// streamed (around the relay) or not. A stream cut before vLLM's answer ended leaves them to
-/// its `Held`, which fences them until vLLM has let go of the request: a queued request sent at
-/// once would find vLLM still holding the old one and run over MAX_NUM_SEQS.
+/// A response body that keeps the generation's slots until it is fully sent or dropped. A body
+/// cut before vLLM's answer ended leaves them to its `Held`, which fences them until vLLM has
+/// let go of the request: a queued request sent at once would find vLLM still holding the old
+/// one and run over MAX_NUM_SEQS.
 pub(super) struct HoldPermit<B: Cut> {
     inner: B,
     held: Option<Held>,
@@ -18,12 +19,6 @@ pub(super) struct HoldPermit<B: Cut> {
 /// Whether a response body stopped before vLLM's answer ended.
 pub(super) trait Cut {
     fn cut_upstream(&self) -> bool;
-}
-
-impl Cut for crate::pipeline::relay::Relay {
-    fn cut_upstream(&self) -> bool {
-        crate::pipeline::relay::Relay::cut_upstream(self)
-    }
 }
 
 impl Cut for http_body_util::Full<Bytes> {
@@ -76,7 +71,17 @@ where
 /// they go to the abort fence instead of straight back (`Lease::release_after_abort`). The
 /// group's slot comes before the admission's (a tuple drops its fields in order): the waiter
 /// the permit's release admits finds the group's slot free.
-pub(super) struct Held(Option<(Lease, Permit)>);
+pub(crate) struct Held(Option<(Lease, Permit)>);
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Held(slots)"
+        } else {
+            "Held(released)"
+        })
+    }
+}
 
 impl Held {
     pub(super) fn new(lease: Lease, permit: Permit) -> Self {

@@ -3,7 +3,8 @@
 //! `respond` (the relayed stream or the whole body), each a function over the one context
 //! (`context::Ctx`), and `generate` writes its one log line and metrics; utilities and the rest
 //! of vLLM's surface are forwarded (`forward`). Below the stages: the response body (`relay`), the slots an answer holds (`hold`) and the
-//! client-gone accounting (`pending`).
+//! client-gone accounting (`pending`); a stream cut by its group's loss is recorded (`trace`)
+//! and continued (`resume`, docs/resume.md).
 
 mod admit;
 mod answer;
@@ -15,7 +16,9 @@ mod pending;
 mod prepare;
 pub(crate) mod relay;
 mod respond;
+mod resume;
 mod send;
+mod trace;
 
 use axum::response::Response;
 
@@ -28,7 +31,7 @@ use crate::control::clients::Caller;
 /// A request on an upstream route (`routes::ROUTES`): the methods it answers, then its role's
 /// handler. Called by `http::dispatch` after the edge steps, without a router in between.
 pub(crate) async fn upstream_route(
-    app: &App,
+    app: &std::sync::Arc<App>,
     route: &'static Route,
     request_id: &str,
     req: hyper::Request<impl RequestBody>,

@@ -2,8 +2,10 @@
 //! event is sent as it completes), while a tap reads them for time to first token, inter-event
 //! gaps, exact token counts and upstream error events. The gateway's own accounting usage chunk
 //! is removed, a stalled or broken upstream ends the stream with the route's error event (OpenAI:
-//! an error chunk and `[DONE]`; Responses and Anthropic: `event: error`), and dropping the stream
-//! (client gone) drops the upstream request, which vLLM aborts.
+//! an error chunk and `[DONE]`; Responses and Anthropic: `event: error`) — unless the stream can
+//! be continued (`resume`): then it stays open, an SSE comment every 15 s, until the
+//! continuation's chunks follow — and dropping the stream (client gone) drops the upstream
+//! request, which vLLM aborts.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -22,6 +24,9 @@ use crate::api::error::GatewayError;
 use crate::api::family::Framing;
 use crate::control::state::{GatewayControl, Lifecycle};
 use crate::observe::{self, StreamEnd};
+use crate::pipeline::hold::Held;
+use crate::pipeline::resume::{self, Feed};
+use crate::pipeline::trace::Trace;
 use crate::upstream::{UpstreamBody, UpstreamError};
 
 /// What a relay needs to know about its request.
@@ -41,7 +46,30 @@ pub(crate) struct RelayCtx {
     pub(crate) drain_timeout: Duration,
     /// Judged if the stream is cut under it (the poison-request guard, `quarantine`).
     pub(crate) suspect: Option<crate::quarantine::Suspect>,
+    /// The stream's slots until its answer ends (fenced when it is cut).
+    pub(crate) held: Option<Held>,
+    /// How a cut would be continued (docs/resume.md), when it can be.
+    pub(crate) resume: Option<Box<ResumePlan>>,
 }
+
+/// What continuing a cut stream needs beyond its trace.
+pub(crate) struct ResumePlan {
+    pub(crate) app: std::sync::Arc<crate::app::App>,
+    pub(crate) headers: axum::http::HeaderMap,
+    pub(crate) forward: Bytes,
+    pub(crate) prefix: Option<u64>,
+}
+
+impl std::fmt::Debug for ResumePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResumePlan").finish_non_exhaustive()
+    }
+}
+
+/// A stream is continued at most this many times; the next cut ends it with its error.
+const MAX_RESUMES: u8 = 2;
+/// How often a stream waiting for its continuation sends an SSE comment.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// Resolves once the gateway's shutdown reaches `Closing` (never, if its sender is gone).
 type ClosingWatch = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -63,6 +91,10 @@ enum Woke {
     Closing,
     /// The first-token or idle deadline passed.
     Deadline,
+    /// The continuation's next event, or why it failed.
+    Continued(Option<Result<Bytes, GatewayError>>),
+    /// A stream waiting for its continuation is due an SSE comment.
+    KeepAlive,
 }
 
 pub(crate) struct Relay {
@@ -89,6 +121,11 @@ pub(crate) struct Relay {
     /// The upstream's answer ended by itself (vLLM has let go of the request).
     upstream_ended: bool,
     outcome: &'static str,
+    /// What a stream that can be continued has sent so far.
+    trace: Option<Box<Trace>>,
+    /// The continuation under way, and the keep-alive comment's timer while it is.
+    feed: Option<(Feed, std::pin::Pin<Box<tokio::time::Sleep>>)>,
+    resumes: u8,
 }
 
 /// Where the literal `needle` first is in `hay`. Each needle's searcher is built once: building
@@ -153,6 +190,38 @@ fn fingerprint_of(payload: &[u8]) -> Value {
 
 impl Relay {
     /// Ends the stream with the gateway's own error, rendered for this stream's framing.
+    /// The upstream stream was cut (broken, truncated or idle): continued when it can be
+    /// (docs/resume.md), else ended with its error.
+    fn cut(&mut self, err: GatewayError) {
+        let Some(plan) = self.ctx.resume.as_ref() else {
+            return self.error_event(err);
+        };
+        let Some(trace) = self.trace.as_ref().filter(|t| !t.finished) else {
+            return self.error_event(err);
+        };
+        if self.resumes >= MAX_RESUMES {
+            counter!(observe::RESUME_FAILURES, "reason" => observe::ResumeFailure::TooMany.label()).increment(1);
+            return self.error_event(err);
+        }
+        let continuation = resume::Continuation {
+            app: plan.app.clone(),
+            request_id: self.ctx.request_id.clone(),
+            headers: plan.headers.clone(),
+            forward: plan.forward.clone(),
+            prefix: plan.prefix,
+            trace: (**trace).clone(),
+            suspect: self.ctx.suspect.take(),
+            cut_at: Instant::now(),
+        };
+        tracing::info!(request_id = %self.ctx.request_id, cut = %err, tokens = trace.output.len(), "stream cut: continuing it");
+        // The cut request's connection closes (vLLM aborts it) and its slots go to the fence.
+        self.body = None;
+        drop(self.ctx.held.take());
+        self.resumes += 1;
+        let timer = Box::pin(tokio::time::sleep(KEEP_ALIVE));
+        self.feed = Some((resume::start(continuation), timer));
+    }
+
     fn error_event(&mut self, err: GatewayError) {
         let outcome = err.stream_end().label();
         if matches!(
@@ -171,10 +240,18 @@ impl Relay {
         self.out.extend(err.stream_event(self.ctx.framing));
         // Dropping the upstream body closes its connection; vLLM aborts the request.
         self.body = None;
+        self.feed = None;
         self.done = true;
     }
 
     fn on_event(&mut self, event: Bytes) {
+        let event = match self.trace.as_mut() {
+            Some(trace) => match trace.observe(event) {
+                Some(e) => e,
+                None => return,
+            },
+            None => event,
+        };
         let now = Instant::now();
         match self.first_at {
             None => {
@@ -282,6 +359,16 @@ impl Relay {
     /// Polls the upstream body, then the gateway's shutdown, then the stream's deadline (the
     /// timer is re-armed lazily when it fires before the deadline moved by the last token).
     fn poll_woke(&mut self, cx: &mut Context<'_>) -> Poll<Woke> {
+        if let Some((feed, keep_alive)) = self.feed.as_mut() {
+            if let Poll::Ready(next) = feed.poll_recv(cx) {
+                return Poll::Ready(Woke::Continued(next));
+            }
+            if self.closing.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woke::Closing);
+            }
+            ready!(keep_alive.as_mut().poll(cx));
+            return Poll::Ready(Woke::KeepAlive);
+        }
         let Some(body) = self.body.as_mut() else {
             return Poll::Ready(Woke::Frame(None));
         };
@@ -314,9 +401,24 @@ impl Relay {
             Woke::Deadline if first => self.error_event(GatewayError::FirstTokenTimeout {
                 after: self.ctx.first_token_timeout,
             }),
-            Woke::Deadline => self.error_event(GatewayError::StreamIdle {
+            Woke::Deadline => self.cut(GatewayError::StreamIdle {
                 after: self.ctx.idle_timeout,
             }),
+            Woke::Continued(Some(Ok(data))) => self.on_data(data),
+            Woke::Continued(Some(Err(e))) => self.error_event(e),
+            Woke::Continued(None) => {
+                self.feed = None;
+                if !self.saw_done {
+                    self.error_event(GatewayError::UpstreamTruncated);
+                }
+                self.done = true;
+            }
+            Woke::KeepAlive => {
+                self.out.push_back(Bytes::from_static(b": keep-alive\n\n"));
+                if let Some((_, timer)) = self.feed.as_mut() {
+                    timer.as_mut().reset((Instant::now() + KEEP_ALIVE).into());
+                }
+            }
             Woke::Frame(None) if self.body.is_none() => self.done = true,
             Woke::Frame(None) => {
                 self.upstream_ended = true;
@@ -326,10 +428,10 @@ impl Relay {
                     }
                     self.done = true;
                 } else {
-                    self.error_event(GatewayError::UpstreamTruncated);
+                    self.cut(GatewayError::UpstreamTruncated);
                 }
             }
-            Woke::Frame(Some(Err(_))) => self.error_event(GatewayError::UpstreamBroke),
+            Woke::Frame(Some(Err(_))) => self.cut(GatewayError::UpstreamBroke),
             Woke::Frame(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     self.on_data(data);
@@ -355,7 +457,19 @@ impl std::fmt::Debug for Relay {
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        let outcome = if self.done { self.outcome } else { "client_disconnected" };
+        // A cut answer's slots go to the fence (vLLM may still hold it); a whole one's back.
+        if let Some(held) = self.ctx.held.take() {
+            if self.upstream_ended {
+                drop(held.into_parts());
+            } else {
+                drop(held);
+            }
+        }
+        let outcome = match (self.done, self.outcome) {
+            (false, _) => "client_disconnected",
+            (true, "completed") if self.resumes > 0 => "resumed",
+            (true, outcome) => outcome,
+        };
         if let Some(t) = self.usage.completion {
             self.ctx.control.count_tokens(self.ctx.mode, t);
         }
@@ -392,8 +506,21 @@ impl Tap {
             model: None,
             drain_timeout: Duration::from_secs(60),
             suspect: None,
+            held: None,
+            resume: None,
         };
         Self(Relay::new(None, ctx))
+    }
+
+    /// The tap of a chat stream that can be continued (its token ids recorded, and written null
+    /// for a client that did not ask for them).
+    pub(crate) fn traced_chat(control: GatewayControl) -> Self {
+        let mut tap = Tap::chat(control);
+        tap.0.trace = Some(Box::new(Trace::new(crate::api::normalize::ResumeSpec {
+            kind: crate::api::resume::Resumable::Chat,
+            client_ids: false,
+        })));
+        tap
     }
 
     /// One upstream frame in; what would go to the client now out.
@@ -422,6 +549,9 @@ impl Relay {
             done: false,
             upstream_ended: false,
             outcome: "completed",
+            trace: None,
+            feed: None,
+            resumes: 0,
         }
     }
 }
@@ -429,16 +559,10 @@ impl Relay {
 /// The client-facing event stream for one upstream SSE response, as a response body: each poll
 /// sends what is queued (everything ready as one frame: one write for events that arrived
 /// together), else waits for the next wake-up (`Woke`).
-pub(crate) fn relay(upstream: UpstreamBody, ctx: RelayCtx) -> Relay {
-    Relay::new(Some(upstream), ctx)
-}
-
-impl Relay {
-    /// The stream stopped before vLLM's answer ended (the client left, or the gateway cut it):
-    /// vLLM may still hold the request until it sees the connection close.
-    pub(crate) fn cut_upstream(&self) -> bool {
-        !self.upstream_ended
-    }
+pub(crate) fn relay(upstream: UpstreamBody, ctx: RelayCtx, trace: Option<Trace>) -> Relay {
+    let mut relay = Relay::new(Some(upstream), ctx);
+    relay.trace = trace.map(Box::new);
+    relay
 }
 
 impl http_body::Body for Relay {
@@ -480,139 +604,5 @@ fn coalesce(out: &mut VecDeque<Bytes>) -> Option<Bytes> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn fingerprint_is_spliced_before_the_closing_brace() {
-        let mut chunk = br#"data: {"id":"x","choices":[{"index":0,"finish_reason":"stop"}]}"#.to_vec();
-        chunk.extend_from_slice(b"\n\n");
-        splice_fingerprint(&mut chunk, &json!("fp-1"));
-        assert_eq!(
-            String::from_utf8(chunk).unwrap(),
-            "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"finish_reason\":\"stop\"}],\"system_fingerprint\":\"fp-1\"}\n\n"
-        );
-    }
-
-    #[test]
-    fn the_usage_chunks_fingerprint_is_read_and_its_absence_is_null() {
-        let chunk = br#"{"id":"x","choices":[],"usage":{"completion_tokens":3},"system_fingerprint":"fp-9"}"#;
-        assert_eq!(fingerprint_of(chunk), json!("fp-9"));
-        assert_eq!(fingerprint_of(br#"{"id":"x","choices":[]}"#), Value::Null);
-        assert_eq!(fingerprint_of(b"not json"), Value::Null);
-    }
-
-    #[test]
-    fn queued_events_leave_as_one_frame() {
-        let mut q: VecDeque<Bytes> = VecDeque::new();
-        assert_eq!(coalesce(&mut q), None);
-        q.extend([Bytes::from_static(b"data: a\n\n"), Bytes::from_static(b"data: b\n\n")]);
-        assert_eq!(coalesce(&mut q).as_deref(), Some(&b"data: a\n\ndata: b\n\n"[..]));
-        assert!(q.is_empty());
-    }
-
-    fn tap() -> (tokio::runtime::Runtime, Tap) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let tap = {
-            let _entered = rt.enter();
-            let limits = crate::control::admission::QueueLimits {
-                depth: 8,
-                bytes: 1 << 20,
-                timeout: Duration::from_secs(60),
-            };
-            Tap::chat({
-                let c = GatewayControl::new(limits);
-                c.set_mode(SpecMethod::Dspark);
-                c
-            })
-        };
-        (rt, tap)
-    }
-
-    #[test]
-    fn whole_events_are_cut_from_their_frame_and_only_an_unfinished_tail_is_kept() {
-        let (_rt, mut tap) = tap();
-        let frame = Bytes::from_static(b"data: a\n\ndata: b\n\ndata: c");
-        let out = tap.feed(frame.clone()).unwrap();
-        assert_eq!(out, "data: a\n\ndata: b\n\n");
-        assert_eq!(&tap.0.buf[..], b"data: c");
-        // The tail's end arrives split over two frames, the blank line across them.
-        assert_eq!(tap.feed(Bytes::from_static(b"\n")), None);
-        assert_eq!(
-            tap.feed(Bytes::from_static(b"\ndata: d\n\n")).unwrap(),
-            "data: c\n\ndata: d\n\n"
-        );
-        assert_eq!(tap.0.buf.capacity(), 0, "nothing unfinished: no buffer kept");
-        // One event alone is passed on as the very bytes that arrived.
-        let one = Bytes::from_static(b"data: e\n\n");
-        assert_eq!(tap.feed(one.clone()).unwrap().as_ptr(), one.as_ptr());
-    }
-
-    #[test]
-    fn events_end_at_blank_lines_of_lf_or_crlf() {
-        assert_eq!(event_end(b"data: a\n\ndata: b", 0), Some(9));
-        assert_eq!(event_end(b"data: a\n", 0), None);
-        assert_eq!(event_end(b"xx\n\n", 2), Some(4));
-        assert_eq!(event_end(b"data: a\r\n\r\ndata: b", 0), Some(11));
-        assert_eq!(event_end(b"data: a\r\ndata: b\r\n", 0), None);
-    }
-
-    /// Streams of the shapes SSE allows: LF and CRLF line ends, comments, several `data:`
-    /// lines, named events, an `id:`.
-    const STREAMS: &[&str] = &[
-        "data: {\"a\":1}\n\ndata: {\"b\":2}\n\ndata: [DONE]\n\n",
-        "data: one\r\n\r\ndata: two\r\n\r\n",
-        ": keep-alive\n\ndata: x\n\n: another\r\n\r\ndata: y\r\n\r\n",
-        "data: first line\ndata: second line\n\nevent: message_stop\ndata: {}\n\n",
-        "event: response.completed\r\nid: 7\r\ndata: {\"r\":1}\r\n\r\ndata: z\n\r\n",
-    ];
-
-    /// What eventsource-stream reads from `chunks` (each a frame of the same stream).
-    fn read_events(rt: &tokio::runtime::Runtime, chunks: Vec<Bytes>) -> Vec<(String, String)> {
-        use eventsource_stream::Eventsource as _;
-        use futures_util::StreamExt as _;
-        let frames = futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::convert::Infallible>));
-        rt.block_on(
-            frames
-                .eventsource()
-                .map(|e| e.expect("a valid stream"))
-                .collect::<Vec<_>>(),
-        )
-        .into_iter()
-        .map(|e| (e.event, e.data))
-        .collect()
-    }
-
-    /// The events the tap cuts from `frames`, each as the bytes it passes on.
-    fn cut(tap: &mut Tap, frames: &[&[u8]]) -> Vec<Bytes> {
-        for f in frames {
-            tap.0.on_data(Bytes::copy_from_slice(f));
-        }
-        tap.0.out.drain(..).collect()
-    }
-
-    #[test]
-    fn the_tap_cuts_events_where_eventsource_stream_reads_them_at_every_split() {
-        let (rt, _) = tap();
-        for stream in STREAMS {
-            let bytes = stream.as_bytes();
-            let whole = read_events(&rt, vec![Bytes::copy_from_slice(bytes)]);
-            assert!(!whole.is_empty(), "{stream:?}");
-            for at in 0..=bytes.len() {
-                let (_, mut t) = tap();
-                let events = cut(&mut t, &[&bytes[..at], &bytes[at..]]);
-                assert_eq!(events.concat(), bytes, "the tap passes every byte on, split at {at}");
-                // Each cut event alone reads as the events of the whole stream, in order.
-                let one_by_one: Vec<_> = events.iter().flat_map(|e| read_events(&rt, vec![e.clone()])).collect();
-                assert_eq!(one_by_one, whole, "{stream:?} split at {at}");
-            }
-            let (_, mut t) = tap();
-            let singles: Vec<&[u8]> = bytes.chunks(1).collect();
-            assert_eq!(cut(&mut t, &singles).concat(), bytes, "byte by byte");
-        }
-    }
-}
+#[path = "relay_tests.rs"]
+mod tests;

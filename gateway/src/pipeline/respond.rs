@@ -14,7 +14,8 @@ use super::send::suspect;
 use crate::api::error::GatewayError;
 use crate::api::family::Framing;
 use crate::observe;
-use crate::pipeline::relay::{relay, RelayCtx};
+use crate::pipeline::relay::{relay, RelayCtx, ResumePlan};
+use crate::pipeline::trace::Trace;
 
 /// What a generation answered: a stream (the relay writes its log line when it ends), or a
 /// whole body with its usage.
@@ -46,9 +47,18 @@ pub(super) async fn respond(ctx: &Ctx<'_>, req: Prepared, mut sent: Sent) -> Res
 }
 
 /// The relayed stream, holding the request's slots until it ends (or hands them to the abort
-/// fence when it is cut).
+/// fence when it is cut), with what continuing it would need when it can be (docs/resume.md).
 fn stream(ctx: &Ctx<'_>, req: Prepared, sent: Sent, head: axum::http::response::Builder) -> Reply {
     let app = ctx.app;
+    let trace = req.norm.resume.map(Trace::new);
+    let resume = trace.as_ref().map(|_| {
+        Box::new(ResumePlan {
+            app: ctx.shared.clone(),
+            headers: ctx.headers.clone(),
+            forward: req.forward.clone(),
+            prefix: req.prefix,
+        })
+    });
     let relay_ctx = RelayCtx {
         started: ctx.started(),
         usage_injected: req.norm.usage_injected,
@@ -62,10 +72,11 @@ fn stream(ctx: &Ctx<'_>, req: Prepared, sent: Sent, head: axum::http::response::
         model: req.norm.model.clone(),
         drain_timeout: app.drain_timeout,
         suspect: Some(suspect(ctx, &req, sent.strikes, sent.dispatched)),
+        held: Some(Held::new(sent.lease, sent.permit)),
+        resume,
     };
-    let events = relay(sent.upstream.into_body(), relay_ctx);
-    let body = HoldPermit::new(events, Held::new(sent.lease, sent.permit));
-    Reply::Stream(head.body(Body::new(body)).expect("valid response parts"))
+    let events = relay(sent.upstream.into_body(), relay_ctx, trace);
+    Reply::Stream(head.body(Body::new(events)).expect("valid response parts"))
 }
 
 /// Non-streaming (or an upstream error before streaming): the body is complete upstream work.

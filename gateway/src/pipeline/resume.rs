@@ -1,0 +1,299 @@
+//! Continuing a cut stream (docs/resume.md): once the stream's group is lost, a task waits for
+//! a group at the head of the queue (within RESUME_TIMEOUT), has vLLM render the request again
+//! (its prompt must be the stream's, token for token), generates from the prompt plus every
+//! token already sent, and has each new chunk derendered — vLLM's own reasoning and tool parsers
+//! replaying the sent tokens first — into the client's chunks, which it hands to the relay.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, Method};
+use bytes::Bytes;
+use eventsource_stream::Eventsource as _;
+use futures_util::{FutureExt as _, StreamExt as _};
+use http_body_util::BodyExt as _;
+use metrics::{counter, histogram};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::hold::Held;
+use super::trace::Trace;
+use crate::api::error::GatewayError;
+use crate::api::resume::{client_chunk, usage_chunk, GENERATE_PATH};
+use crate::app::App;
+use crate::groups::{Group, Lost};
+use crate::observe::{self, ResumeFailure};
+use crate::quarantine::{Suspect, Verdict};
+
+/// What the relay hands on: the client's next event, or why the stream ends.
+pub(crate) type Feed = mpsc::Receiver<Result<Bytes, GatewayError>>;
+
+/// One continuation of a cut stream.
+pub(crate) struct Continuation {
+    pub(crate) app: Arc<App>,
+    pub(crate) request_id: String,
+    pub(crate) headers: HeaderMap,
+    /// The request as it was forwarded (with `return_token_ids`).
+    pub(crate) forward: Bytes,
+    pub(crate) prefix: Option<u64>,
+    pub(crate) trace: Trace,
+    /// The request as the poison guard judges it (absent when its group was not lost).
+    pub(crate) suspect: Option<Suspect>,
+    pub(crate) cut_at: Instant,
+}
+
+/// Why a continuation failed, counted and told to the client.
+fn failed(reason: ResumeFailure, detail: impl Into<String>) -> GatewayError {
+    counter!(observe::RESUME_FAILURES, "reason" => reason.label()).increment(1);
+    GatewayError::ResumeFailed { detail: detail.into() }
+}
+
+/// Starts `c`; its events come on the feed.
+pub(crate) fn start(c: Continuation) -> Feed {
+    let (tx, rx) = mpsc::channel(64);
+    sparkgate_task::spawn("stream-resume", async move {
+        let mut c = c;
+        let deadline = c.cut_at + c.app.resume_timeout;
+        let outcome = match tokio::time::timeout_at(deadline.into(), c.run(&tx)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(failed(
+                ResumeFailure::Timeout,
+                format!(
+                    "no rank group was ready within RESUME_TIMEOUT={}s",
+                    c.app.resume_timeout.as_secs()
+                ),
+            )),
+        };
+        if let Err(e) = outcome {
+            let _ = tx.send(Err(e)).await;
+        }
+    });
+    rx
+}
+
+impl Continuation {
+    async fn run(&mut self, tx: &mpsc::Sender<Result<Bytes, GatewayError>>) -> Result<(), GatewayError> {
+        self.verdict().await?;
+        let held = self.slot().await?;
+        let group = held.group();
+        let (generate, prompt) = self.generate_request(group).await?;
+        let resp = group
+            .upstream
+            .send(Method::POST, GENERATE_PATH, &self.headers, &self.request_id, generate)
+            .await
+            .map_err(|e| failed(ResumeFailure::Upstream, format!("generate: {e}")))?;
+        if !resp.status().is_success() {
+            let body = read_whole(resp.into_body()).await;
+            return Err(failed(
+                ResumeFailure::Upstream,
+                format!("generate answered {}", String::from_utf8_lossy(&body)),
+            ));
+        }
+        counter!(observe::RESUMES).increment(1);
+        histogram!(observe::RESUME_WAIT_SECONDS).record(self.cut_at.elapsed().as_secs_f64());
+        self.relay(group, resp.into_body(), &prompt, tx).await?;
+        // vLLM finished the continuation: its slots go back now.
+        drop(held.into_parts());
+        Ok(())
+    }
+
+    /// The poison guard: a request that crashed the engine is not sent into the next epoch.
+    async fn verdict(&mut self) -> Result<(), GatewayError> {
+        let Some(suspect) = self.suspect.take() else {
+            return Ok(());
+        };
+        let group = suspect.dispatched.group.clone();
+        let Some(Lost::Failed(cause)) = group.lost_since(suspect.dispatched.epoch).await else {
+            return Ok(());
+        };
+        if suspect.judge(cause).0 == Verdict::Quarantined {
+            counter!(observe::RESUME_FAILURES, "reason" => ResumeFailure::Quarantined.label()).increment(1);
+            return Err(GatewayError::RequestCrashedEngine {
+                request_id: self.request_id.clone(),
+                at_arrival: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// A slot on a group that serves, first in the queue; past QUEUE_TIMEOUT it queues again
+    /// (RESUME_TIMEOUT bounds the whole wait).
+    async fn slot(&self) -> Result<Held, GatewayError> {
+        let admission = self.app.control.admission();
+        loop {
+            let mut permit = match admission.requeue(1, self.forward.len()).await {
+                Ok(p) => p,
+                Err(GatewayError::QueueTimeout { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            if let Some(lease) = self.app.groups.lease(self.prefix, permit.take_reservation(), 1) {
+                return Ok(Held::new(lease, permit));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Render the request again, check its prompt, and ask for the rest: the prompt plus the
+    /// tokens sent, within what is left of `max_tokens`.
+    async fn generate_request(&self, group: &Group) -> Result<(Bytes, Vec<u32>), GatewayError> {
+        let path = self.trace.spec.kind.render_path();
+        let rendered = call_json(group, path, &self.headers, &self.request_id, self.forward.clone()).await?;
+        let mut generate = match rendered {
+            Value::Array(mut list) if !list.is_empty() => list.swap_remove(0),
+            other => other,
+        };
+        let prompt: Vec<u32> = ids(&generate["token_ids"]);
+        if let Some(streamed) = &self.trace.prompt {
+            if *streamed != prompt {
+                return Err(failed(
+                    ResumeFailure::PromptMismatch,
+                    format!(
+                        "vLLM rendered {} prompt tokens where the stream had {}",
+                        prompt.len(),
+                        streamed.len()
+                    ),
+                ));
+            }
+        }
+        let sent = self.trace.output.len() as u64;
+        let mut tokens = prompt.clone();
+        tokens.extend(&self.trace.output);
+        generate["token_ids"] = json!(tokens);
+        let max = generate["sampling_params"]["max_tokens"].as_u64().unwrap_or(u64::MAX);
+        generate["sampling_params"]["max_tokens"] = json!(max.saturating_sub(sent).max(1));
+        generate["stream"] = json!(true);
+        generate["return_token_ids"] = json!(true);
+        Ok((Bytes::from(generate.to_string()), prompt))
+    }
+
+    /// Each generated chunk (those that arrived together, as one) derendered into the client's
+    /// chunk; then the usage chunk and `[DONE]`.
+    async fn relay(
+        &self,
+        group: &Group,
+        body: crate::upstream::UpstreamBody,
+        prompt: &[u32],
+        tx: &mpsc::Sender<Result<Bytes, GatewayError>>,
+    ) -> Result<(), GatewayError> {
+        let mut template = self.trace.template_json();
+        let mut state = self.trace.stream_state();
+        let mut made = 0usize;
+        let mut events = http_body_util::BodyDataStream::new(body).eventsource();
+        let mut finished = false;
+        while !finished {
+            let Some(first) = events.next().await else { break };
+            let Some(mut chunk) = event_json(first)? else { break };
+            // Whatever else already arrived goes in the same derender call.
+            while let Some(Some(more)) = events.next().now_or_never() {
+                match event_json(more)? {
+                    Some(more) => merge(&mut chunk, more),
+                    None => break,
+                }
+            }
+            let chunk_ids = ids(&chunk["choices"][0]["token_ids"]);
+            made += chunk_ids.len();
+            finished = !chunk["choices"][0]["finish_reason"].is_null();
+            let kind = self.trace.spec.kind;
+            let mut body = json!({"stream": true, "generate_chunk": chunk, "stream_state": state,
+                "prompt_token_ids": prompt, "prompt_tokens": prompt.len()});
+            body[kind.request_field()] = self.original();
+            let out = call_json(
+                group,
+                kind.derender_path(),
+                &self.headers,
+                &self.request_id,
+                Bytes::from(body.to_string()),
+            )
+            .await?;
+            state = out["stream_state"].clone();
+            // Cut before any chunk reached the client: the derendered chunks are the stream's own.
+            let template = template.get_or_insert_with(|| out["chunk"].clone());
+            if let Some(c) = client_chunk(template, &out["chunk"], &chunk_ids) {
+                if tx.send(Ok(data_event(&c))).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        if !finished {
+            return Err(failed(ResumeFailure::Upstream, "the continuation's stream broke"));
+        }
+        // Every stream upstream has its usage chunk (asked by the client, or by the gateway for
+        // its accounting, then the relay drops it).
+        let completion = self.trace.output.len() + made;
+        if let Some(template) = &template {
+            let _ = tx
+                .send(Ok(data_event(&usage_chunk(template, prompt.len(), completion))))
+                .await;
+        }
+        let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+        Ok(())
+    }
+
+    /// The client's request as vLLM's derender reads it.
+    fn original(&self) -> Value {
+        serde_json::from_slice(&self.forward).unwrap_or(Value::Null)
+    }
+}
+
+/// A chunk from generate, as JSON; `None` at its `[DONE]`.
+fn event_json<E: std::fmt::Display>(
+    event: Result<eventsource_stream::Event, E>,
+) -> Result<Option<Value>, GatewayError> {
+    let event = event.map_err(|e| failed(ResumeFailure::Upstream, format!("the continuation's stream: {e}")))?;
+    if event.data == "[DONE]" {
+        return Ok(None);
+    }
+    serde_json::from_str(&event.data)
+        .map(Some)
+        .map_err(|_| failed(ResumeFailure::Upstream, format!("generate sent {}", event.data)))
+}
+
+/// `more`'s tokens and finish added to `chunk`.
+fn merge(chunk: &mut Value, more: Value) {
+    let mut tokens = ids(&chunk["choices"][0]["token_ids"]);
+    tokens.extend(ids(&more["choices"][0]["token_ids"]));
+    chunk["choices"][0]["token_ids"] = json!(tokens);
+    for key in ["finish_reason", "stop_reason"] {
+        if !more["choices"][0][key].is_null() {
+            chunk["choices"][0][key] = more["choices"][0][key].clone();
+        }
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_u64().map(|n| n as u32)).collect())
+        .unwrap_or_default()
+}
+
+fn data_event(chunk: &Value) -> Bytes {
+    Bytes::from(format!("data: {chunk}\n\n"))
+}
+
+/// POSTs `body` to rank 0's `path` and reads the JSON answer (a refusal fails the continuation).
+async fn call_json(
+    group: &Group,
+    path: &str,
+    headers: &HeaderMap,
+    request_id: &str,
+    body: Bytes,
+) -> Result<Value, GatewayError> {
+    let resp = group
+        .upstream
+        .send(Method::POST, path, headers, request_id, body)
+        .await
+        .map_err(|e| failed(ResumeFailure::Upstream, format!("{path}: {e}")))?;
+    let ok = resp.status().is_success();
+    let bytes = read_whole(resp.into_body()).await;
+    if !ok {
+        return Err(failed(
+            ResumeFailure::Upstream,
+            format!("{path} answered {}", String::from_utf8_lossy(&bytes)),
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| failed(ResumeFailure::Upstream, format!("{path}: {e}")))
+}
+
+async fn read_whole(body: crate::upstream::UpstreamBody) -> Bytes {
+    body.collect().await.map(|c| c.to_bytes()).unwrap_or_default()
+}
