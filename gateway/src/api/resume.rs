@@ -95,16 +95,33 @@ pub(crate) use {finder, holds};
 /// The integers of the list that follows `"key":[` in `event`, with the byte range of the list
 /// (`[` to `]`) so it can be written `null` instead.
 pub(crate) fn id_list(event: &[u8], key: IdKey) -> Option<(std::ops::Range<usize>, Vec<u32>)> {
+    let mut ids = Vec::new();
+    let list = ids_into(event, key, &mut ids)?;
+    Some((list, ids))
+}
+
+/// [`id_list`] appending to `out` (no list of its own per chunk); on a malformed list, `out` is
+/// left as it was and nothing is found.
+pub(crate) fn ids_into(event: &[u8], key: IdKey, out: &mut Vec<u32>) -> Option<std::ops::Range<usize>> {
     let finder = key.finder();
     let at = finder.find(event)?;
     let open = at + finder.needle().len() - 1;
     let close = open + memchr::memchr(b']', &event[open..])?;
-    let ids = event[open + 1..close]
-        .split(|b| *b == b',')
-        .filter(|s| !s.is_empty())
-        .map(|s| std::str::from_utf8(s).ok()?.trim().parse().ok())
-        .collect::<Option<Vec<u32>>>()?;
-    Some((open..close + 1, ids))
+    let len = out.len();
+    for item in event[open + 1..close].split(|b| *b == b',') {
+        let digits = item.trim_ascii();
+        if digits.is_empty() {
+            continue;
+        }
+        match std::str::from_utf8(digits).ok().and_then(|d| d.parse().ok()) {
+            Some(id) => out.push(id),
+            None => {
+                out.truncate(len);
+                return None;
+            }
+        }
+    }
+    Some(open..close + 1)
 }
 
 /// A chunk as a client that did not ask for token ids gets it: the id lists at `lists` (found

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::api::normalize::ResumeSpec;
-use crate::api::resume::{finder, holds, id_list, without_ids, IdKey};
+use crate::api::resume::{finder, holds, id_list, ids_into, without_ids, IdKey};
 
 /// The record of one stream, up to its cut.
 #[derive(Debug, Clone)]
@@ -50,21 +50,27 @@ impl Trace {
         if !event.starts_with(b"data: {") {
             return Some(event);
         }
-        let mut lists = Vec::new();
+        // At most two lists a chunk (the first chunk's prompt, then a choice's ids): no list
+        // of lists allocated per token.
+        let mut lists = [0..0, 0..0];
+        let mut found = 0;
         if !std::mem::replace(&mut self.first_seen, true) {
             if let Some((list, ids)) = id_list(&event, IdKey::Prompt) {
                 self.prompt = Some(ids);
-                lists.push(list);
+                lists[found] = list;
+                found += 1;
             }
         }
-        let output = id_list(&event, IdKey::Output);
-        if let Some((list, ids)) = output.as_ref() {
-            if !ids.is_empty() {
-                self.chunk_lens.push(ids.len());
-                self.output.extend_from_slice(ids);
+        let before = self.output.len();
+        let output = ids_into(&event, IdKey::Output, &mut self.output);
+        if let Some(list) = output.clone() {
+            if self.output.len() > before {
+                self.chunk_lens.push(self.output.len() - before);
             }
-            lists.push(list.clone());
+            lists[found] = list;
+            found += 1;
         }
+        let lists = &mut lists[..found];
         if holds!(&event, b"\"tool_calls\":[") {
             self.tool_call_ids(&event);
         }
@@ -76,7 +82,7 @@ impl Trace {
         let out = if self.spec.client_ids || lists.is_empty() {
             event
         } else {
-            Bytes::from(without_ids(&event, &lists)?)
+            Bytes::from(without_ids(&event, lists)?)
         };
         // A token's chunk is what continued chunks look like (the role chunk, until one came).
         if output.is_some() || self.template.is_none() {
