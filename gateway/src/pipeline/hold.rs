@@ -93,6 +93,11 @@ impl Held {
         self.0.as_ref().expect("held until taken").0.group()
     }
 
+    /// The group its lease is on, shared (to wait on it once the slots are gone).
+    pub(super) fn shared_group(&self) -> std::sync::Arc<crate::groups::Group> {
+        self.0.as_ref().expect("held until taken").0.shared()
+    }
+
     /// The slots back, the wait over (dropped, they are free at once).
     pub(super) fn into_parts(mut self) -> (Lease, Permit) {
         self.0.take().expect("held until taken")

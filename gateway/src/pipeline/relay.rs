@@ -405,6 +405,8 @@ impl Relay {
                 after: self.ctx.idle_timeout,
             }),
             Woke::Continued(Some(Ok(data))) => self.on_data(data),
+            // The continuation was cut in turn: continued again from what went out.
+            Woke::Continued(Some(Err(e @ GatewayError::UpstreamBroke))) => self.cut(e),
             Woke::Continued(Some(Err(e))) => self.error_event(e),
             Woke::Continued(None) => {
                 self.feed = None;

@@ -48,6 +48,23 @@ fn failed(reason: ResumeFailure, detail: impl Into<String>) -> GatewayError {
     GatewayError::ResumeFailed { detail: detail.into() }
 }
 
+/// How one try at the continuation ended short of its end.
+enum Short {
+    /// Rank 0 could not be reached before anything of it went out (a rank that just died may
+    /// still be the serving one for a moment): tried again on the group that comes up.
+    NotReached(String),
+    /// Cut after some of it went out: the relay continues again from what it recorded.
+    Cut,
+    /// A refusal: the stream ends with it.
+    Failed(GatewayError),
+}
+
+impl From<GatewayError> for Short {
+    fn from(e: GatewayError) -> Short {
+        Short::Failed(e)
+    }
+}
+
 /// Starts `c`; its events come on the feed.
 pub(crate) fn start(c: Continuation) -> Feed {
     let (tx, rx) = mpsc::channel(64);
@@ -74,27 +91,42 @@ pub(crate) fn start(c: Continuation) -> Feed {
 impl Continuation {
     async fn run(&mut self, tx: &mpsc::Sender<Result<Bytes, GatewayError>>) -> Result<(), GatewayError> {
         self.verdict().await?;
-        let held = self.slot().await?;
-        let group = held.group();
+        loop {
+            let held = self.slot().await?;
+            let (group, epoch) = (held.shared_group(), held.group().epoch());
+            match self.attempt(&group, tx).await {
+                Ok(()) => {
+                    // vLLM finished the continuation: its slots go back now.
+                    drop(held.into_parts());
+                    return Ok(());
+                }
+                Err(Short::NotReached(why)) => {
+                    tracing::info!(request_id = %self.request_id, %why, "continuation: rank 0 not reached; waiting for the group");
+                    drop(held);
+                    group.lost_since(epoch).await;
+                }
+                Err(Short::Cut) => return Err(GatewayError::UpstreamBroke),
+                Err(Short::Failed(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// One try on `group`: render, generate, derender.
+    async fn attempt(&self, group: &Group, tx: &mpsc::Sender<Result<Bytes, GatewayError>>) -> Result<(), Short> {
         let (generate, prompt) = self.generate_request(group).await?;
         let resp = group
             .upstream
             .send(Method::POST, GENERATE_PATH, &self.headers, &self.request_id, generate)
             .await
-            .map_err(|e| failed(ResumeFailure::Upstream, format!("generate: {e}")))?;
+            .map_err(|e| Short::NotReached(format!("generate: {e}")))?;
         if !resp.status().is_success() {
             let body = read_whole(resp.into_body()).await;
-            return Err(failed(
-                ResumeFailure::Upstream,
-                format!("generate answered {}", String::from_utf8_lossy(&body)),
-            ));
+            let detail = format!("generate answered {}", String::from_utf8_lossy(&body));
+            return Err(failed(ResumeFailure::Upstream, detail).into());
         }
         counter!(observe::RESUMES).increment(1);
         histogram!(observe::RESUME_WAIT_SECONDS).record(self.cut_at.elapsed().as_secs_f64());
-        self.relay(group, resp.into_body(), &prompt, tx).await?;
-        // vLLM finished the continuation: its slots go back now.
-        drop(held.into_parts());
-        Ok(())
+        self.relay(group, resp.into_body(), &prompt, tx).await
     }
 
     /// The poison guard: a request that crashed the engine is not sent into the next epoch.
@@ -135,7 +167,7 @@ impl Continuation {
 
     /// Render the request again, check its prompt, and ask for the rest: the prompt plus the
     /// tokens sent, within what is left of `max_tokens`.
-    async fn generate_request(&self, group: &Group) -> Result<(Bytes, Vec<u32>), GatewayError> {
+    async fn generate_request(&self, group: &Group) -> Result<(Bytes, Vec<u32>), Short> {
         let path = self.trace.spec.kind.render_path();
         let rendered = call_json(group, path, &self.headers, &self.request_id, self.forward.clone()).await?;
         let mut generate = match rendered {
@@ -145,14 +177,14 @@ impl Continuation {
         let prompt: Vec<u32> = ids(&generate["token_ids"]);
         if let Some(streamed) = &self.trace.prompt {
             if *streamed != prompt {
-                return Err(failed(
+                return Err(Short::Failed(failed(
                     ResumeFailure::PromptMismatch,
                     format!(
                         "vLLM rendered {} prompt tokens where the stream had {}",
                         prompt.len(),
                         streamed.len()
                     ),
-                ));
+                )));
             }
         }
         let sent = self.trace.output.len() as u64;
@@ -174,18 +206,22 @@ impl Continuation {
         body: crate::upstream::UpstreamBody,
         prompt: &[u32],
         tx: &mpsc::Sender<Result<Bytes, GatewayError>>,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<(), Short> {
         let mut template = self.trace.template_json();
         let mut state = self.trace.stream_state();
         let mut made = 0usize;
         let mut events = http_body_util::BodyDataStream::new(body).eventsource();
-        let mut finished = false;
+        let (mut finished, mut sent) = (false, false);
+        // A break once something went out is a cut the relay continues from what it recorded.
+        let broke = |sent: bool, why: String| if sent { Short::Cut } else { Short::NotReached(why) };
         while !finished {
             let Some(first) = events.next().await else { break };
-            let Some(mut chunk) = event_json(first)? else { break };
+            let Some(mut chunk) = event_json(first).map_err(|why| broke(sent, why))? else {
+                break;
+            };
             // Whatever else already arrived goes in the same derender call.
             while let Some(Some(more)) = events.next().now_or_never() {
-                match event_json(more)? {
+                match event_json(more).map_err(|why| broke(sent, why))? {
                     Some(more) => merge(&mut chunk, more),
                     None => break,
                 }
@@ -204,7 +240,11 @@ impl Continuation {
                 &self.request_id,
                 Bytes::from(body.to_string()),
             )
-            .await?;
+            .await
+            .map_err(|e| match e {
+                Short::NotReached(why) => broke(sent, why),
+                other => other,
+            })?;
             state = out["stream_state"].clone();
             // Cut before any chunk reached the client: the derendered chunks are the stream's own.
             let template = template.get_or_insert_with(|| out["chunk"].clone());
@@ -212,10 +252,11 @@ impl Continuation {
                 if tx.send(Ok(data_event(&c))).await.is_err() {
                     return Ok(());
                 }
+                sent = true;
             }
         }
         if !finished {
-            return Err(failed(ResumeFailure::Upstream, "the continuation's stream broke"));
+            return Err(broke(sent, "the continuation's stream ended before its finish".into()));
         }
         // Every stream upstream has its usage chunk (asked by the client, or by the gateway for
         // its accounting, then the relay drops it).
@@ -235,17 +276,15 @@ impl Continuation {
     }
 }
 
-/// A chunk from generate, as JSON; `None` at its `[DONE]`.
-fn event_json<E: std::fmt::Display>(
-    event: Result<eventsource_stream::Event, E>,
-) -> Result<Option<Value>, GatewayError> {
-    let event = event.map_err(|e| failed(ResumeFailure::Upstream, format!("the continuation's stream: {e}")))?;
+/// A chunk from generate, as JSON; `None` at its `[DONE]`; why not, when the stream broke.
+fn event_json<E: std::fmt::Display>(event: Result<eventsource_stream::Event, E>) -> Result<Option<Value>, String> {
+    let event = event.map_err(|e| format!("the continuation's stream: {e}"))?;
     if event.data == "[DONE]" {
         return Ok(None);
     }
     serde_json::from_str(&event.data)
         .map(Some)
-        .map_err(|_| failed(ResumeFailure::Upstream, format!("generate sent {}", event.data)))
+        .map_err(|_| format!("generate sent {}", event.data))
 }
 
 /// `more`'s tokens and finish added to `chunk`.
@@ -270,28 +309,32 @@ fn data_event(chunk: &Value) -> Bytes {
     Bytes::from(format!("data: {chunk}\n\n"))
 }
 
-/// POSTs `body` to rank 0's `path` and reads the JSON answer (a refusal fails the continuation).
+/// POSTs `body` to rank 0's `path` and reads the JSON answer: not reached when the request or
+/// its answer broke, a refusal (a status, or not JSON) fails the continuation.
 async fn call_json(
     group: &Group,
     path: &str,
     headers: &HeaderMap,
     request_id: &str,
     body: Bytes,
-) -> Result<Value, GatewayError> {
+) -> Result<Value, Short> {
     let resp = group
         .upstream
         .send(Method::POST, path, headers, request_id, body)
         .await
-        .map_err(|e| failed(ResumeFailure::Upstream, format!("{path}: {e}")))?;
+        .map_err(|e| Short::NotReached(format!("{path}: {e}")))?;
     let ok = resp.status().is_success();
-    let bytes = read_whole(resp.into_body()).await;
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| Short::NotReached(format!("{path}: {e}")))?
+        .to_bytes();
     if !ok {
-        return Err(failed(
-            ResumeFailure::Upstream,
-            format!("{path} answered {}", String::from_utf8_lossy(&bytes)),
-        ));
+        let detail = format!("{path} answered {}", String::from_utf8_lossy(&bytes));
+        return Err(failed(ResumeFailure::Upstream, detail).into());
     }
-    serde_json::from_slice(&bytes).map_err(|e| failed(ResumeFailure::Upstream, format!("{path}: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| failed(ResumeFailure::Upstream, format!("{path}: {e}")).into())
 }
 
 async fn read_whole(body: crate::upstream::UpstreamBody) -> Bytes {
