@@ -31,6 +31,8 @@ pub struct ServeArgs {
     pub reasoning_parser: Option<String>,
     pub tool_call_parser: Option<String>,
     pub enable_auto_tool_choice: bool,
+    /// `--enable-scale-out`: serve the render, tokens-in generate and derender routes.
+    pub enable_scale_out: bool,
     pub default_chat_template_kwargs: Map<String, Value>,
     pub trust_request_chat_template: bool,
     pub enable_request_id_headers: bool,
@@ -322,6 +324,7 @@ impl Given {
             reasoning_parser: self.one("reasoning-parser"),
             tool_call_parser: self.one("tool-call-parser"),
             enable_auto_tool_choice: self.flag("enable-auto-tool-choice"),
+            enable_scale_out: self.flag("enable-scale-out"),
             default_chat_template_kwargs,
             trust_request_chat_template: self.flag("trust-request-chat-template"),
             enable_request_id_headers: self.flag("enable-request-id-headers"),

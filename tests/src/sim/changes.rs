@@ -39,6 +39,9 @@ pub(crate) enum Change {
     OpenResponsesInputItems,
     /// `ResponsesRequest.thinking_token_budget` exists, with the sampling parameter's check.
     ResponsesThinkingTokenBudget,
+    /// `DerenderStreamState` carries its detokenizer window as ids (`prev_token_ids`; 0.33:
+    /// `prev_tokens`, the window's token strings).
+    DerenderWindowIds,
 }
 
 /// Each change and the release it arrived in.
@@ -56,6 +59,7 @@ const ARRIVED: &[(Change, VllmRelease)] = &[
     (Change::DeepSeekContinueFinalMessage, VllmRelease::V0_34),
     (Change::OpenResponsesInputItems, VllmRelease::V0_34),
     (Change::ResponsesThinkingTokenBudget, VllmRelease::V0_34),
+    (Change::DerenderWindowIds, VllmRelease::V0_34),
 ];
 
 /// Whether `change` holds in the release the simulator plays.

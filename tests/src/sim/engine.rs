@@ -322,17 +322,22 @@ impl Engine {
         while i < running.len() {
             let seq = &mut running[i];
             let n = grants[i];
-            if n == 0 {
+            // A sequence with nothing left to plan (a continuation at its very end) still
+            // finishes once its prompt is in: the end-of-sequence token is its only output.
+            let exhausted = seq.total == 0 && seq.prefill_left == 0;
+            if n == 0 && !exhausted {
                 i += 1;
                 continue;
             }
             seq.produced += n;
-            let gap = seq.last_token.map(|t| now.duration_since(t).as_secs_f64() / n as f64);
             if seq.last_token.is_none() {
                 self.metrics.first_token(now.duration_since(seq.arrived).as_secs_f64());
             }
+            if n > 0 {
+                let gap = seq.last_token.map(|t| now.duration_since(t).as_secs_f64() / n as f64);
+                self.metrics.tokens(n as u64, gap);
+            }
             seq.last_token = Some(now);
-            self.metrics.tokens(n as u64, gap);
             let _ = seq.tx.send((seq.index, Event::Tokens(n)));
             let failed = fail_after.is_some_and(|f| seq.produced as u64 >= f && seq.produced < seq.total);
             if failed || seq.produced >= seq.total {

@@ -3,8 +3,9 @@
 
 use serde_json::{Map, Value};
 
+use super::markup::Syntax;
 pub(crate) use super::tools::ToolCall;
-use super::vocab::{split_tokens, WORDS};
+use super::vocab::{split_tokens, tokenize, WORDS};
 
 fn fnv(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -89,6 +90,27 @@ impl Template {
         }
     }
 
+    /// The effort label the template renders when nothing else is asked.
+    pub(crate) fn default_label(self) -> &'static str {
+        match self {
+            Template::DeepSeek => "75",
+            Template::Glm => "Max",
+        }
+    }
+
+    /// How many reasoning lines the model thinks for at effort `label` (more for higher
+    /// efforts; GLM's Max is 4.7 times its High).
+    pub(crate) fn lines_for(self, label: &str) -> usize {
+        match self {
+            Template::DeepSeek => label.trim().parse::<usize>().unwrap_or(75).min(100).div_ceil(10),
+            Template::Glm => match label {
+                "Low" => 3,
+                "High" => 6,
+                _ => 28,
+            },
+        }
+    }
+
     /// Renders the effort and thinking switch from the final template kwargs.
     pub(crate) fn render(self, kwargs: &Map<String, Value>) -> Rendering {
         let effort = kwargs.get("reasoning_effort");
@@ -112,47 +134,25 @@ impl Template {
                     thinking,
                     parsed: true,
                     effort_label: value.to_string(),
-                    reasoning_lines: (value as usize).div_ceil(10),
+                    reasoning_lines: self.lines_for(&value.to_string()),
                 }
             }
             Template::Glm => {
                 let thinking = kwargs.get("enable_thinking").is_none_or(truthy);
-                let (label, lines) = match effort.and_then(Value::as_str) {
-                    Some("low") => ("Low", 3),
-                    Some("high") => ("High", 6),
-                    _ => ("Max", 28),
+                let label = match effort.and_then(Value::as_str) {
+                    Some("low") => "Low",
+                    Some("high") => "High",
+                    _ => "Max",
                 };
                 Rendering {
                     thinking,
                     parsed: kwargs.get("thinking").is_none_or(truthy),
                     effort_label: label.to_owned(),
-                    reasoning_lines: lines,
+                    reasoning_lines: self.lines_for(label),
                 }
             }
         }
     }
-}
-
-/// Flattens chat messages into the prompt the template would render.
-pub(crate) fn render_prompt(messages: &[Value], rendering: &Rendering) -> String {
-    let mut out = String::new();
-    for m in messages {
-        let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
-        out.push_str(match role {
-            "system" | "developer" => "<|system|>",
-            "assistant" => "<|assistant|>",
-            "tool" => "<|tool|>",
-            _ => "<|user|>",
-        });
-        out.push_str(&content_text(m.get("content")));
-    }
-    out.push_str("<|assistant|>");
-    if rendering.thinking {
-        out.push_str("<think>");
-    } else {
-        out.push_str("</think>");
-    }
-    out
 }
 
 /// The text of a message's `content`: a string, or the text parts of a list.
@@ -168,6 +168,28 @@ pub(crate) fn content_text(content: Option<&Value>) -> String {
     }
 }
 
+/// One message as the prompt holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Turn {
+    pub(crate) role: String,
+    pub(crate) content: String,
+}
+
+/// What the model reads off a rendered chat prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ChatPrompt {
+    /// The prompt's text (its hash seeds the model's prose).
+    pub(crate) text: String,
+    pub(crate) messages: Vec<Turn>,
+    pub(crate) tools: Option<Vec<Value>>,
+    pub(crate) tool_choice: Option<Value>,
+    pub(crate) thinking: bool,
+    /// The effort the template rendered (`75`, `High`, …).
+    pub(crate) effort_label: String,
+    /// How many reasoning lines that effort thinks for.
+    pub(crate) reasoning_lines: usize,
+}
+
 /// The output plan of one sequence: reasoning tokens first, then content tokens.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Output {
@@ -176,11 +198,11 @@ pub(crate) struct Output {
     pub(crate) tool_call: Option<ToolCall>,
 }
 
-fn reasoning_tokens(rendering: &Rendering, seed: u64) -> Vec<String> {
-    let mut text = format!("Reasoning Effort: {}\n", rendering.effort_label);
+fn reasoning_tokens(prompt: &ChatPrompt, seed: u64) -> Vec<String> {
+    let mut text = format!("Reasoning Effort: {}\n", prompt.effort_label);
     let openers = ["Considering", "Looking", "Checking", "Weighing", "Noting", "Recalling"];
     let mut rng = Rng::new(seed ^ 0x5eed);
-    for i in 0..rendering.reasoning_lines {
+    for i in 0..prompt.reasoning_lines {
         text.push_str(openers[i % openers.len()]);
         for _ in 0..5 {
             text.push(' ');
@@ -223,66 +245,73 @@ impl Output {
     }
 }
 
-/// Plans the output for a chat turn: reasoning (when thinking), then the answer or a tool call.
-pub(crate) fn plan_chat(
-    messages: &[Value],
-    tools: Option<&[Value]>,
-    tool_choice: Option<&Value>,
-    rendering: &Rendering,
-) -> Output {
-    let prompt = render_prompt(messages, rendering);
-    let seed = fnv(&prompt);
-    let mut reasoning = if rendering.thinking {
-        reasoning_tokens(rendering, seed)
+/// Plans the output for a chat turn from its prompt: reasoning (when the prompt opens it),
+/// then the answer or a tool call.
+pub(crate) fn plan_chat(prompt: &ChatPrompt) -> Output {
+    let seed = fnv(&prompt.text);
+    let reasoning = if prompt.thinking {
+        reasoning_tokens(prompt, seed)
     } else {
         Vec::new()
     };
-    let mut leaked = Vec::new();
-    if !rendering.parsed && !reasoning.is_empty() {
-        leaked = std::mem::take(&mut reasoning);
-        leaked.push("</think>".to_owned());
-    }
-    let last = messages.last();
-    let last_role = last
-        .and_then(|m| m.get("role"))
-        .and_then(Value::as_str)
-        .unwrap_or("user");
+    let last = prompt.messages.last();
+    let last_role = last.map_or("user", |m| m.role.as_str());
     // What the model answers: the last message, or after the assistant's own turn, the user's
     // before it (the fixture's model reads the text after the last user header).
     let asked = match last_role {
-        "assistant" => messages
-            .iter()
-            .rev()
-            .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-            .or(last),
+        "assistant" => prompt.messages.iter().rev().find(|m| m.role == "user").or(last),
         _ => last,
     };
-    let last_text = content_text(asked.and_then(|m| m.get("content")));
-    let mut out = if last_role == "tool" {
+    let last_text = asked.map_or("", |m| m.content.as_str());
+    if last_role == "tool" {
         let text = format!("The tool returned: {}", last_text.trim());
-        Output {
+        return Output {
             reasoning,
             content: split_tokens(&text).into_iter().map(str::to_owned).collect(),
             tool_call: None,
-        }
-    } else if let Some(call) = tools.and_then(|t| super::tools::choose(t, tool_choice, &last_text)) {
-        Output {
+        };
+    }
+    let tools = prompt.tools.as_deref();
+    if let Some(call) = tools.and_then(|t| super::tools::choose(t, prompt.tool_choice.as_ref(), last_text)) {
+        return Output {
             reasoning,
             content: Vec::new(),
             tool_call: Some(call),
-        }
-    } else {
-        Output {
-            reasoning,
-            content: answer_tokens(&last_text, seed),
-            tool_call: None,
-        }
-    };
-    if !leaked.is_empty() {
-        leaked.append(&mut out.content);
-        out.content = leaked;
+        };
     }
-    out
+    Output {
+        reasoning,
+        content: answer_tokens(last_text, seed),
+        tool_call: None,
+    }
+}
+
+/// A sequence's planned output as token ids: everything the model generates after its
+/// prompt, the end-of-sequence token aside.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Planned {
+    pub(crate) ids: Vec<u32>,
+    /// The call the ids end with, written as the profile's markup.
+    pub(crate) call: Option<ToolCall>,
+}
+
+impl Output {
+    /// The tokens the model writes: the reasoning and `</think>` when it thought, the answer,
+    /// then the call in `syntax`'s markup.
+    pub(crate) fn into_planned(self, thinking: bool, syntax: Syntax) -> Planned {
+        let mut ids: Vec<u32> = self.reasoning.iter().flat_map(|t| tokenize(t)).collect();
+        if thinking {
+            ids.push(super::vocab::think_end_id());
+        }
+        ids.extend(self.content.iter().flat_map(|t| tokenize(t)));
+        if let Some(call) = &self.tool_call {
+            ids.extend(tokenize(&syntax.render(call)));
+        }
+        Planned {
+            ids,
+            call: self.tool_call,
+        }
+    }
 }
 
 /// The answer tokens for a plain prompt.
@@ -300,8 +329,14 @@ pub(crate) fn plan_completion(prompt: &str) -> Vec<String> {
     prose(fnv(prompt))
 }
 
+/// The completion of `prompt` as token ids.
+pub(crate) fn completion_ids(prompt: &str) -> Vec<u32> {
+    plan_completion(prompt).iter().flat_map(|t| tokenize(t)).collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::prompt::plan_messages;
     use super::*;
     use serde_json::json;
 
@@ -309,7 +344,7 @@ mod tests {
     fn the_smoke_question_answers_323() {
         let r = Template::DeepSeek.render(&Map::from_iter([("enable_thinking".into(), json!(false))]));
         let msgs = [json!({"role":"user","content":"What is 17*19? Reply with the integer only."})];
-        let out = plan_chat(&msgs, None, None, &r);
+        let out = plan_messages(&msgs, None, None, &r, Template::DeepSeek);
         assert!(out.reasoning.is_empty());
         assert_eq!(out.content, vec!["323"]);
     }
@@ -365,7 +400,7 @@ mod tests {
     #[test]
     fn reasoning_first_line_names_the_effort() {
         let r = Template::Glm.render(&Map::from_iter([("reasoning_effort".into(), json!("low"))]));
-        let out = plan_chat(&[json!({"role":"user","content":"hi"})], None, None, &r);
+        let out = plan_messages(&[json!({"role":"user","content":"hi"})], None, None, &r, Template::Glm);
         assert!(out.reasoning.concat().starts_with("Reasoning Effort: Low\n"));
     }
 

@@ -83,7 +83,8 @@ fn arguments_for(schema: Option<&Value>, prompt: &str) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::super::text::{plan_chat, Template};
+    use super::super::prompt::plan_messages;
+    use super::super::text::Template;
     use serde_json::{json, Map, Value};
 
     #[test]
@@ -92,11 +93,12 @@ mod tests {
             json!({"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}),
         ];
         let r = Template::DeepSeek.render(&Map::from_iter([("enable_thinking".into(), json!(false))]));
-        let out = plan_chat(
+        let out = plan_messages(
             &[json!({"role":"user","content":"Use get_weather for Paris please"})],
             Some(&tools),
             None,
             &r,
+            Template::DeepSeek,
         );
         let call = out.tool_call.expect("tool call");
         assert_eq!(call.name, "get_weather");
@@ -104,11 +106,12 @@ mod tests {
             serde_json::from_str::<Value>(&call.arguments).unwrap(),
             json!({"city":"Paris"})
         );
-        let after = plan_chat(
+        let after = plan_messages(
             &[json!({"role":"tool","content":"sunny, 21 degrees"})],
             Some(&tools),
             None,
             &r,
+            Template::DeepSeek,
         );
         assert!(after.tool_call.is_none());
         assert!(after.content.concat().contains("sunny"));

@@ -1,6 +1,6 @@
 //! The simulated model's tokenizer: a fixed vocabulary (specials, punctuation, the numbers up
-//! to 1000, the words it speaks — each plain and with a leading space), text split into those
-//! tokens, unknown text as raw bytes.
+//! to 1000, the words it speaks — each plain and with a leading space — then the later
+//! markers), text split into those tokens, unknown text as raw bytes.
 
 /// Words the simulated model speaks. Each (with and without a leading space) is one token.
 pub(crate) const WORDS: &[&str] = &[
@@ -152,6 +152,35 @@ const SPECIALS: &[&str] = &[
     "</think>",
 ];
 
+/// Markers added after the words, so every earlier id stays what it was: the end of a
+/// sequence, the prompt's tools and effort sections, and the profiles' tool-call markup
+/// (GLM's tags; DeepSeek's DSML tags).
+const LATE_SPECIALS: &[&str] = &[
+    EOS,
+    TOOLS,
+    EFFORT,
+    "<tool_call>",
+    "</tool_call>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "<\u{ff5c}DSML\u{ff5c} calls>",
+    "</\u{ff5c}DSML\u{ff5c} calls>",
+    "<\u{ff5c}DSML\u{ff5c} invoke name=",
+    "</\u{ff5c}DSML\u{ff5c} invoke>",
+    "<\u{ff5c}DSML\u{ff5c} parameter name=",
+    "</\u{ff5c}DSML\u{ff5c} parameter>",
+    " string=",
+];
+
+/// The end-of-sequence token's text.
+pub(crate) const EOS: &str = "<|endoftext|>";
+/// Opens the prompt's tools section (a JSON object).
+pub(crate) const TOOLS: &str = "<|tools|>";
+/// Opens the prompt's effort section (the label the template rendered).
+pub(crate) const EFFORT: &str = "<|effort|>";
+
 const PUNCT: &[&str] = &[".", ",", ":", ";", "?", "!", "\n", "(", ")", "-", "*", "'", "\""];
 
 const BYTE_IDS: u32 = 256;
@@ -178,6 +207,7 @@ fn vocab() -> &'static Vocab {
             entries.push(w);
         }
         entries.dedup();
+        entries.extend(LATE_SPECIALS.iter().map(|s| (*s).to_owned()));
         let mut index = std::collections::HashMap::new();
         for (i, e) in entries.iter().enumerate() {
             index.entry(e.clone()).or_insert(BYTE_IDS + i as u32);
@@ -192,7 +222,7 @@ pub(crate) fn split_tokens(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut rest = text;
     while !rest.is_empty() {
-        if let Some(s) = SPECIALS.iter().find(|s| rest.starts_with(**s)) {
+        if let Some(s) = SPECIALS.iter().chain(LATE_SPECIALS).find(|s| rest.starts_with(**s)) {
             out.push(&rest[..s.len()]);
             rest = &rest[s.len()..];
             continue;
@@ -255,6 +285,87 @@ pub(crate) fn detokenize(ids: &[u64]) -> Option<String> {
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
+/// The id of a vocabulary entry (a special, a word, …).
+pub(crate) fn id_of(token: &str) -> Option<u32> {
+    vocab().index.get(token).copied()
+}
+
+/// The id of a marker the vocabulary always has (0 would only come from a broken table).
+fn marker(token: &str) -> u32 {
+    id_of(token).unwrap_or(0)
+}
+
+/// The end-of-sequence token.
+pub(crate) fn eos_id() -> u32 {
+    marker(EOS)
+}
+
+/// `<think>`, which opens the reasoning.
+pub(crate) fn think_id() -> u32 {
+    marker("<think>")
+}
+
+/// `</think>`, which ends the reasoning.
+pub(crate) fn think_end_id() -> u32 {
+    marker("</think>")
+}
+
+/// `<|assistant|>`, the assistant's header.
+pub(crate) fn assistant_id() -> u32 {
+    marker("<|assistant|>")
+}
+
+/// How many ids the tokenizer has (bytes included).
+pub(crate) fn vocab_size() -> u32 {
+    BYTE_IDS + vocab().entries.len() as u32
+}
+
+/// Each id's text, as an incremental detokenizer releases it: a run of byte ids that is not
+/// yet a whole UTF-8 character shows on the id that completes it (the ids before show
+/// nothing); an id outside the vocabulary shows nothing. Also returns how many ids at the end
+/// are bytes still waiting for the rest of their character.
+pub(crate) fn piece_texts(ids: &[u32]) -> (Vec<String>, usize) {
+    let v = vocab();
+    let mut texts = Vec::with_capacity(ids.len());
+    let (mut pending, mut waiting) = (Vec::new(), 0);
+    for &id in ids {
+        if id < BYTE_IDS {
+            pending.push(id as u8);
+            match std::str::from_utf8(&pending) {
+                Ok(s) => {
+                    texts.push(s.to_owned());
+                    pending.clear();
+                    waiting = 0;
+                }
+                // Incomplete at its end: wait for the rest of the character.
+                Err(e) if e.error_len().is_none() && pending.len() < 4 => {
+                    texts.push(String::new());
+                    waiting += 1;
+                }
+                Err(_) => {
+                    texts.push(String::from_utf8_lossy(&pending).into_owned());
+                    pending.clear();
+                    waiting = 0;
+                }
+            }
+            continue;
+        }
+        let mut text = String::from_utf8_lossy(&std::mem::take(&mut pending)).into_owned();
+        waiting = 0;
+        if let Some(e) = v.entries.get((id - BYTE_IDS) as usize) {
+            text.push_str(e);
+        }
+        texts.push(text);
+    }
+    (texts, waiting)
+}
+
+/// The text of `ids` (lossy), ids outside the vocabulary skipped.
+pub(crate) fn text_of(ids: &[u32]) -> String {
+    let (texts, _) = piece_texts(ids);
+    texts.concat()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +380,27 @@ mod tests {
         assert_eq!(tokenize(" model").len(), 1);
         assert_eq!(tokenize("zqxj").len(), 4, "unknown words fall back to bytes");
         assert_eq!(tokenize("héllo").len(), "héllo".len());
+    }
+
+    #[test]
+    fn late_markers_are_single_tokens_after_every_earlier_id() {
+        let last_word = tokenize("carefully")[0];
+        for marker in [EOS, TOOLS, EFFORT, "<tool_call>", "</\u{ff5c}DSML\u{ff5c} calls>"] {
+            let ids = tokenize(marker);
+            assert_eq!(ids.len(), 1, "{marker}");
+            assert!(ids[0] > last_word, "{marker} comes after the words");
+        }
+        assert_eq!(tokenize("<think>"), vec![256 + 4], "earlier ids unchanged");
+    }
+
+    #[test]
+    fn piece_texts_hold_a_character_until_its_last_byte() {
+        let ids = tokenize("a é.");
+        let (texts, waiting) = piece_texts(&ids);
+        assert_eq!(texts.concat(), "a é.");
+        assert_eq!(waiting, 0);
+        let cut = &ids[..ids.len() - 2];
+        let (texts, waiting) = piece_texts(cut);
+        assert_eq!((texts.concat().as_str(), waiting), ("a ", 1));
     }
 }

@@ -1,38 +1,24 @@
-//! `POST /v1/chat/completions`: validation, the template-kwargs merge, and the response or SSE
-//! chunk sequence as vLLM 0.33 shapes them (reference §5).
+//! `POST /v1/chat/completions`: validation, the template-kwargs merge, the plan submitted to the
+//! engine, and the whole response as vLLM shapes it (the handler and the stream:
+//! `chat_stream.rs`).
 
-use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::before;
-use super::generate::{ChoicePlan, Delta, Job, Step};
+use super::generate::{ChoicePlan, Job};
 use super::logprobs;
 use super::request;
 use super::schema;
 use super::validate;
-use super::{internal_error, json_response, ApiError, App, Shared};
+use super::{ApiError, App};
 use crate::sim::changes::{exclude_null, since, Change};
+use crate::sim::parser::ParserConfig;
 use crate::sim::structured::Constraint;
 use crate::sim::text::{self, ToolCall};
-use crate::sim::vocab;
-
-pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
-    match run(&app, &headers, &body) {
-        Ok((job, ctx)) if ctx.stream.stream => stream(app.clone(), job, ctx),
-        Ok((mut job, ctx)) => match job.complete().await {
-            Ok(()) => with_request_id(
-                &app,
-                &ctx.request_id,
-                json_response(StatusCode::OK, &full_body(&app, &job, &ctx)),
-            ),
-            Err(msg) => internal_error(&msg).into_response(),
-        },
-        Err(e) => e.into_response(),
-    }
-}
+use crate::sim::{model, prompt, vocab};
 
 /// The echoed `X-Request-Id` (only with `--enable-request-id-headers`, as vLLM).
 pub(crate) fn with_request_id(app: &App, id: &str, mut resp: Response) -> Response {
@@ -100,7 +86,7 @@ fn continue_needs_no_generation_prompt(req: &Map<String, Value>) -> Result<(), A
 
 /// How the rendered prompt ends, as the real frontend with the fixture's model answers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Opening {
+pub(crate) enum Opening {
     /// The assistant's generation prompt: the model thinks as the template says.
     Generation,
     /// The final assistant message continued: the answer follows as content.
@@ -114,7 +100,7 @@ impl Opening {
     /// GLM's template honours `add_generation_prompt` and `continue_final_message`; DeepSeek's
     /// encoder does from 0.34 (continuing implies no generation prompt); 0.33's always added
     /// the generation prompt, after closing a continued message.
-    fn of(app: &App, req: &Map<String, Value>, messages: &[Value]) -> Opening {
+    pub(crate) fn of(app: &App, req: &Map<String, Value>, messages: &[Value]) -> Opening {
         let set = |k: &str, default: bool| req.get(k).and_then(Value::as_bool).unwrap_or(default);
         let last_is_assistant = messages.last().and_then(|m| m.get("role")) == Some(&json!("assistant"));
         let continuing = set("continue_final_message", false) && last_is_assistant;
@@ -146,7 +132,8 @@ pub(crate) fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiError> {
+/// A chat body validated, checked and submitted.
+pub(crate) fn run(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<(Job, Ctx), ApiError> {
     prepare(app, headers, validated(request::json_object(headers, body)?)?)
 }
 
@@ -158,46 +145,79 @@ pub(crate) fn validated(mut req: Map<String, Value>) -> Result<Map<String, Value
     Ok(req)
 }
 
-/// Checks a validated chat request in vLLM's serving order and submits it to the engine.
-pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -> Result<(Job, Ctx), ApiError> {
+/// A chat request checked in vLLM's serving order and rendered, before the engine.
+pub(crate) struct Rendered {
+    pub(crate) messages: Vec<Value>,
+    /// The prompt's text.
+    pub(crate) prompt: String,
+    pub(crate) prompt_tokens: usize,
+    pub(crate) rendering: text::Rendering,
+    pub(crate) opening: Opening,
+    /// The template kwargs after vLLM's merge.
+    pub(crate) kwargs: Map<String, Value>,
+    /// `max_completion_tokens` or `max_tokens`, when given.
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) stream: request::StreamOptions,
+    pub(crate) n: usize,
+}
+
+impl Rendered {
+    /// The output budget: the request's limit within what the context leaves.
+    pub(crate) fn budget(&self, app: &App) -> usize {
+        (app.args.max_model_len as usize - self.prompt_tokens).min(self.max_tokens.map_or(usize::MAX, |m| m as usize))
+    }
+}
+
+/// Checks a validated chat request in vLLM's serving order and renders its prompt.
+pub(crate) fn render_checked(app: &App, req: &Map<String, Value>) -> Result<Rendered, ApiError> {
     let messages = req
         .get("messages")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    let stream = request::stream_options(app, &req)?;
-    let kwargs = request::template_kwargs(app, &req)?;
+    let stream = request::stream_options(app, req)?;
+    let kwargs = request::template_kwargs(app, req)?;
     let tools = req.get("tools").and_then(Value::as_array).cloned();
-    serving_checks(app, &req, &messages, &kwargs)?;
-    let max_tokens = request::max_tokens(app, &req, &["max_completion_tokens", "max_tokens"])?;
-    let n = request::n_choices(&req)?;
-    let mut rendering = app.template.render(&kwargs);
-    let opening = Opening::of(app, &req, &messages);
-    if opening != Opening::Generation {
-        // The prompt does not end in the assistant's header: the model answers at once.
-        rendering.thinking = false;
-    }
-    let prompt = text::render_prompt(&messages, &rendering);
+    serving_checks(app, req, &messages, &kwargs)?;
+    let max_tokens = request::max_tokens(app, req, &["max_completion_tokens", "max_tokens"])?;
+    let n = request::n_choices(req)?;
+    let (rendering, opening) = rendering_of(app, req, &messages, &kwargs);
+    let prompt = prompt::render(
+        &messages,
+        tools.as_deref(),
+        req.get("tool_choice"),
+        &rendering,
+        app.template,
+    );
     let prompt_tokens = vocab::count_tokens(&prompt);
     request::check_prompt_length(app, prompt_tokens)?;
-    request::routed_experts_start(&req, prompt_tokens)?;
-    let budget = (app.args.max_model_len as usize - prompt_tokens).min(max_tokens.map_or(usize::MAX, |m| m as usize));
+    request::routed_experts_start(req, prompt_tokens)?;
+    Ok(Rendered {
+        messages,
+        prompt,
+        prompt_tokens,
+        rendering,
+        opening,
+        kwargs,
+        max_tokens,
+        stream,
+        n,
+    })
+}
+
+/// Checks a validated chat request in vLLM's serving order and submits it to the engine.
+pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -> Result<(Job, Ctx), ApiError> {
+    let r = render_checked(app, &req)?;
+    let budget = r.budget(app);
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let min_tokens = req.get("min_tokens").and_then(Value::as_u64).unwrap_or(0) as usize;
     let stops = request::stop_strings(&req);
-    let constraint = Constraint::of_request(&req);
+    let planned = model::chat(app.template, &r.prompt, Constraint::of_request(&req).as_ref());
+    let cfg = parser_config(app, &req, &r.rendering, r.opening, r.rendering.thinking);
     let named_tool = matches!(req.get("tool_choice"), Some(Value::Object(_)));
-    let choices = (0..n)
+    let choices = (0..r.n)
         .map(|_| {
-            let mut out = text::plan_chat(&messages, tools.as_deref(), req.get("tool_choice"), &rendering);
-            if opening == Opening::AsReasoning {
-                // No `</think>` after the prompt: the reasoning parser takes it all as reasoning.
-                out.reasoning.append(&mut out.content);
-            }
-            if let Some(c) = &constraint {
-                out.constrain(c);
-            }
-            let mut plan = ChoicePlan::new(out, budget, ignore_eos, min_tokens);
+            let mut plan = ChoicePlan::new(planned.clone(), budget, ignore_eos, min_tokens, cfg.clone());
             plan.apply_stop(&stops);
             if named_tool && plan.tool_call.is_some() {
                 // A named tool choice is structured output: vLLM finishes it with `stop`.
@@ -207,9 +227,48 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
         })
         .collect();
     let request_id = request::request_id(headers, &req);
-    let job = Job::start(app, &[&prompt], choices)?;
-    let ctx = Ctx::new(app, &req, &messages, request_id, stream, &prompt, prompt_tokens);
+    let job = Job::start(app, &[&r.prompt], choices)?;
+    let ctx = Ctx::new(app, &req, &r.messages, request_id, r.stream, &r.prompt, r.prompt_tokens);
     Ok((job, ctx))
+}
+
+/// What the template renders for the request and how its prompt opens the answer (no
+/// thinking unless the prompt ends in the assistant's generation prompt).
+pub(crate) fn rendering_of(
+    app: &App,
+    req: &Map<String, Value>,
+    messages: &[Value],
+    kwargs: &Map<String, Value>,
+) -> (text::Rendering, Opening) {
+    let mut rendering = app.template.render(kwargs);
+    let opening = Opening::of(app, req, messages);
+    if opening != Opening::Generation {
+        // The prompt does not end in the assistant's header: the model answers at once.
+        rendering.thinking = false;
+    }
+    (rendering, opening)
+}
+
+/// How the request's output is parsed: reasoning first when the prompt left it open
+/// (`reasoning_open`: it ends in `<think>`) and the reasoning parser separates it — or when
+/// the answer has no header, all of it; tool markup read when tools are offered and not
+/// refused.
+pub(crate) fn parser_config(
+    app: &App,
+    req: &Map<String, Value>,
+    rendering: &text::Rendering,
+    opening: Opening,
+    reasoning_open: bool,
+) -> ParserConfig {
+    let tools: Vec<Value> = req.get("tools").and_then(Value::as_array).cloned().unwrap_or_default();
+    let choice = req.get("tool_choice");
+    let forced = matches!(choice, Some(Value::Object(_))) || choice == Some(&json!("required"));
+    ParserConfig {
+        reasoning_open: (reasoning_open && rendering.parsed) || opening == Opening::AsReasoning,
+        markup: (!tools.is_empty() && choice != Some(&json!("none"))).then(|| model::syntax(app.template)),
+        tools,
+        whole_call: forced && app.template == text::Template::Glm,
+    }
 }
 
 /// vLLM's refusals between the model check and generation, in its order: the model, the
@@ -287,13 +346,15 @@ impl Ctx {
     }
 }
 
-/// A choice's generated token ids, with `return_token_ids`.
+/// A choice's generated token ids (the end-of-sequence token included), with
+/// `return_token_ids`.
 fn output_ids(ctx: &Ctx, c: &super::generate::ChoicePlan) -> Value {
     match ctx.prompt_ids {
         // Without the reasoning returned, vLLM returns no ids either.
         Some(_) if ctx.include_reasoning => {
-            let text = c.reasoning_text().unwrap_or_default() + &c.content_text();
-            json!(vocab::tokenize(&text))
+            let mut ids = c.ids().to_vec();
+            ids.extend(c.eos);
+            json!(ids)
         }
         _ => Value::Null,
     }
@@ -388,192 +449,4 @@ pub(crate) fn sse_response(
         .body(body)
         .expect("static response parts");
     with_request_id(app, request_id, resp)
-}
-
-struct StreamState {
-    app: Shared,
-    job: Job,
-    ctx: Ctx,
-    pending: std::collections::VecDeque<Bytes>,
-    finished: bool,
-    /// The role chunks go out with the first engine output (after prefill), as in vLLM.
-    started: bool,
-}
-
-impl StreamState {
-    fn chunk(&self, choices: Value, extra: Option<(&str, Value)>) -> Value {
-        let mut c = json!({"id": self.ctx.id, "object": "chat.completion.chunk", "created": self.ctx.created, "model": self.ctx.model, "choices": choices});
-        if let Some((k, v)) = extra {
-            c[k] = v;
-        }
-        if self.ctx.stream.continuous_usage && !c["choices"].as_array().is_some_and(Vec::is_empty) {
-            let (p, n) = (self.job.prompt_tokens, self.job.completion_tokens());
-            c["usage"] = json!({"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n, "completion_tokens_details": {"reasoning_tokens": self.job.reasoning_tokens()}});
-        }
-        c
-    }
-
-    fn role_chunks(&mut self) {
-        if self.started {
-            return;
-        }
-        self.started = true;
-        for index in 0..self.job.choices.len() {
-            let choice = json!({"index": index, "delta": {"role": self.ctx.role, "content": ""}, "logprobs": null, "finish_reason": null});
-            let mut c = self.chunk(json!([choice]), None);
-            if c.get("usage").is_some() && since(Change::FirstChunkPromptDetails) {
-                // The role chunks' usage: the prompt's split is known from the first output.
-                let details = usage(&self.app, &self.job, false)["prompt_tokens_details"].take();
-                if !details.is_null() {
-                    c["usage"]["prompt_tokens_details"] = details;
-                }
-            }
-            c["prompt_token_ids"] = self.ctx.prompt_ids.clone().unwrap_or(Value::Null);
-            c["prompt_text"] = self.ctx.prompt_text.clone();
-            self.pending.push_back(frame(&c));
-        }
-    }
-
-    /// A content (or reasoning, or tool-call) chunk: vLLM adds `token_ids` to the choice and
-    /// `kv_transfer_params` to the chunk.
-    fn push_delta(&mut self, index: usize, delta: Value, tokens: &[String]) {
-        let lp = self.logprobs(tokens);
-        let ids = self.ids(tokens);
-        let choice = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": null, "token_ids": ids});
-        let c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
-        self.pending.push_back(frame(&c));
-    }
-
-    /// A chunk's token ids, with `return_token_ids`.
-    fn ids(&self, tokens: &[String]) -> Value {
-        match self.ctx.prompt_ids {
-            Some(_) => json!(vocab::tokenize(&tokens.concat())),
-            None => Value::Null,
-        }
-    }
-
-    fn logprobs(&self, tokens: &[String]) -> Value {
-        match self.ctx.logprobs {
-            Some(top) if !tokens.is_empty() => logprobs::chat(tokens, top),
-            _ => Value::Null,
-        }
-    }
-
-    /// With `include_reasoning: false` the reasoning parser sets each delta's reasoning to
-    /// None (`parse_delta`), which pydantic then writes: `"reasoning": null` on every delta
-    /// that carries content or a tool call.
-    fn hide_reasoning(&self, delta: &mut Map<String, Value>) {
-        if !self.ctx.include_reasoning {
-            delta.insert("reasoning".into(), Value::Null);
-        }
-    }
-
-    fn on_delta(&mut self, index: usize, d: Delta) {
-        self.role_chunks();
-        let mut delta = Map::new();
-        if !d.reasoning.is_empty() && self.ctx.include_reasoning {
-            delta.insert("reasoning".into(), Value::String(d.reasoning));
-        }
-        if !d.content.is_empty() {
-            delta.insert("content".into(), Value::String(d.content));
-            self.hide_reasoning(&mut delta);
-        }
-        let mut tokens = d.tokens;
-        if !d.last {
-            if !delta.is_empty() {
-                self.push_delta(index, Value::Object(delta), &tokens);
-            }
-            return;
-        }
-        let plan = &self.job.choices[index];
-        let (finish, stop_reason, tool_call) = (plan.finish, plan.stop_reason.clone(), plan.tool_call.clone());
-        if let Some(call) = tool_call {
-            if !delta.is_empty() {
-                self.push_delta(
-                    index,
-                    Value::Object(std::mem::take(&mut delta)),
-                    &std::mem::take(&mut tokens),
-                );
-            }
-            let id = format!("chatcmpl-tool-{}", request::random_hex(16));
-            // A forced call (required or named) comes as one delta on GLM and as name, then
-            // arguments on DeepSeek: what the real frontend streams for each profile.
-            let deltas = if self.ctx.forced_tool && self.app.template == text::Template::Glm {
-                vec![
-                    json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name, "arguments": call.arguments}}]}),
-                ]
-            } else {
-                vec![
-                    json!({"tool_calls": [{"id": id, "type": "function", "index": 0, "function": {"name": call.name}}]}),
-                    json!({"tool_calls": [{"index": 0, "function": {"arguments": call.arguments}}]}),
-                ]
-            };
-            for mut call in deltas {
-                if let Value::Object(delta) = &mut call {
-                    self.hide_reasoning(delta);
-                }
-                self.push_delta(index, call, &[]);
-            }
-        } else if finish == "stop" && !delta.is_empty() {
-            // The end-of-sequence token has no text: its chunk carries only the finish reason.
-            self.push_delta(
-                index,
-                Value::Object(std::mem::take(&mut delta)),
-                &std::mem::take(&mut tokens),
-            );
-        }
-        let lp = self.logprobs(&tokens);
-        let choice = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": self.ids(&tokens), "weight_versions": null});
-        let mut c = self.chunk(json!([choice]), Some(("kv_transfer_params", Value::Null)));
-        if !self.ctx.stream.include_usage {
-            c["system_fingerprint"] = Value::String(self.app.fingerprint.clone());
-        }
-        self.pending.push_back(frame(&c));
-    }
-
-    fn on_end(&mut self) {
-        if self.ctx.stream.include_usage {
-            let mut c = self.chunk(json!([]), None);
-            c["usage"] = usage(&self.app, &self.job, true);
-            c["system_fingerprint"] = Value::String(self.app.fingerprint.clone());
-            self.pending.push_back(frame(&c));
-        }
-        self.pending.push_back(Bytes::from_static(DONE));
-        self.finished = true;
-    }
-}
-
-fn stream(app: Shared, job: Job, ctx: Ctx) -> Response {
-    let request_id = ctx.request_id.clone();
-    let state = StreamState {
-        app: app.clone(),
-        job,
-        ctx,
-        pending: Default::default(),
-        finished: false,
-        started: false,
-    };
-    let frames = futures_util::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(b) = s.pending.pop_front() {
-                return Some((b, s));
-            }
-            if s.finished {
-                return None;
-            }
-            match s.job.next().await {
-                Some(Step::Delta(i, d)) => s.on_delta(i, d),
-                Some(Step::Failed(msg)) => {
-                    s.pending.push_back(error_frame(&msg));
-                    s.pending.push_back(Bytes::from_static(DONE));
-                    s.finished = true;
-                }
-                None => {
-                    s.role_chunks();
-                    s.on_end()
-                }
-            }
-        }
-    });
-    sse_response(&app, &request_id, frames)
 }

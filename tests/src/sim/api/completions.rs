@@ -13,8 +13,8 @@ use super::request::{self, invalid};
 use super::{bad_request, before, logprobs, schema, validate, App};
 use super::{internal_error, json_response, ApiError, Shared};
 use crate::sim::changes::{exclude_null, Change};
-use crate::sim::text::{self, Output};
-use crate::sim::vocab;
+use crate::sim::parser::ParserConfig;
+use crate::sim::{model, vocab};
 
 /// The completion renderer's refusals (renderers/online_renderer.py, renderers/embed_utils.py):
 /// a suffix where the model renders no fill-in-the-middle, and prompt embeddings (the server
@@ -84,42 +84,64 @@ fn renderer_checks(app: &App, req: &serde_json::Map<String, Value>) -> Result<()
     Ok(())
 }
 
-pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
-    let mut req = request::json_object(&headers, &body)?;
+/// A completions request checked in vLLM's order, before the engine.
+pub(crate) struct Checked {
+    pub(crate) req: serde_json::Map<String, Value>,
+    pub(crate) prompts: Vec<String>,
+    pub(crate) stream: request::StreamOptions,
+    /// `max_tokens`, 16 when not given.
+    pub(crate) max_tokens: usize,
+}
+
+/// Validates a completions body and runs vLLM's serving checks on it.
+pub(crate) fn checked(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Checked, ApiError> {
+    let mut req = request::json_object(headers, body)?;
     before::run(before::COMPLETION, &mut req)?;
     before::run(before::COMPLETION_FIELDS, &mut req)?;
     schema::check_body("/v1/completions", &mut req)?;
-    request::check_model(&app, &req)?;
+    request::check_model(app, &req)?;
     request::untrusted_mm_kwargs(&req)?;
-    request::truncation(&app, &req)?;
-    renderer_checks(&app, &req)?;
+    request::truncation(app, &req)?;
+    renderer_checks(app, &req)?;
     let prompts = prompts(&req)?;
     // Beam search builds `BeamSearchParams`, which `SamplingParams`' checks do not cover.
     if req.get("use_beam_search") == Some(&Value::Bool(true)) {
         validate::beam_search(&req, true)?;
     } else {
-        validate::sampling(&app, &req, &["max_tokens"])?;
+        validate::sampling(app, &req, &["max_tokens"])?;
         let prompt_lp = req.get("prompt_logprobs").and_then(Value::as_i64);
         validate::sample_logprobs(req.get("logprobs").and_then(Value::as_i64), prompt_lp)?;
-        validate::speculation(&app, &req)?;
+        validate::speculation(app, &req)?;
     }
     request::empty_decoder_prompt(&req)?;
-    let stream = request::stream_options(&app, &req)?;
-    let max_tokens = request::max_tokens(&app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
-    let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);
+    let stream = request::stream_options(app, &req)?;
+    let max_tokens = request::max_tokens(app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
     let lengths: Vec<usize> = prompts.iter().map(|p| vocab::count_tokens(p)).collect();
-    request::check_prompt_length(&app, lengths.iter().copied().max().unwrap_or(0))?;
+    request::check_prompt_length(app, lengths.iter().copied().max().unwrap_or(0))?;
     request::routed_experts_start(&req, lengths.iter().copied().min().unwrap_or(0))?;
+    Ok(Checked {
+        req,
+        prompts,
+        stream,
+        max_tokens,
+    })
+}
+
+pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let Checked {
+        req,
+        prompts,
+        stream,
+        max_tokens,
+    } = checked(&app, &headers, &body)?;
+    let top = req.get("logprobs").and_then(Value::as_u64).map(|k| k as usize);
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
     let choices: Vec<ChoicePlan> = prompts
         .iter()
         .map(|p| {
-            let out = Output {
-                reasoning: Vec::new(),
-                content: text::plan_completion(p),
-                tool_call: None,
-            };
-            ChoicePlan::new(out, max_tokens, ignore_eos, 0)
+            // The model reads the prompt's tokens, as `/inference/v1/generate` does.
+            let planned = model::continuation(app.template, &vocab::tokenize(p), None);
+            ChoicePlan::new(planned, max_tokens, ignore_eos, 0, ParserConfig::default())
         })
         .collect();
     let request_id = request::request_id(&headers, &req);
@@ -223,7 +245,7 @@ async fn whole(app: &Shared, mut job: Job, reply: &Reply, request_id: &str) -> R
         .iter()
         .enumerate()
         .map(|(i, c)| json!({"index": i, "text": c.content_text(), "logprobs": top.map_or(Value::Null, |k| logprobs::completion(c.released(), k)), "finish_reason": c.finish, "stop_reason": null,
-            "token_ids": reply.prompt_ids.as_ref().map_or(Value::Null, |_| json!(vocab::tokenize(&c.content_text()))),
+            "token_ids": reply.prompt_ids.as_ref().map_or(Value::Null, |_| json!(c.ids().iter().chain(&c.eos).collect::<Vec<_>>())),
             "prompt_logprobs": prompt_lp,
             "prompt_token_ids": reply.prompt_ids_of(i), "routed_experts": null, "weight_versions": null}))
         .collect();
@@ -261,7 +283,8 @@ fn frames(
             loop {
                 match job.next().await {
                     Some(Step::Delta(i, d)) => {
-                        if d.content.is_empty() && !d.last {
+                        // A step with no text yet (a character's first bytes) still shows its ids.
+                        if d.content.is_empty() && !d.last && (reply.prompt_ids.is_none() || d.ids.is_empty()) {
                             continue;
                         }
                         let first = !std::mem::replace(&mut started[i], true);
@@ -300,10 +323,11 @@ fn delta_chunk(reply: &Reply, job: &Job, i: usize, d: &Delta, include_usage: boo
         Some(k) if !d.tokens.is_empty() => logprobs::completion(&d.tokens, k),
         _ => Value::Null,
     };
+    let eos = job.choices[i].eos.filter(|_| d.last);
     let (prompt_ids, ids) = match &reply.prompt_ids {
         Some(_) => (
             if first { reply.prompt_ids_of(i) } else { Value::Null },
-            json!(vocab::tokenize(&d.tokens.concat())),
+            json!(d.ids.iter().chain(&eos).collect::<Vec<_>>()),
         ),
         None => (Value::Null, Value::Null),
     };

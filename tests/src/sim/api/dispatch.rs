@@ -115,7 +115,7 @@ fn internal(msg: &str) -> Response {
 pub(crate) async fn invocations(state: State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req = request::json_object(&headers, &body)?;
     if req.contains_key("messages") {
-        Ok(chat::handle(state, headers, body).await)
+        Ok(super::chat_stream::handle(state, headers, body).await)
     } else {
         completions::handle(state, headers, body).await
     }

@@ -1,5 +1,5 @@
-//! A generation in flight: each choice's planned tokens, their submission to the engine, and
-//! the deltas the engine's steps release.
+//! A generation in flight: each choice's planned token ids, their submission to the engine,
+//! and the deltas the engine's steps release, read by the request's parser.
 
 use axum::http::StatusCode;
 use tokio::sync::mpsc;
@@ -7,20 +7,28 @@ use tokio::sync::mpsc;
 use super::{error, ApiError, App};
 use crate::sim::engine::{Event, Refused, Submission, ENGINE_DEAD};
 use crate::sim::metrics::Finished;
-use crate::sim::text::{self, Output, ToolCall};
+use crate::sim::parser::{self, Parsed, Parser, ParserConfig, ToolDelta};
+use crate::sim::text::{self, Planned, ToolCall};
 use crate::sim::vocab;
 
 /// One choice's output plan and how much of it has been released.
 #[derive(Debug)]
 pub(crate) struct ChoicePlan {
-    tokens: Vec<String>,
-    reasoning_len: usize,
-    /// Tokens of the trailing tool call (released as one tool-call delta at the end).
-    tool_tokens: usize,
+    ids: Vec<u32>,
+    /// Each id's text (a stop string cuts the last one).
+    texts: Vec<String>,
+    cfg: ParserConfig,
+    /// Reads the tokens as they are released.
+    parser: Parser,
+    /// The whole plan parsed (for whole bodies and the reasoning count).
+    view: Parsed,
     pub(crate) tool_call: Option<ToolCall>,
     pub(crate) finish: &'static str,
     /// The stop string that ended the output.
     pub(crate) stop_reason: Option<String>,
+    /// The end-of-sequence token after the plan, when it ends by itself (sent with the finish,
+    /// not counted as output).
+    pub(crate) eos: Option<u32>,
     produced: usize,
 }
 
@@ -29,113 +37,123 @@ pub(crate) struct ChoicePlan {
 pub(crate) struct Delta {
     pub(crate) reasoning: String,
     pub(crate) content: String,
+    /// Tool calls' parts the step completed.
+    pub(crate) tools: Vec<ToolDelta>,
     /// The choice's last token was released with this step.
     pub(crate) last: bool,
-    /// The text tokens released (for logprobs).
+    /// The released tokens' ids.
+    pub(crate) ids: Vec<u32>,
+    /// The released tokens' texts (for logprobs).
     pub(crate) tokens: Vec<String>,
 }
 
 impl ChoicePlan {
-    /// Fits `out` into `budget` output tokens; `ignore_eos` keeps generating up to the budget.
-    pub(crate) fn new(out: Output, budget: usize, ignore_eos: bool, min_tokens: usize) -> Self {
-        let reasoning_len = out.reasoning.len();
-        let mut tokens = out.reasoning;
-        tokens.extend(out.content);
-        let tool_tokens = out
-            .tool_call
-            .as_ref()
-            .map_or(0, |c| vocab::count_tokens(&c.arguments) + 1);
+    /// Fits `planned` into `budget` output tokens; `ignore_eos` keeps generating up to the
+    /// budget. `cfg` says how the output is parsed.
+    pub(crate) fn new(planned: Planned, budget: usize, ignore_eos: bool, min_tokens: usize, cfg: ParserConfig) -> Self {
+        let Planned { mut ids, call } = planned;
         let floor = if ignore_eos { budget } else { min_tokens.min(budget) };
-        if out.tool_call.is_none() && tokens.len() < floor {
-            let filler = text::plan_completion(&tokens.concat());
+        if call.is_none() && ids.len() < floor {
+            let filler = text::completion_ids(&vocab::text_of(&ids));
             let mut i = 0;
-            while tokens.len() < floor {
-                tokens.push(filler[i % filler.len()].clone());
+            while ids.len() < floor && !filler.is_empty() {
+                ids.push(filler[i % filler.len()]);
                 i += 1;
             }
         }
-        let natural = tokens.len() + tool_tokens;
-        let (tool_call, finish) = if natural > budget || (ignore_eos && out.tool_call.is_none()) {
+        let (tool_call, finish, eos) = if ids.len() > budget || (ignore_eos && call.is_none()) {
             // ignore_eos runs to the budget: vLLM reports that as a length stop.
-            tokens.truncate(budget);
-            (None, "length")
-        } else if out.tool_call.is_some() {
-            (out.tool_call, "tool_calls")
+            ids.truncate(budget);
+            (None, "length", None)
+        } else if call.is_some() {
+            (call, "tool_calls", Some(vocab::eos_id()))
         } else {
-            (None, "stop")
+            (None, "stop", Some(vocab::eos_id()))
         };
-        let tool_tokens = if tool_call.is_some() { tool_tokens } else { 0 };
+        let texts = vocab::piece_texts(&ids).0;
+        let view = parser::parse_all(&cfg, &ids, &texts);
         Self {
-            tokens,
-            reasoning_len,
-            tool_tokens,
+            ids,
+            texts,
+            parser: Parser::new(cfg.clone()),
+            cfg,
+            view,
             tool_call,
             finish,
             stop_reason: None,
+            eos,
             produced: 0,
         }
     }
 
-    /// Stop strings (vLLM's detokenizer): the output ends before the first one that appears,
-    /// with finish `stop` and the string as `stop_reason`.
+    /// Stop strings (vLLM's detokenizer): the output ends at the token that completes the first
+    /// one to appear, its text cut before the string; finish `stop`, the string as `stop_reason`.
     pub(crate) fn apply_stop(&mut self, stops: &[String]) {
         if stops.is_empty() {
             return;
         }
         let mut text = String::new();
-        for i in 0..self.tokens.len() {
+        for i in 0..self.texts.len() {
             let before = text.len();
-            text.push_str(&self.tokens[i]);
+            text.push_str(&self.texts[i]);
             let hit = stops
                 .iter()
                 .filter_map(|s| text.find(s.as_str()).map(|at| (at, s)))
                 .min_by_key(|(at, _)| *at);
             if let Some((at, stop)) = hit {
-                self.tokens[i] = text[before.min(at)..at].to_owned();
-                self.tokens.truncate(i + 1);
+                self.texts[i] = text[before.min(at)..at].to_owned();
+                self.texts.truncate(i + 1);
+                self.ids.truncate(i + 1);
                 self.tool_call = None;
-                self.tool_tokens = 0;
                 self.finish = "stop";
+                self.eos = None;
                 self.stop_reason = Some(stop.clone());
+                self.view = parser::parse_all(&self.cfg, &self.ids, &self.texts);
                 return;
             }
         }
     }
 
     pub(crate) fn total(&self) -> usize {
-        self.tokens.len() + self.tool_tokens
+        self.ids.len()
+    }
+
+    /// The planned output's ids.
+    pub(crate) fn ids(&self) -> &[u32] {
+        &self.ids
     }
 
     pub(crate) fn reasoning_text(&self) -> Option<String> {
-        (self.reasoning_len > 0).then(|| self.tokens[..self.reasoning_len.min(self.tokens.len())].concat())
+        (self.view.reasoning_ids > 0).then(|| self.view.reasoning.clone())
     }
 
-    /// The text tokens released so far.
+    /// The texts of the tokens released so far.
     pub(crate) fn released(&self) -> &[String] {
-        &self.tokens[..self.produced.min(self.tokens.len())]
+        &self.texts[..self.produced.min(self.texts.len())]
     }
 
     pub(crate) fn content_text(&self) -> String {
-        self.tokens[self.reasoning_len.min(self.tokens.len())..].concat()
+        self.view.content.clone()
     }
 
     fn release(&mut self, n: usize) -> Delta {
         let start = self.produced;
         self.produced = (self.produced + n).min(self.total());
-        let text_end = self.produced.min(self.tokens.len());
-        let mut d = Delta {
+        let (ids, texts) = (&self.ids[start..self.produced], &self.texts[start..self.produced]);
+        let Parsed {
+            reasoning,
+            content,
+            tools,
+            ..
+        } = self.parser.step(ids, texts);
+        Delta {
+            reasoning,
+            content,
+            tools,
             last: self.produced == self.total(),
-            ..Delta::default()
-        };
-        for i in start.min(text_end)..text_end {
-            d.tokens.push(self.tokens[i].clone());
-            if i < self.reasoning_len {
-                d.reasoning.push_str(&self.tokens[i]);
-            } else {
-                d.content.push_str(&self.tokens[i]);
-            }
+            ids: ids.to_vec(),
+            tokens: texts.to_vec(),
         }
-        d
     }
 
     fn metric_finish(&self) -> Finished {
@@ -171,12 +189,22 @@ impl Job {
     /// `--max-num-queued-reqs` is reached.
     pub(crate) fn start(app: &App, prompts: &[&str], choices: Vec<ChoicePlan>) -> Result<Job, ApiError> {
         // Tokenised once: its length is the prompt's token count, its blocks the cache's key.
-        let tokens: Vec<Vec<u32>> = prompts.iter().map(|p| crate::sim::vocab::tokenize(p)).collect();
+        let tokens: Vec<Vec<u32>> = prompts.iter().map(|p| vocab::tokenize(p)).collect();
+        Job::start_tokens(app, &tokens, prompts, choices)
+    }
+
+    /// [`Job::start`] for prompts given as token ids (`texts` their text, for the poison check).
+    pub(crate) fn start_tokens(
+        app: &App,
+        tokens: &[Vec<u32>],
+        texts: &[&str],
+        choices: Vec<ChoicePlan>,
+    ) -> Result<Job, ApiError> {
         let prompt_tokens: usize = tokens.iter().map(Vec::len).sum();
         let lookups: Vec<_> = tokens.iter().map(|t| app.prefix.lookup(t)).collect();
         let cached_tokens: usize = lookups.iter().map(|l| l.cached).sum();
         let (tx, rx) = mpsc::unbounded_channel();
-        let poison = app.engine.is_poison(prompts);
+        let poison = app.engine.is_poison(texts);
         for (index, c) in choices.iter().enumerate() {
             let sub = Submission {
                 prompt_tokens,
@@ -249,6 +277,6 @@ impl Job {
 
     /// Tokens released so far that were reasoning (vLLM's `reasoning_tokens`).
     pub(crate) fn reasoning_tokens(&self) -> usize {
-        self.choices.iter().map(|c| c.produced.min(c.reasoning_len)).sum()
+        self.choices.iter().map(|c| c.produced.min(c.view.reasoning_ids)).sum()
     }
 }

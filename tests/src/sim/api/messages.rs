@@ -15,8 +15,7 @@ use super::chat;
 use super::generate::{Job, Step};
 use super::{json_response, request, schema, ApiError, App, Shared};
 use crate::sim::changes::{since, Change};
-use crate::sim::text;
-use crate::sim::vocab;
+use crate::sim::{prompt, vocab};
 
 /// Anthropic's finish names.
 fn stop_reason(finish: &str, stop: Option<&String>) -> &'static str {
@@ -72,7 +71,7 @@ fn convert_message(m: &Value, out: &mut Vec<Value>) {
 }
 
 /// The chat request vLLM derives from a Messages request.
-fn to_chat(req: &Map<String, Value>) -> Map<String, Value> {
+pub(crate) fn to_chat(req: &Map<String, Value>) -> Map<String, Value> {
     let mut messages = Vec::new();
     let system = block_text(req.get("system"));
     if !system.is_empty() {
@@ -363,7 +362,11 @@ pub(crate) async fn count_tokens(
     if let Err(e) = request::render_checks(&app, &messages, &kwargs) {
         return Ok(e.into_anthropic());
     }
-    let n = vocab::count_tokens(&text::render_prompt(&messages, &app.template.render(&kwargs)));
+    // The prompt the chat route renders for it.
+    let (rendering, _) = chat::rendering_of(&app, &chat, &messages, &kwargs);
+    let tools = chat.get("tools").and_then(Value::as_array).map(Vec::as_slice);
+    let prompt = prompt::render(&messages, tools, chat.get("tool_choice"), &rendering, app.template);
+    let n = vocab::count_tokens(&prompt);
     // 0.33 rendered the count as a chat request, with the context limit; 0.34 counts past it.
     if !since(Change::CountTokensOverContext) {
         if let Err(e) = request::check_prompt_length(&app, n) {

@@ -3,6 +3,7 @@
 
 mod before;
 mod chat;
+mod chat_stream;
 mod completions;
 mod dispatch;
 mod generate;
@@ -11,6 +12,7 @@ mod messages;
 mod pydantic;
 mod request;
 mod responses;
+mod scale_out;
 mod schema;
 mod serve;
 mod validate;
@@ -28,8 +30,8 @@ use serde_json::{json, Value};
 use super::args::ServeArgs;
 use super::engine::Engine;
 use super::metrics::Metrics;
-use super::text::{self, Template};
-use super::vocab;
+use super::text::Template;
+use super::{prompt, vocab};
 
 pub(crate) use serve::serve;
 
@@ -183,7 +185,7 @@ async fn not_found(uri: axum::http::Uri, headers: HeaderMap) -> Response {
         p if p.len() < path.len() && !p.is_empty() => p.to_owned(),
         _ => format!("{path}/"),
     };
-    if PATHS.contains(&other.as_str()) {
+    if PATHS.contains(&other.as_str()) || scale_out::PATHS.contains(&other.as_str()) {
         let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("localhost");
         let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
         let location = format!("http://{host}{other}{query}");
@@ -212,7 +214,7 @@ pub(crate) fn router(app: Shared) -> Router {
         )
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
-        .route("/v1/chat/completions", post(chat::handle))
+        .route("/v1/chat/completions", post(chat_stream::handle))
         .route("/v1/completions", post(completions::handle))
         .route("/v1/chat/completions/batch", post(dispatch::batch))
         .route("/invocations", post(dispatch::invocations))
@@ -235,6 +237,7 @@ pub(crate) fn router(app: Shared) -> Router {
             post(|h, b| dispatch::unsimulated(h, b, &["query", "items", "label_token_ids"])),
         )
         .route("/detokenize", post(detokenize))
+        .merge(scale_out::routes(app.args.enable_scale_out))
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {
             json_response(StatusCode::METHOD_NOT_ALLOWED, &json!({"detail": "Method Not Allowed"}))
@@ -292,7 +295,8 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
             let rendering = app
                 .template
                 .render(&request::template_kwargs(&app, &req).unwrap_or_default());
-            text::render_prompt(messages, &rendering)
+            let tools = req.get("tools").and_then(Value::as_array).map(Vec::as_slice);
+            prompt::render(messages, tools, req.get("tool_choice"), &rendering, app.template)
         }
         // The body is a union of the prompt and the chat forms: both report their field.
         _ => {

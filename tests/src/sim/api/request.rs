@@ -16,7 +16,7 @@ pub(crate) fn random_hex(len: usize) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    let mut rng = super::text::Rng::new(
+    let mut rng = crate::sim::text::Rng::new(
         nanos
             ^ COUNTER
                 .fetch_add(1, Ordering::Relaxed)
@@ -386,7 +386,7 @@ pub(crate) fn n_choices(req: &Map<String, Value>) -> Result<usize, ApiError> {
 /// What rendering refuses: DeepSeek's encoder checks roles and the effort; GLM's template
 /// cannot render an empty conversation.
 pub(crate) fn render_checks(app: &App, messages: &[Value], kwargs: &Map<String, Value>) -> Result<(), ApiError> {
-    use super::text::Template;
+    use crate::sim::text::Template;
     let refuse = |m: &str| Err(super::bad_request(m, None, None));
     match app.template {
         Template::DeepSeek => {

@@ -15,8 +15,7 @@ use super::generate::{ChoicePlan, Job, Step};
 use super::request::{self, invalid};
 use super::{internal_error, json_response, ApiError, App, Shared};
 use crate::sim::structured::Constraint;
-use crate::sim::text;
-use crate::sim::vocab;
+use crate::sim::{model, prompt, vocab};
 
 /// Responses `input` (plus `instructions`) as chat messages.
 fn messages(req: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
@@ -266,17 +265,27 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         .filter(|t| !t.is_empty())
         .cloned();
     let rendering = app.template.render(&kwargs);
-    let prompt = text::render_prompt(&msgs, &rendering);
+    let prompt = prompt::render(
+        &msgs,
+        tools.as_deref(),
+        req.get("tool_choice"),
+        &rendering,
+        app.template,
+    );
     let prompt_tokens = vocab::count_tokens(&prompt);
     request::check_prompt_length(&app, prompt_tokens)?;
     let budget =
         (app.args.max_model_len as usize - prompt_tokens).min(max_output_tokens.map_or(usize::MAX, |m| m as usize));
-    let mut out = text::plan_chat(&msgs, tools.as_deref(), req.get("tool_choice"), &rendering);
-    if let Some(c) = &constraint(&req) {
-        out.constrain(c);
-    }
+    let planned = model::chat(app.template, &prompt, constraint(&req).as_ref());
     let ignore_eos = req.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false);
-    let plan = ChoicePlan::new(out, budget, ignore_eos, 0);
+    let cfg = super::chat::parser_config(
+        &app,
+        &req,
+        &rendering,
+        super::chat::Opening::Generation,
+        rendering.thinking,
+    );
+    let plan = ChoicePlan::new(planned, budget, ignore_eos, 0, cfg);
     let request_id = request::request_id(&headers, &req);
     let job = Job::start(&app, &[&prompt], vec![plan])?;
     let max_output_tokens = max_output_tokens.unwrap_or(app.args.max_model_len.saturating_sub(prompt_tokens as u64));
