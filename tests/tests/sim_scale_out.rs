@@ -348,7 +348,9 @@ fn cut_completion(first: &Sim, second: &Sim, body: &Value, k: usize) -> ((String
     assert_eq!(ids(&generate["token_ids"]), prompt, "/render gives the stream's prompt");
     let continued: Vec<u64> = prompt.iter().chain(&out).copied().collect();
     generate["token_ids"] = json!(continued);
-    let max = generate["sampling_params"]["max_tokens"].as_u64().expect("max_tokens");
+    // 0.33's render leaves out a `max_tokens` equal to SamplingParams' default (16), and its
+    // generate would then run to the context: the client fills it in.
+    let max = generate["sampling_params"]["max_tokens"].as_u64().unwrap_or(16);
     generate["sampling_params"]["max_tokens"] = json!(max - out.len() as u64);
     generate["stream"] = json!(true);
     let mut state = Value::Null;

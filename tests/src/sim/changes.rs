@@ -42,6 +42,9 @@ pub(crate) enum Change {
     /// `DerenderStreamState` carries its detokenizer window as ids (`prev_token_ids`; 0.33:
     /// `prev_tokens`, the window's token strings).
     DerenderWindowIds,
+    /// `GenerateRequest`'s serializer writes a `max_tokens` equal to `SamplingParams`' default
+    /// (16), which the struct omits (0.33's render left it out).
+    RenderKeepsDefaultMaxTokens,
 }
 
 /// Each change and the release it arrived in.
@@ -60,6 +63,7 @@ const ARRIVED: &[(Change, VllmRelease)] = &[
     (Change::OpenResponsesInputItems, VllmRelease::V0_34),
     (Change::ResponsesThinkingTokenBudget, VllmRelease::V0_34),
     (Change::DerenderWindowIds, VllmRelease::V0_34),
+    (Change::RenderKeepsDefaultMaxTokens, VllmRelease::V0_34),
 ];
 
 /// Whether `change` holds in the release the simulator plays.

@@ -26,6 +26,13 @@ pub(crate) struct ParserConfig {
     pub(crate) whole_call: bool,
 }
 
+/// Whether a prompt leaves reasoning open, as vLLM's reasoning parsers read it
+/// (`is_reasoning_end`): its last thinking marker is not `</think>` (no marker: open).
+pub(crate) fn reasoning_open_after(prompt_ids: &[u32]) -> bool {
+    let (open, close) = (vocab::think_id(), vocab::think_end_id());
+    prompt_ids.iter().rev().find(|&&i| i == open || i == close) != Some(&close)
+}
+
 /// A tool call's part released by a step.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum ToolDelta {

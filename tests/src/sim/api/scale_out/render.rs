@@ -13,6 +13,7 @@ use serde_json::{json, Map, Value};
 use super::super::chat::{self, Rendered};
 use super::super::{bad_request, completions, messages, request, schema, ApiError, App, Shared};
 use super::ok;
+use crate::sim::changes::{since, Change};
 use crate::sim::structured::Constraint;
 use crate::sim::text::Template;
 use crate::sim::vocab;
@@ -85,7 +86,7 @@ fn render_chat(app: &App, headers: &HeaderMap, req: &Map<String, Value>) -> Resu
     let parser = app.args.reasoning_parser.is_some();
     g["reasoning_ended"] = match (include_reasoning, parser) {
         (false, _) => json!(true),
-        (true, true) => json!(ids.last() != Some(&vocab::think_id())),
+        (true, true) => json!(!crate::sim::parser::reasoning_open_after(&ids)),
         (true, false) => Value::Null,
     };
     if parser {
@@ -200,8 +201,8 @@ fn structured_outputs(app: &App, req: &Map<String, Value>) -> Option<Value> {
 }
 
 /// `SamplingParams` as its msgspec struct writes it: the fields vLLM always sets, the ones the
-/// request moved off their defaults, and `max_tokens` (a default 16 goes last, as
-/// `GenerateRequest`'s serializer adds it back).
+/// request moved off their defaults, and `max_tokens` (a default 16 is omitted; from 0.34 it
+/// goes last, as `GenerateRequest`'s serializer adds it back).
 fn sampling_params(req: &Map<String, Value>, max_tokens: usize, stream: bool, chat: bool, so: Option<Value>) -> Value {
     let num = |k: &str, default: f64| req.get(k).and_then(Value::as_f64).unwrap_or(default);
     let set = |k: &str| req.get(k).filter(|v| !v.is_null()).cloned();
@@ -256,7 +257,7 @@ fn sampling_params(req: &Map<String, Value>, max_tokens: usize, stream: bool, ch
     }
     sp.insert("bad_words".into(), json!([]));
     sp.insert("skip_reading_prefix_cache".into(), json!(false));
-    if max_tokens == 16 {
+    if max_tokens == 16 && since(Change::RenderKeepsDefaultMaxTokens) {
         sp.insert("max_tokens".into(), json!(16));
     }
     Value::Object(sp)

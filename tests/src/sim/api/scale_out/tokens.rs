@@ -214,7 +214,8 @@ async fn whole(app: &App, mut job: Job, g: &Generate, request_id: &str) -> Resul
         .collect();
     let mut usage = usage_info(job.prompt_tokens, completion);
     if app.args.enable_prompt_tokens_details {
-        usage["prompt_tokens_details"] = json!({"cached_tokens": job.cached_tokens});
+        usage["prompt_tokens_details"] =
+            json!({"cached_tokens": job.cached_tokens, "created_cache_tokens": null, "multimodal_tokens": null});
     }
     Ok(ok(&json!({
         "request_id": request_id, "model": app.args.served_name(), "created": now_secs(), "usage": usage,

@@ -17,7 +17,7 @@ use super::super::super::{bad_request, request, ApiError, App, Shared};
 use super::super::ok;
 use super::completion::{decode_window, STOP_STRINGS};
 use super::{check_bounds, ids_of, one_choice, stream_body, text_ids, usage_of, Models, State, StreamBody};
-use crate::sim::parser::{Parser, ParserConfig, ToolDelta};
+use crate::sim::parser::{self, Parser, ParserConfig, ToolDelta};
 use crate::sim::vocab;
 
 const MODELS: Models = Models {
@@ -70,7 +70,7 @@ pub(crate) async fn chat(Axum(app): Axum<Shared>, headers: HeaderMap, body: Byte
 }
 
 /// How the chat request's output is parsed; the prompt's ids say whether it left reasoning
-/// open (it ends in `<think>`).
+/// open (its last thinking marker is no `</think>`).
 fn config(app: &App, chat_req: &Map<String, Value>, prompt_ids: &[u32]) -> ParserConfig {
     let messages = chat_req
         .get("messages")
@@ -79,7 +79,7 @@ fn config(app: &App, chat_req: &Map<String, Value>, prompt_ids: &[u32]) -> Parse
         .unwrap_or_default();
     let kwargs = request::template_kwargs(app, chat_req).unwrap_or_default();
     let (rendering, opening) = chat_route::rendering_of(app, chat_req, &messages, &kwargs);
-    let open = prompt_ids.last() == Some(&vocab::think_id());
+    let open = parser::reasoning_open_after(prompt_ids);
     chat_route::parser_config(app, chat_req, &rendering, opening, open)
 }
 
