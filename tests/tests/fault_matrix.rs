@@ -2,7 +2,9 @@
 //! matrix is `target/debug/fault-matrix`): for each fault, under six client loops mixing
 //! every streaming API, nothing silently truncated, hung or lost, no 502 for a request that
 //! never reached a rank, no rank process or container left over, and the group serving
-//! again — the SSH cut on a process rig and on a Docker rig.
+//! again — the SSH cut on a process rig and on a Docker rig. Chat and completions streams cut
+//! by a fault are continued (docs/resume.md): none ends with an error event, and each one's
+//! text is an uninterrupted run's, nothing duplicated or missing at the splice.
 
 use sparkgate_tests::faults::{table, Fault, Rig};
 
@@ -33,7 +35,19 @@ fn each_fault_of_the_subset_loses_nothing_and_leaves_nothing() {
     for (fault, row) in &rows {
         assert!(row.clean(), "{}: {row:?}\n{t}", fault.name());
         assert!(row.completed > 0, "{}: the loops ran: {row:?}", fault.name());
+        if *fault != Fault::SigtermPastDrain {
+            assert_eq!(
+                row.resumable_errors,
+                0,
+                "{}: every cut chat or completions stream was continued: {row:?}\n{t}",
+                fault.name()
+            );
+        }
     }
+    assert!(
+        rows[0].1.resumed > 0,
+        "a killed rank 0 cut streams that were continued: {t}"
+    );
     let (_, start) = &rows[3];
     assert_eq!(
         start.explicit_errors, 0,

@@ -100,7 +100,9 @@ fn streams_are_byte_faithful_to_what_vllm_would_send() {
 
 #[test]
 fn a_rank_killed_mid_stream_ends_the_stream_with_an_error_event() {
-    let (mut sim, gw) = ds_pair(&[("SIM_SPEED", "1")], &[]);
+    // Nothing restarts an upstream the gateway only fronts: with resuming off (RESUME_TIMEOUT=0)
+    // the cut ends the stream at once, instead of a wait for the upstream's return.
+    let (mut sim, gw) = ds_pair(&[("SIM_SPEED", "1")], &[("RESUME_TIMEOUT", "0")]);
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "ignore_eos": true, "stream": true});
     let mut s = Streaming::post_json(gw.addr, "/v1/chat/completions", &body);
     let mut got = s.next_chunk().unwrap();

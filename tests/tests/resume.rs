@@ -1,10 +1,14 @@
 //! Generations that lose their rank group (docs/resume.md), in front of supervised vllm-sim
 //! ranks: a non-streaming request in flight when rank 0 is SIGKILLed is sent again once the
 //! group is Ready and answered 200 — the same answer as without the fault, since nothing of
-//! it had reached the client.
+//! it had reached the client; a temperature-0 stream whose rank 0 is SIGKILLed after 40 chunks
+//! is continued and ends as it would have without the fault (one chunk id, one finish,
+//! `[DONE]`, no error event), on both profiles.
 
 use serde_json::{json, Value};
-use sparkgate_tests::http::request;
+use sparkgate_tests::harness::Gateway;
+use sparkgate_tests::http::{request, Streaming};
+use sparkgate_tests::sse;
 use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
@@ -83,4 +87,131 @@ fn a_non_streaming_request_in_flight_at_sigkill_of_rank_0_answers_200() {
         metrics.lines().any(|l| l == "sparkgate_poison_suspects_total 1"),
         "vLLM held the request when its rank died (a suspect, then answered):\n{metrics}"
     );
+}
+
+/// What a client reads of a chat stream: reasoning, content, the tool calls' names and
+/// arguments, the finish, the chunk ids, error events, and whether `[DONE]` ended it.
+#[derive(Debug, Default, PartialEq)]
+struct Answer {
+    reasoning: String,
+    content: String,
+    tools: Vec<(String, String)>,
+    finish: Option<String>,
+    ids: Vec<String>,
+    errors: Vec<String>,
+    done: bool,
+}
+
+impl Answer {
+    fn of(raw: &[u8]) -> Answer {
+        let events = sse::events(raw);
+        let mut a = Answer {
+            done: events.last().is_some_and(sse::is_done),
+            ..Answer::default()
+        };
+        for chunk in events.iter().filter(|e| !sse::is_done(e)).map(sse::json) {
+            if chunk.get("error").is_some() {
+                a.errors.push(chunk.to_string());
+                continue;
+            }
+            if let Some(id) = chunk["id"].as_str().filter(|id| !a.ids.iter().any(|i| i == id)) {
+                a.ids.push(id.to_owned());
+            }
+            let choice = &chunk["choices"][0];
+            a.reasoning += choice["delta"]["reasoning"].as_str().unwrap_or("");
+            a.content += choice["delta"]["content"].as_str().unwrap_or("");
+            for t in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                let i = t["index"].as_u64().unwrap_or(0) as usize;
+                if a.tools.len() <= i {
+                    a.tools.resize(i + 1, Default::default());
+                }
+                a.tools[i].0 += t["function"]["name"].as_str().unwrap_or("");
+                a.tools[i].1 += t["function"]["arguments"].as_str().unwrap_or("");
+            }
+            if let Some(f) = choice["finish_reason"].as_str() {
+                a.finish = Some(f.to_owned());
+            }
+        }
+        a
+    }
+
+    /// What must be the same with and without the fault.
+    fn text(&self) -> (&str, &str, &[(String, String)], Option<&str>) {
+        (&self.reasoning, &self.content, &self.tools, self.finish.as_deref())
+    }
+}
+
+/// Reads a stream of `body` from `gw`; after `after` events, `fault` runs once. The answer and
+/// how many events it had.
+fn stream_with_fault(gw: &Gateway, body: &Value, after: usize, fault: impl FnOnce()) -> (Answer, usize) {
+    let mut s = Streaming::post_json(gw.addr, "/v1/chat/completions", body);
+    let (mut raw, mut fault) = (Vec::new(), Some(fault));
+    while let Some(chunk) = s.next_chunk() {
+        raw.extend(chunk);
+        if sse::events(&raw).len() >= after {
+            if let Some(f) = fault.take() {
+                f();
+            }
+        }
+    }
+    assert!(fault.is_none() || after == usize::MAX, "the fault ran mid-stream");
+    (Answer::of(&raw), sse::events(&raw).len())
+}
+
+fn kill_rank0(gw: &Gateway) {
+    let pid = rank0_pid(&gw.status());
+    assert!(std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+fn continued_after_sigkill(profile: &str) {
+    // Slow decoding: the kill lands while most of the answer is still to come.
+    let gw = TestGateway::builder(SIM)
+        .profile(profile)
+        .envs(&[("SIM_SPEED", "0.3")])
+        .start();
+    gw.wait_status("serving", |s| s["supervisor"]["state"] == "ready");
+    let body = json!({"messages": [{"role": "user", "content": "explain tensor parallel decode"}],
+        "max_tokens": 200, "temperature": 0, "stream": true});
+    let (whole, events) = stream_with_fault(&gw, &body, usize::MAX, || {});
+    assert!(
+        whole.done && whole.errors.is_empty() && whole.finish.is_some(),
+        "{whole:?}"
+    );
+    // After 40 chunks; GLM's DFlash speculation puts several tokens in a chunk, so its 200
+    // tokens may come in fewer: then halfway.
+    let after = 40.min(events / 2);
+    let (cut, _) = stream_with_fault(&gw, &body, after, || kill_rank0(&gw));
+    let log = gw.proc.log().join("\n");
+    assert!(cut.errors.is_empty(), "{profile}: no error event: {cut:?}\n{log}");
+    assert!(cut.done, "{profile}: [DONE] ends it");
+    assert_eq!(cut.ids.len(), 1, "{profile}: one chunk id: {:?}", cut.ids);
+    assert_eq!(
+        cut.text(),
+        whole.text(),
+        "{profile}: the continued answer is the uninterrupted one"
+    );
+    let s = gw.wait_status("serving again", |s| s["supervisor"]["state"] == "ready");
+    assert_eq!(
+        s["supervisor"]["restarts"], 1,
+        "{profile}: the kill restarted the group: {s}"
+    );
+    let metrics = request(gw.addr, "GET", "/metrics", &[], b"").text();
+    assert!(
+        metrics.lines().any(|l| l == "sparkgate_stream_resumes_total 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_stream_whose_rank_0_is_sigkilled_after_40_chunks_ends_as_without_the_fault_deepseek() {
+    continued_after_sigkill("deepseek-v4.1-flash");
+}
+
+#[test]
+fn a_stream_whose_rank_0_is_sigkilled_after_40_chunks_ends_as_without_the_fault_glm() {
+    continued_after_sigkill("glm-5.3-flash");
 }

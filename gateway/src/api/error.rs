@@ -76,9 +76,13 @@ pub enum GatewayError {
     UpstreamBroke,
     #[error("the model's stream ended before it finished")]
     UpstreamTruncated,
-    /// A stream cut by its group's loss that could not be continued (docs/resume.md).
-    #[error("the model's rank group was lost mid-stream and the answer could not be continued: {detail}")]
-    ResumeFailed { detail: String },
+    /// Why a cut stream's continuation failed (docs/resume.md), until the relay names the cut.
+    #[error("the answer could not be continued: {0}")]
+    NotContinued(String),
+    /// A cut stream that could not be continued: the cut as it would have ended the stream,
+    /// and why the continuation failed.
+    #[error("{cut}; the answer could not be continued: {detail}")]
+    ResumeFailed { cut: Box<GatewayError>, detail: String },
     #[error("request_crashed_engine: {} (request id {request_id})", if *at_arrival { "two requests with this body were quarantined for losing the model's engine; it is refused for an hour" } else { "the model's engine was lost under this request (twice, or at once while it ran alone); it is not sent again" })]
     RequestCrashedEngine { request_id: String, at_arrival: bool },
     #[error("the gateway is shutting down; retry later")]
@@ -133,9 +137,10 @@ impl GatewayError {
             | GatewayError::ShuttingDown
             | GatewayError::DrainTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::FirstTokenTimeout { .. } | GatewayError::StreamIdle { .. } => StatusCode::GATEWAY_TIMEOUT,
-            GatewayError::UpstreamBroke | GatewayError::UpstreamTruncated | GatewayError::ResumeFailed { .. } => {
+            GatewayError::UpstreamBroke | GatewayError::UpstreamTruncated | GatewayError::NotContinued(_) => {
                 StatusCode::BAD_GATEWAY
             }
+            GatewayError::ResumeFailed { cut, .. } => cut.status(),
             GatewayError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -150,6 +155,7 @@ impl GatewayError {
             | GatewayError::RequestCrashedEngine { .. } => "BadRequestError",
             GatewayError::UnsupportedMediaType | GatewayError::InvalidJson(_) => "Bad Request",
             GatewayError::ModelNotFound { .. } => "NotFoundError",
+            GatewayError::ResumeFailed { cut, .. } => cut.kind(),
             other => other.status().canonical_reason().unwrap_or("Error"),
         }
     }
@@ -253,7 +259,8 @@ impl GatewayError {
         match self {
             GatewayError::FirstTokenTimeout { .. } => StreamEnd::FirstTokenTimeout,
             GatewayError::StreamIdle { .. } => StreamEnd::IdleTimeout,
-            GatewayError::UpstreamBroke | GatewayError::ResumeFailed { .. } => StreamEnd::UpstreamBroken,
+            GatewayError::UpstreamBroke | GatewayError::NotContinued(_) => StreamEnd::UpstreamBroken,
+            GatewayError::ResumeFailed { cut, .. } => cut.stream_end(),
             GatewayError::UpstreamTruncated => StreamEnd::UpstreamTruncated,
             GatewayError::DrainTimeout { .. } | GatewayError::ShuttingDown => StreamEnd::DrainTimeout,
             _ => StreamEnd::GatewayError,

@@ -19,25 +19,8 @@ const EXTRA_BODY_DEPTH: usize = 4;
 const KWARGS_MAX_KEYS: usize = 64;
 const KWARGS_MAX_BYTES: usize = 16 * 1024;
 
-/// Lookups by scan, not by hash: a request's top-level fields here are the few `TOUCHED` ones
-/// and a kwargs object holds at most KWARGS_MAX_KEYS, so comparing keys costs less than the
-/// SipHash of the one looked for (IndexMap's `get`: ~150 instructions, a dozen times a request).
-pub(crate) trait Fields {
-    fn field(&self, key: &str) -> Option<&Value>;
-    fn field_mut(&mut self, key: &str) -> Option<&mut Value>;
-    fn has(&self, key: &str) -> bool {
-        self.field(key).is_some()
-    }
-}
-
-impl Fields for Map<String, Value> {
-    fn field(&self, key: &str) -> Option<&Value> {
-        self.iter().find_map(|(k, v)| (k == key).then_some(v))
-    }
-    fn field_mut(&mut self, key: &str) -> Option<&mut Value> {
-        self.iter_mut().find_map(|(k, v)| (k == key).then_some(v))
-    }
-}
+mod fields;
+pub(crate) use fields::Fields;
 
 /// A normalised request, ready for admission and the upstream.
 #[derive(Debug)]
@@ -60,13 +43,7 @@ pub(crate) struct Normalized {
     pub(crate) resume: Option<ResumeSpec>,
 }
 
-/// A stream that can be continued, and whether its client asked for token ids itself (else
-/// the gateway asked, and removes them from what the client gets).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ResumeSpec {
-    pub(crate) kind: crate::api::resume::Resumable,
-    pub(crate) client_ids: bool,
-}
+pub(crate) use crate::api::resume::ResumeSpec;
 
 /// The sequences a request makes vLLM run at once — each holds one of MAX_NUM_SEQS: `n` per
 /// prompt of a completion (and of a completions-shaped `/invocations`), one per conversation of

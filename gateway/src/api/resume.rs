@@ -37,6 +37,14 @@ impl Resumable {
     }
 }
 
+/// A stream that can be continued, and whether its client asked for token ids itself (else
+/// the gateway asked, and removes them from what the client gets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ResumeSpec {
+    pub(crate) kind: Resumable,
+    pub(crate) client_ids: bool,
+}
+
 pub(crate) const GENERATE_PATH: &str = "/inference/v1/generate";
 
 /// Whether the field `key`, whose JSON text is `value`, rules a continuation out: a grammar's

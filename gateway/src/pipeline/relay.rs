@@ -126,6 +126,8 @@ pub(crate) struct Relay {
     /// The continuation under way, and the keep-alive comment's timer while it is.
     feed: Option<(Feed, std::pin::Pin<Box<tokio::time::Sleep>>)>,
     resumes: u8,
+    /// The cut being continued: what the stream ends with if the continuation fails.
+    cut_error: Option<GatewayError>,
 }
 
 /// Where the literal `needle` first is in `hay`. Each needle's searcher is built once: building
@@ -214,6 +216,7 @@ impl Relay {
             cut_at: Instant::now(),
         };
         tracing::info!(request_id = %self.ctx.request_id, cut = %err, tokens = trace.output.len(), "stream cut: continuing it");
+        self.cut_error = Some(err);
         // The cut request's connection closes (vLLM aborts it) and its slots go to the fence.
         self.body = None;
         drop(self.ctx.held.take());
@@ -407,6 +410,13 @@ impl Relay {
             Woke::Continued(Some(Ok(data))) => self.on_data(data),
             // The continuation was cut in turn: continued again from what went out.
             Woke::Continued(Some(Err(e @ GatewayError::UpstreamBroke))) => self.cut(e),
+            Woke::Continued(Some(Err(GatewayError::NotContinued(detail)))) => {
+                let cut = self.cut_error.take().unwrap_or(GatewayError::UpstreamBroke);
+                self.error_event(GatewayError::ResumeFailed {
+                    cut: Box::new(cut),
+                    detail,
+                })
+            }
             Woke::Continued(Some(Err(e))) => self.error_event(e),
             Woke::Continued(None) => {
                 self.feed = None;
@@ -554,6 +564,7 @@ impl Relay {
             trace: None,
             feed: None,
             resumes: 0,
+            cut_error: None,
         }
     }
 }

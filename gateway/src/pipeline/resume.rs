@@ -45,7 +45,7 @@ pub(crate) struct Continuation {
 /// Why a continuation failed, counted and told to the client.
 fn failed(reason: ResumeFailure, detail: impl Into<String>) -> GatewayError {
     counter!(observe::RESUME_FAILURES, "reason" => reason.label()).increment(1);
-    GatewayError::ResumeFailed { detail: detail.into() }
+    GatewayError::NotContinued(detail.into())
 }
 
 /// How one try at the continuation ended short of its end.
@@ -191,7 +191,12 @@ impl Continuation {
         let mut tokens = prompt.clone();
         tokens.extend(&self.trace.output);
         generate["token_ids"] = json!(tokens);
-        let max = generate["sampling_params"]["max_tokens"].as_u64().unwrap_or(u64::MAX);
+        // 0.33's completions render leaves completions' default (16) out; chat's it fills in.
+        let default = match self.trace.spec.kind {
+            crate::api::resume::Resumable::Completions => 16,
+            crate::api::resume::Resumable::Chat => u64::MAX,
+        };
+        let max = generate["sampling_params"]["max_tokens"].as_u64().unwrap_or(default);
         generate["sampling_params"]["max_tokens"] = json!(max.saturating_sub(sent).max(1));
         generate["stream"] = json!(true);
         generate["return_token_ids"] = json!(true);
@@ -214,8 +219,16 @@ impl Continuation {
         let (mut finished, mut sent) = (false, false);
         // A break once something went out is a cut the relay continues from what it recorded.
         let broke = |sent: bool, why: String| if sent { Short::Cut } else { Short::NotReached(why) };
+        // The continuation's own stream is held to STREAM_IDLE_TIMEOUT (FIRST_TOKEN_TIMEOUT for
+        // its first event) like the stream it continues.
+        let mut wait = self.app.first_token_timeout;
         while !finished {
-            let Some(first) = events.next().await else { break };
+            let next = tokio::time::timeout(wait, events.next()).await;
+            wait = self.app.idle_timeout;
+            let Ok(next) = next else {
+                return Err(broke(sent, format!("no event within {}s", wait.as_secs())));
+            };
+            let Some(first) = next else { break };
             let Some(mut chunk) = event_json(first).map_err(|why| broke(sent, why))? else {
                 break;
             };

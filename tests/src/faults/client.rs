@@ -22,6 +22,12 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Streams the gateway continues when they are cut (docs/resume.md): each must complete,
+    /// with the text of an uninterrupted run.
+    pub fn resumable(self) -> bool {
+        matches!(self, Kind::ChatStream | Kind::CompletionsStream)
+    }
+
     pub const ALL: [Kind; 5] = [
         Kind::Chat,
         Kind::ChatStream,
@@ -81,9 +87,21 @@ pub enum Outcome {
 
 /// Sends one request of `kind` and classifies its end.
 pub fn exchange(addr: SocketAddr, kind: Kind, model: &str, max_tokens: u32, deadline: Duration) -> Outcome {
+    exchange_text(addr, kind, model, max_tokens, deadline).0
+}
+
+/// [`exchange`], with the text a completed stream of a resumable kind carried (its reasoning,
+/// content or completion text, concatenated).
+pub fn exchange_text(
+    addr: SocketAddr,
+    kind: Kind,
+    model: &str,
+    max_tokens: u32,
+    deadline: Duration,
+) -> (Outcome, Option<String>) {
     let (path, body) = kind.request(model, max_tokens);
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
-        return Outcome::Refused;
+        return (Outcome::Refused, None);
     };
     let body = body.to_string();
     let head = format!(
@@ -94,7 +112,7 @@ pub fn exchange(addr: SocketAddr, kind: Kind, model: &str, max_tokens: u32, dead
         .and_then(|()| s.write_all(body.as_bytes()))
         .is_err()
     {
-        return Outcome::Lost("the request could not be written");
+        return (Outcome::Lost("the request could not be written"), None);
     }
     let until = Instant::now() + deadline;
     let mut raw = Vec::new();
@@ -103,7 +121,7 @@ pub fn exchange(addr: SocketAddr, kind: Kind, model: &str, max_tokens: u32, dead
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Outcome::Hung;
+            return (Outcome::Hung, None);
         }
         let _ = s.set_read_timeout(Some(left.min(Duration::from_secs(1))));
         match s.read(&mut buf) {
@@ -116,10 +134,31 @@ pub fn exchange(addr: SocketAddr, kind: Kind, model: &str, max_tokens: u32, dead
             }
         }
     }
-    match classify(kind, &raw) {
+    let outcome = match classify(kind, &raw) {
         Outcome::Lost(_) if reset => Outcome::Lost("reset before any byte of an answer"),
         other => other,
+    };
+    let text = (outcome == Outcome::Completed && kind.resumable()).then(|| streamed_text(&raw));
+    (outcome, text)
+}
+
+/// The text of a whole raw stream answer: every event's reasoning, content and completion text.
+fn streamed_text(raw: &[u8]) -> String {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0);
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let body = dechunk(&head, &raw[(split + 4).min(raw.len())..]).unwrap_or_default();
+    let mut text = String::new();
+    for e in sse::events(&body).iter().filter(|e| !sse::is_done(e)) {
+        let choice = &sse::json(e)["choices"][0];
+        for part in [
+            &choice["delta"]["reasoning"],
+            &choice["delta"]["content"],
+            &choice["text"],
+        ] {
+            text += part.as_str().unwrap_or("");
+        }
     }
+    text
 }
 
 /// The classification of a whole raw answer.

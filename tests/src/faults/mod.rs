@@ -106,6 +106,14 @@ pub struct Row {
     pub unreachable_502: usize,
     /// Accepted requests cut by a SIGKILLed gateway (only that fault).
     pub cut_with_gateway: usize,
+    /// Streams the gateway continues (chat, completions) that ended with an error event
+    /// instead (an admission's 429/503 is a refusal, not this).
+    pub resumable_errors: usize,
+    /// Completed continued-kind streams whose text differs from an uninterrupted run's: text
+    /// duplicated or missing at a splice.
+    pub splice_mismatches: usize,
+    /// Streams the gateway continued (`sparkgate_stream_resumes_total` over the fault).
+    pub resumed: u64,
     pub orphans: usize,
     pub detected_s: Option<f64>,
     pub recovered_s: f64,
@@ -113,7 +121,14 @@ pub struct Row {
 }
 
 impl Row {
-    fn count(&mut self, outcome: Outcome, cuts_accepted: bool) {
+    fn count(&mut self, kind: Kind, outcome: Outcome, cuts_accepted: bool) {
+        if kind.resumable() && matches!(&outcome, Outcome::ExplicitError { status, .. } if !matches!(status, 429 | 503))
+        {
+            self.resumable_errors += 1;
+            if let Outcome::ExplicitError { message, .. } = &outcome {
+                self.samples.push(format!("{kind:?}: {message}"));
+            }
+        }
         match outcome {
             Outcome::Completed => self.completed += 1,
             Outcome::ExplicitError { status: 502, message } if message.contains("unreachable") => {
@@ -135,10 +150,29 @@ impl Row {
         }
     }
 
+    /// Counts every outcome; a continued kind's text against `reference`.
+    fn tally(
+        &mut self,
+        outcomes: Vec<(Kind, Outcome, Option<String>)>,
+        reference: &[(Kind, Option<String>)],
+        cuts: bool,
+    ) {
+        for (kind, o, text) in outcomes {
+            let expected = reference.iter().find(|(k, _)| *k == kind).and_then(|(_, t)| t.as_ref());
+            if let (Some(got), Some(want)) = (&text, expected) {
+                if got != want {
+                    self.splice_mismatches += 1;
+                    self.samples.push(format!("{kind:?} text differs: {got:?} / {want:?}"));
+                }
+            }
+            self.count(kind, o, cuts);
+        }
+    }
+
     /// Nothing silently truncated, hung or lost, no 502 for a request that never reached a
     /// rank, nothing left running.
     pub fn clean(&self) -> bool {
-        self.truncated + self.hung + self.lost + self.unreachable_502 + self.orphans == 0
+        self.truncated + self.hung + self.lost + self.unreachable_502 + self.orphans + self.splice_mismatches == 0
     }
 }
 
@@ -249,6 +283,36 @@ impl Rig {
 
     fn addr(&self) -> SocketAddr {
         *self.addr.read().expect("addr")
+    }
+
+    /// What each continued kind says without a fault (the simulator is deterministic).
+    fn reference(&self, max_tokens: u32) -> Vec<(Kind, Option<String>)> {
+        let at = *self.addr.read().expect("addr");
+        Kind::ALL
+            .iter()
+            .filter(|k| k.resumable())
+            .map(|&k| {
+                (
+                    k,
+                    client::exchange_text(at, k, &self.model, max_tokens, Duration::from_secs(90)).1,
+                )
+            })
+            .collect()
+    }
+
+    /// The gateway's `sparkgate_stream_resumes_total` (0 when it cannot be read).
+    fn resumes(&self) -> u64 {
+        let text = crate::http::try_request(self.addr(), "GET", "/metrics", &[], b"")
+            .map(|r| r.text())
+            .unwrap_or_default();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("sparkgate_stream_resumes_total ")?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .map_or(0, |v| v as u64)
     }
 
     pub fn status(&self) -> Value {
@@ -390,6 +454,8 @@ impl Rig {
         let outcomes = Arc::new(Mutex::new(Vec::new()));
         // SIGTERM past the drain needs streams longer than DRAIN_TIMEOUT; the others short ones.
         let max_tokens = if fault == Fault::SigtermPastDrain { 3000 } else { 60 };
+        let reference = self.reference(max_tokens);
+        let resumed_before = self.resumes();
         let clients: Vec<_> = (0..loops)
             .map(|i| {
                 let (stop, outcomes, addr) = (stop.clone(), outcomes.clone(), self.addr.clone());
@@ -399,7 +465,8 @@ impl Rig {
                     while !stop.load(Ordering::SeqCst) {
                         let kind = Kind::ALL[n % Kind::ALL.len()];
                         let at = *addr.read().expect("addr");
-                        let outcome = client::exchange(at, kind, &model, max_tokens, Duration::from_secs(90));
+                        let (outcome, text) =
+                            client::exchange_text(at, kind, &model, max_tokens, Duration::from_secs(90));
                         // Clients back off when told to come back (503/429 carry Retry-After;
                         // capped so the loops see the recovery) or when nothing listens.
                         match &outcome {
@@ -409,7 +476,7 @@ impl Rig {
                             }
                             _ => {}
                         }
-                        outcomes.lock().expect("outcomes").push(outcome);
+                        outcomes.lock().expect("outcomes").push((kind, outcome, text));
                         n += 1;
                     }
                 })
@@ -438,9 +505,12 @@ impl Rig {
         if status["supervisor"]["epoch"].as_u64() != epoch {
             row.detected_s = status["supervisor"]["last_restart"]["detected_in_s"].as_f64();
         }
-        for o in std::mem::take(&mut *outcomes.lock().expect("outcomes")) {
-            row.count(o, fault.cuts_accepted());
-        }
+        row.tally(
+            std::mem::take(&mut *outcomes.lock().expect("outcomes")),
+            &reference,
+            fault.cuts_accepted(),
+        );
+        row.resumed = self.resumes().saturating_sub(resumed_before);
         row.orphans = self.orphans().len();
         row
     }
@@ -502,14 +572,17 @@ fn signal(target: &str, sig: &str) {
 /// The table BENCHMARKS.md holds.
 pub fn table(rows: &[(Fault, Row)]) -> String {
     let mut out = String::from(
-        "| fault | completed | explicit error | truncated | hung | lost | refused (gateway down) | 502 never reached | cut with the gateway | orphans | detected in s | recovered in s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| fault | completed | resumed | explicit error | of them chat/completions streams | splice mismatches | truncated | hung | lost | refused (gateway down) | 502 never reached | cut with the gateway | orphans | detected in s | recovered in s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (f, r) in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |\n",
             f.name(),
             r.completed,
+            r.resumed,
             r.explicit_errors,
+            r.resumable_errors,
+            r.splice_mismatches,
             r.truncated,
             r.hung,
             r.lost,
