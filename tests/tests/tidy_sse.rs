@@ -13,6 +13,10 @@ const ALLOWED: &[(&str, &str)] = &[
         "gateway/src/pipeline/relay.rs",
         "the hot tap: cuts events in place, property-tested against eventsource-stream",
     ),
+    (
+        "gateway/src/pipeline/trace.rs",
+        "the hot tap's record of a stream that can be continued: each event the tap cut, its token ids read in place",
+    ),
     ("tests/tests/tidy_sse.rs", "this test's own samples"),
 ];
 

@@ -260,7 +260,7 @@ impl Continuation {
             })?;
             state = out["stream_state"].clone();
             // Cut before any chunk reached the client: the derendered chunks are the stream's own.
-            let template = template.get_or_insert_with(|| out["chunk"].clone());
+            let template = template.get_or_insert_with(|| first_chunk(&out["chunk"]));
             if let Some(c) = client_chunk(template, &out["chunk"], &chunk_ids) {
                 if tx.send(Ok(data_event(&c))).await.is_err() {
                     return Ok(());
@@ -310,6 +310,18 @@ fn merge(chunk: &mut Value, more: Value) {
             chunk["choices"][0][key] = more["choices"][0][key].clone();
         }
     }
+}
+
+/// A derendered chunk as the template of a stream nothing of which reached the client: its
+/// prompt ids and text are vLLM's first chunk's only, and `null` unless asked.
+fn first_chunk(chunk: &Value) -> Value {
+    let mut c = chunk.clone();
+    for key in ["prompt_token_ids", "prompt_text"] {
+        if c.get(key).is_some() {
+            c[key] = Value::Null;
+        }
+    }
+    c
 }
 
 fn ids(v: &Value) -> Vec<u32> {
