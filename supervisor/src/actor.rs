@@ -178,7 +178,10 @@ impl Actor {
                     }
                     Report::Event(e) => (e, None),
                 },
-                Some(exit) = self.exits.recv() => (self.exit_event(exit), None),
+                Some(exit) = self.exits.recv() => {
+                    let exit = self.deciding(exit).await;
+                    (self.exit_event(exit), None)
+                }
                 Some(event) = watch_next(&mut self.watching, &mut self.memory, &mut self.stalled_s) => {
                     self.publish();
                     match event {
@@ -198,6 +201,31 @@ impl Actor {
             }
             actions.extend(next);
         }
+    }
+
+    /// The exit that tells why the group was lost (`exits::telling`): an exit that looks like a
+    /// crash, from a serving group, waits up to `exits::DECIDING` for the rest of its epoch's ranks. Another epoch's
+    /// exit met meanwhile goes back to the queue.
+    async fn deciding(&mut self, first: RankExit) -> RankExit {
+        // Only a serving group's loss is judged against the requests it held.
+        let serving = matches!(self.machine.phase, crate::machine::Phase::Ready { .. });
+        if !serving || first.kind.cause() != crate::status::LossCause::Crashed {
+            return first;
+        }
+        let ranks = self.ranks.lock().expect("ranks lock").len();
+        let deadline = tokio::time::Instant::now() + crate::exits::DECIDING;
+        let mut seen = vec![first];
+        while seen.len() < ranks {
+            match tokio::time::timeout_at(deadline, self.exits.recv()).await {
+                Ok(Some(exit)) if exit.epoch == seen[0].epoch => seen.push(exit),
+                Ok(Some(other)) => {
+                    let _ = self.exits_tx.send(other);
+                }
+                _ => break,
+            }
+        }
+        let at = crate::exits::telling(&seen);
+        seen.swap_remove(at)
     }
 
     /// A rank's exit, with its last lines.

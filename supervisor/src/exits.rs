@@ -83,9 +83,42 @@ pub(crate) fn watch_exit(
     exited
 }
 
+/// How long a rank's exit that looks like a crash waits for its group's other exits before the
+/// loss is judged: a rank killed from outside takes its peers down with it (they exit by
+/// themselves, with code 1 — a crash to look at), and the first exit reported may be a peer's.
+pub(crate) const DECIDING: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Which of one epoch's exits (in the order they were reported) tells the loss's cause: the
+/// first one that is not a crash (a kill or a lost rank explains the crashes beside it), else
+/// the first.
+pub(crate) fn telling(exits: &[RankExit]) -> usize {
+    exits
+        .iter()
+        .position(|e| e.kind.cause() != LossCause::Crashed)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn exit(rank: u32, kind: ExitKind) -> RankExit {
+        RankExit {
+            epoch: 1,
+            rank,
+            status: String::new(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn a_peers_crash_reported_before_a_kill_is_explained_by_the_kill() {
+        let crash = exit(1, ExitKind::Code(1));
+        assert_eq!(telling(std::slice::from_ref(&crash)), 0);
+        assert_eq!(telling(&[crash.clone(), exit(0, ExitKind::Signal)]), 1);
+        assert_eq!(telling(&[crash.clone(), exit(0, ExitKind::Code(2))]), 0, "two crashes");
+        assert_eq!(telling(&[exit(0, ExitKind::Code(137)), crash]), 0);
+    }
 
     #[test]
     fn an_exit_code_below_128_is_a_crash_and_a_signal_or_128_plus_n_a_kill() {

@@ -141,10 +141,10 @@ impl Answer {
     }
 }
 
-/// Reads a stream of `body` from `gw`; after `after` events, `fault` runs once. The answer and
-/// how many events it had.
-fn stream_with_fault(gw: &Gateway, body: &Value, after: usize, fault: impl FnOnce()) -> (Answer, usize) {
-    let mut s = Streaming::post_json(gw.addr, "/v1/chat/completions", body);
+/// Reads a stream of `body` from `gw`'s `path`; after `after` events, `fault` runs once. The
+/// raw stream.
+fn raw_with_fault(gw: &Gateway, path: &str, body: &Value, after: usize, fault: impl FnOnce()) -> Vec<u8> {
+    let mut s = Streaming::post_json(gw.addr, path, body);
     let (mut raw, mut fault) = (Vec::new(), Some(fault));
     while let Some(chunk) = s.next_chunk() {
         raw.extend(chunk);
@@ -155,6 +155,12 @@ fn stream_with_fault(gw: &Gateway, body: &Value, after: usize, fault: impl FnOnc
         }
     }
     assert!(fault.is_none() || after == usize::MAX, "the fault ran mid-stream");
+    raw
+}
+
+/// A chat stream read with `fault` after `after` events: the answer and how many events it had.
+fn stream_with_fault(gw: &Gateway, body: &Value, after: usize, fault: impl FnOnce()) -> (Answer, usize) {
+    let raw = raw_with_fault(gw, "/v1/chat/completions", body, after, fault);
     (Answer::of(&raw), sse::events(&raw).len())
 }
 
@@ -214,4 +220,123 @@ fn a_stream_whose_rank_0_is_sigkilled_after_40_chunks_ends_as_without_the_fault_
 #[test]
 fn a_stream_whose_rank_0_is_sigkilled_after_40_chunks_ends_as_without_the_fault_glm() {
     continued_after_sigkill("glm-5.3-flash");
+}
+
+/// What a client reads of a Messages or Responses stream: the text of each block or item part
+/// in order, the end, the ids that name the answer, error events, and the usage it ended with.
+#[derive(Debug, Default, PartialEq)]
+struct Events {
+    texts: Vec<(String, String)>,
+    end: Option<String>,
+    ids: Vec<String>,
+    errors: Vec<String>,
+    output_tokens: Option<u64>,
+    /// Responses: the sequence numbers are 0, 1, 2, …
+    in_sequence: bool,
+}
+
+impl Events {
+    fn of(raw: &[u8]) -> Events {
+        let mut out = Events {
+            in_sequence: true,
+            ..Events::default()
+        };
+        for (n, e) in sse::events(raw).iter().enumerate() {
+            let d = sse::json(e);
+            let kind = d["type"].as_str().unwrap_or(&e.event).to_owned();
+            if kind == "error" {
+                out.errors.push(e.data.clone());
+            }
+            if let Some(seq) = d["sequence_number"].as_u64() {
+                out.in_sequence &= seq == n as u64;
+            }
+            let id = d["message"]["id"].as_str().or(d["response"]["id"].as_str());
+            if let Some(id) = id.filter(|id| !out.ids.iter().any(|i| i == id)) {
+                out.ids.push(id.to_owned());
+            }
+            let (place, text) = match kind.as_str() {
+                "content_block_delta" => {
+                    let delta = &d["delta"];
+                    let text = ["text", "thinking", "partial_json"]
+                        .iter()
+                        .find_map(|f| delta[*f].as_str());
+                    (format!("{}/{}", d["index"], delta["type"]), text)
+                }
+                k if k.ends_with(".delta") => (
+                    format!("{k}/{}/{}", d["output_index"], d["content_index"]),
+                    d["delta"].as_str(),
+                ),
+                _ => (String::new(), None),
+            };
+            if let Some(text) = text {
+                match out.texts.iter_mut().find(|(p, _)| *p == place) {
+                    Some((_, t)) => t.push_str(text),
+                    None => out.texts.push((place, text.to_owned())),
+                }
+            }
+            match kind.as_str() {
+                "message_delta" => {
+                    out.end = d["delta"]["stop_reason"].as_str().map(str::to_owned);
+                    out.output_tokens = d["usage"]["output_tokens"].as_u64();
+                }
+                "response.completed" | "response.incomplete" => {
+                    out.end = Some(kind.clone());
+                    out.output_tokens = d["response"]["usage"]["output_tokens"].as_u64();
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+fn replayed_after_sigkill(path: &str, body: Value) {
+    let gw = TestGateway::builder(SIM).envs(&[("SIM_SPEED", "0.3")]).start();
+    gw.wait_status("serving", |s| s["supervisor"]["state"] == "ready");
+    let whole_raw = raw_with_fault(&gw, path, &body, usize::MAX, || {});
+    let whole = Events::of(&whole_raw);
+    assert!(
+        whole.errors.is_empty() && whole.end.is_some(),
+        "{whole:?}: {}",
+        String::from_utf8_lossy(&whole_raw)
+    );
+    let after = 40.min(sse::events(&whole_raw).len() / 2);
+    assert!(
+        whole.texts.len() >= 2,
+        "{path}: a reasoning block and a text block: {whole:?}"
+    );
+    let cut = Events::of(&raw_with_fault(&gw, path, &body, after, || kill_rank0(&gw)));
+    let log = gw.proc.log().join("\n");
+    assert!(cut.errors.is_empty(), "{path}: no error event: {cut:?}\n{log}");
+    assert_eq!(cut.ids.len(), 1, "{path}: one id names the answer: {:?}", cut.ids);
+    assert!(cut.in_sequence, "{path}: one sequence of events");
+    assert_eq!(
+        (&cut.texts, &cut.end, cut.output_tokens),
+        (&whole.texts, &whole.end, whole.output_tokens),
+        "{path}: the replayed answer is the uninterrupted one"
+    );
+    let s = gw.wait_status("serving again", |s| s["supervisor"]["state"] == "ready");
+    assert_eq!(
+        s["supervisor"]["restarts"], 1,
+        "{path}: the kill restarted the group: {s}"
+    );
+    let metrics = request(gw.addr, "GET", "/metrics", &[], b"").text();
+    assert!(
+        metrics.lines().any(|l| l == "sparkgate_stream_resumes_total 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_temperature_0_messages_stream_whose_rank_0_is_sigkilled_is_replayed_past_the_cut() {
+    let body = json!({"model": MODEL, "max_tokens": 200, "temperature": 0, "stream": true,
+        "messages": [{"role": "user", "content": "explain tensor parallel decode"}]});
+    replayed_after_sigkill("/v1/messages", body);
+}
+
+#[test]
+fn a_temperature_0_responses_stream_whose_rank_0_is_sigkilled_is_replayed_past_the_cut() {
+    let body = json!({"model": MODEL, "max_output_tokens": 200, "temperature": 0, "stream": true,
+        "input": "explain tensor parallel decode"});
+    replayed_after_sigkill("/v1/responses", body);
 }

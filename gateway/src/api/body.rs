@@ -174,6 +174,8 @@ struct Split<'a> {
     prompts: Option<u32>,
     /// A field a continuation cannot honour exactly (`resume::blocks`).
     resume_blocked: bool,
+    /// Messages and Responses: `temperature` is 0, so a replay repeats the answer.
+    greedy: bool,
 }
 
 fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
@@ -187,8 +189,13 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
     let mut raw = Vec::with_capacity(entries.len());
     let (mut user, mut priority, mut prompts) = (None, None, None);
     let mut resume_blocked = false;
+    let mut greedy = false;
+    let replayable = matches!(api, Api::Messages | Api::Responses);
     for (key, v) in entries {
         resume_blocked |= crate::api::resume::blocks(&key, v.get());
+        if replayable && key == "temperature" {
+            greedy = crate::api::resume::greedy(v.get());
+        }
         // These stay raw: only read (the last one, as vLLM reads it), never rewritten.
         if key == "user" {
             user = serde_json::from_str::<String>(v.get()).ok();
@@ -219,6 +226,7 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
         priority,
         prompts,
         resume_blocked,
+        greedy,
     })
 }
 
@@ -394,6 +402,7 @@ pub(crate) fn prepare_now(
         priority,
         prompts,
         resume_blocked,
+        greedy,
     } = split(&text, api)?;
     // `messages` stays raw here, so the dispatch reads the raw fields.
     let has_messages = fields.keys().any(|k| k == "messages") || raw.iter().any(|(k, _)| k == "messages");
@@ -401,11 +410,19 @@ pub(crate) fn prepare_now(
     // A batch's fields hold its conversations: too large to keep a second copy of to compare.
     let before = (api != Api::Batch && !repeated).then(|| fields.clone());
     let mut norm = normalizer.normalize(api, release, fields, prompts)?;
-    norm.resume = resume_spec(normalizer, api, &norm, prompts, resume_blocked);
+    let blocked = if matches!(api, Api::Messages | Api::Responses) {
+        !greedy
+    } else {
+        resume_blocked
+    };
+    norm.resume = resume_spec(normalizer, api, &norm, prompts, blocked);
     // Asked of vLLM for a continuation, as text: appended to a body sent as it came, written
     // last into a rewritten one (a repeated key's last value is the one vLLM reads).
     let ask_ids: &[u8] = match norm.resume {
-        Some(r) if !r.client_ids => br#""return_token_ids":true"#,
+        Some(ResumeSpec {
+            kind: crate::api::resume::Resumable::Tokens(_),
+            client_ids: false,
+        }) => br#""return_token_ids":true"#,
         _ => b"",
     };
     let as_sent = matches!(text, Cow::Borrowed(_));
@@ -428,7 +445,8 @@ pub(crate) fn prepare_now(
 }
 
 /// How a stream of this request can be continued: a single chat or completions sequence with
-/// nothing a continuation cannot honour (`resume::blocks`), when RESUME_TIMEOUT is set.
+/// nothing a continuation cannot honour (`resume::blocks`), or a temperature-0 Messages or
+/// Responses stream (replayed), when RESUME_TIMEOUT is set.
 fn resume_spec(
     normalizer: &Normalizer,
     api: Api,
@@ -436,13 +454,15 @@ fn resume_spec(
     prompts: Option<u32>,
     blocked: bool,
 ) -> Option<ResumeSpec> {
-    use crate::api::resume::Resumable;
+    use crate::api::resume::{ReplayApi, Resumable, TokenApi};
     if !normalizer.resume_streams || !norm.stream || blocked || norm.sequences.total() != 1 {
         return None;
     }
     let kind = match api {
-        Api::Chat => Resumable::Chat,
-        Api::Completions if prompts == Some(1) => Resumable::Completions,
+        Api::Chat => Resumable::Tokens(TokenApi::Chat),
+        Api::Completions if prompts == Some(1) => Resumable::Tokens(TokenApi::Completions),
+        Api::Messages => Resumable::Replay(ReplayApi::Messages),
+        Api::Responses => Resumable::Replay(ReplayApi::Responses),
         _ => return None,
     };
     use crate::api::normalize::Fields as _;
@@ -484,121 +504,4 @@ pub(crate) async fn prepare(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    const OLD: VllmRelease = VllmRelease::OLDEST;
-
-    #[test]
-    fn raw_fields_pass_unchanged_and_normalised_ones_win() {
-        let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
-        let body = br#"{"messages":[{"role":"user","content":"hi \u00e9"}],"model":null,"extra_body":{"messages":[],"top_k":3},"top_k":1}"#;
-        let p = prepare_now(&n, OLD, Api::Chat, &Bytes::from_static(body)).unwrap();
-        let out: Value = serde_json::from_slice(&p.forward).unwrap();
-        assert_eq!(out["model"], "DS");
-        assert_eq!(out["messages"], json!([]), "extra_body's key wins over the raw one");
-        assert_eq!(out["top_k"], 3);
-        assert!(out.get("extra_body").is_none());
-        let plain = prepare_now(
-            &n,
-            OLD,
-            Api::Chat,
-            &Bytes::from_static(br#"{"messages":[{"role":"user","content":"hi \u00e9"}]}"#),
-        )
-        .unwrap();
-        assert!(
-            std::str::from_utf8(&plain.forward)
-                .unwrap()
-                .contains(r#""content":"hi \u00e9""#),
-            "raw text is forwarded byte for byte"
-        );
-    }
-
-    #[test]
-    fn bad_bodies_are_refused_and_batches_count_conversations() {
-        let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
-        for bad in [&b"[1]"[..], b"{\"a\":", b"\"x\""] {
-            assert!(matches!(
-                prepare_now(&n, OLD, Api::Chat, &Bytes::from_static(bad)),
-                Err(GatewayError::InvalidJson(_))
-            ));
-        }
-        let batch = prepare_now(
-            &n,
-            OLD,
-            Api::Batch,
-            &Bytes::from_static(br#"{"messages":[[{"role":"user","content":"a"}],[]]}"#),
-        )
-        .unwrap();
-        assert_eq!(batch.norm.sequences.total(), 2);
-        let chat_like = br#"{"messages":[],"chat_template_kwargs":{"chat_template":"x"}}"#;
-        let e = prepare_now(&n, OLD, Api::Invocations, &Bytes::from_static(chat_like)).unwrap_err();
-        assert_eq!(
-            e.param(),
-            Some("chat_template_kwargs"),
-            "an /invocations chat body gets chat's rules"
-        );
-    }
-
-    #[test]
-    fn a_body_normalisation_leaves_as_it_was_is_forwarded_as_sent_without_a_copy() {
-        let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
-        let sent = Bytes::from_static(
-            br#"{"model":"DS", "messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"x\u0079":1}"#,
-        );
-        let p = prepare_now(&n, OLD, Api::Chat, &sent).unwrap();
-        assert_eq!(p.forward, sent);
-        assert_eq!(p.forward.as_ptr(), sent.as_ptr(), "the same bytes, not a copy");
-        // A change anywhere is a rewrite, in the body's own key order.
-        let aliased = Bytes::from_static(br#"{"stream":false,"model":null,"messages":[],"top_k":2}"#);
-        let p = prepare_now(&n, OLD, Api::Chat, &aliased).unwrap();
-        let text = std::str::from_utf8(&p.forward).unwrap();
-        assert!(text.ends_with(r#""messages":[],"top_k":2}"#), "{text}");
-        assert_eq!(serde_json::from_slice::<Value>(&p.forward).unwrap()["model"], "DS");
-    }
-
-    #[test]
-    fn a_repeated_key_is_forwarded_once_with_its_last_value() {
-        let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
-        let body = Bytes::from_static(br#"{"model":"DS","top_k":1,"messages":[],"top_k":5,"model":"DS"}"#);
-        let p = prepare_now(&n, OLD, Api::Chat, &body).unwrap();
-        let text = std::str::from_utf8(&p.forward).unwrap();
-        assert_eq!(text.matches("top_k").count(), 1, "{text}");
-        assert_eq!(text.matches("model").count(), 1, "{text}");
-        let out: Value = serde_json::from_slice(&p.forward).unwrap();
-        assert_eq!((out["top_k"].clone(), out["model"].clone()), (json!(5), json!("DS")));
-        // As vLLM reads it: the last `stream` decides whether the answer streams.
-        let twice = Bytes::from_static(br#"{"messages":[],"stream":true,"stream":false}"#);
-        assert!(!prepare_now(&n, OLD, Api::Chat, &twice).unwrap().norm.stream);
-    }
-
-    #[test]
-    fn a_completions_prompt_counts_its_prompts_as_vllm_reads_them() {
-        let count = |text: &str| prompt_count(&serde_json::from_str::<Box<RawValue>>(text).unwrap());
-        assert_eq!(count(r#""one prompt""#), 1);
-        assert_eq!(count("[1, 2, 3]"), 1, "a list of token ids is one prompt");
-        assert_eq!(count(r#"["a", "b", "c"]"#), 3);
-        assert_eq!(count("[[1, 2], [3], [4, 5, 6], [7]]"), 4);
-        assert_eq!(count(r#"["a", [1, 2]]"#), 2);
-        // What vLLM refuses counts as one: vLLM answers it.
-        for refused in ["[]", "3", "null", "{}", "[1.5]", "[true]"] {
-            assert_eq!(count(refused), 1, "{refused}");
-        }
-        let n = Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]);
-        let body = Bytes::from_static(br#"{"prompt":["a","b","c","d"],"n":2}"#);
-        let p = prepare_now(&n, OLD, Api::Completions, &body).unwrap();
-        assert_eq!(p.norm.sequences.total(), 8);
-        let p = prepare_now(&n, OLD, Api::Invocations, &body).unwrap();
-        assert_eq!(p.norm.sequences.total(), 8, "a completions-shaped /invocations");
-        let chat = Bytes::from_static(br#"{"messages":[],"prompt":["a","b"],"n":2}"#);
-        assert_eq!(
-            prepare_now(&n, OLD, Api::Invocations, &chat)
-                .unwrap()
-                .norm
-                .sequences
-                .total(),
-            2
-        );
-    }
-}
+mod tests;

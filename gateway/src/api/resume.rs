@@ -5,36 +5,67 @@
 
 use serde_json::{json, Map, Value};
 
-/// How a stream can be continued: through vLLM's render, tokens-in generate and derender for
-/// its API.
+/// How a stream can be continued (docs/resume.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Resumable {
+    /// Exactly, from its token ids: vLLM's render, tokens-in generate and derender.
+    Tokens(TokenApi),
+    /// A temperature-0 stream whose API's stream carries no token ids: the request run again
+    /// and spliced past what was sent (`pipeline::splice`).
+    Replay(ReplayApi),
+}
+
+/// The APIs continued from their token ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TokenApi {
     Chat,
     Completions,
 }
 
-impl Resumable {
+impl TokenApi {
     pub(crate) fn render_path(self) -> &'static str {
         match self {
-            Resumable::Chat => "/v1/chat/completions/render",
-            Resumable::Completions => "/v1/completions/render",
+            TokenApi::Chat => "/v1/chat/completions/render",
+            TokenApi::Completions => "/v1/completions/render",
         }
     }
 
     pub(crate) fn derender_path(self) -> &'static str {
         match self {
-            Resumable::Chat => "/v1/chat/completions/derender",
-            Resumable::Completions => "/v1/completions/derender",
+            TokenApi::Chat => "/v1/chat/completions/derender",
+            TokenApi::Completions => "/v1/completions/derender",
         }
     }
 
     /// The derender's field for the original request.
     pub(crate) fn request_field(self) -> &'static str {
         match self {
-            Resumable::Chat => "chat_request",
-            Resumable::Completions => "completion_request",
+            TokenApi::Chat => "chat_request",
+            TokenApi::Completions => "completion_request",
         }
     }
+
+    /// `max_tokens` when the render leaves it out: 0.33's completions render omits
+    /// completions' default (16); chat's it fills in.
+    pub(crate) fn default_max_tokens(self) -> u64 {
+        match self {
+            TokenApi::Chat => u64::MAX,
+            TokenApi::Completions => 16,
+        }
+    }
+}
+
+/// The APIs continued by replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplayApi {
+    /// Anthropic's Messages.
+    Messages,
+    Responses,
+}
+
+/// Whether a sampling temperature's JSON text is 0: the only sampling a replay repeats.
+pub(crate) fn greedy(temperature: &str) -> bool {
+    temperature.trim().parse::<f64>() == Ok(0.0)
 }
 
 /// A stream that can be continued, and whether its client asked for token ids itself (else
@@ -224,6 +255,12 @@ mod tests {
         assert!(blocks("stop", r#"["\n"]"#));
         assert!(!blocks("stop", "[]"));
         assert!(!blocks("temperature", "0"));
+    }
+
+    #[test]
+    fn only_a_temperature_of_zero_is_replayed() {
+        assert!(greedy("0") && greedy(" 0.0") && greedy("-0"));
+        assert!(!greedy("0.1") && !greedy("\"0\"") && !greedy("null"));
     }
 
     #[test]

@@ -76,8 +76,10 @@ labels! {
         Quarantined => "quarantined",
         /// vLLM rendered another prompt than the stream's: the continuation would not be exact.
         PromptMismatch => "prompt_mismatch",
-        /// Rank 0 refused or broke a render, generate or derender call.
+        /// Rank 0 refused or broke a render, generate or derender call, or a replay.
         Upstream => "upstream",
+        /// A replay's text did not run through what the client got (not the same generation).
+        SpliceMismatch => "splice_mismatch",
     }
 }
 

@@ -4,7 +4,8 @@
 //! (`context::Ctx`), and `generate` writes its one log line and metrics; utilities and the rest
 //! of vLLM's surface are forwarded (`forward`). Below the stages: the response body (`relay`), the slots an answer holds (`hold`) and the
 //! client-gone accounting (`pending`); a stream cut by its group's loss is recorded (`trace`)
-//! and continued (`resume`, docs/resume.md).
+//! and continued (`resume`, docs/resume.md): from its token ids, or replayed and spliced past
+//! what was sent (`splice`).
 
 mod admit;
 mod answer;
@@ -18,6 +19,7 @@ pub(crate) mod relay;
 mod respond;
 mod resume;
 mod send;
+mod splice;
 mod trace;
 
 use axum::response::Response;

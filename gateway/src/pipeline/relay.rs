@@ -57,6 +57,8 @@ pub(crate) struct ResumePlan {
     pub(crate) app: std::sync::Arc<crate::app::App>,
     pub(crate) headers: axum::http::HeaderMap,
     pub(crate) forward: Bytes,
+    /// The request's upstream route.
+    pub(crate) path: &'static str,
     pub(crate) prefix: Option<u64>,
 }
 
@@ -210,6 +212,7 @@ impl Relay {
             request_id: self.ctx.request_id.clone(),
             headers: plan.headers.clone(),
             forward: plan.forward.clone(),
+            path: plan.path,
             prefix: plan.prefix,
             trace: (**trace).clone(),
             suspect: self.ctx.suspect.take(),
@@ -420,7 +423,9 @@ impl Relay {
             Woke::Continued(Some(Err(e))) => self.error_event(e),
             Woke::Continued(None) => {
                 self.feed = None;
-                if !self.saw_done {
+                // A Responses stream has no `[DONE]`: its trace saw the generation's end.
+                let ended = self.saw_done || self.trace.as_ref().is_some_and(|t| t.finished);
+                if !ended {
                     self.error_event(GatewayError::UpstreamTruncated);
                 }
                 self.done = true;
@@ -529,7 +534,7 @@ impl Tap {
     pub(crate) fn traced_chat(control: GatewayControl) -> Self {
         let mut tap = Tap::chat(control);
         tap.0.trace = Some(Box::new(Trace::new(crate::api::normalize::ResumeSpec {
-            kind: crate::api::resume::Resumable::Chat,
+            kind: crate::api::resume::Resumable::Tokens(crate::api::resume::TokenApi::Chat),
             client_ids: false,
         })));
         tap

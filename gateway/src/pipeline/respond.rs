@@ -56,6 +56,7 @@ fn stream(ctx: &Ctx<'_>, req: Prepared, sent: Sent, head: axum::http::response::
             app: ctx.shared.clone(),
             headers: ctx.headers.clone(),
             forward: req.forward.clone(),
+            path: ctx.route.path,
             prefix: req.prefix,
         })
     });

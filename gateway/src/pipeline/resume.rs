@@ -2,7 +2,9 @@
 //! a group at the head of the queue (within RESUME_TIMEOUT), has vLLM render the request again
 //! (its prompt must be the stream's, token for token), generates from the prompt plus every
 //! token already sent, and has each new chunk derendered — vLLM's own reasoning and tool parsers
-//! replaying the sent tokens first — into the client's chunks, which it hands to the relay.
+//! replaying the sent tokens first — into the client's chunks, which it hands to the relay. A
+//! temperature-0 Messages or Responses stream is sent again instead, and its events spliced past
+//! what the client got (`splice`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,9 +19,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::hold::Held;
+use super::splice::{Event, Sent, Splice};
 use super::trace::Trace;
 use crate::api::error::GatewayError;
-use crate::api::resume::{client_chunk, usage_chunk, GENERATE_PATH};
+use crate::api::resume::{client_chunk, usage_chunk, ReplayApi, Resumable, TokenApi, GENERATE_PATH};
 use crate::app::App;
 use crate::groups::{Group, Lost};
 use crate::observe::{self, ResumeFailure};
@@ -35,6 +38,8 @@ pub(crate) struct Continuation {
     pub(crate) headers: HeaderMap,
     /// The request as it was forwarded (with `return_token_ids`).
     pub(crate) forward: Bytes,
+    /// Its upstream route (where a replay is sent).
+    pub(crate) path: &'static str,
     pub(crate) prefix: Option<u64>,
     pub(crate) trace: Trace,
     /// The request as the poison guard judges it (absent when its group was not lost).
@@ -111,9 +116,22 @@ impl Continuation {
         }
     }
 
-    /// One try on `group`: render, generate, derender.
+    /// One try on `group`: from the token ids, or by replay.
     async fn attempt(&self, group: &Group, tx: &mpsc::Sender<Result<Bytes, GatewayError>>) -> Result<(), Short> {
-        let (generate, prompt) = self.generate_request(group).await?;
+        match self.trace.spec.kind {
+            Resumable::Tokens(api) => self.by_tokens(api, group, tx).await,
+            Resumable::Replay(api) => self.replay(api, group, tx).await,
+        }
+    }
+
+    /// Render, generate, derender.
+    async fn by_tokens(
+        &self,
+        api: TokenApi,
+        group: &Group,
+        tx: &mpsc::Sender<Result<Bytes, GatewayError>>,
+    ) -> Result<(), Short> {
+        let (generate, prompt) = self.generate_request(api, group).await?;
         let resp = group
             .upstream
             .send(Method::POST, GENERATE_PATH, &self.headers, &self.request_id, generate)
@@ -126,7 +144,69 @@ impl Continuation {
         }
         counter!(observe::RESUMES).increment(1);
         histogram!(observe::RESUME_WAIT_SECONDS).record(self.cut_at.elapsed().as_secs_f64());
-        self.relay(group, resp.into_body(), &prompt, tx).await
+        self.relay(api, group, resp.into_body(), &prompt, tx).await
+    }
+
+    /// The request sent again as it was, its events spliced past what the client got.
+    async fn replay(
+        &self,
+        api: ReplayApi,
+        group: &Group,
+        tx: &mpsc::Sender<Result<Bytes, GatewayError>>,
+    ) -> Result<(), Short> {
+        let resp = group
+            .upstream
+            .send(
+                Method::POST,
+                self.path,
+                &self.headers,
+                &self.request_id,
+                self.forward.clone(),
+            )
+            .await
+            .map_err(|e| Short::NotReached(format!("replay: {e}")))?;
+        if !resp.status().is_success() {
+            let body = read_whole(resp.into_body()).await;
+            let detail = format!("the replay was answered {}", String::from_utf8_lossy(&body));
+            return Err(failed(ResumeFailure::Upstream, detail).into());
+        }
+        counter!(observe::RESUMES).increment(1);
+        histogram!(observe::RESUME_WAIT_SECONDS).record(self.cut_at.elapsed().as_secs_f64());
+        let sent = self.trace.sent.clone().unwrap_or_else(|| Sent::new(api));
+        let mut splice = Splice::new(sent);
+        let mut events = http_body_util::BodyDataStream::new(resp.into_body()).eventsource();
+        let mut out = false;
+        let broke = |out: bool, why: String| if out { Short::Cut } else { Short::NotReached(why) };
+        let mut wait = self.app.first_token_timeout;
+        loop {
+            let next = tokio::time::timeout(wait, events.next()).await;
+            wait = self.app.idle_timeout;
+            let Ok(next) = next else {
+                return Err(broke(out, format!("no event within {}s", wait.as_secs())));
+            };
+            let Some(event) = next else { break };
+            let event = event.map_err(|e| broke(out, format!("the replay's stream: {e}")))?;
+            let name = (!event.event.is_empty() && event.event != "message").then(|| event.event.clone());
+            let Ok(data) = serde_json::from_str(&event.data) else {
+                continue;
+            };
+            let spliced = splice
+                .next(Event::from_parts(name, data))
+                .map_err(|m| Short::Failed(failed(ResumeFailure::SpliceMismatch, m.0)))?;
+            if let Some(e) = spliced {
+                if tx.send(Ok(e.to_bytes())).await.is_err() {
+                    return Ok(());
+                }
+                out = true;
+            }
+        }
+        splice
+            .end()
+            .map_err(|m| Short::Failed(failed(ResumeFailure::SpliceMismatch, m.0)))?;
+        if !splice.finished() {
+            return Err(broke(out, "the replay's stream ended before its finish".into()));
+        }
+        Ok(())
     }
 
     /// The poison guard: a request that crashed the engine is not sent into the next epoch.
@@ -167,8 +247,8 @@ impl Continuation {
 
     /// Render the request again, check its prompt, and ask for the rest: the prompt plus the
     /// tokens sent, within what is left of `max_tokens`.
-    async fn generate_request(&self, group: &Group) -> Result<(Bytes, Vec<u32>), Short> {
-        let path = self.trace.spec.kind.render_path();
+    async fn generate_request(&self, api: TokenApi, group: &Group) -> Result<(Bytes, Vec<u32>), Short> {
+        let path = api.render_path();
         let rendered = call_json(group, path, &self.headers, &self.request_id, self.forward.clone()).await?;
         let mut generate = match rendered {
             Value::Array(mut list) if !list.is_empty() => list.swap_remove(0),
@@ -191,12 +271,9 @@ impl Continuation {
         let mut tokens = prompt.clone();
         tokens.extend(&self.trace.output);
         generate["token_ids"] = json!(tokens);
-        // 0.33's completions render leaves completions' default (16) out; chat's it fills in.
-        let default = match self.trace.spec.kind {
-            crate::api::resume::Resumable::Completions => 16,
-            crate::api::resume::Resumable::Chat => u64::MAX,
-        };
-        let max = generate["sampling_params"]["max_tokens"].as_u64().unwrap_or(default);
+        let max = generate["sampling_params"]["max_tokens"]
+            .as_u64()
+            .unwrap_or(api.default_max_tokens());
         generate["sampling_params"]["max_tokens"] = json!(max.saturating_sub(sent).max(1));
         generate["stream"] = json!(true);
         generate["return_token_ids"] = json!(true);
@@ -207,6 +284,7 @@ impl Continuation {
     /// chunk; then the usage chunk and `[DONE]`.
     async fn relay(
         &self,
+        kind: TokenApi,
         group: &Group,
         body: crate::upstream::UpstreamBody,
         prompt: &[u32],
@@ -242,7 +320,6 @@ impl Continuation {
             let chunk_ids = ids(&chunk["choices"][0]["token_ids"]);
             made += chunk_ids.len();
             finished = !chunk["choices"][0]["finish_reason"].is_null();
-            let kind = self.trace.spec.kind;
             let mut body = json!({"stream": true, "generate_chunk": chunk, "stream_state": state,
                 "prompt_token_ids": prompt, "prompt_tokens": prompt.len()});
             body[kind.request_field()] = self.original();

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::api::normalize::ResumeSpec;
-use crate::api::resume::{finder, holds, id_list, ids_into, without_ids, IdKey};
+use crate::api::resume::{finder, holds, id_list, ids_into, without_ids, IdKey, Resumable};
+use crate::pipeline::splice::Sent;
 
 /// The record of one stream, up to its cut.
 #[derive(Debug, Clone)]
@@ -29,6 +30,8 @@ pub(crate) struct Trace {
     pub(crate) finished: bool,
     /// The first chunk (the one with the prompt's ids) was seen.
     first_seen: bool,
+    /// A stream continued by replay: what its client got, event by event.
+    pub(crate) sent: Option<Sent>,
 }
 
 impl Trace {
@@ -42,11 +45,20 @@ impl Trace {
             template: None,
             finished: false,
             first_seen: false,
+            sent: match spec.kind {
+                Resumable::Replay(api) => Some(Sent::new(api)),
+                Resumable::Tokens(_) => None,
+            },
         }
     }
 
     /// Records a chunk (`data: {…}`); what the client gets of it, if anything.
     pub(crate) fn observe(&mut self, event: Bytes) -> Option<Bytes> {
+        if let Some(sent) = self.sent.as_mut() {
+            sent.record(&event);
+            self.finished = sent.finished;
+            return Some(event);
+        }
         if !event.starts_with(b"data: {") {
             return Some(event);
         }
@@ -146,11 +158,11 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::resume::Resumable;
+    use crate::api::resume::TokenApi;
 
     fn spec(client_ids: bool) -> ResumeSpec {
         ResumeSpec {
-            kind: Resumable::Chat,
+            kind: Resumable::Tokens(TokenApi::Chat),
             client_ids,
         }
     }
