@@ -501,6 +501,8 @@ pub struct Gateway {
     pub stream_idle_timeout: Duration,
     /// How long a cut stream waits to be continued; zero: cut streams end with their error.
     pub resume_timeout: Duration,
+    /// WARM_REPLAY_BYTES: recent conversations' requests kept to warm a restarted group; 0: off.
+    pub warm_replay_bytes: usize,
     pub request_timeout: Duration,
     /// Requests per minute per key; `None` = no rate limit.
     pub rate_limit_rpm: Option<u32>,

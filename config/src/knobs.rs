@@ -358,6 +358,7 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("FIRST_TOKEN_TIMEOUT", Gateway, V("900"), "Seconds a stream may wait for its first event (long prefills take minutes).").rule(Int(1, 604_800)),
     k("STREAM_IDLE_TIMEOUT", Gateway, V("120"), "Seconds without an upstream event before a stream ends with an error.").rule(Int(1, 604_800)),
     k("RESUME_TIMEOUT", Gateway, V("1200"), "Seconds a stream cut by its rank group's loss (a rank's exit, a hang, memguard, a restart) is held open (an SSE comment every 15 s) for the group to be Ready again and continued exactly where it stopped (docs/resume.md); 0 ends such streams with the error event at once.").rule(Int(0, 86_400)),
+    k("WARM_REPLAY_BYTES", Gateway, V("0"), "Bytes of recent conversations' last requests kept to warm a restarted rank group's prefix cache: once it is Ready again, the most recent ones are sent with at most one token to generate, at the lowest priority and only while the group is idle, so the next turn of a long conversation finds its prefix cached (docs/resume.md); 0 keeps none.").rule(Int(0, 17_179_869_184)),
     k("REQUEST_TIMEOUT", Gateway, V("3600"), "Seconds a non-streaming generation may take upstream.").rule(Int(1, 604_800)),
     k("RATE_LIMIT_RPM", Gateway, V("0"), "Requests per minute per API key (or client IP) on /v1/*; 0 = off.").rule(Int(0, 1_000_000)),
     k("RATE_LIMIT_BURST", Gateway, V(""), "Burst of the rate limit; empty = RATE_LIMIT_RPM.").rule(Optional(&Int(1, 1_000_000))),

@@ -33,6 +33,8 @@ pub(crate) struct App {
     pub(crate) clients: crate::control::clients::Clients,
     /// Bodies whose group was lost under them, and those no longer sent.
     pub(crate) quarantine: Arc<crate::quarantine::Quarantine>,
+    /// Recent conversations kept to warm a restarted group (WARM_REPLAY_BYTES; none when 0).
+    pub(crate) warm: Option<Arc<crate::groups::Warm>>,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -61,6 +63,7 @@ impl App {
             profile: config.profile.to_string(),
             spec_modes: config.speculation.modes.clone(),
             quarantine: Arc::default(),
+            warm: crate::groups::Warm::new(g.warm_replay_bytes),
             spec_policy: crate::control::spec::ModePolicy::new(&config.speculation),
             clients: crate::control::clients::Clients::new(
                 g.queue_policy,

@@ -2,9 +2,10 @@
 //! matrix is `target/debug/fault-matrix`): for each fault, under six client loops mixing
 //! every streaming API, nothing silently truncated, hung or lost, no 502 for a request that
 //! never reached a rank, no rank process or container left over, and the group serving
-//! again — the SSH cut on a process rig and on a Docker rig. Chat and completions streams cut
-//! by a fault are continued (docs/resume.md): none ends with an error event, and each one's
-//! text is an uninterrupted run's, nothing duplicated or missing at the splice.
+//! again — the SSH cut on a process rig and on a Docker rig. Every stream cut by a fault is
+//! continued (docs/resume.md; chat and completions from their token ids, temperature-0 Messages
+//! and Responses by replay): none ends with an error event, and each one's text is an
+//! uninterrupted run's, nothing duplicated or missing at the splice.
 
 use sparkgate_tests::faults::{table, Fault, Rig};
 
@@ -39,7 +40,7 @@ fn each_fault_of_the_subset_loses_nothing_and_leaves_nothing() {
             assert_eq!(
                 row.resumable_errors,
                 0,
-                "{}: every cut chat or completions stream was continued: {row:?}\n{t}",
+                "{}: every cut stream was continued: {row:?}\n{t}",
                 fault.name()
             );
         }

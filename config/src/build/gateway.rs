@@ -27,6 +27,7 @@ impl Builder<'_> {
             first_token_timeout: self.seconds("FIRST_TOKEN_TIMEOUT"),
             stream_idle_timeout: self.seconds("STREAM_IDLE_TIMEOUT"),
             resume_timeout: self.seconds("RESUME_TIMEOUT"),
+            warm_replay_bytes: self.num("WARM_REPLAY_BYTES"),
             request_timeout: self.seconds("REQUEST_TIMEOUT"),
             rate_limit_rpm: (rpm > 0).then_some(rpm),
             rate_limit_burst: self.opt_num("RATE_LIMIT_BURST").unwrap_or(rpm.max(1)),

@@ -422,6 +422,8 @@ pub(crate) fn mirror(control: GatewayControl, groups: Arc<Groups>) {
 
 mod prefix;
 pub(crate) use prefix::prefix_key;
+mod warm;
+pub(crate) use warm::{keep_warm, Warm};
 
 mod fence;
 mod group;

@@ -81,6 +81,11 @@ pub async fn serve(
 /// speculation policy that switches its mode.
 fn watch_upstreams(app: &Shared, upstreams: Upstreams, groups: Arc<Groups>) {
     let control = &app.control;
+    if let Some(warm) = &app.warm {
+        for group in groups.all() {
+            crate::groups::keep_warm(warm.clone(), group.clone(), control.admission().clone());
+        }
+    }
     match upstreams {
         Upstreams::Probe => {
             sparkgate_task::spawn("upstream-probe", probe_upstream(app.clone()));

@@ -47,6 +47,7 @@ pub(crate) const UPSTREAM_INFO: &str = "sparkgate_upstream_info";
 pub(crate) const RESUMES: &str = "sparkgate_stream_resumes_total";
 pub(crate) const RESUME_FAILURES: &str = "sparkgate_stream_resume_failures_total";
 pub(crate) const RESUME_WAIT_SECONDS: &str = "sparkgate_stream_resume_wait_seconds";
+pub(crate) const WARM_REPLAYS: &str = "sparkgate_warm_replays_total";
 
 /// `sparkgate_upstream_info` for the groups whose rank 0 reported its version (empty when
 /// none has): one sample per group, valued 1.
@@ -180,6 +181,10 @@ fn describe() {
         Unit::Seconds,
         "How long a cut stream waited from the cut to its continuation's first token."
     );
+    describe_counter!(
+        WARM_REPLAYS,
+        "Recent conversations' requests replayed into a restarted rank group's prefix cache (WARM_REPLAY_BYTES), by outcome: warmed or failed."
+    );
     describe_counter!(GROUP_REQUESTS, "Generations routed to each rank group.");
     describe_gauge!(GROUP_OPEN, "1 while a rank group takes new requests, by group.");
     describe_gauge!(GROUP_IN_FLIGHT, "Sequences running on each rank group.");
@@ -199,6 +204,9 @@ fn register() {
     counter!(BODY_TIMEOUTS).absolute(0);
     counter!(SUSPECTS).absolute(0);
     counter!(RESUMES).absolute(0);
+    for outcome in ["warmed", "failed"] {
+        counter!(WARM_REPLAYS, "outcome" => outcome).absolute(0);
+    }
     for reason in ResumeFailure::ALL {
         counter!(RESUME_FAILURES, "reason" => reason.label()).absolute(0);
     }

@@ -35,6 +35,12 @@ pub(super) async fn respond(ctx: &Ctx<'_>, req: Prepared, mut sent: Sent) -> Res
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    if let Some(warm) = ctx.app.warm.as_ref().filter(|_| sent.upstream.status().is_success()) {
+        use crate::api::family::Api;
+        if matches!(ctx.api, Api::Chat | Api::Completions | Api::Messages | Api::Responses) {
+            warm.remember(ctx.route.path, &req.forward);
+        }
+    }
     let mut head = response_head(&mut sent.upstream);
     if ctx.app.groups.all().len() > 1 {
         // Which group answered, for clients and operators that follow a conversation's group.

@@ -22,10 +22,11 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Streams the gateway continues when they are cut (docs/resume.md): each must complete,
-    /// with the text of an uninterrupted run.
+    /// Streams the gateway continues when they are cut (docs/resume.md; the Messages and
+    /// Responses streams at temperature 0, by replay): each must complete, with the text of an
+    /// uninterrupted run.
     pub fn resumable(self) -> bool {
-        matches!(self, Kind::ChatStream | Kind::CompletionsStream)
+        self != Kind::Chat
     }
 
     pub const ALL: [Kind; 5] = [
@@ -55,11 +56,11 @@ impl Kind {
             Kind::ResponsesStream => (
                 "/v1/responses",
                 json!({"input": "Explain tensor parallel inference.", "max_output_tokens": max_tokens, "stream": true,
-                       "reasoning": {"effort": "low"}}),
+                       "reasoning": {"effort": "low"}, "temperature": 0}),
             ),
             Kind::MessagesStream => (
                 "/v1/messages",
-                json!({"model": model, "messages": user, "max_tokens": max_tokens, "stream": true}),
+                json!({"model": model, "messages": user, "max_tokens": max_tokens, "stream": true, "temperature": 0}),
             ),
         }
     }
@@ -149,11 +150,16 @@ fn streamed_text(raw: &[u8]) -> String {
     let body = dechunk(&head, &raw[(split + 4).min(raw.len())..]).unwrap_or_default();
     let mut text = String::new();
     for e in sse::events(&body).iter().filter(|e| !sse::is_done(e)) {
-        let choice = &sse::json(e)["choices"][0];
+        let data = sse::json(e);
+        let choice = &data["choices"][0];
+        // Chat, completions, Anthropic's text and thinking deltas, Responses' text deltas.
         for part in [
             &choice["delta"]["reasoning"],
             &choice["delta"]["content"],
             &choice["text"],
+            &data["delta"]["text"],
+            &data["delta"]["thinking"],
+            &data["delta"],
         ] {
             text += part.as_str().unwrap_or("");
         }

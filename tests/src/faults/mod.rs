@@ -572,7 +572,7 @@ fn signal(target: &str, sig: &str) {
 /// The table BENCHMARKS.md holds.
 pub fn table(rows: &[(Fault, Row)]) -> String {
     let mut out = String::from(
-        "| fault | completed | resumed | explicit error | of them chat/completions streams | splice mismatches | truncated | hung | lost | refused (gateway down) | 502 never reached | cut with the gateway | orphans | detected in s | recovered in s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| fault | completed | resumed | explicit error | of them resumable streams | splice mismatches | truncated | hung | lost | refused (gateway down) | 502 never reached | cut with the gateway | orphans | detected in s | recovered in s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (f, r) in rows {
         out.push_str(&format!(
