@@ -217,6 +217,18 @@ pub(crate) struct Suspect {
 }
 
 impl Suspect {
+    /// The same request with `strikes` losses, sent again as `dispatched` (a continuation).
+    pub(crate) fn again(&self, strikes: u32, dispatched: Dispatched) -> Suspect {
+        Suspect {
+            strikes,
+            quarantine: self.quarantine.clone(),
+            body: self.body.clone(),
+            dispatched,
+            request_id: self.request_id.clone(),
+            client: self.client.clone(),
+        }
+    }
+
     /// Judges this loss by `cause`, noticed now; logs and counts the verdict. Also the
     /// request's strikes now.
     pub(crate) fn judge(self, cause: LossCause) -> (Verdict, u32) {

@@ -21,3 +21,4 @@ pub mod sse;
 pub mod supervised;
 pub mod test_gateway;
 pub mod tidy;
+pub mod warm;

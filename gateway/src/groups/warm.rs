@@ -97,24 +97,42 @@ impl Warm {
                 tokio::time::sleep(POLL).await;
             };
             let request_id = format!("warm-{epoch}-{n}");
-            let headers = HeaderMap::new();
-            let sent = group
-                .upstream
-                .send(Method::POST, entry.path, &headers, &request_id, entry.body.clone());
-            let answered = tokio::time::timeout(ANSWER_WITHIN, async {
-                let resp = sent.await.ok()?;
-                let ok = resp.status().is_success();
-                resp.into_body().collect().await.ok().map(|_| ok)
-            })
-            .await;
-            drop(slots);
-            let outcome = match answered {
-                Ok(Some(true)) => "warmed",
-                _ => "failed",
+            let outcome = match send(group, entry, &request_id).await {
+                Ok(()) => "warmed",
+                Err(why) => {
+                    tracing::warn!(%request_id, %why, "warm replay failed");
+                    "failed"
+                }
             };
+            drop(slots);
             counter!(observe::WARM_REPLAYS, "outcome" => outcome).increment(1);
         }
     }
+}
+
+/// Sends one kept request and reads its answer.
+async fn send(group: &Group, entry: &Entry, request_id: &str) -> Result<(), String> {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    let sent = group
+        .upstream
+        .send(Method::POST, entry.path, &headers, request_id, entry.body.clone());
+    let answer = async {
+        let resp = sent.await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("{status}: {}", String::from_utf8_lossy(&body)))
+        }
+    };
+    tokio::time::timeout(ANSWER_WITHIN, answer)
+        .await
+        .map_err(|_| format!("no answer within {}s", ANSWER_WITHIN.as_secs()))?
 }
 
 /// A slot on `group` for a replay, when nothing waits in the queue and nothing runs on the
@@ -179,7 +197,9 @@ mod tests {
             messages.push(json!({"role": "assistant", "content": format!("a{t}")}));
             messages.push(json!({"role": "user", "content": format!("u{t}")}));
         }
-        json!({"model": "m", "messages": messages, "stream": true, "max_tokens": 900}).to_string().into_bytes()
+        json!({"model": "m", "messages": messages, "stream": true, "max_tokens": 900})
+            .to_string()
+            .into_bytes()
     }
 
     #[test]
@@ -199,7 +219,10 @@ mod tests {
         warm.remember("/v1/chat/completions", &chat("d", 0));
         let keys: Vec<u64> = warm.hottest().iter().map(|e| e.key).collect();
         assert!(keys.len() <= 3, "{keys:?}");
-        assert!(!keys.contains(&prefix_key(&chat("b", 0)).unwrap()), "the oldest went first");
+        assert!(
+            !keys.contains(&prefix_key(&chat("b", 0)).unwrap()),
+            "the oldest went first"
+        );
     }
 
     #[test]

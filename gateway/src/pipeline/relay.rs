@@ -128,6 +128,8 @@ pub(crate) struct Relay {
     /// The continuation under way, and the keep-alive comment's timer while it is.
     feed: Option<(Feed, std::pin::Pin<Box<tokio::time::Sleep>>)>,
     resumes: u8,
+    /// The continuation's latest dispatch (`resume::Dispatch`), from the first cut on.
+    dispatch: Option<resume::Dispatch>,
     /// The cut being continued: what the stream ends with if the continuation fails.
     cut_error: Option<GatewayError>,
 }
@@ -216,6 +218,7 @@ impl Relay {
             prefix: plan.prefix,
             trace: (**trace).clone(),
             suspect: self.ctx.suspect.take(),
+            dispatch: self.dispatch.get_or_insert_with(resume::Dispatch::default).clone(),
             cut_at: Instant::now(),
         };
         tracing::info!(request_id = %self.ctx.request_id, cut = %err, tokens = trace.output.len(), "stream cut: continuing it");
@@ -411,8 +414,12 @@ impl Relay {
                 after: self.ctx.idle_timeout,
             }),
             Woke::Continued(Some(Ok(data))) => self.on_data(data),
-            // The continuation was cut in turn: continued again from what went out.
-            Woke::Continued(Some(Err(e @ GatewayError::UpstreamBroke))) => self.cut(e),
+            // The continuation was cut in turn: continued again from what went out, its own
+            // dispatch judged by the poison guard.
+            Woke::Continued(Some(Err(e @ GatewayError::UpstreamBroke))) => {
+                self.ctx.suspect = self.dispatch.as_ref().and_then(|d| d.lock().expect("dispatch").take());
+                self.cut(e)
+            }
             Woke::Continued(Some(Err(GatewayError::NotContinued(detail)))) => {
                 let cut = self.cut_error.take().unwrap_or(GatewayError::UpstreamBroke);
                 self.error_event(GatewayError::ResumeFailed {
@@ -569,6 +576,7 @@ impl Relay {
             trace: None,
             feed: None,
             resumes: 0,
+            dispatch: None,
             cut_error: None,
         }
     }

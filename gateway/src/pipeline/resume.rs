@@ -26,10 +26,13 @@ use crate::api::resume::{client_chunk, usage_chunk, ReplayApi, Resumable, TokenA
 use crate::app::App;
 use crate::groups::{Group, Lost};
 use crate::observe::{self, ResumeFailure};
-use crate::quarantine::{Suspect, Verdict};
+use crate::quarantine::{Dispatched, Suspect, Verdict};
 
 /// What the relay hands on: the client's next event, or why the stream ends.
 pub(crate) type Feed = mpsc::Receiver<Result<Bytes, GatewayError>>;
+
+/// A continuation's latest dispatch, shared with its relay.
+pub(crate) type Dispatch = Arc<std::sync::Mutex<Option<Suspect>>>;
 
 /// One continuation of a cut stream.
 pub(crate) struct Continuation {
@@ -44,6 +47,9 @@ pub(crate) struct Continuation {
     pub(crate) trace: Trace,
     /// The request as the poison guard judges it (absent when its group was not lost).
     pub(crate) suspect: Option<Suspect>,
+    /// The continuation's own dispatch, as the poison guard would judge it: the relay takes it
+    /// when the continuation is cut in turn.
+    pub(crate) dispatch: Dispatch,
     pub(crate) cut_at: Instant,
 }
 
@@ -95,10 +101,14 @@ pub(crate) fn start(c: Continuation) -> Feed {
 
 impl Continuation {
     async fn run(&mut self, tx: &mpsc::Sender<Result<Bytes, GatewayError>>) -> Result<(), GatewayError> {
-        self.verdict().await?;
+        let judged = self.verdict().await?;
         loop {
             let held = self.slot().await?;
             let (group, epoch) = (held.shared_group(), held.group().epoch());
+            if let Some((template, strikes)) = &judged {
+                let dispatched = Dispatched::now(group.clone(), 1, true);
+                *self.dispatch.lock().expect("dispatch") = Some(template.again(*strikes, dispatched));
+            }
             match self.attempt(&group, tx).await {
                 Ok(()) => {
                     // vLLM finished the continuation: its slots go back now.
@@ -210,22 +220,26 @@ impl Continuation {
     }
 
     /// The poison guard: a request that crashed the engine is not sent into the next epoch.
-    async fn verdict(&mut self) -> Result<(), GatewayError> {
+    /// When its loss was judged, the request (to judge the continuation's own loss by) and its
+    /// strikes so far.
+    async fn verdict(&mut self) -> Result<Option<(Suspect, u32)>, GatewayError> {
         let Some(suspect) = self.suspect.take() else {
-            return Ok(());
+            return Ok(None);
         };
         let group = suspect.dispatched.group.clone();
         let Some(Lost::Failed(cause)) = group.lost_since(suspect.dispatched.epoch).await else {
-            return Ok(());
+            return Ok(None);
         };
-        if suspect.judge(cause).0 == Verdict::Quarantined {
+        let template = suspect.again(suspect.strikes, suspect.dispatched.clone());
+        let (verdict, strikes) = suspect.judge(cause);
+        if verdict == Verdict::Quarantined {
             counter!(observe::RESUME_FAILURES, "reason" => ResumeFailure::Quarantined.label()).increment(1);
             return Err(GatewayError::RequestCrashedEngine {
                 request_id: self.request_id.clone(),
                 at_arrival: false,
             });
         }
-        Ok(())
+        Ok(Some((template, strikes)))
     }
 
     /// A slot on a group that serves, first in the queue; past QUEUE_TIMEOUT it queues again
