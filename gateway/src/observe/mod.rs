@@ -181,6 +181,12 @@ fn describe() {
         Unit::Seconds,
         "How long a cut stream waited from the cut to its continuation's first token."
     );
+    describe_groups();
+    register();
+}
+
+/// The rank groups' families: routing, openness, load, warm replays.
+fn describe_groups() {
     describe_counter!(
         WARM_REPLAYS,
         "Recent conversations' requests replayed into a restarted rank group's prefix cache (WARM_REPLAY_BYTES), by outcome: warmed or failed."
@@ -192,7 +198,6 @@ fn describe() {
         AFFINITY_WAITS,
         "Generations that let a free slot go to wait for their conversation's full group (AFFINITY_WAIT_MS), by outcome: admitted with a slot of their group free (home), or elsewhere when the wait ran out or the group closed."
     );
-    register();
 }
 
 /// Every family a dashboard queries exists from the start (at zero), so a rate over it is 0,

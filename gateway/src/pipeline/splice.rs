@@ -18,19 +18,16 @@ pub(crate) struct Event {
 }
 
 impl Event {
-    /// Reads one SSE event (`event: …` and `data: …` lines); `None` for a comment or no JSON.
+    /// Reads one whole SSE event as a client does (eventsource-stream); `None` for a comment or
+    /// data that is not JSON.
     pub(crate) fn parse(raw: &[u8]) -> Option<Event> {
-        let text = std::str::from_utf8(raw).ok()?;
-        let mut name = None;
-        let mut data = None;
-        for line in text.lines() {
-            if let Some(n) = line.strip_prefix("event:") {
-                name = Some(n.trim().to_owned());
-            } else if let Some(d) = line.strip_prefix("data:") {
-                data = Some(d.trim_start());
-            }
-        }
-        let data = serde_json::from_str(data?).ok()?;
+        use eventsource_stream::Eventsource as _;
+        use futures_util::{FutureExt as _, StreamExt as _};
+        let frame = Ok::<_, std::convert::Infallible>(Bytes::copy_from_slice(raw));
+        let mut events = futures_util::stream::iter([frame]).eventsource();
+        let event = events.next().now_or_never()??.ok()?;
+        let data = serde_json::from_str(&event.data).ok()?;
+        let name = (event.event != "message").then_some(event.event);
         Some(Event { name, data })
     }
 
