@@ -379,6 +379,23 @@ impl Admission {
         self.enter(n, bytes, Entry::New(client), prefer).await
     }
 
+    /// A slot granted at once, or none: nobody waits and one is free (a background task's
+    /// request, which never takes a place in the queue).
+    pub(crate) fn try_now(self: &Arc<Self>, n: u32) -> Option<Permit> {
+        let mut state = self.state.lock().expect("admission lock");
+        let free = state.holds == 0 && state.order.is_empty() && !state.closed && state.in_use + n <= state.capacity;
+        if !free {
+            return None;
+        }
+        state.in_use += n;
+        drop(state);
+        Some(Permit {
+            admission: self.clone(),
+            n,
+            reservation: None,
+        })
+    }
+
     /// A request that was admitted but never reached a rank (its group went down) waits again
     /// at the head of the queue: it was in line before everyone now queued, and it is never
     /// refused for a full queue.

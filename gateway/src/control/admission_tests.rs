@@ -389,3 +389,24 @@ fn the_wait_counts_from_the_first_slot_let_go_not_from_arrival() {
         );
     });
 }
+
+#[test]
+fn a_slot_at_once_is_given_only_when_it_is_free_and_nobody_waits() {
+    rt().block_on(async {
+        let a = Admission::new(1, limits(10, 60));
+        let first = a.try_now(1).expect("a free slot");
+        assert!(a.try_now(1).is_none(), "none free");
+        let queued = {
+            let a = a.clone();
+            sparkgate_task::spawn("test", async move { a.acquire(1, 10, &c()).await.unwrap() })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(a.snapshot().queued, 1);
+        drop(first);
+        let waiter = queued.await.unwrap();
+        assert!(a.try_now(1).is_none(), "the waiter had it first");
+        drop(waiter);
+        assert!(a.try_now(1).is_some());
+        assert_eq!(a.snapshot().queued, 0, "a try never queues");
+    });
+}
