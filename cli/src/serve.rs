@@ -209,6 +209,11 @@ pub(super) fn demo_defaults(
         ("RUNTIME", "process".to_owned()),
         ("VLLM_BIN", sim.display().to_string()),
         ("LOG_DIR", log_dir.display().to_string()),
+        // The demo's stored Responses live and go with its temporary directory.
+        (
+            "STORE_URL",
+            log_dir.join("state/responses.sqlite").display().to_string(),
+        ),
         ("READY_TIMEOUT", "120".to_owned()),
         ("RESTART_BACKOFF_INITIAL", "1".to_owned()),
         // Simulated ranks load no weights.

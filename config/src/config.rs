@@ -503,6 +503,13 @@ pub struct Gateway {
     pub resume_timeout: Duration,
     /// WARM_REPLAY_BYTES: recent conversations' requests kept to warm a restarted group; 0: off.
     pub warm_replay_bytes: usize,
+    /// STORE_URL: where stored Responses live (a SQLite path or a PostgreSQL URL; a secret,
+    /// since a URL may hold a password).
+    pub store_url: Secret,
+    /// STORE_TTL; zero: no TTL.
+    pub store_ttl: Duration,
+    /// STORE_MAX_BYTES; zero: no cap.
+    pub store_max_bytes: u64,
     pub request_timeout: Duration,
     /// Requests per minute per key; `None` = no rate limit.
     pub rate_limit_rpm: Option<u32>,

@@ -35,12 +35,57 @@ pub(crate) struct App {
     pub(crate) quarantine: Arc<crate::quarantine::Quarantine>,
     /// Recent conversations kept to warm a restarted group (WARM_REPLAY_BYTES; none when 0).
     pub(crate) warm: Option<Arc<crate::groups::Warm>>,
+    /// Stored Responses (STORE_URL; docs/store.md), opened on first use; none where no
+    /// location was given.
+    pub(crate) store: Option<StoreSlot>,
+}
+
+/// The response store, opened when a request first needs it: a gateway whose clients never use
+/// the Responses API's state creates no file and needs no database.
+#[derive(Debug)]
+pub(crate) struct StoreSlot {
+    at: sparkgate_store::Location,
+    retention: sparkgate_store::Retention,
+    cell: tokio::sync::OnceCell<sparkgate_store::Store>,
+}
+
+impl StoreSlot {
+    pub(crate) fn new(at: sparkgate_store::Location, retention: sparkgate_store::Retention) -> StoreSlot {
+        StoreSlot {
+            at,
+            retention,
+            cell: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The store, opened now if it was not yet; a store that cannot be opened is a 503 that
+    /// names why (and is tried again by the next request).
+    pub(crate) async fn get(&self) -> Result<&sparkgate_store::Store, crate::api::error::GatewayError> {
+        self.cell
+            .get_or_try_init(|| async {
+                let store = sparkgate_store::Store::open(&self.at, self.retention).await?;
+                tracing::info!(store = %self.at, "response store open");
+                Ok(store)
+            })
+            .await
+            .map_err(|e: sparkgate_store::StoreError| crate::api::error::GatewayError::StoreFailed(e.to_string()))
+    }
+
+    /// The store, if a request opened it.
+    pub(crate) fn opened(&self) -> Option<&sparkgate_store::Store> {
+        self.cell.get()
+    }
 }
 
 pub(crate) type Shared = Arc<App>;
 
 impl App {
-    pub(crate) fn new(config: &Config, control: GatewayControl, groups: Arc<Groups>) -> Shared {
+    pub(crate) fn new(
+        config: &Config,
+        control: GatewayControl,
+        groups: Arc<Groups>,
+        store: Option<StoreSlot>,
+    ) -> Shared {
         let g = &config.gateway;
         Arc::new(App {
             normalizer: Arc::new({
@@ -64,6 +109,7 @@ impl App {
             spec_modes: config.speculation.modes.clone(),
             quarantine: Arc::default(),
             warm: crate::groups::Warm::new(g.warm_replay_bytes),
+            store,
             spec_policy: crate::control::spec::ModePolicy::new(&config.speculation),
             clients: crate::control::clients::Clients::new(
                 g.queue_policy,

@@ -100,6 +100,24 @@ class SyncClient(unittest.TestCase):
         r = client().responses.create(model=MODEL, input="What is 17*19? Reply with the integer only.", reasoning={"effort": "none"})
         self.assertEqual(r.output_text, "323")
 
+    def test_responses_chain_retrieve_items_delete(self):
+        # The gateway's store (docs/store.md): a chain by previous_response_id, read back,
+        # listed and deleted with the SDK's own calls.
+        c = client()
+        first = c.responses.create(model=MODEL, input="What is 17*19? Reply with the integer only.", reasoning={"effort": "none"})
+        second = c.responses.create(model=MODEL, input="And 18*19?", previous_response_id=first.id, reasoning={"effort": "none"})
+        self.assertEqual(second.previous_response_id, first.id)
+        self.assertTrue(second.store)
+        self.assertEqual(c.responses.retrieve(second.id).id, second.id)
+        items = list(c.responses.input_items.list(second.id, order="asc"))
+        users = [i for i in items if getattr(i, "role", None) == "user"]
+        self.assertEqual(len(users), 2, items)
+        c.responses.delete(second.id)
+        with self.assertRaises(openai.NotFoundError):
+            c.responses.retrieve(second.id)
+        with self.assertRaises(openai.NotFoundError):
+            c.responses.create(model=MODEL, input="more", previous_response_id=second.id)
+
     def test_structured_output_parses(self):
         r = client().chat.completions.parse(
             model=MODEL, messages=[{"role": "user", "content": "Name a city and its population."}], response_format=City
@@ -209,6 +227,28 @@ class Agent(unittest.TestCase):
         calls, final = agent_weather_turn(OpenAIResponsesModel, "rain, 9 degrees")
         self.assertEqual(calls, ["Paris"])
         self.assertIn("rain, 9 degrees in Paris", final)
+
+
+    def test_openai_agents_with_server_side_conversation_state(self):
+        from agents import Agent as SdkAgent
+        from agents import OpenAIResponsesModel, Runner, set_tracing_disabled
+
+        set_tracing_disabled(True)
+
+        async def run():
+            c = AsyncOpenAI(base_url=BASE, api_key="unused", max_retries=0)
+            agent = SdkAgent(
+                name="chat", instructions="Answer briefly.", model=OpenAIResponsesModel(model=MODEL, openai_client=c)
+            )
+            first = await Runner.run(agent, "What is 17*19? Reply with the integer only.")
+            second = await Runner.run(agent, "Say it again.", previous_response_id=first.last_response_id)
+            stored = await c.responses.retrieve(second.last_response_id)
+            await c.close()
+            return first, second, stored
+
+        first, second, stored = asyncio.run(run())
+        self.assertTrue(second.final_output)
+        self.assertEqual(stored.previous_response_id, first.last_response_id)
 
 
 class LangChain(unittest.TestCase):

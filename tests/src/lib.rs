@@ -10,6 +10,7 @@ pub mod hosts;
 pub mod http;
 pub mod load;
 pub mod overhead;
+pub mod postgres;
 pub mod realvllm;
 pub mod registry;
 pub mod sim;

@@ -137,9 +137,12 @@ impl TestGateway {
                     "127.0.0.1",
                 ]
                 .map(String::from);
-                let mut env = vec![("SPARKGATE_LOG", "info")];
+                // The response store goes to a directory of the gateway's own, unless given.
+                let state = tempfile::tempdir().expect("a state directory");
+                let store = state.path().join("responses.sqlite").display().to_string();
+                let mut env = vec![("SPARKGATE_LOG", "info"), ("STORE_URL", &store)];
                 env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-                Proc::spawn_as(&sparkgate, &args, &env, own_group)
+                Proc::spawn_as(&sparkgate, &args, &env, own_group).keeping(state)
             }
             Ranks::Supervised { logs: Some(dir) } => self.spawn_supervised(&sparkgate, dir, own_group),
             Ranks::Supervised { logs: None } => {
@@ -153,6 +156,7 @@ impl TestGateway {
     fn spawn_supervised(&self, sparkgate: &str, log_dir: &Path, own_group: bool) -> Proc {
         let (vllm_port, master_port) = (free_port().to_string(), free_port().to_string());
         let log = log_dir.display().to_string();
+        let store = log_dir.join("state/responses.sqlite").display().to_string();
         let mut full: Vec<(&str, &str)> = vec![
             ("RUNTIME", "process"),
             ("VLLM_BIN", &self.sim),
@@ -169,6 +173,9 @@ impl TestGateway {
             ("READY_TIMEOUT", "60"),
             ("WEIGHTS_GIB_PER_RANK", ""),
             ("SPARKGATE_LOG", "info"),
+            // The response store beside the logs, unless given (a second gateway over the same
+            // log directory shares it).
+            ("STORE_URL", &store),
         ];
         // WORKERS lists the workers itself: the one-worker form may not be set beside it.
         if self.env.iter().any(|(k, _)| k == "WORKERS") {

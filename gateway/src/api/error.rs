@@ -57,6 +57,13 @@ pub enum GatewayError {
     UpstreamTimeout { after: Duration },
     #[error("no route for {0}")]
     NotFound(String),
+    /// A stored response that does not exist, expired, or is another API key's (docs/store.md):
+    /// vLLM's own words for an unknown id.
+    #[error("Response with id '{0}' not found.")]
+    ResponseNotFound(String),
+    /// The gateway's store could not be read or written.
+    #[error("the response store failed: {0}")]
+    StoreFailed(String),
     #[error("method not allowed")]
     MethodNotAllowed,
     /// A request hyper could not parse (it answers these itself, with an empty body).
@@ -118,7 +125,10 @@ impl GatewayError {
             | GatewayError::RequestCrashedEngine { .. }
             | GatewayError::UnsupportedMediaType
             | GatewayError::InvalidJson(_) => StatusCode::BAD_REQUEST,
-            GatewayError::ModelNotFound { .. } | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::ModelNotFound { .. } | GatewayError::NotFound(_) | GatewayError::ResponseNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
+            GatewayError::StoreFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Unauthorized | GatewayError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -155,6 +165,7 @@ impl GatewayError {
             | GatewayError::RequestCrashedEngine { .. } => "BadRequestError",
             GatewayError::UnsupportedMediaType | GatewayError::InvalidJson(_) => "Bad Request",
             GatewayError::ModelNotFound { .. } => "NotFoundError",
+            GatewayError::ResponseNotFound(_) => "invalid_request_error",
             GatewayError::ResumeFailed { cut, .. } => cut.kind(),
             other => other.status().canonical_reason().unwrap_or("Error"),
         }
@@ -166,6 +177,7 @@ impl GatewayError {
             GatewayError::TooManySequences { param, .. } => Some(param),
             GatewayError::OverCapacity { .. } => Some("n"),
             GatewayError::ModelNotFound { .. } => Some("model"),
+            GatewayError::ResponseNotFound(_) => Some("response_id"),
             GatewayError::InvalidJson(_) => Some("body"),
             _ => None,
         }

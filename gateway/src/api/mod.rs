@@ -3,7 +3,7 @@
 //! errors rendered in them (`error`), reading a body (`body`) in the encodings vLLM reads
 //! (`encoding`), its values as vLLM's models coerce them (`lax`), normalising it
 //! (`normalize`), the rules that differ by vLLM release (`releases`), and what continuing a cut
-//! stream needs of the APIs (`resume`).
+//! stream needs of the APIs (`resume`), and the Responses API's stored state (`stored`).
 
 pub(crate) mod anthropic;
 pub(crate) mod body;
@@ -16,3 +16,4 @@ pub(crate) mod openai;
 pub(crate) mod releases;
 pub(crate) mod resume;
 pub(crate) mod routes;
+pub(crate) mod stored;

@@ -16,6 +16,8 @@ pub(crate) enum Role {
     Utility,
     /// Forwarded unchanged without a permit (it runs nothing on the engine).
     Forward,
+    /// Answered by the gateway from its response store (docs/store.md), never by vLLM.
+    Stored,
 }
 
 /// The HTTP methods a route answers.
@@ -24,6 +26,7 @@ pub(crate) enum Methods {
     Get,
     Post,
     GetPost,
+    GetDelete,
 }
 
 impl Methods {
@@ -34,6 +37,7 @@ impl Methods {
             Methods::Get => matches!(*method, M::GET | M::HEAD),
             Methods::Post => *method == M::POST,
             Methods::GetPost => matches!(*method, M::GET | M::HEAD | M::POST),
+            Methods::GetDelete => matches!(*method, M::GET | M::HEAD | M::DELETE),
         }
     }
 }
@@ -61,8 +65,8 @@ const fn route(path: &'static str, methods: Methods, role: Role, family: Family,
 }
 
 use Family::{Anthropic, OpenAi};
-use Methods::{Get, GetPost, Post};
-use Role::{Forward, Generate, Utility};
+use Methods::{Get, GetDelete, GetPost, Post};
+use Role::{Forward, Generate, Stored, Utility};
 
 /// Every vLLM route the gateway serves (one row a route: a table, not rustfmt's layout).
 #[rustfmt::skip]
@@ -80,8 +84,9 @@ pub(crate) const ROUTES: &[Route] = &[
     route("/detokenize", Post, Utility, OpenAi, "detokenize"),
     route("/v1/messages/count_tokens", Post, Utility, Anthropic, "count_tokens"),
     route("/v1/models", Get, Forward, OpenAi, "models"),
-    route("/v1/responses/{id}", Get, Forward, OpenAi, "responses_get"),
-    route("/v1/responses/{id}/cancel", Post, Forward, OpenAi, "responses_cancel"),
+    route("/v1/responses/{id}", GetDelete, Stored, OpenAi, "responses_get"),
+    route("/v1/responses/{id}/input_items", Get, Stored, OpenAi, "responses_input_items"),
+    route("/v1/responses/{id}/cancel", Post, Stored, OpenAi, "responses_cancel"),
     route("/load", Get, Forward, OpenAi, "load"),
     route("/version", Get, Forward, OpenAi, "version"),
     route("/ping", GetPost, Forward, OpenAi, "ping"),

@@ -53,7 +53,7 @@ pub async fn serve(
     observe::metrics_handle();
     let groups = Arc::new(Groups::of(config, &upstreams));
     crate::groups::seed(&control, &groups);
-    let app = App::new(config, control.clone(), groups.clone());
+    let app = App::new(config, control.clone(), groups.clone(), Some(store_slot(config)?));
     let edge = Arc::new(Edge::new(config));
     watch_upstreams(&app, upstreams, groups);
     background(&app, &edge);
@@ -119,7 +119,31 @@ fn watch_upstreams(app: &Shared, upstreams: Upstreams, groups: Arc<Groups>) {
 }
 
 /// The periodic upkeep: the rate limiter's forgotten keys, the tokens/s `/admin/status` reports.
+/// The response store STORE_URL names (docs/store.md), opened on first use; a location that
+/// cannot be read stops the start with the reason.
+fn store_slot(config: &Config) -> std::io::Result<crate::app::StoreSlot> {
+    let g = &config.gateway;
+    let at = sparkgate_store::Location::parse(g.store_url.expose()).map_err(std::io::Error::other)?;
+    let retention = sparkgate_store::Retention {
+        ttl: (!g.store_ttl.is_zero()).then_some(g.store_ttl),
+        max_bytes: (g.store_max_bytes > 0).then_some(g.store_max_bytes),
+    };
+    Ok(crate::app::StoreSlot::new(at, retention))
+}
+
 fn background(app: &Shared, edge: &Edge) {
+    if app.store.is_some() {
+        let app = app.clone();
+        sparkgate_task::spawn("store-sweep", async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                if let Some(store) = app.store.as_ref().and_then(crate::app::StoreSlot::opened) {
+                    crate::observe::store::sweep(store).await;
+                }
+            }
+        });
+    }
     if let Some(l) = edge.limiter.clone() {
         sparkgate_task::spawn("rate-limit-housekeeping", async move {
             loop {

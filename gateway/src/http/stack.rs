@@ -222,7 +222,12 @@ mod tests {
             timeout: std::time::Duration::from_secs(1),
         };
         let groups = Arc::new(crate::groups::Groups::of(&config, &crate::groups::Upstreams::Probe));
-        crate::app::App::new(&config, crate::control::state::GatewayControl::new(limits), groups)
+        crate::app::App::new(
+            &config,
+            crate::control::state::GatewayControl::new(limits),
+            groups,
+            None,
+        )
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@
 mod labels;
 mod logline;
 pub(crate) mod logwriter;
+pub(crate) mod store;
 
 pub(crate) use labels::{
     Affinity, QuarantineStage, Rejection, Repair, ResumeFailure, StreamEnd, UpstreamErrorKind, Waiting,
@@ -182,6 +183,7 @@ fn describe() {
         "How long a cut stream waited from the cut to its continuation's first token."
     );
     describe_groups();
+    store::describe();
     register();
 }
 

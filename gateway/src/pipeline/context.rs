@@ -71,6 +71,18 @@ pub(super) struct Prepared {
     pub(super) client: Client,
     /// The sequences it makes vLLM run: the permits and group slots it takes.
     pub(super) seqs: Sequences,
+    /// A Responses request whose answer is stored (docs/store.md).
+    pub(super) stored: Option<std::sync::Arc<StorePlan>>,
+}
+
+/// What storing a Responses answer needs: its owner, the full input it was generated from (the
+/// chain resolved), and the `previous_response_id` it named.
+#[derive(Debug)]
+pub(crate) struct StorePlan {
+    pub(crate) store: sparkgate_store::Store,
+    pub(crate) owner: String,
+    pub(crate) input: serde_json::Value,
+    pub(crate) previous: Option<String>,
 }
 
 /// Rank 0's answer to a sent request, with the slots it holds until the answer ends.

@@ -9,6 +9,7 @@
 
 mod admit;
 mod answer;
+mod chain;
 mod context;
 mod forward;
 mod generate;
@@ -20,6 +21,7 @@ mod respond;
 mod resume;
 mod send;
 mod splice;
+mod stored;
 mod trace;
 
 use axum::response::Response;
@@ -54,5 +56,6 @@ pub(crate) async fn upstream_route(
         Role::Forward => forward::passthrough(app, request_id, parts, body)
             .await
             .unwrap_or_else(|e| e.render(route.family)),
+        Role::Stored => stored::answer(app, &parts.method, parts.uri.path(), parts.uri.query(), &caller).await,
     }
 }

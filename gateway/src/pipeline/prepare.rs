@@ -37,6 +37,10 @@ pub(super) async fn prepare(ctx: &Ctx<'_>, body: impl RequestBody) -> Result<Pre
     if app.quarantine.refuses(&forward) {
         return Err(quarantined(ctx.request_id, &ctx.caller, Stage::Arrival));
     }
+    let (forward, stored) = match (ctx.api, &app.store) {
+        (crate::api::family::Api::Responses, Some(slot)) => super::chain::resolve(ctx, slot, forward).await?,
+        _ => (forward, None),
+    };
     let seqs = norm.sequences;
     // A request runs on one group: with several, its sequences must fit the largest.
     if app.groups.all().len() > 1 && seqs.total() > app.groups.largest_capacity() {
@@ -56,5 +60,6 @@ pub(super) async fn prepare(ctx: &Ctx<'_>, body: impl RequestBody) -> Result<Pre
         prefix,
         client,
         seqs,
+        stored,
     })
 }

@@ -50,6 +50,9 @@ pub(crate) struct RelayCtx {
     pub(crate) held: Option<Held>,
     /// How a cut would be continued (docs/resume.md), when it can be.
     pub(crate) resume: Option<Box<ResumePlan>>,
+    /// A Responses stream whose answer is stored (docs/store.md): its final event waits for
+    /// the write.
+    pub(crate) stored: Option<std::sync::Arc<super::context::StorePlan>>,
 }
 
 /// What continuing a cut stream needs beyond its trace.
@@ -97,6 +100,8 @@ enum Woke {
     Continued(Option<Result<Bytes, GatewayError>>),
     /// A stream waiting for its continuation is due an SSE comment.
     KeepAlive,
+    /// The stored answer's final event, once written.
+    Stored(Bytes),
 }
 
 pub(crate) struct Relay {
@@ -132,6 +137,8 @@ pub(crate) struct Relay {
     dispatch: Option<resume::Dispatch>,
     /// The cut being continued: what the stream ends with if the continuation fails.
     cut_error: Option<GatewayError>,
+    /// The final event's store write under way (`RelayCtx::stored`).
+    storing: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Bytes> + Send>>>,
 }
 
 /// Where the literal `needle` first is in `hay`. Each needle's searcher is built once: building
@@ -277,6 +284,13 @@ impl Relay {
         });
         let Some(payload) = payload else {
             self.on_named_event(&event);
+            let last =
+                contains!(&event, b"event: response.completed") || contains!(&event, b"event: response.incomplete");
+            if let Some(plan) = last.then(|| self.ctx.stored.take()).flatten() {
+                // The answer is stored before its last event goes out.
+                self.storing = Some(Box::pin(super::chain::persist_event(plan, event)));
+                return;
+            }
             self.out.push_back(event);
             return;
         };
@@ -368,6 +382,11 @@ impl Relay {
     /// Polls the upstream body, then the gateway's shutdown, then the stream's deadline (the
     /// timer is re-armed lazily when it fires before the deadline moved by the last token).
     fn poll_woke(&mut self, cx: &mut Context<'_>) -> Poll<Woke> {
+        if let Some(storing) = self.storing.as_mut() {
+            let event = ready!(storing.as_mut().poll(cx));
+            self.storing = None;
+            return Poll::Ready(Woke::Stored(event));
+        }
         if let Some((feed, keep_alive)) = self.feed.as_mut() {
             if let Poll::Ready(next) = feed.poll_recv(cx) {
                 return Poll::Ready(Woke::Continued(next));
@@ -437,6 +456,7 @@ impl Relay {
                 }
                 self.done = true;
             }
+            Woke::Stored(event) => self.out.push_back(event),
             Woke::KeepAlive => {
                 self.out.push_back(Bytes::from_static(b": keep-alive\n\n"));
                 if let Some((_, timer)) = self.feed.as_mut() {
@@ -510,49 +530,8 @@ impl Drop for Relay {
     }
 }
 
-/// The tap alone, without an upstream body: what `microbench` measures per frame.
-pub(crate) struct Tap(Relay);
-
-impl Tap {
-    /// The tap of a chat stream without injected usage, at the default timeouts. Made inside a
-    /// runtime: the stream's timer is armed on it.
-    pub(crate) fn chat(control: GatewayControl) -> Self {
-        let ctx = RelayCtx {
-            started: Instant::now(),
-            usage_injected: false,
-            framing: Framing::Chat,
-            first_token_timeout: Duration::from_secs(900),
-            idle_timeout: Duration::from_secs(120),
-            mode: SpecMethod::Dspark,
-            control,
-            request_id: "tap".into(),
-            route: "chat",
-            model: None,
-            drain_timeout: Duration::from_secs(60),
-            suspect: None,
-            held: None,
-            resume: None,
-        };
-        Self(Relay::new(None, ctx))
-    }
-
-    /// The tap of a chat stream that can be continued (its token ids recorded, and written null
-    /// for a client that did not ask for them).
-    pub(crate) fn traced_chat(control: GatewayControl) -> Self {
-        let mut tap = Tap::chat(control);
-        tap.0.trace = Some(Box::new(Trace::new(crate::api::normalize::ResumeSpec {
-            kind: crate::api::resume::Resumable::Tokens(crate::api::resume::TokenApi::Chat),
-            client_ids: false,
-        })));
-        tap
-    }
-
-    /// One upstream frame in; what would go to the client now out.
-    pub(crate) fn feed(&mut self, data: Bytes) -> Option<Bytes> {
-        self.0.on_data(data);
-        coalesce(&mut self.0.out)
-    }
-}
+mod tap;
+pub(crate) use tap::Tap;
 
 impl Relay {
     fn new(body: Option<UpstreamBody>, ctx: RelayCtx) -> Self {
@@ -578,6 +557,7 @@ impl Relay {
             resumes: 0,
             dispatch: None,
             cut_error: None,
+            storing: None,
         }
     }
 }

@@ -81,6 +81,7 @@ fn stream(ctx: &Ctx<'_>, req: Prepared, sent: Sent, head: axum::http::response::
         suspect: Some(suspect(ctx, &req, sent.strikes, sent.dispatched)),
         held: Some(Held::new(sent.lease, sent.permit)),
         resume,
+        stored: req.stored.clone(),
     };
     let events = relay(sent.upstream.into_body(), relay_ctx, trace);
     Reply::Stream(head.body(Body::new(events)).expect("valid response parts"))
@@ -115,6 +116,11 @@ async fn whole(
     if let (true, Some(t)) = (status.is_success(), usage.completion) {
         app.control.count_tokens(mode, t);
     }
+    // Stored before the answer's first byte goes out (docs/store.md).
+    let bytes = match &req.stored {
+        Some(plan) if status.is_success() => super::chain::persist_body(plan, bytes).await,
+        _ => bytes,
+    };
     // vLLM has finished it: the slots go back with the answer's last byte.
     let body = HoldPermit::new(http_body_util::Full::new(bytes), held);
     Ok(Reply::Whole {

@@ -14,7 +14,7 @@ use crate::api::resume::ReplayApi;
 #[derive(Debug, Clone)]
 pub(crate) struct Event {
     name: Option<String>,
-    data: Value,
+    pub(crate) data: Value,
 }
 
 impl Event {
@@ -35,7 +35,7 @@ impl Event {
         Event { name, data }
     }
 
-    fn kind(&self) -> &str {
+    pub(crate) fn kind(&self) -> &str {
         self.data["type"].as_str().or(self.name.as_deref()).unwrap_or("")
     }
 

@@ -1,0 +1,108 @@
+//! The embedded backend: one SQLite file in WAL mode with `synchronous=FULL` (a write is on disk
+//! when it returns, so a response stored before its last byte survives a SIGKILL), one
+//! connection behind a lock, each statement run on the blocking pool.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params_from_iter, Connection};
+
+use crate::{sql, Param, StoreError};
+
+pub(crate) struct Sqlite {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl rusqlite::ToSql for Param {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        match self {
+            Param::Text(t) => t.to_sql(),
+            Param::Int(i) => i.to_sql(),
+        }
+    }
+}
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl Sqlite {
+    pub(crate) async fn open(path: &Path) -> Result<Sqlite, StoreError> {
+        let path = path.to_owned();
+        let failed = |reason: String| StoreError::Open {
+            at: format!("sqlite:{}", path.display()),
+            reason,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
+        }
+        let opened = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || -> rusqlite::Result<Connection> {
+                let conn = Connection::open(&path)?;
+                conn.pragma_update(None, "journal_mode", "WAL")?;
+                conn.pragma_update(None, "synchronous", "FULL")?;
+                conn.busy_timeout(std::time::Duration::from_secs(5))?;
+                for statement in sql::SCHEMA {
+                    conn.execute(statement, [])?;
+                }
+                Ok(conn)
+            })
+            .await
+            .map_err(|e| failed(e.to_string()))?
+        };
+        let conn = opened.map_err(|e| failed(e.to_string()))?;
+        Ok(Sqlite {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = conn
+                .lock()
+                .map_err(|_| backend("the store's connection lock was poisoned"))?;
+            f(&conn).map_err(backend)
+        })
+        .await
+        .map_err(backend)?
+    }
+
+    pub(crate) async fn execute(&self, statement: &'static str, params: Vec<Param>) -> Result<u64, StoreError> {
+        self.blocking(move |c| {
+            c.prepare_cached(statement)?
+                .execute(params_from_iter(params.iter()))
+                .map(|n| n as u64)
+        })
+        .await
+    }
+
+    pub(crate) async fn query(
+        &self,
+        statement: &'static str,
+        params: Vec<Param>,
+        ints: &'static [usize],
+    ) -> Result<Vec<Vec<Param>>, StoreError> {
+        self.blocking(move |c| {
+            let mut stmt = c.prepare_cached(statement)?;
+            let columns = stmt.column_count();
+            let rows = stmt.query_map(params_from_iter(params.iter()), |row| {
+                (0..columns)
+                    .map(|i| {
+                        if ints.contains(&i) {
+                            row.get::<_, i64>(i).map(Param::Int)
+                        } else {
+                            row.get::<_, String>(i).map(Param::Text)
+                        }
+                    })
+                    .collect::<rusqlite::Result<Vec<Param>>>()
+            })?;
+            rows.collect()
+        })
+        .await
+    }
+}

@@ -1,0 +1,134 @@
+//! The store (`sparkgate-store`) held to the same suite on both backends — an embedded SQLite
+//! file and a real PostgreSQL server (Debian's, started per test): a record read back only by
+//! its owner, another owner's id never overwritten, deletes, the TTL and the size cap evicting
+//! the oldest first, and what one handle wrote read by another (a restarted gateway, or a
+//! second gateway on the same database).
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sparkgate_store::{Location, Retention, Store, Stored};
+use sparkgate_tests::postgres::Postgres;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn record(id: &str, owner: &str, size: usize) -> Stored {
+    Stored {
+        id: id.into(),
+        owner: owner.into(),
+        created_at: 1_700_000_000,
+        response: format!("{{\"id\":\"{id}\",\"pad\":\"{}\"}}", "x".repeat(size)),
+        input: "[{\"role\":\"user\",\"content\":\"hi\"}]".into(),
+    }
+}
+
+/// A store at `at` whose clock the test moves.
+async fn open(at: &Location, retention: Retention, now: &Arc<AtomicI64>) -> Store {
+    let now = now.clone();
+    Store::open_with_clock(at, retention, Arc::new(move || now.load(Ordering::SeqCst)))
+        .await
+        .unwrap()
+}
+
+async fn suite(at: Location) {
+    let now = Arc::new(AtomicI64::new(1_000));
+    let store = open(&at, Retention::default(), &now).await;
+    // Owners.
+    assert!(store.put(record("resp_1", "alice", 10)).await.unwrap());
+    let got = store.get("resp_1", "alice").await.unwrap().expect("the owner reads it");
+    assert_eq!(got, record("resp_1", "alice", 10));
+    assert_eq!(
+        store.get("resp_1", "bob").await.unwrap(),
+        None,
+        "another key sees nothing"
+    );
+    assert!(
+        !store.put(record("resp_1", "bob", 3)).await.unwrap(),
+        "another owner's id is not taken"
+    );
+    assert_eq!(
+        store.get("resp_1", "alice").await.unwrap(),
+        Some(record("resp_1", "alice", 10))
+    );
+    assert!(!store.delete("resp_1", "bob").await.unwrap());
+    // Another handle on the same location (a restarted gateway, or a second one) reads it.
+    let other = open(&at, Retention::default(), &now).await;
+    assert!(other.get("resp_1", "alice").await.unwrap().is_some());
+    assert!(store.delete("resp_1", "alice").await.unwrap());
+    assert_eq!(other.get("resp_1", "alice").await.unwrap(), None);
+    // The TTL.
+    let ttl = Retention {
+        ttl: Some(Duration::from_secs(10)),
+        max_bytes: None,
+    };
+    let store = open(&at, ttl, &now).await;
+    store.put(record("resp_old", "alice", 10)).await.unwrap();
+    now.store(1_005, Ordering::SeqCst);
+    store.put(record("resp_new", "alice", 10)).await.unwrap();
+    now.store(1_011, Ordering::SeqCst);
+    assert_eq!(store.get("resp_old", "alice").await.unwrap(), None, "expired");
+    assert!(store.get("resp_new", "alice").await.unwrap().is_some());
+    assert_eq!(store.sweep().await.unwrap(), 1);
+    assert_eq!(store.evicted(), 1);
+    assert_eq!(store.stats().await.unwrap().records, 1);
+    store.delete("resp_new", "alice").await.unwrap();
+    // The size cap: the newest records within it are kept.
+    let one = record("resp_c0", "alice", 1000);
+    let size = (one.id.len() + one.owner.len() + one.response.len() + one.input.len()) as u64;
+    let capped = Retention {
+        ttl: None,
+        max_bytes: Some(size * 3),
+    };
+    let store = open(&at, capped, &now).await;
+    for i in 0..5 {
+        now.store(2_000 + i, Ordering::SeqCst);
+        store.put(record(&format!("resp_c{i}"), "alice", 1000)).await.unwrap();
+    }
+    store.sweep().await.unwrap();
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.records, 3, "{stats:?}");
+    assert!(stats.bytes <= size * 3, "{stats:?}");
+    for (i, kept) in [(0, false), (1, false), (2, true), (3, true), (4, true)] {
+        let id = format!("resp_c{i}");
+        assert_eq!(store.get(&id, "alice").await.unwrap().is_some(), kept, "{id}");
+    }
+    assert!(store.evicted() >= 2);
+}
+
+#[test]
+fn the_sqlite_store_keeps_owns_expires_and_caps() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = Location::parse(&dir.path().join("state/store.sqlite").display().to_string()).unwrap();
+    rt().block_on(suite(at));
+}
+
+#[test]
+fn the_postgres_store_passes_the_same_suite() {
+    let pg = Postgres::start();
+    let at = Location::parse(&pg.database("sparkgate")).unwrap();
+    rt().block_on(suite(at));
+}
+
+#[test]
+fn an_unreachable_or_unknown_store_is_a_clear_error() {
+    let err = Location::parse("redis://x").unwrap_err().to_string();
+    assert!(err.contains("unknown scheme"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let at = Location::parse(&format!(
+        "postgresql://sparkgate:pw@localhost/none?host={}",
+        dir.path().display()
+    ))
+    .unwrap();
+    let err = rt()
+        .block_on(Store::open(&at, Retention::default()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("could not be opened") && !err.contains("pw@"), "{err}");
+}
