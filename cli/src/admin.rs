@@ -330,7 +330,21 @@ fn gateway_lines(v: &serde_json::Value) -> String {
         let _ = writeln!(out, "throughput {rate:.1} tokens/s over the last 10 s");
     }
     out += &vllm_lines(&v["vllm"]);
+    out += &store_line(&v["store"]);
     out
+}
+
+/// The response store: where, and what the last sweep found.
+fn store_line(s: &serde_json::Value) -> String {
+    let Some(url) = s["url"].as_str() else {
+        return String::new();
+    };
+    let held = match (s["open"].as_bool(), s["records"].as_u64(), s["bytes"].as_u64()) {
+        (Some(false), _, _) => "not opened yet (no request needed it)".to_owned(),
+        (_, Some(records), Some(bytes)) => format!("{records} responses · {bytes} bytes"),
+        _ => "open · size at the next sweep".to_owned(),
+    };
+    format!("store      {url} · {held} · {} evicted\n", s["evicted"])
 }
 
 /// Rank 0's vLLM and the release whose rules the gateway applies, with the warning when those

@@ -47,6 +47,8 @@ pub(crate) struct StoreSlot {
     at: sparkgate_store::Location,
     retention: sparkgate_store::Retention,
     cell: tokio::sync::OnceCell<sparkgate_store::Store>,
+    /// What the last sweep found (`sparkgate status`).
+    last: std::sync::Mutex<Option<sparkgate_store::Stats>>,
 }
 
 impl StoreSlot {
@@ -55,7 +57,27 @@ impl StoreSlot {
             at,
             retention,
             cell: tokio::sync::OnceCell::new(),
+            last: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Records what a sweep found.
+    pub(crate) fn saw(&self, stats: sparkgate_store::Stats) {
+        *self.last.lock().expect("store stats") = Some(stats);
+    }
+
+    /// The store in `/admin/status`: where (redacted), whether a request opened it, and what
+    /// the last sweep found.
+    pub(crate) fn status_json(&self) -> Value {
+        let last = *self.last.lock().expect("store stats");
+        let evicted = self.opened().map_or(0, sparkgate_store::Store::evicted);
+        json!({
+            "url": self.at.to_string(),
+            "open": self.opened().is_some(),
+            "records": last.map(|s| s.records),
+            "bytes": last.map(|s| s.bytes),
+            "evicted": evicted,
+        })
     }
 
     /// The store, opened now if it was not yet; a store that cannot be opened is a 503 that
@@ -134,5 +156,6 @@ pub(crate) fn status_json(app: &App) -> Value {
         "tokens_per_s": (app.control.tokens_per_s() * 10.0).round() / 10.0,
         "admission": {"open": !snap.paused, "capacity": snap.capacity, "in_flight": snap.in_use, "queued": snap.queued},
         "groups": app.groups.status_json(),
+        "store": app.store.as_ref().map(StoreSlot::status_json),
     })
 }

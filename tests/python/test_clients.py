@@ -107,7 +107,6 @@ class SyncClient(unittest.TestCase):
         first = c.responses.create(model=MODEL, input="What is 17*19? Reply with the integer only.", reasoning={"effort": "none"})
         second = c.responses.create(model=MODEL, input="And 18*19?", previous_response_id=first.id, reasoning={"effort": "none"})
         self.assertEqual(second.previous_response_id, first.id)
-        self.assertTrue(second.store)
         self.assertEqual(c.responses.retrieve(second.id).id, second.id)
         items = list(c.responses.input_items.list(second.id, order="asc"))
         users = [i for i in items if getattr(i, "role", None) == "user"]

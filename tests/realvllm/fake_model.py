@@ -130,7 +130,18 @@ def answer(prompt: Prompt, structured) -> str:
         return f"The tool returned: {prompt.tool_result}"
     if "17*19" in prompt.user:
         return "323"
+    if "Which numbers did I say?" in prompt.user:
+        return recall(prompt)
     return prose(prompt.user)
+
+
+def recall(prompt: Prompt) -> str:
+    """Every "remember the number N" of the prompt's user turns, in order: the test of a
+    conversation sent whole (vllm-sim's model answers it the same way)."""
+    user_tag, asst_tag = ("<｜User｜>", "<｜Assistant｜>") if prompt.profile == "deepseek" else ("<|user|>", "<|assistant|>")
+    turns = [part.split(asst_tag, 1)[0] for part in prompt.text.split(user_tag)[1:]]
+    numbers = [m for t in turns for m in re.findall(r"remember the number (\d+)", t)]
+    return "You said: " + ", ".join(numbers) + "."
 
 
 def plan(prompt_text: str, profile: str, structured) -> str:

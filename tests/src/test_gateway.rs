@@ -205,3 +205,18 @@ fn rank_env(env: &[(&str, &str)]) -> String {
     let all: Vec<String> = sim.iter().map(|(k, v)| format!("{k}={v}")).chain(given).collect();
     all.join(",")
 }
+
+/// A GROUPS_FILE in `dir` of the groups `names` on loopback, each with its own ports; its path.
+pub fn groups_file(dir: &Path, names: &[&str]) -> String {
+    let mut text = String::new();
+    for name in names {
+        text.push_str(&format!(
+            "[{name}]\nVLLM_PORT={}\nMASTER_PORT={}\n",
+            free_port(),
+            free_port()
+        ));
+    }
+    let path = dir.join("groups.env");
+    std::fs::write(&path, text).expect("the groups file");
+    path.display().to_string()
+}

@@ -1,7 +1,8 @@
 //! Real clients from PyPI through the gateway (`tests/python/test_clients.py`): the `openai` SDK,
 //! `openai-agents` on chat completions and on Responses, `langchain-openai`, `pydantic-ai`, the
 //! `anthropic` SDK and `litellm` — in front of vllm-sim playing each vLLM release and in front of
-//! each real frontend (0.33.0, 0.34.0).
+//! each real frontend (0.33.0, 0.34.0); the response store on SQLite, and on PostgreSQL in front
+//! of vllm-sim as 0.34.
 
 use std::net::SocketAddr;
 
@@ -70,7 +71,7 @@ fn run_clients(backend: SocketAddr, tight_backend: SocketAddr, gw_env: &[(&str, 
     }
 }
 
-fn in_front_of_vllm_sim(release: VllmRelease) {
+fn in_front_of_vllm_sim(release: VllmRelease, gw_env: &[(&str, &str)]) {
     let args = [
         &deepseek_sim_args("8")[..],
         &["--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v41"],
@@ -79,7 +80,8 @@ fn in_front_of_vllm_sim(release: VllmRelease) {
     .concat();
     let sim = Sim::start(SIM, &args, &[]);
     let slow = Sim::start(SIM, &args, &[("SIM_SPEED", "1")]);
-    run_clients(sim.addr(), slow.addr(), &[("MAX_NUM_SEQS", "8")]);
+    let env = [&[("MAX_NUM_SEQS", "8")][..], gw_env].concat();
+    run_clients(sim.addr(), slow.addr(), &env);
 }
 
 fn in_front_of_the_real_frontend(release: VllmRelease) {
@@ -91,12 +93,16 @@ fn in_front_of_the_real_frontend(release: VllmRelease) {
 
 #[test]
 fn clients_in_front_of_vllm_sim_as_0_33() {
-    in_front_of_vllm_sim(VllmRelease::V0_33);
+    in_front_of_vllm_sim(VllmRelease::V0_33, &[]);
 }
 
+/// With the response store on PostgreSQL (a real server): the Responses chains of the suite
+/// run against the shared backend.
 #[test]
 fn clients_in_front_of_vllm_sim_as_0_34() {
-    in_front_of_vllm_sim(VllmRelease::V0_34);
+    let pg = sparkgate_tests::postgres::Postgres::start();
+    let url = pg.database("clients");
+    in_front_of_vllm_sim(VllmRelease::V0_34, &[("STORE_URL", &url)]);
 }
 
 #[test]

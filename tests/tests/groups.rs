@@ -6,33 +6,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
-use sparkgate_tests::harness::{free_port, Gateway};
+use sparkgate_tests::harness::Gateway;
 use sparkgate_tests::hosts::kill_pid;
 use sparkgate_tests::http::post_json;
-use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
+use sparkgate_tests::test_gateway::{groups_file, sparkgate_bin, TestGateway};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-/// A GROUPS_FILE of groups `a` and `b` on loopback, each with its own ports.
-fn groups_file(dir: &std::path::Path) -> String {
-    let mut text = String::new();
-    for name in ["a", "b"] {
-        text.push_str(&format!(
-            "[{name}]\nVLLM_PORT={}\nMASTER_PORT={}\n",
-            free_port(),
-            free_port()
-        ));
-    }
-    let path = dir.join("groups.env");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
-}
 
 /// The gateway over groups `a` and `b` with `env` besides GROUPS_FILE, once both serve (its
 /// directory lives as long as it), and the status that saw them ready.
 fn two_groups(env: &[(&str, &str)]) -> (tempfile::TempDir, Arc<Gateway>, Value) {
     let dir = tempfile::tempdir().unwrap();
-    let file = groups_file(dir.path());
+    let file = groups_file(dir.path(), &["a", "b"]);
     let mut full = vec![("GROUPS_FILE", file.as_str())];
     full.extend_from_slice(env);
     let gw = TestGateway::builder(SIM).logs(dir.path()).envs(&full).start_unready();

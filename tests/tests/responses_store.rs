@@ -24,7 +24,7 @@ fn call(gw: &Gateway, method: &str, path: &str, key: Option<&str>, body: Option<
 }
 
 fn turn(gw: &Gateway, key: Option<&str>, text: &str, previous: Option<&str>) -> Value {
-    let mut body = json!({"input": text, "max_output_tokens": 24, "temperature": 0});
+    let mut body = json!({"input": text, "max_output_tokens": 400, "temperature": 0});
     if let Some(p) = previous {
         body["previous_response_id"] = json!(p);
     }
@@ -73,7 +73,6 @@ fn a_chain_of_five_turns_survives_a_group_restart_and_a_gateway_restart() {
             &format!("Turn {n}: remember the number {}.", n * 11),
             previous.as_deref(),
         );
-        assert_eq!(answer["store"], true, "{answer}");
         assert_eq!(answer["previous_response_id"], json!(previous), "{answer}");
         let used = answer["usage"]["input_tokens"].as_u64().unwrap();
         assert!(
@@ -83,6 +82,15 @@ fn a_chain_of_five_turns_survives_a_group_restart_and_a_gateway_restart() {
         input_tokens = used;
         previous = answer["id"].as_str().map(str::to_owned);
     }
+    // The last question is answered from the whole conversation vLLM was sent.
+    let recall = turn(&gw, None, "Which numbers did I say?", previous.as_deref());
+    let said = recall["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "message")
+        .unwrap();
+    assert_eq!(said["content"][0]["text"], "You said: 11, 22, 33, 44, 55.", "{recall}");
     let last = previous.unwrap();
     let (status, stored) = call(&gw, "GET", &format!("/v1/responses/{last}"), None, None);
     assert_eq!((status, stored["id"].as_str()), (200, Some(last.as_str())));
@@ -187,5 +195,78 @@ fn a_gateway_sigkilled_right_after_an_answer_still_has_it() {
         assert_eq!(stored["status"], answer["status"]);
         assert_eq!(stored["output"], answer["output"], "stored as the client got it");
     }
-    assert_eq!(completed["response"]["store"], true);
+}
+
+#[test]
+fn twenty_follow_ups_spread_over_two_groups_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = sparkgate_tests::test_gateway::groups_file(dir.path(), &["a", "b"]);
+    // Round-robin: each follow-up goes to the other group than the turn before it.
+    let gw = TestGateway::builder(SIM)
+        .logs(dir.path())
+        .envs(&[("GROUPS_FILE", file.as_str()), ("GROUP_ROUTING", "round-robin")])
+        .start_unready();
+    gw.wait_status("both groups ready", |s| {
+        s["groups"]
+            .as_array()
+            .is_some_and(|g| g.len() == 2 && g.iter().all(|g| g["upstream"]["state"] == "ready"))
+    });
+    let mut previous: Option<String> = None;
+    let mut groups = std::collections::BTreeSet::new();
+    for n in 0..=20 {
+        let mut body = json!({"input": format!("Turn {n}."), "max_output_tokens": 400, "temperature": 0});
+        if let Some(p) = &previous {
+            body["previous_response_id"] = json!(p);
+        }
+        let r = request(
+            gw.addr,
+            "POST",
+            "/v1/responses",
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "turn {n}: {}", r.text());
+        groups.extend(r.header("x-sparkgate-group").map(str::to_owned));
+        previous = r.json()["id"].as_str().map(str::to_owned);
+    }
+    assert_eq!(groups.len(), 2, "both groups served follow-ups: {groups:?}");
+    let last = previous.unwrap();
+    let (status, items) = call(
+        &gw,
+        "GET",
+        &format!("/v1/responses/{last}/input_items?limit=100"),
+        None,
+        None,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(user_texts(&items).len(), 21, "every turn is in the last input");
+}
+
+#[test]
+fn two_gateways_on_one_postgres_store_continue_each_others_conversations() {
+    let pg = sparkgate_tests::postgres::Postgres::start();
+    let url = pg.database("shared");
+    let a = TestGateway::builder(SIM).env("STORE_URL", &url).start();
+    let b = TestGateway::builder(SIM).env("STORE_URL", &url).start();
+    let mut previous: Option<String> = None;
+    for (n, gw) in [&a, &b, &a, &b].into_iter().enumerate() {
+        let answer = turn(
+            gw,
+            None,
+            &format!("Turn {n}: remember the number {}.", n + 1),
+            previous.as_deref(),
+        );
+        previous = answer["id"].as_str().map(str::to_owned);
+    }
+    let recall = turn(&a, None, "Which numbers did I say?", previous.as_deref());
+    let said = recall["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "message")
+        .unwrap();
+    assert_eq!(said["content"][0]["text"], "You said: 1, 2, 3, 4.", "{recall}");
+    let id = recall["id"].as_str().unwrap();
+    let (status, _) = call(&b, "GET", &format!("/v1/responses/{id}"), None, None);
+    assert_eq!(status, 200, "the other gateway reads it");
 }

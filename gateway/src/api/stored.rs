@@ -41,10 +41,10 @@ pub(crate) fn chained_input(prev_input: &Value, prev_response: &Value, input: &V
 }
 
 /// The response as stored and returned: what the client was sent, with the request's own
-/// `store` and `previous_response_id` (vLLM, whose store is off, answers `store: false`).
+/// `previous_response_id` (the gateway removed it before vLLM). vLLM's response object has no
+/// `store` field, and none is added.
 pub(crate) fn as_stored(response: &mut Value, previous: Option<&str>) {
     if let Some(r) = response.as_object_mut() {
-        r.insert("store".into(), Value::Bool(true));
         r.insert(
             "previous_response_id".into(),
             previous.map_or(Value::Null, |p| json!(p)),

@@ -138,8 +138,11 @@ fn background(app: &Shared, edge: &Edge) {
             let mut tick = tokio::time::interval(Duration::from_secs(60));
             loop {
                 tick.tick().await;
-                if let Some(store) = app.store.as_ref().and_then(crate::app::StoreSlot::opened) {
-                    crate::observe::store::sweep(store).await;
+                let Some(slot) = app.store.as_ref() else { continue };
+                if let Some(store) = slot.opened() {
+                    if let Some(stats) = crate::observe::store::sweep(store).await {
+                        slot.saw(stats);
+                    }
                 }
             }
         });

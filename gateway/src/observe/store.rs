@@ -22,22 +22,27 @@ pub(super) fn describe() {
     counter!(STORE_EVICTIONS).absolute(0);
 }
 
-/// Enforces the store's TTL and size cap (run once a minute), and publishes what it holds.
-pub(crate) async fn sweep(store: &sparkgate_store::Store) {
+/// Enforces the store's TTL and size cap (run once a minute), and publishes what it holds;
+/// what it holds, when it could be read.
+pub(crate) async fn sweep(store: &sparkgate_store::Store) -> Option<sparkgate_store::Stats> {
     if let Err(e) = store.sweep().await {
         tracing::warn!(error = %e, "response store sweep failed");
     }
-    publish(store).await;
+    publish(store).await
 }
 
 /// The store's size into the gauges and its evictions into the counter.
-pub(crate) async fn publish(store: &sparkgate_store::Store) {
+pub(crate) async fn publish(store: &sparkgate_store::Store) -> Option<sparkgate_store::Stats> {
+    counter!(STORE_EVICTIONS).absolute(store.evicted());
     match store.stats().await {
         Ok(stats) => {
             gauge!(STORE_RECORDS).set(stats.records as f64);
             gauge!(STORE_BYTES).set(stats.bytes as f64);
+            Some(stats)
         }
-        Err(e) => tracing::warn!(error = %e, "response store size unreadable"),
+        Err(e) => {
+            tracing::warn!(error = %e, "response store size unreadable");
+            None
+        }
     }
-    counter!(STORE_EVICTIONS).absolute(store.evicted());
 }

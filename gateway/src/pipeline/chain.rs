@@ -23,7 +23,8 @@ pub(super) async fn resolve(
     let Ok(mut body) = serde_json::from_slice::<Map<String, Value>>(&forward) else {
         return Ok((forward, None));
     };
-    let keep = body.get("store").and_then(lax_bool).unwrap_or(true);
+    // vLLM's `store: bool | None = True`: absent is true, null is not.
+    let keep = body.get("store").is_none_or(|v| lax_bool(v) == Some(true));
     if !keep && !body.contains_key("previous_response_id") {
         return Ok((forward, None));
     }
@@ -33,15 +34,18 @@ pub(super) async fn resolve(
         Some(Value::String(id)) => Some(id.clone()),
         _ => None,
     };
-    let input = body.get("input").cloned().unwrap_or(Value::Null);
-    let (forward, full) = match &previous {
-        Some(id) => {
+    let input = body.get("input").cloned();
+    let (forward, full) = match (&previous, input) {
+        // Without an input the body is vLLM's to refuse, before it looks for the previous
+        // response.
+        (_, None) => return Ok((forward, None)),
+        (Some(id), Some(input)) => {
             let failed = |e: sparkgate_store::StoreError| GatewayError::StoreFailed(e.to_string());
-            let record = store
-                .get(id, &owner)
-                .await
-                .map_err(failed)?
-                .ok_or_else(|| GatewayError::ResponseNotFound(id.clone()))?;
+            // An unknown id (or another key's) goes to vLLM as it came: its store is off, so it
+            // answers the 404 — or, first, its own refusal of the rest of the body.
+            let Some(record) = store.get(id, &owner).await.map_err(failed)? else {
+                return Ok((forward, None));
+            };
             let unreadable = |_| GatewayError::StoreFailed(format!("the stored response {id} is not JSON"));
             let prev_input: Value = serde_json::from_str(&record.input).map_err(unreadable)?;
             let prev: Value = serde_json::from_str(&record.response).map_err(unreadable)?;
@@ -50,7 +54,7 @@ pub(super) async fn resolve(
             let bytes = serde_json::to_vec(&body).map_err(|e| GatewayError::StoreFailed(e.to_string()))?;
             (Bytes::from(bytes), full)
         }
-        None => (forward, Value::Array(input_items(&input))),
+        (None, Some(input)) => (forward, Value::Array(input_items(&input))),
     };
     let plan = keep.then(|| {
         Arc::new(StorePlan {

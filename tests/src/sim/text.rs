@@ -279,11 +279,34 @@ pub(crate) fn plan_chat(prompt: &ChatPrompt) -> Output {
             tool_call: Some(call),
         };
     }
+    let content = match recall(&prompt.messages, last_text) {
+        Some(text) => split_tokens(&text).into_iter().map(str::to_owned).collect(),
+        None => answer_tokens(last_text, seed),
+    };
     Output {
         reasoning,
-        content: answer_tokens(last_text, seed),
+        content,
         tool_call: None,
     }
+}
+
+/// "Which numbers did I say?" answered from the whole conversation the prompt holds: every
+/// "remember the number N" of its user turns, in order — the test of a conversation sent whole
+/// (the reference fixture's model answers it the same way).
+fn recall(messages: &[Turn], asked: &str) -> Option<String> {
+    if !asked.contains("Which numbers did I say?") {
+        return None;
+    }
+    let numbers: Vec<String> = messages
+        .iter()
+        .filter(|m| m.role == "user")
+        .filter_map(|m| {
+            let (_, rest) = m.content.split_once("remember the number ")?;
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            (!digits.is_empty()).then_some(digits)
+        })
+        .collect();
+    Some(format!("You said: {}.", numbers.join(", ")))
 }
 
 /// A sequence's planned output as token ids: everything the model generates after its
