@@ -87,6 +87,10 @@ impl StoreSlot {
             .get_or_try_init(|| async {
                 let store = sparkgate_store::Store::open(&self.at, self.retention).await?;
                 tracing::info!(store = %self.at, "response store open");
+                // Its size from the start, not only from the first sweep.
+                if let Some(stats) = crate::observe::store::publish(&store).await {
+                    self.saw(stats);
+                }
                 Ok(store)
             })
             .await

@@ -145,6 +145,16 @@ fn another_api_key_gets_404_everywhere_and_store_false_keeps_nothing() {
     assert_eq!(body["error"]["param"], "response_id");
     let (status, _) = call(&gw, "GET", &format!("/v1/responses/{id}"), Some("k1"), None);
     assert_eq!(status, 200, "the owner still reads it");
+    let metrics = request(gw.addr, "GET", "/metrics", &[("Authorization", "Bearer k1")], b"").text();
+    for family in [
+        "sparkgate_store_records ",
+        "sparkgate_store_bytes ",
+        "sparkgate_store_evictions_total 0",
+    ] {
+        assert!(metrics.lines().any(|l| l.starts_with(family)), "{family}:\n{metrics}");
+    }
+    let status = gw.status();
+    assert_eq!(status["store"]["open"], true, "{status}");
     let body = json!({"input": "hello", "max_output_tokens": 8, "store": false});
     let (status, unstored) = call(&gw, "POST", "/v1/responses", Some("k1"), Some(&body));
     assert_eq!(status, 200);
