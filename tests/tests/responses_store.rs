@@ -33,6 +33,17 @@ fn turn(gw: &Gateway, key: Option<&str>, text: &str, previous: Option<&str>) -> 
     answer
 }
 
+/// The text of an answer's message item.
+fn said(answer: &Value) -> &str {
+    answer["output"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|i| i["type"] == "message")
+        .and_then(|m| m["content"][0]["text"].as_str())
+        .unwrap_or_else(|| panic!("a message item: {answer}"))
+}
+
 fn user_texts(items: &Value) -> Vec<String> {
     items["data"]
         .as_array()
@@ -84,13 +95,7 @@ fn a_chain_of_five_turns_survives_a_group_restart_and_a_gateway_restart() {
     }
     // The last question is answered from the whole conversation vLLM was sent.
     let recall = turn(&gw, None, "Which numbers did I say?", previous.as_deref());
-    let said = recall["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["type"] == "message")
-        .unwrap();
-    assert_eq!(said["content"][0]["text"], "You said: 11, 22, 33, 44, 55.", "{recall}");
+    assert_eq!(said(&recall), "You said: 11, 22, 33, 44, 55.", "{recall}");
     let last = previous.unwrap();
     let (status, stored) = call(&gw, "GET", &format!("/v1/responses/{last}"), None, None);
     assert_eq!((status, stored["id"].as_str()), (200, Some(last.as_str())));
@@ -269,13 +274,7 @@ fn two_gateways_on_one_postgres_store_continue_each_others_conversations() {
         previous = answer["id"].as_str().map(str::to_owned);
     }
     let recall = turn(&a, None, "Which numbers did I say?", previous.as_deref());
-    let said = recall["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["type"] == "message")
-        .unwrap();
-    assert_eq!(said["content"][0]["text"], "You said: 1, 2, 3, 4.", "{recall}");
+    assert_eq!(said(&recall), "You said: 1, 2, 3, 4.", "{recall}");
     let id = recall["id"].as_str().unwrap();
     let (status, _) = call(&b, "GET", &format!("/v1/responses/{id}"), None, None);
     assert_eq!(status, 200, "the other gateway reads it");

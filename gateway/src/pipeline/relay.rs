@@ -283,9 +283,7 @@ impl Relay {
                 .unwrap_or(p)
         });
         let Some(payload) = payload else {
-            self.on_named_event(&event);
-            let last =
-                contains!(&event, b"event: response.completed") || contains!(&event, b"event: response.incomplete");
+            let last = self.on_named_event(&event);
             if let Some(plan) = last.then(|| self.ctx.stored.take()).flatten() {
                 // The answer is stored before its last event goes out.
                 self.storing = Some(Box::pin(super::chain::persist_event(plan, event)));
@@ -332,7 +330,8 @@ impl Relay {
     }
 
     /// `event: …` frames (Responses, Anthropic): the final usage, the end, upstream errors.
-    fn on_named_event(&mut self, event: &[u8]) {
+    /// Whether it is a Responses answer's final event (`response.completed` or `.incomplete`).
+    fn on_named_event(&mut self, event: &[u8]) -> bool {
         let data = || -> Value {
             event
                 .split(|b| *b == b'\n')
@@ -342,6 +341,7 @@ impl Relay {
         };
         if contains!(event, b"event: response.completed") || contains!(event, b"event: response.incomplete") {
             self.usage.update(observe::Usage::of(&data()["response"]["usage"]));
+            return true;
         } else if contains!(event, b"event: message_start") {
             self.usage.update(observe::Usage::of(&data()["message"]["usage"]));
         } else if contains!(event, b"event: message_delta") {
@@ -352,6 +352,7 @@ impl Relay {
             counter!(observe::STREAM_ERRORS, "reason" => StreamEnd::UpstreamErrorEvent.label()).increment(1);
             self.outcome = StreamEnd::UpstreamErrorEvent.label();
         }
+        false
     }
 
     fn on_data(&mut self, mut data: Bytes) {
