@@ -102,7 +102,7 @@ pub(super) fn run(config: &Config, args: BenchArgs) -> anyhow::Result<ExitCode> 
         .api_key
         .clone()
         .or_else(|| std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()))
-        .or_else(|| config.secrets.api_keys.first().map(|k| k.expose().to_owned()));
+        .or_else(|| config.secrets.api_keys.first().map(|k| k.key.expose().to_owned()));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(bench(&base, api_key, args))
 }

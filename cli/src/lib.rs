@@ -11,6 +11,7 @@ mod serve;
 mod smoke;
 mod top;
 mod wait;
+mod usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -84,6 +85,20 @@ pub enum Command {
     Status {
         #[command(flatten)]
         target: admin::Target,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show what each API key used (requests, tokens, errors, quota refusals, queue waits).
+    Usage {
+        #[command(flatten)]
+        target: admin::Target,
+        /// hour (the last 60 minutes), today (since UTC midnight) or all.
+        #[arg(long, default_value = "today", value_parser = ["hour", "today", "all"])]
+        window: String,
+        /// One key's name.
+        #[arg(long)]
+        key: Option<String>,
         /// Print the raw JSON.
         #[arg(long)]
         json: bool,
@@ -244,6 +259,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Plan { json, rank, .. } => render_plan(&config, json, rank)?,
         Command::Serve { .. } | Command::Demo { .. } => return serve_command(&cli.command, &config, &options, logs),
         Command::Status { ref target, .. }
+        | Command::Usage { ref target, .. }
         | Command::Restart { ref target, .. }
         | Command::Spec { ref target, .. }
         | Command::Stop { ref target, .. }
@@ -341,6 +357,7 @@ fn node_command(command: Command, config: &Config) -> anyhow::Result<ExitCode> {
 fn admin_url(command: &Command) -> Option<String> {
     match command {
         Command::Status { target, .. }
+        | Command::Usage { target, .. }
         | Command::Restart { target, .. }
         | Command::Spec { target, .. }
         | Command::Stop { target, .. }
@@ -356,6 +373,7 @@ fn admin_command(command: Command, ep: &admin::Endpoint) -> anyhow::Result<ExitC
     use admin::Change;
     match command {
         Command::Status { json, .. } => admin::status(ep, json),
+        Command::Usage { window, key, json, .. } => usage::run(ep, &window, key.as_deref(), json),
         Command::Restart { force, group, wait, .. } => admin::change(ep, Change::Restart { force, group }, &wait),
         Command::Spec { mode: None, .. } => admin::show_spec(ep),
         Command::Spec {

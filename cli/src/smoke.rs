@@ -32,7 +32,7 @@ pub(super) fn run(config: &Config, url: Option<&str>, timeout: Duration) -> anyh
     let api_key = std::env::var("OPENAI_API_KEY")
         .ok()
         .filter(|k| !k.is_empty())
-        .or_else(|| config.secrets.api_keys.first().map(|k| k.expose().to_owned()));
+        .or_else(|| config.secrets.api_keys.first().map(|k| k.key.expose().to_owned()));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let started = Instant::now();
     let outcome = runtime.block_on(async {

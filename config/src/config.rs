@@ -436,6 +436,64 @@ choice! {
 }
 
 choice! {
+    /// QUOTA_MODE: whether a key over its quota is refused or only counted.
+    pub enum QuotaMode {
+        /// Answered 429 with Retry-After.
+        Enforce = "enforce",
+        /// Served; the refusal it would have been is counted and logged.
+        Shadow = "shadow",
+    }
+}
+
+choice! {
+    /// FAIR_CHARGE: what the fair queue charges a client for a request.
+    pub enum FairCharge {
+        /// The tokens it is served: prompt at admission, output as it streams, settled at the end.
+        Tokens = "tokens",
+        /// One per sequence, whatever its size.
+        Sequences = "sequences",
+    }
+}
+
+choice! {
+    /// OTEL_EXPORTER_OTLP_PROTOCOL: how spans are sent to the collector.
+    pub enum OtlpProtocol {
+        HttpProtobuf = "http/protobuf",
+        HttpJson = "http/json",
+    }
+}
+
+/// Per-key limits (KEY_TOKENS_PER_MINUTE, KEY_TOKENS_PER_DAY, KEY_MAX_SEQUENCES); 0: none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyQuota {
+    pub tokens_per_minute: u64,
+    pub tokens_per_day: u64,
+    pub max_sequences: u32,
+}
+
+/// Who the gateway's clients are and what each may use (docs/keys.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tenancy {
+    /// API_KEYS_FILE, resolved against DEPLOY_DIR.
+    pub keys_file: Option<PathBuf>,
+    /// The quota of a key its file line does not override.
+    pub quota: KeyQuota,
+    pub quota_mode: QuotaMode,
+    pub fair_charge: FairCharge,
+    /// SESSION_HEADER, lower-cased; `None` when empty.
+    pub session_header: Option<String>,
+}
+
+/// OpenTelemetry tracing (OTEL_EXPORTER_OTLP_*), on when an endpoint is set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tracing {
+    /// The collector's base URL, without a trailing slash (`/v1/traces` is added).
+    pub endpoint: String,
+    pub protocol: OtlpProtocol,
+    pub service_name: String,
+}
+
+choice! {
     /// LOG_FORMAT: how access and event lines are written.
     pub enum LogFormat {
         Text = "text",
@@ -528,6 +586,9 @@ pub struct Gateway {
     pub log_format: LogFormat,
     /// Tokio worker threads; 0 = one per core.
     pub worker_threads: usize,
+    pub tenancy: Tenancy,
+    /// `None`: no tracing.
+    pub tracing: Option<Tracing>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -536,7 +597,8 @@ pub struct Secrets {
     pub ghcr_user: String,
     pub ghcr_token: Option<Secret>,
     pub vllm_api_key: Option<Secret>,
-    pub api_keys: Vec<Secret>,
+    /// API_KEYS, each maybe named.
+    pub api_keys: Vec<crate::keys::ApiKey>,
     pub admin_token: Option<Secret>,
 }
 

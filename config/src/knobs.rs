@@ -8,7 +8,7 @@
 use Def::{Derived as D, Unused as NA, Value as V};
 
 use crate::config::{
-    Gpus, GroupRouting, ImageShip, KnownHosts, LogFormat, QueuePolicy, Runtime, SchedulingPolicy, SpecPolicy,
+    FairCharge, Gpus, GroupRouting, ImageShip, KnownHosts, LogFormat, OtlpProtocol, QueuePolicy, QuotaMode, Runtime, SchedulingPolicy, SpecPolicy,
     WeightSync,
 };
 use crate::profile::ProfileId;
@@ -362,6 +362,15 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("STORE_URL", Gateway, V("${DEPLOY_DIR}/state/responses.sqlite"), "Where stored Responses live (docs/store.md): a SQLite file (a path, or sqlite:PATH; created with its directory) or a PostgreSQL URL (postgres://user:password@host/db) that several gateways share; shown redacted.").secret(),
     k("STORE_TTL", Gateway, V("2592000"), "Seconds a stored response is kept (30 days); 0 keeps them until the size cap or a delete removes them.").rule(Int(0, 3_153_600_000)),
     k("STORE_MAX_BYTES", Gateway, V("1073741824"), "Bytes of stored responses kept (1 GiB), the oldest evicted first past it; 0: no cap.").rule(Int(0, 1_099_511_627_776)),
+    k("KEY_TOKENS_PER_MINUTE", Gateway, V("0"), "Tokens (prompt + completion) each API key may use per minute, unless its API_KEYS_FILE line says otherwise; a request over it is answered 429 with Retry-After before it takes a slot (docs/keys.md). 0: no limit.").rule(Int(0, 1_000_000_000_000)),
+    k("KEY_TOKENS_PER_DAY", Gateway, V("0"), "Tokens each API key may use per UTC day (kept across restarts in the store), unless its API_KEYS_FILE line says otherwise; 0: no limit.").rule(Int(0, 1_000_000_000_000)),
+    k("KEY_MAX_SEQUENCES", Gateway, V("0"), "Sequences each API key may have running or queued at once, unless its API_KEYS_FILE line says otherwise; 0: no limit.").rule(Int(0, 1_000_000)),
+    k("QUOTA_MODE", Gateway, V("enforce"), "`enforce` answers a request over its key's quota 429; `shadow` serves it and only counts and logs the refusal it would have been.").rule(OneOf(QuotaMode::WORDS)),
+    k("FAIR_CHARGE", Gateway, V("tokens"), "What the fair queue charges a client: `tokens` (its prompt at admission, its output as it streams, settled with the real usage at the end, divided by its weight), or `sequences` (one per sequence, whatever its size).").rule(OneOf(FairCharge::WORDS)),
+    k("SESSION_HEADER", Gateway, V("x-session-id"), "Request header naming a conversation: requests with the same value (or the same Anthropic `metadata.user_id`) go to the same rank group while it has room; empty: none.").rule(Text),
+    k("OTEL_EXPORTER_OTLP_ENDPOINT", Gateway, V(""), "OpenTelemetry collector (OTLP over HTTP, e.g. http://127.0.0.1:4318): each generation is traced (a span per stage, docs/observability.md), an incoming `traceparent` continued and forwarded to rank 0, which is given `--otlp-traces-endpoint` so vLLM's spans join the trace. Empty: no tracing.").rule(Optional(&HttpUrl)),
+    k("OTEL_EXPORTER_OTLP_PROTOCOL", Gateway, V("http/protobuf"), "OTLP encoding: `http/protobuf` or `http/json`.").rule(OneOf(OtlpProtocol::WORDS)),
+    k("OTEL_SERVICE_NAME", Gateway, V("sparkgate"), "The service name traces carry.").rule(NonEmpty),
     k("REQUEST_TIMEOUT", Gateway, V("3600"), "Seconds a non-streaming generation may take upstream.").rule(Int(1, 604_800)),
     k("RATE_LIMIT_RPM", Gateway, V("0"), "Requests per minute per API key (or client IP) on /v1/*; 0 = off.").rule(Int(0, 1_000_000)),
     k("RATE_LIMIT_BURST", Gateway, V(""), "Burst of the rate limit; empty = RATE_LIMIT_RPM.").rule(Optional(&Int(1, 1_000_000))),
@@ -379,7 +388,8 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("GHCR_USER", Secrets, V("MiaAI-Lab"), "GHCR user for image pulls."),
     k("GHCR_TOKEN", Secrets, V(""), "GHCR token for image pulls.").secret(),
     k("VLLM_API_KEY", Secrets, V(""), "API key the ranks require (the gateway sends it upstream).").secret().rank_env(),
-    k("API_KEYS", Secrets, V(""), "Comma-separated API keys the gateway accepts (Bearer or x-api-key) on every route that reaches the model or its tokenizer, and on /metrics unless METRICS_PUBLIC=1; empty: open.").secret(),
+    k("API_KEYS", Secrets, V(""), "Comma-separated API keys the gateway accepts (Bearer or x-api-key) on every route that reaches the model or its tokenizer, and on /metrics unless METRICS_PUBLIC=1; `name=key` names a key (a bare key is named `key-` and 8 hex digits of its SHA-256); logs, metrics, usage and traces show names, never keys (docs/keys.md). Empty (and no API_KEYS_FILE): open.").secret(),
+    k("API_KEYS_FILE", Secrets, V(""), "A file of named keys with their own settings, one per line: `name key [weight=N] [priority=N] [tokens_per_minute=N] [tokens_per_day=N] [max_sequences=N]`, the key in plain text or as `sha256:<hex>` (docs/keys.md); relative to DEPLOY_DIR; read with API_KEYS at start, and again on SIGHUP and when it changes, without dropping a connection."),
     k("ADMIN_TOKEN", Secrets, V(""), "Bearer token for /admin/*; empty: loopback peers only.").secret(),
 ];
 

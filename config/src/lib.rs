@@ -9,6 +9,7 @@ mod config;
 mod dotenv;
 mod error;
 mod groups;
+mod keys;
 mod knobs;
 mod load;
 mod passthrough;
@@ -28,12 +29,14 @@ mod words;
 pub use choice::UnknownWord;
 pub use config::{
     AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, Gpus, GroupRouting, HostNccl, ImageShip,
-    KnownHosts, LoadOptions, LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, QueuePolicy, RankEnvValue, Runtime,
-    SchedulingPolicy, Secrets, Serving, Setting, SpecPolicy, Speculation, SshSettings, Storage, Supervision,
+    KeyQuota, KnownHosts, LoadOptions, LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, QueuePolicy, RankEnvValue, Runtime,
+    SchedulingPolicy, Secrets, Serving, Setting, SpecPolicy, Speculation, SshSettings, Storage, Supervision, Tenancy,
+    Tracing, QuotaMode, FairCharge, OtlpProtocol,
     WeightSync, Weights, Worker, ZfsDatasets,
 };
 pub use error::{ConfigError, InvalidValue};
 pub use groups::{GroupConfig, SINGLE_GROUP};
+pub use keys::{parse_keys_file, valid_name, ApiKey, KeyEntry, KeySettings, KeyText, KeysFileError};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};
 pub use profile::{ProfileId, ReasoningFacts};
 pub use reference::{reference_markdown, settings_table};

@@ -10,6 +10,7 @@ use sparkgate_config::Config;
 
 use crate::api::normalize::Normalizer;
 use crate::control::state::GatewayControl;
+use crate::control::storage::StoreSlot;
 use crate::groups::Groups;
 
 /// Everything the handlers share.
@@ -37,70 +38,15 @@ pub(crate) struct App {
     pub(crate) warm: Option<Arc<crate::groups::Warm>>,
     /// Stored Responses (STORE_URL; docs/store.md), opened on first use; none where no
     /// location was given.
-    pub(crate) store: Option<StoreSlot>,
-}
-
-/// The response store, opened when a request first needs it: a gateway whose clients never use
-/// the Responses API's state creates no file and needs no database.
-#[derive(Debug)]
-pub(crate) struct StoreSlot {
-    at: sparkgate_store::Location,
-    retention: sparkgate_store::Retention,
-    cell: tokio::sync::OnceCell<sparkgate_store::Store>,
-    /// What the last sweep found (`sparkgate status`).
-    last: std::sync::Mutex<Option<sparkgate_store::Stats>>,
-}
-
-impl StoreSlot {
-    pub(crate) fn new(at: sparkgate_store::Location, retention: sparkgate_store::Retention) -> StoreSlot {
-        StoreSlot {
-            at,
-            retention,
-            cell: tokio::sync::OnceCell::new(),
-            last: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// Records what a sweep found.
-    pub(crate) fn saw(&self, stats: sparkgate_store::Stats) {
-        *self.last.lock().expect("store stats") = Some(stats);
-    }
-
-    /// The store in `/admin/status`: where (redacted), whether a request opened it, and what
-    /// the last sweep found.
-    pub(crate) fn status_json(&self) -> Value {
-        let last = *self.last.lock().expect("store stats");
-        let evicted = self.opened().map_or(0, sparkgate_store::Store::evicted);
-        json!({
-            "url": self.at.to_string(),
-            "open": self.opened().is_some(),
-            "records": last.map(|s| s.records),
-            "bytes": last.map(|s| s.bytes),
-            "evicted": evicted,
-        })
-    }
-
-    /// The store, opened now if it was not yet; a store that cannot be opened is a 503 that
-    /// names why (and is tried again by the next request).
-    pub(crate) async fn get(&self) -> Result<&sparkgate_store::Store, crate::api::error::GatewayError> {
-        self.cell
-            .get_or_try_init(|| async {
-                let store = sparkgate_store::Store::open(&self.at, self.retention).await?;
-                tracing::info!(store = %self.at, "response store open");
-                // Its size from the start, not only from the first sweep.
-                if let Some(stats) = crate::observe::store::publish(&store).await {
-                    self.saw(stats);
-                }
-                Ok(store)
-            })
-            .await
-            .map_err(|e: sparkgate_store::StoreError| crate::api::error::GatewayError::StoreFailed(e.to_string()))
-    }
-
-    /// The store, if a request opened it.
-    pub(crate) fn opened(&self) -> Option<&sparkgate_store::Store> {
-        self.cell.get()
-    }
+    pub(crate) store: Option<Arc<StoreSlot>>,
+    /// Usage per key, written to the store (docs/keys.md).
+    pub(crate) ledger: crate::control::ledger::Ledger,
+    /// Per-key token quotas.
+    pub(crate) quotas: crate::control::quota::Quotas,
+    /// What the fair queue charges (FAIR_CHARGE).
+    pub(crate) fair_charge: sparkgate_config::FairCharge,
+    /// The header that names a conversation for routing (SESSION_HEADER).
+    pub(crate) session_header: Option<axum::http::HeaderName>,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -110,9 +56,10 @@ impl App {
         config: &Config,
         control: GatewayControl,
         groups: Arc<Groups>,
-        store: Option<StoreSlot>,
+        store: Option<Arc<StoreSlot>>,
     ) -> Shared {
         let g = &config.gateway;
+        let t = &g.tenancy;
         Arc::new(App {
             normalizer: Arc::new({
                 let mut n = Normalizer::new(
@@ -135,7 +82,14 @@ impl App {
             spec_modes: config.speculation.modes.clone(),
             quarantine: Arc::default(),
             warm: crate::groups::Warm::new(g.warm_replay_bytes),
+            ledger: crate::control::ledger::Ledger::new(store.clone()),
             store,
+            quotas: crate::control::quota::Quotas::new(t.quota, t.quota_mode),
+            fair_charge: t.fair_charge,
+            session_header: t
+                .session_header
+                .as_deref()
+                .and_then(|h| axum::http::HeaderName::from_bytes(h.as_bytes()).ok()),
             spec_policy: crate::control::spec::ModePolicy::new(&config.speculation),
             clients: crate::control::clients::Clients::new(
                 g.queue_policy,
@@ -160,6 +114,6 @@ pub(crate) fn status_json(app: &App) -> Value {
         "tokens_per_s": (app.control.tokens_per_s() * 10.0).round() / 10.0,
         "admission": {"open": !snap.paused, "capacity": snap.capacity, "in_flight": snap.in_use, "queued": snap.queued},
         "groups": app.groups.status_json(),
-        "store": app.store.as_ref().map(StoreSlot::status_json),
+        "store": app.store.as_ref().map(|s| s.status_json()),
     })
 }

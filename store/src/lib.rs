@@ -1,5 +1,5 @@
 //! The gateway's persistent state (docs/store.md): stored Responses, each owned by the API key
-//! that made it, kept in one SQLite file (embedded, the default) or in PostgreSQL (several
+//! that made it, and usage per key (`usage`, docs/keys.md), kept in one SQLite file (embedded, the default) or in PostgreSQL (several
 //! gateways sharing conversations), with a TTL and a size cap that evict the oldest first. The
 //! same statements run on both backends (`sql`); each backend only runs them (`sqlite`,
 //! `postgres`).
@@ -7,6 +7,9 @@
 mod postgres;
 mod sql;
 mod sqlite;
+mod usage;
+
+pub use usage::{Usage, UsageKey, WAIT_BOUNDS_MS};
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -33,7 +33,7 @@ impl Postgres {
             reason: e.to_string(),
         };
         let client = connect(url).await.map_err(failed)?;
-        for statement in sql::SCHEMA {
+        for statement in sql::schema() {
             // Gateways starting together race to create the table: the loser tries once more.
             if client.batch_execute(statement).await.is_err() {
                 client.batch_execute(statement).await.map_err(failed)?;

@@ -16,6 +16,11 @@ pub(crate) const SCHEMA: [&str; 2] = [
     "CREATE INDEX IF NOT EXISTS sparkgate_responses_stored_at ON sparkgate_responses (stored_at)",
 ];
 
+/// Every statement of the schema: the responses' table and index, then the usage table.
+pub(crate) fn schema() -> impl Iterator<Item = &'static str> {
+    SCHEMA.into_iter().chain([crate::usage::SCHEMA.as_str()])
+}
+
 /// A record written, or rewritten by its owner; another owner's id is left alone (no row).
 pub(crate) const PUT: &str =
     "INSERT INTO sparkgate_responses (id, owner, created_at, stored_at, bytes, response, input)

@@ -43,7 +43,7 @@ impl Sqlite {
                 conn.pragma_update(None, "journal_mode", "WAL")?;
                 conn.pragma_update(None, "synchronous", "FULL")?;
                 conn.busy_timeout(std::time::Duration::from_secs(5))?;
-                for statement in sql::SCHEMA {
+                for statement in sql::schema() {
                     conn.execute(statement, [])?;
                 }
                 Ok(conn)

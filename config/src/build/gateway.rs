@@ -2,7 +2,8 @@
 //! rate limit and limits.
 
 use super::Builder;
-use crate::config::Gateway;
+use crate::config::{Gateway, KeyQuota, Tenancy, Tracing};
+use crate::keys::ApiKey;
 use crate::rule;
 use crate::secret::Secret;
 
@@ -43,7 +44,44 @@ impl Builder<'_> {
             drain_timeout: self.seconds("DRAIN_TIMEOUT"),
             log_format: self.choice("LOG_FORMAT"),
             worker_threads: self.num("WORKER_THREADS"),
+            tenancy: self.tenancy(),
+            tracing: self.opt_text("OTEL_EXPORTER_OTLP_ENDPOINT").map(|endpoint| Tracing {
+                endpoint: endpoint.trim_end_matches('/').to_owned(),
+                protocol: self.choice("OTEL_EXPORTER_OTLP_PROTOCOL"),
+                service_name: self.text("OTEL_SERVICE_NAME"),
+            }),
         }
+    }
+
+    fn tenancy(&self) -> Tenancy {
+        Tenancy {
+            keys_file: self
+                .opt_text("API_KEYS_FILE")
+                .map(|f| std::path::Path::new(&self.r.layers.deploy_dir).join(f)),
+            quota: KeyQuota {
+                tokens_per_minute: self.num("KEY_TOKENS_PER_MINUTE"),
+                tokens_per_day: self.num("KEY_TOKENS_PER_DAY"),
+                max_sequences: self.num("KEY_MAX_SEQUENCES"),
+            },
+            quota_mode: self.choice("QUOTA_MODE"),
+            fair_charge: self.choice("FAIR_CHARGE"),
+            session_header: self
+                .opt_text("SESSION_HEADER")
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty()),
+        }
+    }
+
+    /// API_KEYS as entries; a name given twice is reported.
+    pub(super) fn api_keys(&mut self) -> Vec<ApiKey> {
+        let keys: Vec<ApiKey> = self.list("API_KEYS").iter().map(|e| ApiKey::parse(e)).collect();
+        let mut names: Vec<&str> = keys.iter().filter_map(|k| k.name.as_deref()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            let twice = w[0].to_owned();
+            self.fail("API_KEYS", format!("names {twice} twice"));
+        }
+        keys
     }
 
     /// `client=weight,…` with the pairs the knob's rule refused left out (they were reported).

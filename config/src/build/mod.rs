@@ -347,13 +347,13 @@ impl Builder<'_> {
         }
     }
 
-    fn secrets(&self) -> Secrets {
+    fn secrets(&mut self) -> Secrets {
         Secrets {
             hf_token: self.secret("HF_TOKEN"),
             ghcr_user: self.text("GHCR_USER"),
             ghcr_token: self.secret("GHCR_TOKEN"),
             vllm_api_key: self.secret("VLLM_API_KEY"),
-            api_keys: self.list("API_KEYS").into_iter().map(Secret::new).collect(),
+            api_keys: self.api_keys(),
             admin_token: self.secret("ADMIN_TOKEN"),
         }
     }

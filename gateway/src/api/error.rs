@@ -41,6 +41,12 @@ pub enum GatewayError {
     Forbidden(&'static str),
     #[error("rate limit of {limit} requests per minute reached; retry in {}s", retry_after.as_secs().max(1))]
     RateLimited { limit: u32, retry_after: Duration },
+    #[error("this API key's {limit} quota ({quota}) is used up; retry in {}s", retry_after.as_secs().max(1))]
+    QuotaExceeded {
+        limit: &'static str,
+        quota: u64,
+        retry_after: Duration,
+    },
     #[error("the queue for a generation slot is full ({depth} waiting); retry later")]
     QueueFull { depth: usize },
     #[error("the queue for a generation slot holds its byte budget (QUEUE_MAX_BYTES={limit}); retry later")]
@@ -132,7 +138,10 @@ impl GatewayError {
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Unauthorized | GatewayError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
-            GatewayError::RateLimited { .. } | GatewayError::QueueFull { .. } | GatewayError::QueueBytesFull { .. } => {
+            GatewayError::RateLimited { .. }
+            | GatewayError::QuotaExceeded { .. }
+            | GatewayError::QueueFull { .. }
+            | GatewayError::QueueBytesFull { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
             GatewayError::QueueTimeout { .. } | GatewayError::Restarting | GatewayError::NotRunning(_) => {
@@ -187,7 +196,9 @@ impl GatewayError {
     /// at or under 120 s, which the OpenAI SDK honours.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
+            GatewayError::RateLimited { retry_after, .. } | GatewayError::QuotaExceeded { retry_after, .. } => {
+                Some(*retry_after)
+            }
             GatewayError::QueueFull { .. } | GatewayError::QueueBytesFull { .. } => Some(Duration::from_secs(2)),
             GatewayError::TooManyConnections { .. } => Some(Duration::from_secs(1)),
             GatewayError::ShuttingDown | GatewayError::DrainTimeout { .. } => Some(Duration::from_secs(5)),
@@ -202,6 +213,7 @@ impl GatewayError {
     pub(crate) fn rejection(&self) -> Option<Rejection> {
         Some(match self {
             GatewayError::RateLimited { .. } => Rejection::RateLimit,
+            GatewayError::QuotaExceeded { .. } => Rejection::Quota,
             GatewayError::QueueFull { .. } => Rejection::QueueFull,
             GatewayError::QueueBytesFull { .. } => Rejection::QueueBytes,
             GatewayError::QueueTimeout { .. } => Rejection::QueueTimeout,

@@ -1,20 +1,9 @@
 //! The Responses API's stored state as OpenAI clients see it (docs/store.md): who owns a stored
-//! response, how a `previous_response_id` chain becomes the full input vLLM is sent, the
+//! response (`Caller::owner`: its key's digest), how a `previous_response_id` chain becomes the full input vLLM is sent, the
 //! response object as it is stored and returned, and the `input_items` list with OpenAI's
 //! pagination.
 
 use serde_json::{json, Map, Value};
-use sha2::{Digest as _, Sha256};
-
-/// Who owns what a request stores: a digest of its API key (never the key itself), empty
-/// without keys.
-pub(crate) fn owner(key: Option<&str>) -> String {
-    let Some(key) = key else { return String::new() };
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// A Responses `input` as a list of items: a string is one user message.
 pub(crate) fn input_items(input: &Value) -> Vec<Value> {
@@ -152,15 +141,6 @@ pub(crate) fn resolved_body(mut body: Map<String, Value>, input: Value) -> Map<S
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_owner_is_a_digest_of_the_key() {
-        assert_eq!(owner(None), "");
-        let o = owner(Some("sk-1"));
-        assert_eq!(o.len(), 64);
-        assert!(!o.contains("sk-1"));
-        assert_ne!(o, owner(Some("sk-2")));
-    }
 
     #[test]
     fn a_chain_is_the_previous_input_its_output_then_the_new_input() {

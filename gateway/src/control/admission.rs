@@ -379,6 +379,12 @@ impl Admission {
         self.enter(n, bytes, Entry::New(client), prefer).await
     }
 
+    /// Charges `client` `tokens` more (or fewer) than it was charged at admission
+    /// (FAIR_CHARGE=tokens: its output as it streams, then the real usage).
+    pub(crate) fn charge(&self, client: &Client, tokens: i64) {
+        self.state.lock().expect("admission lock").order.charge(client, tokens);
+    }
+
     /// A slot granted at once, or none: nobody waits and one is free (a background task's
     /// request, which never takes a place in the queue).
     pub(crate) fn try_now(self: &Arc<Self>, n: u32) -> Option<Permit> {

@@ -15,6 +15,7 @@ use axum::http::HeaderMap;
 use sparkgate_config::{QueuePolicy, SchedulingPolicy, Secret};
 
 use crate::control::fairq::{name_hash, Client};
+use crate::control::keys::KeyInfo;
 
 /// The header a client may name itself by (when no API key names it).
 const CLIENT_HEADER: &str = "x-sparkgate-client";
@@ -25,27 +26,31 @@ const PRIORITY_HEADER: &str = "x-vllm-priority";
 #[derive(Clone)]
 pub(crate) struct Caller {
     /// The API key the request was checked by (when API_KEYS is set).
-    pub(crate) key: Option<String>,
+    pub(crate) key: Option<KeyInfo>,
     pub(crate) addr: IpAddr,
 }
 
 impl std::fmt::Debug for Caller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Caller")
-            .field("key", &self.key.as_ref().map(|_| sparkgate_config::REDACTED))
+            .field("key", &self.key.as_ref().map(|k| &k.name))
             .field("addr", &self.addr)
             .finish()
     }
 }
 
 impl Caller {
-    /// Who sent a request, for a log line: a fingerprint of its API key (never the key), else
-    /// its address.
+    /// Who sent a request, for a log line: its key's name (never the key), else its address.
     pub(crate) fn label(&self) -> String {
         match &self.key {
-            Some(key) => format!("key:{:016x}", name_hash(key)),
+            Some(key) => format!("key:{}", key.name),
             None => self.addr.to_string(),
         }
+    }
+
+    /// Who owns what its requests store (docs/store.md): its key's digest; empty without keys.
+    pub(crate) fn owner(&self) -> String {
+        self.key.as_ref().map(KeyInfo::owner).unwrap_or_default()
     }
 }
 
@@ -87,7 +92,10 @@ impl Clients {
                     .get(PRIORITY_HEADER)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.trim().parse().ok());
-                client.at(header.or(priority).unwrap_or(0))
+                let asked = header.or(priority).unwrap_or(0);
+                // A key's priority class is the soonest its requests may go.
+                let class = caller.key.as_ref().and_then(|k| k.settings.priority);
+                client.at(class.map_or(asked, |c| asked.max(c)))
             }
         }
     }
@@ -96,10 +104,15 @@ impl Clients {
         if self.policy == QueuePolicy::Fifo {
             return self.everyone;
         }
-        let named = caller
-            .key
-            .as_deref()
-            .or_else(|| headers.get(CLIENT_HEADER).and_then(|v| v.to_str().ok()).map(str::trim))
+        if let Some(key) = &caller.key {
+            let id = name_hash(&key.name);
+            let weight = key.settings.weight.or_else(|| self.weights.get(&id).copied());
+            return Client::hashed(id, weight.unwrap_or(1));
+        }
+        let named = headers
+            .get(CLIENT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
             .filter(|n| !n.is_empty())
             .or(user.filter(|u| !u.is_empty()));
         let id = match named {
@@ -138,7 +151,7 @@ mod tests {
 
     fn caller(key: Option<&str>) -> Caller {
         Caller {
-            key: key.map(str::to_owned),
+            key: key.map(KeyInfo::named),
             addr: "127.0.0.9".parse().unwrap(),
         }
     }
@@ -191,7 +204,7 @@ mod tests {
             fifo.identify(&caller(Some("sk-a")), &named, None, Some(-3)),
             Client::new("", 1)
         );
-        let shown = format!("{:?} {clients:?}", caller(Some("sk-a")));
+        let shown = format!("{clients:?}");
         assert!(!shown.contains("sk-a") && !shown.contains("team-b"), "{shown}");
     }
 

@@ -1,6 +1,9 @@
 //! The admission queue's order: a weighted fair queue over clients (start-time fair queueing).
 //! Each request gets a start tag — its client's last finish tag, or the queue's virtual time if
-//! that is later — and charges its client `n ÷ weight`; the queue admits the smallest start tag
+//! that is later — and charges its client its cost ÷ weight: `n` sequences, or (FAIR_CHARGE=
+//! tokens, virtual token counting) its prompt's tokens, then the output as it streams and the
+//! real usage at the end (`charge`), so a 300k-token prompt costs its client what 3 000 short
+//! chats would; the queue admits the smallest start tag
 //! first (ties: who came first). So a client's own requests keep their order, a client's burst
 //! queues behind itself, and a client that arrives while the burst waits starts at the virtual
 //! time, beside the burst's head rather than behind its tail. A request that was admitted once
@@ -35,6 +38,10 @@ pub(crate) fn name_hash(name: &str) -> u64 {
     NAMES.hash_one(name)
 }
 
+/// Virtual time one token of a weight-1 client takes (FAIR_CHARGE=tokens): exact for weights
+/// that divide 1000.
+const TOKEN_UNIT: u64 = 1000;
+
 /// Who a request is for the queue, and its share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Client {
@@ -42,6 +49,9 @@ pub struct Client {
     weight: u32,
     /// The request's priority (0 unless SCHEDULING_POLICY=priority): lower goes first.
     priority: i64,
+    /// FAIR_CHARGE=tokens: the tokens the request is charged at admission (its prompt's
+    /// estimate); 0: charged by its sequences.
+    tokens: u64,
 }
 
 impl Client {
@@ -55,6 +65,15 @@ impl Client {
             id,
             weight: weight.max(1),
             priority: 0,
+            tokens: 0,
+        }
+    }
+
+    /// The same client, charged `tokens` for this request instead of its sequences.
+    pub(crate) fn costing(self, tokens: u64) -> Client {
+        Client {
+            tokens: tokens.max(1),
+            ..self
         }
     }
 
@@ -125,7 +144,10 @@ impl FairQueue {
         } else if self.clients.len() >= self.sweep_at || self.vtimes.len() >= SWEEP_AT {
             self.sweep();
         }
-        let cost = u64::from(n.max(1)) * UNIT / u64::from(client.weight);
+        let cost = match client.tokens {
+            0 => u64::from(n.max(1)) * UNIT,
+            tokens => tokens.saturating_mul(TOKEN_UNIT),
+        } / u64::from(client.weight);
         let tally = self.clients.entry(client.id).or_default();
         let start = tally
             .finish
@@ -160,6 +182,19 @@ impl FairQueue {
             self.clients.retain(|_, t| t.waiting > 0);
         }
         self.sweep_at = SWEEP_AT.max(self.clients.len() * 2);
+    }
+
+    /// Charges (or, settling an estimate, refunds) `client` `tokens` more for a request it was
+    /// admitted for: its later requests start that much later. A client the queue forgot (nobody
+    /// waited since) has no debt to add to.
+    pub(crate) fn charge(&mut self, client: &Client, tokens: i64) {
+        let Some(tally) = self.clients.get_mut(&client.id) else { return };
+        let units = tokens.unsigned_abs().saturating_mul(TOKEN_UNIT) / u64::from(client.weight);
+        tally.finish = if tokens >= 0 {
+            tally.finish.saturating_add(units)
+        } else {
+            tally.finish.saturating_sub(units)
+        };
     }
 
     /// The place of a request that was admitted and came back.

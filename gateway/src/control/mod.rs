@@ -1,9 +1,14 @@
 //! The gateway's control state: admission (`admission`, its fair queue `fairq` over the clients
-//! `clients` names), the upstream state, mode and lifecycle (`state`) and the speculation policy
+//! `clients` names, by the keys `keys` accepts), per-key quotas (`quota`) and usage (`ledger`,
+//! written to the store `storage` opens), the upstream state, mode and lifecycle (`state`) and the speculation policy
 //! runner (`spec`).
 
 pub(crate) mod admission;
 pub(crate) mod clients;
 pub(crate) mod fairq;
+pub(crate) mod keys;
+pub(crate) mod ledger;
+pub(crate) mod quota;
 pub(crate) mod spec;
 pub(crate) mod state;
+pub(crate) mod storage;

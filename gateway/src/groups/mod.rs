@@ -421,7 +421,7 @@ pub(crate) fn mirror(control: GatewayControl, groups: Arc<Groups>) {
 }
 
 mod prefix;
-pub(crate) use prefix::prefix_key;
+pub(crate) use prefix::{prefix_key, session_key};
 mod warm;
 pub(crate) use warm::{keep_warm, Warm};
 

@@ -1,10 +1,20 @@
-//! A conversation's prefix key, which prefix affinity routes by.
+//! A conversation's prefix key, or the session it names, which affinity routes by.
 
 use std::collections::HashMap;
 
 /// Bytes of a conversation's start that name its prefix: a long system prompt and the first
 /// user turn fit; what follows changes every turn.
 const PREFIX_BYTES: usize = 64 * 1024;
+
+/// The key of a conversation a client names (SESSION_HEADER, Anthropic `metadata.user_id`):
+/// affinity routes it as it routes a prefix, so a named conversation stays on its group.
+pub(crate) fn session_key(session: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    "session".hash(&mut h);
+    session.hash(&mut h);
+    h.finish()
+}
 
 /// The key of a request's conversation prefix — the model, the system prompt or instructions,
 /// and the conversation up to its first user turn (chat, Anthropic messages, Responses) or the

@@ -1,6 +1,7 @@
 //! The edge's own checks, as steps of the tower stack (`stack.rs`): authentication — API keys
-//! as `Authorization: Bearer` or `x-api-key`, compared as SHA-256 digests in constant time
-//! (`subtle`), the admin token on `/admin/*` — and the per-key rate limit (governor). A refusal
+//! as `Authorization: Bearer` or `x-api-key`, found in the key ring (`control::keys`: SHA-256
+//! digests compared in constant time), the admin token on `/admin/*` — and the per-key rate
+//! limit (governor), keyed by the key's name. A refusal
 //! is answered in the route's envelope by the step layer.
 
 use std::num::NonZeroU32;
@@ -17,12 +18,14 @@ use hyper::Request;
 use super::step::{Seen, Step};
 use crate::api::error::GatewayError;
 use crate::api::routes::Route;
+use crate::control::keys::KeyRing;
 
 /// What the edge steps know: the keys and the limiter, from the configuration.
 #[derive(Debug)]
 pub(crate) struct Edge {
-    /// API_KEYS and ADMIN_TOKEN as they are compared: their SHA-256 digests (`KeyDigest`).
-    api_keys: Vec<KeyDigest>,
+    /// API_KEYS and API_KEYS_FILE (`control::keys`), reloaded in place.
+    pub(crate) keys: Arc<KeyRing>,
+    /// ADMIN_TOKEN as it is compared: its SHA-256 digest (`KeyDigest`).
     admin_token: Option<KeyDigest>,
     /// `/metrics` answers without an API key (METRICS_PUBLIC).
     metrics_public: bool,
@@ -34,22 +37,17 @@ impl Edge {
     #[cfg(test)]
     pub(crate) fn empty() -> Edge {
         Edge {
-            api_keys: Vec::new(),
+            keys: Arc::new(KeyRing::none()),
             admin_token: None,
             metrics_public: false,
             limiter: None,
         }
     }
 
-    pub(crate) fn new(config: &sparkgate_config::Config) -> Edge {
+    pub(crate) fn new(config: &sparkgate_config::Config, keys: Arc<KeyRing>) -> Edge {
         let g = &config.gateway;
         Edge {
-            api_keys: config
-                .secrets
-                .api_keys
-                .iter()
-                .map(|k| KeyDigest::of(k.expose()))
-                .collect(),
+            keys,
             admin_token: config.secrets.admin_token.as_ref().map(|t| KeyDigest::of(t.expose())),
             metrics_public: g.metrics_public,
             limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
@@ -119,13 +117,12 @@ impl Step for Authenticate {
         let edge = &self.0;
         let (path, headers, peer) = (req.uri().path(), req.headers(), Seen::peer(req));
         let mut key = None;
-        if !edge.api_keys.is_empty() && guarded(edge, Seen::route(req), path) {
-            let presented = presented_key(headers).filter(|k| matches_any(Some(k), &edge.api_keys));
-            let Some(presented) = presented else {
+        if edge.keys.required() && guarded(edge, Seen::route(req), path) {
+            let Some(found) = presented_key(headers).and_then(|k| edge.keys.find(k)) else {
                 return Err(GatewayError::Unauthorized);
             };
-            // The rate limiter keys on this key: it is validated now.
-            key = Some(presented.to_owned());
+            // The rate limiter, the quotas and the fair queue key on its name: it is validated.
+            key = Some(found);
         }
         if path.starts_with("/admin") {
             match &edge.admin_token {
@@ -197,7 +194,7 @@ impl Step for RateLimit {
             return Ok(None);
         };
         let key = match Seen::of(req) {
-            Some(Seen { key: Some(k), .. }) => format!("key:{k}"),
+            Some(Seen { key: Some(k), .. }) => format!("key:{}", k.name),
             _ => format!("ip:{}", Seen::peer(req).ip()),
         };
         match limiter.limiter.check_key(&key) {

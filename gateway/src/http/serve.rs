@@ -14,6 +14,7 @@ use super::edge::Edge;
 use super::listen::{ListenConfig, ShutdownHooks};
 use crate::admin::ops as admin;
 use crate::api::body::BodyLimits;
+use crate::control::keys::KeyRing;
 use crate::app::{App, Shared};
 use crate::control::state::{GatewayControl, UpstreamState};
 use crate::groups::{Groups, Upstreams};
@@ -53,8 +54,14 @@ pub async fn serve(
     observe::metrics_handle();
     let groups = Arc::new(Groups::of(config, &upstreams));
     crate::groups::seed(&control, &groups);
-    let app = App::new(config, control.clone(), groups.clone(), Some(store_slot(config)?));
-    let edge = Arc::new(Edge::new(config));
+    let app = App::new(config, control.clone(), groups.clone(), Some(Arc::new(store_slot(config)?)));
+    let keys = Arc::new(KeyRing::new(config).map_err(std::io::Error::other)?);
+    watch_keys(&keys, config.gateway.tenancy.quota_mode);
+    if keys.required() {
+        seed_quotas(&app).await;
+        observe::usage::known(&keys.names(), config.gateway.tenancy.quota_mode);
+    }
+    let edge = Arc::new(Edge::new(config, keys));
     watch_upstreams(&app, upstreams, groups);
     background(&app, &edge);
     let cfg = ListenConfig {
@@ -72,7 +79,10 @@ pub async fn serve(
         timeout: config.gateway.body_timeout,
         min_rate: config.gateway.body_min_rate,
     };
+    let kept = app.clone();
     super::listen::run(super::stack::stack(app, edge, limits), listener, cfg, shutdown, hooks).await;
+    // Every finished generation's usage is in the store before the gateway exits.
+    kept.ledger.flush().await;
     Ok(())
 }
 
@@ -121,14 +131,14 @@ fn watch_upstreams(app: &Shared, upstreams: Upstreams, groups: Arc<Groups>) {
 /// The periodic upkeep: the rate limiter's forgotten keys, the tokens/s `/admin/status` reports.
 /// The response store STORE_URL names (docs/store.md), opened on first use; a location that
 /// cannot be read stops the start with the reason.
-fn store_slot(config: &Config) -> std::io::Result<crate::app::StoreSlot> {
+fn store_slot(config: &Config) -> std::io::Result<crate::control::storage::StoreSlot> {
     let g = &config.gateway;
     let at = sparkgate_store::Location::parse(g.store_url.expose()).map_err(std::io::Error::other)?;
     let retention = sparkgate_store::Retention {
         ttl: (!g.store_ttl.is_zero()).then_some(g.store_ttl),
         max_bytes: (g.store_max_bytes > 0).then_some(g.store_max_bytes),
     };
-    Ok(crate::app::StoreSlot::new(at, retention))
+    Ok(crate::control::storage::StoreSlot::new(at, retention))
 }
 
 fn background(app: &Shared, edge: &Edge) {
@@ -161,6 +171,49 @@ fn background(app: &Shared, edge: &Edge) {
         loop {
             tick.tick().await;
             sampled.sample_rate();
+        }
+    });
+}
+
+/// Counts what each key used today before this start into its day quota (from the store).
+async fn seed_quotas(app: &Shared) {
+    let now = crate::control::ledger::now_secs();
+    match app.ledger.since(now - now.rem_euclid(86_400), None).await {
+        Ok(rows) => {
+            for (who, used) in rows {
+                app.quotas.seed(&who.key, used.prompt + used.completion, now);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "today's usage not read: day quotas count from now"),
+    }
+}
+
+/// Reads the keys again on SIGHUP and when API_KEYS_FILE changes (looked at every 2 s). A file
+/// that does not parse keeps the keys in place and says why; nothing is dropped either way.
+fn watch_keys(keys: &Arc<KeyRing>, mode: sparkgate_config::QuotaMode) {
+    let keys = keys.clone();
+    sparkgate_task::spawn("keys-reload", async move {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            let why = tokio::select! {
+                Some(()) = async { hup.as_mut()?.recv().await } => "SIGHUP",
+                _ = tick.tick() => {
+                    if !keys.file_changed() { continue }
+                    "API_KEYS_FILE changed"
+                }
+            };
+            match keys.reload() {
+                Ok(n) => {
+                    metrics::counter!(observe::KEY_RELOADS, "outcome" => "loaded").increment(1);
+                    observe::usage::known(&keys.names(), mode);
+                    tracing::info!(keys = n, names = ?keys.names(), why, "API keys reloaded");
+                }
+                Err(e) => {
+                    metrics::counter!(observe::KEY_RELOADS, "outcome" => "refused").increment(1);
+                    tracing::error!(error = %e, why, "API keys not reloaded: the previous keys stay");
+                }
+            }
         }
     });
 }

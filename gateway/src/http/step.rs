@@ -26,7 +26,7 @@ pub(crate) struct Seen {
     /// Its id (`ids::RequestIds`).
     pub(crate) id: axum::http::HeaderValue,
     pub(crate) route: Option<&'static Route>,
-    pub(crate) key: Option<String>,
+    pub(crate) key: Option<crate::control::keys::KeyInfo>,
 }
 
 impl Seen {

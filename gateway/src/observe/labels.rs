@@ -36,6 +36,16 @@ labels! {
         NotRunning => "not_running",
         ShuttingDown => "shutting_down",
         TooManySequences => "too_many_sequences",
+        Quota => "quota",
+    }
+}
+
+labels! {
+    /// Which of an API key's quotas a request is over (`sparkgate_key_quota_refusals_total{limit}`).
+    QuotaLimit {
+        TokensPerMinute => "tokens_per_minute",
+        TokensPerDay => "tokens_per_day",
+        Sequences => "max_sequences",
     }
 }
 

@@ -6,9 +6,11 @@ mod labels;
 mod logline;
 pub(crate) mod logwriter;
 pub(crate) mod store;
+pub(crate) mod usage;
 
+pub(crate) use usage::KEY_RELOADS;
 pub(crate) use labels::{
-    Affinity, QuarantineStage, Rejection, Repair, ResumeFailure, StreamEnd, UpstreamErrorKind, Waiting,
+    Affinity, QuarantineStage, QuotaLimit, Rejection, Repair, ResumeFailure, StreamEnd, UpstreamErrorKind, Waiting,
 };
 
 use std::sync::{Mutex, OnceLock};
@@ -114,6 +116,7 @@ pub(crate) fn metrics_handle() -> &'static PrometheusHandle {
 }
 
 fn describe() {
+    usage::describe();
     describe_counter!(REQUESTS, "Requests answered, by route and status.");
     describe_histogram!(REQUEST_SECONDS, Unit::Seconds, "Time to response headers, by route.");
     describe_histogram!(
@@ -356,24 +359,24 @@ pub fn init_logging(format: sparkgate_config::LogFormat) -> crate::observe::logw
 pub(crate) struct Usage {
     pub(crate) prompt: Option<u64>,
     pub(crate) completion: Option<u64>,
+    /// Prompt tokens from the prefix cache (`*_tokens_details.cached_tokens`, Anthropic's
+    /// `cache_read_input_tokens`).
+    pub(crate) cached: Option<u64>,
+    /// Completion tokens that were reasoning (`*_tokens_details.reasoning_tokens`).
+    pub(crate) reasoning: Option<u64>,
 }
 
 impl Usage {
     pub(crate) fn of(usage: &serde_json::Value) -> Usage {
-        let count = |a: &str, b: &str| {
-            let n = |k: &str| usage.get(k).and_then(serde_json::Value::as_u64);
-            n(a).or_else(|| n(b))
-        };
-        Usage {
-            prompt: count("prompt_tokens", "input_tokens"),
-            completion: count("completion_tokens", "output_tokens"),
-        }
+        serde_json::from_value::<Counts>(usage.clone()).map_or_else(|_| Usage::default(), Counts::usage)
     }
 
     /// `newer`'s counts where it has them (Anthropic sends input tokens first, output last).
     pub(crate) fn update(&mut self, newer: Usage) {
         self.prompt = newer.prompt.or(self.prompt);
         self.completion = newer.completion.or(self.completion);
+        self.cached = newer.cached.or(self.cached);
+        self.reasoning = newer.reasoning.or(self.reasoning);
     }
 
     /// The `usage` of a complete JSON answer. vLLM writes `usage` after `choices`, so the last
@@ -404,10 +407,7 @@ impl Usage {
         }
         let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<Option<Counts>>();
         match values.next()? {
-            Ok(Some(c)) => Some(Usage {
-                prompt: c.prompt_tokens.or(c.input_tokens),
-                completion: c.completion_tokens.or(c.output_tokens),
-            }),
+            Ok(Some(c)) => Some(c.usage()),
             Ok(None) => Some(Usage::default()),
             Err(_) => None,
         }
@@ -432,6 +432,32 @@ struct Counts {
     input_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    prompt_tokens_details: Option<Details>,
+    input_tokens_details: Option<Details>,
+    completion_tokens_details: Option<Details>,
+    output_tokens_details: Option<Details>,
+    cache_read_input_tokens: Option<u64>,
+}
+
+#[derive(serde::Deserialize)]
+struct Details {
+    cached_tokens: Option<u64>,
+    reasoning_tokens: Option<u64>,
+}
+
+impl Counts {
+    fn usage(self) -> Usage {
+        let detail = |a: Option<Details>, b: Option<Details>, f: fn(&Details) -> Option<u64>| {
+            a.as_ref().and_then(f).or_else(|| b.as_ref().and_then(f))
+        };
+        Usage {
+            prompt: self.prompt_tokens.or(self.input_tokens),
+            completion: self.completion_tokens.or(self.output_tokens),
+            cached: detail(self.prompt_tokens_details, self.input_tokens_details, |d| d.cached_tokens)
+                .or(self.cache_read_input_tokens),
+            reasoning: detail(self.completion_tokens_details, self.output_tokens_details, |d| d.reasoning_tokens),
+        }
+    }
 }
 
 /// Milliseconds to a tenth: what a log line needs, without float noise.

@@ -4,13 +4,14 @@
 
 use std::time::Instant;
 
+use super::account::Account;
 use super::context::{Ctx, Prepared};
 use super::pending::Waiting;
 use crate::api::error::GatewayError;
 use crate::control::admission::Permit;
 use crate::observe;
 
-pub(super) async fn admit(ctx: &Ctx<'_>, req: &Prepared) -> Result<Permit, GatewayError> {
+pub(super) async fn admit(ctx: &Ctx<'_>, req: &Prepared, account: &mut Account) -> Result<Permit, GatewayError> {
     let app = ctx.app;
     let queued_at = Instant::now();
     let prefer = app.groups.preference(req.prefix);
@@ -25,6 +26,7 @@ pub(super) async fn admit(ctx: &Ctx<'_>, req: &Prepared) -> Result<Permit, Gatew
             e => e,
         })?;
     let waited = queued_at.elapsed();
+    account.admitted(req.client, waited);
     ctx.pending.at(Waiting::Upstream);
     observe::queue_wait(waited.as_secs_f64());
     let snap = app.control.snapshot();

@@ -11,12 +11,12 @@ use serde_json::{Map, Value};
 use super::context::{Ctx, StorePlan};
 use crate::api::error::GatewayError;
 use crate::api::lax::lax_bool;
-use crate::api::stored::{as_stored, chained_input, input_items, owner, resolved_body};
+use crate::api::stored::{as_stored, chained_input, input_items, resolved_body};
 
 /// The body to send and, unless it says `store: false`, how its answer is stored.
 pub(super) async fn resolve(
     ctx: &Ctx<'_>,
-    slot: &crate::app::StoreSlot,
+    slot: &crate::control::storage::StoreSlot,
     forward: Bytes,
 ) -> Result<(Bytes, Option<Arc<StorePlan>>), GatewayError> {
     // The body was checked as a JSON object by `body::prepare`.
@@ -29,7 +29,7 @@ pub(super) async fn resolve(
         return Ok((forward, None));
     }
     let store = slot.get().await?;
-    let owner = owner(ctx.caller.key.as_deref());
+    let owner = ctx.caller.owner();
     let previous = match body.get("previous_response_id") {
         Some(Value::String(id)) => Some(id.clone()),
         _ => None,

@@ -5,6 +5,7 @@
 use axum::response::Response;
 use metrics::counter;
 
+use super::account::{Account, Ending};
 use super::admit::admit;
 use super::context::Ctx;
 use super::prepare::prepare;
@@ -15,20 +16,23 @@ use crate::api::error::GatewayError;
 use crate::observe;
 
 pub(super) async fn generate(ctx: Ctx<'_>, body: impl RequestBody) -> Response {
-    let result = stages(&ctx, body).await;
+    let mut account = Some(Account::open(ctx.shared, &ctx.caller, ctx.route.label));
+    let result = stages(&ctx, &mut account, body).await;
     ctx.pending.answered();
-    finish(&ctx, result)
+    finish(&ctx, account, result)
 }
 
-async fn stages(ctx: &Ctx<'_>, body: impl RequestBody) -> Result<Reply, GatewayError> {
-    let req = prepare(ctx, body).await?;
-    let permit = admit(ctx, &req).await?;
+/// The stages; a stream takes the account with it (the relay closes it when the stream ends).
+async fn stages(ctx: &Ctx<'_>, account: &mut Option<Account>, body: impl RequestBody) -> Result<Reply, GatewayError> {
+    let open = account.as_mut().expect("the account is open until the answer");
+    let req = prepare(ctx, open, body).await?;
+    let permit = admit(ctx, &req, open).await?;
     let sent = send(ctx, &req, permit).await?;
-    respond(ctx, req, sent).await
+    respond(ctx, req, sent, account).await
 }
 
 /// The answer's log line and metrics, by how the stages ended.
-fn finish(ctx: &Ctx<'_>, result: Result<Reply, GatewayError>) -> Response {
+fn finish(ctx: &Ctx<'_>, account: Option<Account>, result: Result<Reply, GatewayError>) -> Response {
     let label = ctx.route.label;
     let (resp, whole) = match result {
         // A stream's line is written by the relay when the stream ends.
@@ -56,6 +60,9 @@ fn finish(ctx: &Ctx<'_>, result: Result<Reply, GatewayError>) -> Response {
         }
     };
     let elapsed = ctx.started().elapsed();
+    if let (Some(account), Some((usage, _, outcome))) = (account, &whole) {
+        account.close(usage, Ending::of(outcome));
+    }
     if let Some((usage, model, outcome)) = whole {
         observe::generation_done(&observe::Finished {
             request_id: ctx.request_id,

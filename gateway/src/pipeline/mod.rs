@@ -1,4 +1,5 @@
-//! A request on an upstream route, as named stages. A generation goes `prepare` → `admit` →
+//! A request on an upstream route, as named stages, its key's `account` kept along the way
+//! (quota, fair charge, usage). A generation goes `prepare` → `admit` →
 //! `send` (lease a group's slot and send, or go back to the queue: `send::Attempt`) →
 //! `respond` (the relayed stream or the whole body), each a function over the one context
 //! (`context::Ctx`), and `generate` writes its one log line and metrics; utilities and the rest
@@ -7,6 +8,7 @@
 //! and continued (`resume`, docs/resume.md): from its token ids, or replayed and spliced past
 //! what was sent (`splice`).
 
+mod account;
 mod admit;
 mod answer;
 mod chain;

@@ -4,6 +4,7 @@
 
 use metrics::counter;
 
+use super::account::Account;
 use super::answer::quarantined;
 use super::context::{Ctx, Prepared};
 use crate::api::body::{check_content_type, RequestBody};
@@ -12,7 +13,7 @@ use crate::control::state::UpstreamState;
 use crate::observe;
 use crate::quarantine::Stage;
 
-pub(super) async fn prepare(ctx: &Ctx<'_>, body: impl RequestBody) -> Result<Prepared, GatewayError> {
+pub(super) async fn prepare(ctx: &Ctx<'_>, account: &mut Account, body: impl RequestBody) -> Result<Prepared, GatewayError> {
     let app = ctx.app;
     check_content_type(&ctx.headers)?;
     let bytes = crate::api::body::read(body).await?;
@@ -46,14 +47,18 @@ pub(super) async fn prepare(ctx: &Ctx<'_>, body: impl RequestBody) -> Result<Pre
     if app.groups.all().len() > 1 && seqs.total() > app.groups.largest_capacity() {
         return Err(seqs.refusal(app.groups.largest_capacity()));
     }
+    // Over its key's quota, it is refused before it takes a place in the queue.
+    account.reserve(ctx.api, &norm, forward.len())?;
+    // A conversation the client names stays on its group; else its prefix routes it.
     let prefix = app
         .groups
         .wants_prefix()
-        .then(|| crate::groups::prefix_key(&forward))
+        .then(|| session_key(ctx, &norm).or_else(|| crate::groups::prefix_key(&forward)))
         .flatten();
-    let client = app
-        .clients
-        .identify(&ctx.caller, &ctx.headers, user.as_deref(), priority);
+    let client = account.client(
+        app.clients
+            .identify(&ctx.caller, &ctx.headers, user.as_deref(), priority),
+    );
     Ok(Prepared {
         norm,
         forward,
@@ -62,4 +67,23 @@ pub(super) async fn prepare(ctx: &Ctx<'_>, body: impl RequestBody) -> Result<Pre
         seqs,
         stored,
     })
+}
+
+/// The conversation a request names for routing: the SESSION_HEADER's value, else Anthropic's
+/// `metadata.user_id` — hashed as a prefix key is, so the group that served it keeps it.
+fn session_key(ctx: &Ctx<'_>, norm: &crate::api::normalize::Normalized) -> Option<u64> {
+    let header = ctx
+        .app
+        .session_header
+        .as_ref()
+        .and_then(|h| ctx.headers.get(h))
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty());
+    let user_id = || {
+        (ctx.api == crate::api::family::Api::Messages)
+            .then(|| norm.body.get("metadata")?.get("user_id")?.as_str())
+            .flatten()
+            .filter(|v| !v.is_empty())
+    };
+    header.or_else(user_id).map(crate::groups::session_key)
 }

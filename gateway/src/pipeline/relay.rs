@@ -53,6 +53,8 @@ pub(crate) struct RelayCtx {
     /// A Responses stream whose answer is stored (docs/store.md): its final event waits for
     /// the write.
     pub(crate) stored: Option<std::sync::Arc<super::context::StorePlan>>,
+    /// The request's account with its key, closed when the stream ends (`account`).
+    pub(crate) account: Option<super::account::Account>,
 }
 
 /// What continuing a cut stream needs beyond its trace.
@@ -268,6 +270,9 @@ impl Relay {
             },
             None => event,
         };
+        if let Some(account) = self.ctx.account.as_mut() {
+            account.streamed();
+        }
         let now = Instant::now();
         match self.first_at {
             None => {
@@ -518,6 +523,10 @@ impl Drop for Relay {
         if let Some(t) = self.usage.completion {
             self.ctx.control.count_tokens(self.ctx.mode, t);
         }
+        if let Some(account) = self.ctx.account.take() {
+            let usage = self.usage_so_far(&account);
+            account.close(&usage, super::account::Ending::of(outcome));
+        }
         observe::generation_done(&observe::Finished {
             request_id: &self.ctx.request_id,
             route: self.ctx.route,
@@ -533,6 +542,26 @@ impl Drop for Relay {
 
 mod tap;
 pub(crate) use tap::Tap;
+
+impl Relay {
+    /// vLLM's usage; for a stream cut before it came, what was generated until the cut: the
+    /// prompt's and the output's token ids where the stream carried them, else the prompt vLLM
+    /// reported and one token per streamed event.
+    fn usage_so_far(&self, account: &super::account::Account) -> observe::Usage {
+        let mut usage = self.usage;
+        if usage.completion.is_some() {
+            return usage;
+        }
+        match self.trace.as_deref().filter(|t| t.prompt.is_some()) {
+            Some(t) => {
+                usage.prompt = usage.prompt.or(t.prompt.as_ref().map(|p| p.len() as u64));
+                usage.completion = Some(t.output.len() as u64);
+            }
+            None => usage.completion = Some(u64::from(account.events())),
+        }
+        usage
+    }
+}
 
 impl Relay {
     fn new(body: Option<UpstreamBody>, ctx: RelayCtx) -> Self {

@@ -7,6 +7,7 @@ use axum::http::header;
 use axum::response::Response;
 use http_body_util::BodyExt;
 
+use super::account::Account;
 use super::answer::{error_chain, response_head, until_closed};
 use super::context::{Ctx, Prepared, Sent};
 use super::hold::{Held, HoldPermit};
@@ -28,7 +29,12 @@ pub(super) enum Reply {
     },
 }
 
-pub(super) async fn respond(ctx: &Ctx<'_>, req: Prepared, mut sent: Sent) -> Result<Reply, GatewayError> {
+pub(super) async fn respond(
+    ctx: &Ctx<'_>,
+    req: Prepared,
+    mut sent: Sent,
+    account: &mut Option<Account>,
+) -> Result<Reply, GatewayError> {
     let is_sse = sent
         .upstream
         .headers()
@@ -47,14 +53,20 @@ pub(super) async fn respond(ctx: &Ctx<'_>, req: Prepared, mut sent: Sent) -> Res
         head = head.header("x-sparkgate-group", sent.lease.group().name.as_str());
     }
     if req.norm.stream && is_sse && sent.upstream.status().is_success() {
-        return Ok(stream(ctx, req, sent, head));
+        return Ok(stream(ctx, req, sent, head, account.take()));
     }
     whole(ctx, req, sent, head).await
 }
 
 /// The relayed stream, holding the request's slots until it ends (or hands them to the abort
 /// fence when it is cut), with what continuing it would need when it can be (docs/resume.md).
-fn stream(ctx: &Ctx<'_>, req: Prepared, sent: Sent, head: axum::http::response::Builder) -> Reply {
+fn stream(
+    ctx: &Ctx<'_>,
+    req: Prepared,
+    sent: Sent,
+    head: axum::http::response::Builder,
+    account: Option<Account>,
+) -> Reply {
     let app = ctx.app;
     let trace = req.norm.resume.map(Trace::new);
     let resume = trace.as_ref().map(|_| {
@@ -82,6 +94,7 @@ fn stream(ctx: &Ctx<'_>, req: Prepared, sent: Sent, head: axum::http::response::
         held: Some(Held::new(sent.lease, sent.permit)),
         resume,
         stored: req.stored.clone(),
+        account,
     };
     let events = relay(sent.upstream.into_body(), relay_ctx, trace);
     Reply::Stream(head.body(Body::new(events)).expect("valid response parts"))

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse as _, Response};
 use serde_json::Value;
 
 use crate::api::error::GatewayError;
-use crate::api::stored::{deleted, input_items_page, owner, Page};
+use crate::api::stored::{deleted, input_items_page, Page};
 use crate::app::App;
 use crate::control::clients::Caller;
 
@@ -50,7 +50,7 @@ async fn stored(
         .as_ref()
         .ok_or(GatewayError::ResponseNotFound(id.to_owned()))?;
     let store = slot.get().await?;
-    let owner = owner(caller.key.as_deref());
+    let owner = caller.owner();
     let failed = |e: sparkgate_store::StoreError| GatewayError::StoreFailed(e.to_string());
     if *method == Method::DELETE && sub.is_none() {
         return match store.delete(id, &owner).await.map_err(failed)? {

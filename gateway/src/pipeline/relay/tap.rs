@@ -33,6 +33,7 @@ impl Tap {
             held: None,
             resume: None,
             stored: None,
+            account: None,
         };
         Self(Relay::new(None, ctx))
     }
