@@ -493,6 +493,14 @@ pub struct Tracing {
     pub service_name: String,
 }
 
+impl Tracing {
+    /// Where spans are posted: the endpoint's `/v1/traces`, as the OTLP/HTTP specification
+    /// derives a signal's URL from OTEL_EXPORTER_OTLP_ENDPOINT.
+    pub fn traces_url(&self) -> String {
+        format!("{}/v1/traces", self.endpoint)
+    }
+}
+
 choice! {
     /// LOG_FORMAT: how access and event lines are written.
     pub enum LogFormat {

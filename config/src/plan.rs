@@ -277,6 +277,12 @@ impl Config {
         env.push(plain("NCCL_IB_HCA", nic.hca.clone()));
         env.push(plain("NCCL_IB_GID_INDEX", nic.gid_index.to_string()));
         env.push(plain("VLLM_HOST_IP", ip.to_string()));
+        if let (0, Some(_)) = (rank, &self.gateway.tracing) {
+            // vLLM's exporter speaks gRPC unless told otherwise; OTLP/HTTP is what the gateway
+            // and its collector speak, and vLLM's HTTP exporter sends protobuf.
+            env.push(plain("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf".into()));
+            env.push(plain("OTEL_SERVICE_NAME", "vllm".into()));
+        }
         env
     }
 
@@ -450,6 +456,10 @@ impl Config {
             push(&["--chat-template", &self.chat_template_target()]);
         }
         a.extend(self.input_argv());
+        if let (0, Some(t)) = (rank, &self.gateway.tracing) {
+            // Rank 0's frontend traces each request under the gateway's `traceparent`.
+            push_owned(&mut a, &["--otlp-traces-endpoint", &t.traces_url()]);
+        }
         a.extend(s.extra_args.iter().cloned());
         if !s.enforce_eager && !s.extra_args.iter().any(|x| x.starts_with("--cudagraph-capture-sizes")) {
             a.push("--cudagraph-capture-sizes".into());
@@ -522,4 +532,8 @@ fn config_hash(ranks: &[RankPlan]) -> String {
         }
     }
     format!("{h:016x}")
+}
+
+fn push_owned(a: &mut Vec<String>, items: &[&str]) {
+    a.extend(items.iter().map(|s| (*s).to_owned()));
 }

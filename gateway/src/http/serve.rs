@@ -52,6 +52,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     observe::metrics_handle();
+    if let Some(t) = &config.gateway.tracing {
+        observe::otel::init(t).map_err(|e| std::io::Error::other(format!("OTEL_EXPORTER_OTLP_ENDPOINT: {e}")))?;
+    }
     let groups = Arc::new(Groups::of(config, &upstreams));
     crate::groups::seed(&control, &groups);
     let app = App::new(config, control.clone(), groups.clone(), Some(Arc::new(store_slot(config)?)));
@@ -83,6 +86,8 @@ pub async fn serve(
     super::listen::run(super::stack::stack(app, edge, limits), listener, cfg, shutdown, hooks).await;
     // Every finished generation's usage is in the store before the gateway exits.
     kept.ledger.flush().await;
+    // And every generation's spans are sent (the exporter blocks its caller).
+    let _ = tokio::task::spawn_blocking(observe::otel::flush).await;
     Ok(())
 }
 

@@ -169,3 +169,23 @@ mod tests {
         assert_eq!(Waiting::ALL[1].label(), "queue");
     }
 }
+
+labels! {
+    /// A generation's stages as its trace names their spans (docs/observability.md).
+    TraceStage {
+        /// The body read, parsed and normalised, and the checks that need no slot.
+        Normalize => "normalize",
+        /// The key's quota reserved.
+        Admission => "admission",
+        /// Waiting for a slot in the admission queue.
+        QueueWait => "queue_wait",
+        /// A group's slot leased.
+        Lease => "lease",
+        /// Rank 0 until its first token (or, answered whole, its answer): vLLM's spans are its children.
+        Upstream => "upstream",
+        /// The first token to the last.
+        Streaming => "streaming",
+        /// A stream cut by its group's loss, until its continuation went on.
+        Resume => "resume",
+    }
+}

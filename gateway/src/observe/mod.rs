@@ -1,16 +1,18 @@
 //! Observability: the Prometheus recorder and the gateway's metric names, and the tracing
 //! subscriber for access and event logs (text or JSON): the bottom layer, importing nothing of
-//! the gateway's. `logline` writes a log line, `logwriter` writes lines from a thread of its own.
+//! the gateway's. `logline` writes a log line, `logwriter` writes lines from a thread of its own,
+//! `otel` exports traces, `usage` counts by API key name.
 
 mod labels;
 mod logline;
 pub(crate) mod logwriter;
+pub(crate) mod otel;
 pub(crate) mod store;
 pub(crate) mod usage;
 
 pub(crate) use usage::KEY_RELOADS;
 pub(crate) use labels::{
-    Affinity, QuarantineStage, QuotaLimit, Rejection, Repair, ResumeFailure, StreamEnd, UpstreamErrorKind, Waiting,
+    Affinity, QuarantineStage, QuotaLimit, Rejection, TraceStage, Repair, ResumeFailure, StreamEnd, UpstreamErrorKind, Waiting,
 };
 
 use std::sync::{Mutex, OnceLock};

@@ -2,10 +2,14 @@
 //! its quota reserved once the body is read (before it takes a place in the queue), the fair
 //! queue charged its tokens (FAIR_CHARGE=tokens: the prompt's estimate at admission, the output
 //! as it streams), and closed once with how it ended — the quota and the queue settled with
-//! vLLM's own usage, the usage written to the ledger and the key's metrics counted.
+//! vLLM's own usage, the usage written to the ledger and the key's metrics counted. When tracing
+//! is on it also carries the request's trace (`observe::otel`): its stages marked as they pass,
+//! its spans built when it closes.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use opentelemetry::KeyValue;
 
 use sparkgate_config::{FairCharge, QuotaMode};
 use sparkgate_store::UsageKey;
@@ -19,7 +23,8 @@ use crate::control::fairq::Client;
 use crate::control::keys::KeyInfo;
 use crate::control::ledger::{now_secs, ANONYMOUS};
 use crate::control::quota::Hold;
-use crate::observe;
+use crate::observe::otel::RequestTrace;
+use crate::observe::{self, TraceStage};
 
 /// What a request that names no output limit is reserved for.
 const DEFAULT_OUTPUT_RESERVE: u64 = 1024;
@@ -74,6 +79,13 @@ pub(crate) struct Account {
     fair: Option<(Client, u64)>,
     streamed: u32,
     waited: Option<Duration>,
+    /// The request's trace (tracing on), and where its stream was cut (a resume span's start).
+    trace: Option<Box<RequestTrace>>,
+    cut: Option<Instant>,
+    finish_reason: Option<String>,
+    /// Where the upstream stage began (its lease), and the streaming stage (its first token).
+    upstream_from: Option<Instant>,
+    streaming_from: Option<Instant>,
 }
 
 impl std::fmt::Debug for Account {
@@ -95,6 +107,44 @@ impl Account {
             fair: None,
             streamed: 0,
             waited: None,
+            trace: None,
+            cut: None,
+            finish_reason: None,
+            upstream_from: None,
+            streaming_from: None,
+        }
+    }
+
+    /// With the request's trace, when it has one.
+    pub(crate) fn traced(mut self, trace: Option<RequestTrace>) -> Account {
+        self.trace = trace.map(Box::new);
+        self
+    }
+
+    /// A stage of the request's trace (nothing without one).
+    pub(crate) fn mark(&mut self, stage: TraceStage, from: Instant, to: Instant) {
+        if let Some(t) = self.trace.as_mut() {
+            t.stage(stage, from, to);
+        }
+    }
+
+    /// An answer's bytes (whole, or an event): its finish reason, for the trace.
+    pub(crate) fn saw(&mut self, bytes: &[u8]) {
+        if self.trace.is_some() {
+            if let Some(r) = finish_reason(bytes) {
+                self.finish_reason = Some(r);
+            }
+        }
+    }
+
+    /// The stream was cut by its group's loss; `continued` ends the resume span.
+    pub(crate) fn cut(&mut self) {
+        self.cut.get_or_insert_with(Instant::now);
+    }
+
+    pub(crate) fn continued(&mut self) {
+        if let Some(from) = self.cut.take() {
+            self.mark(TraceStage::Resume, from, Instant::now());
         }
     }
 
@@ -105,6 +155,13 @@ impl Account {
     /// Reserves the request's cost under its key's quotas: its prompt's estimate plus its output
     /// limit, for each sequence. Over a quota: 429 (enforced) or counted and served (shadow).
     pub(crate) fn reserve(&mut self, api: Api, norm: &Normalized, bytes: usize) -> Result<(), GatewayError> {
+        let from = Instant::now();
+        let reserved = self.reserve_quota(api, norm, bytes);
+        self.mark(TraceStage::Admission, from, Instant::now());
+        reserved
+    }
+
+    fn reserve_quota(&mut self, api: Api, norm: &Normalized, bytes: usize) -> Result<(), GatewayError> {
         self.model = norm.model.clone();
         self.estimate = bytes as u64 / BYTES_PER_TOKEN;
         let Some(key) = &self.key else { return Ok(()) };
@@ -152,8 +209,28 @@ impl Account {
         observe::usage::waited(self.name(), waited.as_secs_f64());
     }
 
+    /// Sent to rank 0: a group's slot was leased at `leased` after the send began at `from`.
+    pub(crate) fn sent(&mut self, from: Instant, leased: Instant) {
+        if self.trace.is_some() {
+            self.mark(TraceStage::Lease, from, leased);
+            self.upstream_from = Some(leased);
+        }
+    }
+
+    /// Rank 0's first token (a stream) or its whole answer: the upstream stage ends.
+    pub(crate) fn first_token(&mut self, streaming: bool) {
+        if let Some(from) = self.upstream_from.take() {
+            let now = Instant::now();
+            self.mark(TraceStage::Upstream, from, now);
+            self.streaming_from = streaming.then_some(now);
+        }
+    }
+
     /// One streamed event (about a token): the queue is charged for every `CHARGE_EVERY`.
-    pub(crate) fn streamed(&mut self) {
+    pub(crate) fn streamed(&mut self, event: &[u8]) {
+        if self.trace.is_some() {
+            self.saw(event);
+        }
         self.streamed += 1;
         if self.streamed % CHARGE_EVERY == 0 {
             if let Some((client, charged)) = self.fair.as_mut() {
@@ -198,6 +275,18 @@ impl Account {
             counted.waited(w.as_millis() as u64);
         }
         observe::usage::finished(self.name(), self.route, ending.label(), &counted);
+        if self.trace.is_some() {
+            let now = Instant::now();
+            if let Some(from) = self.upstream_from.take() {
+                self.mark(TraceStage::Upstream, from, now);
+            }
+            if let Some(from) = self.streaming_from.take() {
+                self.mark(TraceStage::Streaming, from, now);
+            }
+        }
+        if let Some(trace) = self.trace.take() {
+            self.end_trace(*trace, &counted, ending);
+        }
         let who = UsageKey {
             key: self.name().to_owned(),
             model: self.model.as_deref().unwrap_or("-").to_owned(),
@@ -205,4 +294,55 @@ impl Account {
         };
         self.app.ledger.add(who, counted);
     }
+}
+
+impl Account {
+    /// The request's span's attributes (GenAI semantic conventions, and the key's name), then its
+    /// spans to the exporter.
+    fn end_trace(&self, mut trace: RequestTrace, counted: &sparkgate_store::Usage, ending: Ending) {
+        let i = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let mut attributes = vec![
+            KeyValue::new("gen_ai.provider.name", "vllm"),
+            KeyValue::new("gen_ai.operation.name", operation(self.route)),
+            KeyValue::new("gen_ai.usage.input_tokens", i(counted.prompt)),
+            KeyValue::new("gen_ai.usage.output_tokens", i(counted.completion)),
+            KeyValue::new("http.route", self.route),
+            KeyValue::new("sparkgate.key", self.name().to_owned()),
+            KeyValue::new("sparkgate.outcome", ending.label()),
+        ];
+        if let Some(model) = &self.model {
+            attributes.push(KeyValue::new("gen_ai.request.model", model.to_string()));
+        }
+        if let Some(reason) = &self.finish_reason {
+            let reasons = opentelemetry::Value::Array(opentelemetry::Array::String(vec![reason.clone().into()]));
+            attributes.push(KeyValue::new("gen_ai.response.finish_reasons", reasons));
+        }
+        for kv in attributes {
+            trace.attribute(kv);
+        }
+        trace.end();
+    }
+}
+
+/// `gen_ai.operation.name` for a route.
+fn operation(route: &str) -> &'static str {
+    match route {
+        "completions" => "text_completion",
+        "responses" => "generate_content",
+        _ => "chat",
+    }
+}
+
+/// The finish reason an answer's bytes name: OpenAI's `finish_reason`, Anthropic's
+/// `stop_reason`, the last one given.
+fn finish_reason(bytes: &[u8]) -> Option<String> {
+    let mut found = None;
+    for key in [&b"\"finish_reason\":\""[..], b"\"stop_reason\":\""] {
+        for at in memchr::memmem::find_iter(bytes, key) {
+            let rest = &bytes[at + key.len()..];
+            let end = memchr::memchr(b'"', rest)?;
+            found = std::str::from_utf8(&rest[..end]).ok().map(str::to_owned);
+        }
+    }
+    found
 }

@@ -27,6 +27,7 @@ pub(super) async fn admit(ctx: &Ctx<'_>, req: &Prepared, account: &mut Account) 
         })?;
     let waited = queued_at.elapsed();
     account.admitted(req.client, waited);
+    account.mark(crate::observe::TraceStage::QueueWait, queued_at, queued_at + waited);
     ctx.pending.at(Waiting::Upstream);
     observe::queue_wait(waited.as_secs_f64());
     let snap = app.control.snapshot();

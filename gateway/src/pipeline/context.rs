@@ -31,6 +31,8 @@ pub(super) struct Ctx<'a> {
     pub(super) headers: HeaderMap,
     /// Where it waits until its answer begins (for the client-gone count); its start time.
     pub(super) pending: Pending<'a>,
+    /// Its trace when tracing is on (taken by its account).
+    pub(super) trace: Option<crate::observe::otel::RequestTrace>,
 }
 
 impl<'a> Ctx<'a> {
@@ -40,9 +42,11 @@ impl<'a> Ctx<'a> {
         route: &'static Route,
         api: Api,
         caller: Caller,
-        headers: HeaderMap,
+        mut headers: HeaderMap,
     ) -> Ctx<'a> {
         let pending = Pending::new(request_id, route.label, Instant::now());
+        // Begun before anything is sent: rank 0 is sent the trace's `traceparent`.
+        let trace = crate::observe::otel::RequestTrace::begin(&mut headers, route.label);
         Ctx {
             app: shared,
             shared,
@@ -52,6 +56,7 @@ impl<'a> Ctx<'a> {
             caller,
             headers,
             pending,
+            trace,
         }
     }
 
@@ -93,4 +98,6 @@ pub(super) struct Sent {
     pub(super) dispatched: Dispatched,
     /// The request's losses so far (`quarantine`).
     pub(super) strikes: u32,
+    /// When its group's slot was leased (the trace's lease and upstream stages).
+    pub(super) leased: Instant,
 }

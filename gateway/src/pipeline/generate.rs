@@ -13,10 +13,12 @@ use super::respond::{respond, Reply};
 use super::send::send;
 use crate::api::body::RequestBody;
 use crate::api::error::GatewayError;
-use crate::observe;
+use crate::observe::{self, TraceStage};
+use std::time::Instant;
 
-pub(super) async fn generate(ctx: Ctx<'_>, body: impl RequestBody) -> Response {
-    let mut account = Some(Account::open(ctx.shared, &ctx.caller, ctx.route.label));
+pub(super) async fn generate(mut ctx: Ctx<'_>, body: impl RequestBody) -> Response {
+    let trace = ctx.trace.take();
+    let mut account = Some(Account::open(ctx.shared, &ctx.caller, ctx.route.label).traced(trace));
     let result = stages(&ctx, &mut account, body).await;
     ctx.pending.answered();
     finish(&ctx, account, result)
@@ -25,9 +27,13 @@ pub(super) async fn generate(ctx: Ctx<'_>, body: impl RequestBody) -> Response {
 /// The stages; a stream takes the account with it (the relay closes it when the stream ends).
 async fn stages(ctx: &Ctx<'_>, account: &mut Option<Account>, body: impl RequestBody) -> Result<Reply, GatewayError> {
     let open = account.as_mut().expect("the account is open until the answer");
+    let from = Instant::now();
     let req = prepare(ctx, open, body).await?;
+    open.mark(TraceStage::Normalize, from, Instant::now());
     let permit = admit(ctx, &req, open).await?;
+    let from = Instant::now();
     let sent = send(ctx, &req, permit).await?;
+    open.sent(from, sent.leased);
     respond(ctx, req, sent, account).await
 }
 

@@ -232,6 +232,9 @@ impl Relay {
         };
         tracing::info!(request_id = %self.ctx.request_id, cut = %err, tokens = trace.output.len(), "stream cut: continuing it");
         self.cut_error = Some(err);
+        if let Some(account) = self.ctx.account.as_mut() {
+            account.cut();
+        }
         // The cut request's connection closes (vLLM aborts it) and its slots go to the fence.
         self.body = None;
         drop(self.ctx.held.take());
@@ -271,12 +274,15 @@ impl Relay {
             None => event,
         };
         if let Some(account) = self.ctx.account.as_mut() {
-            account.streamed();
+            account.streamed(&event);
         }
         let now = Instant::now();
         match self.first_at {
             None => {
                 self.first_at = Some(now);
+                if let Some(account) = self.ctx.account.as_mut() {
+                    account.first_token(true);
+                }
                 observe::ttft(now.duration_since(self.ctx.started).as_secs_f64());
             }
             Some(_) => self.itl.record(now.duration_since(self.last_at).as_secs_f64()),
@@ -438,7 +444,12 @@ impl Relay {
             Woke::Deadline => self.cut(GatewayError::StreamIdle {
                 after: self.ctx.idle_timeout,
             }),
-            Woke::Continued(Some(Ok(data))) => self.on_data(data),
+            Woke::Continued(Some(Ok(data))) => {
+                if let Some(account) = self.ctx.account.as_mut() {
+                    account.continued();
+                }
+                self.on_data(data)
+            }
             // The continuation was cut in turn: continued again from what went out, its own
             // dispatch judged by the poison guard.
             Woke::Continued(Some(Err(e @ GatewayError::UpstreamBroke))) => {

@@ -55,7 +55,7 @@ pub(super) async fn respond(
     if req.norm.stream && is_sse && sent.upstream.status().is_success() {
         return Ok(stream(ctx, req, sent, head, account.take()));
     }
-    whole(ctx, req, sent, head).await
+    whole(ctx, req, sent, head, account.as_mut()).await
 }
 
 /// The relayed stream, holding the request's slots until it ends (or hands them to the abort
@@ -106,6 +106,7 @@ async fn whole(
     req: Prepared,
     sent: Sent,
     head: axum::http::response::Builder,
+    account: Option<&mut Account>,
 ) -> Result<Reply, GatewayError> {
     let app = ctx.app;
     let (status, mode) = (sent.upstream.status(), sent.lease.group().mode());
@@ -125,6 +126,10 @@ async fn whole(
         }
         Ok(Ok(c)) => c.to_bytes(),
     };
+    if let Some(a) = account {
+        a.saw(&bytes);
+        a.first_token(false);
+    }
     let usage = observe::Usage::of_body(&bytes);
     if let (true, Some(t)) = (status.is_success(), usage.completion) {
         app.control.count_tokens(mode, t);

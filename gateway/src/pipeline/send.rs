@@ -87,6 +87,7 @@ async fn attempt(
     else {
         return Ok(Attempt::Requeue);
     };
+    let leased = Instant::now();
     let group = lease.shared();
     if tries.strikes > 0 {
         lease.mark_suspect();
@@ -121,6 +122,7 @@ async fn attempt(
             permit: slots.1,
             dispatched,
             strikes: tries.strikes,
+            leased,
         })),
         Ok(Ok(Err(err))) => unanswered(ctx, req, tries, Unanswered { slots, dispatched, err }).await,
     }
