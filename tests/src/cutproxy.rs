@@ -16,6 +16,8 @@ pub struct CutProxy {
     armed: Arc<AtomicUsize>,
     /// Answers cut so far.
     cuts: Arc<AtomicUsize>,
+    /// What the gateway sent upstream (its first MiB), to read its request heads.
+    sent: Arc<std::sync::Mutex<Vec<u8>>>,
 }
 
 impl CutProxy {
@@ -24,14 +26,25 @@ impl CutProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         let addr = listener.local_addr().expect("its address");
         let (armed, cuts) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (a, c) = (armed.clone(), cuts.clone());
+        let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (a, c, s) = (armed.clone(), cuts.clone(), sent.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
-                let (a, c) = (a.clone(), c.clone());
-                std::thread::spawn(move || pipe(client, upstream, &a, &c));
+                let (a, c, s) = (a.clone(), c.clone(), s.clone());
+                std::thread::spawn(move || pipe(client, upstream, &a, &c, s));
             }
         });
-        CutProxy { addr, armed, cuts }
+        CutProxy {
+            addr,
+            armed,
+            cuts,
+            sent,
+        }
+    }
+
+    /// What the gateway sent upstream so far, as text (its first MiB).
+    pub fn sent(&self) -> String {
+        String::from_utf8_lossy(&self.sent.lock().expect("sent")).into_owned()
     }
 
     /// The next answer that carries `events` `data:` events is closed right after them.
@@ -46,7 +59,13 @@ impl CutProxy {
 }
 
 /// One connection: requests pass as they are; the answers are counted and, when armed, cut.
-fn pipe(client: TcpStream, upstream: SocketAddr, armed: &AtomicUsize, cuts: &AtomicUsize) {
+fn pipe(
+    client: TcpStream,
+    upstream: SocketAddr,
+    armed: &AtomicUsize,
+    cuts: &AtomicUsize,
+    sent: Arc<std::sync::Mutex<Vec<u8>>>,
+) {
     let Ok(server) = TcpStream::connect(upstream) else {
         return;
     };
@@ -54,7 +73,17 @@ fn pipe(client: TcpStream, upstream: SocketAddr, armed: &AtomicUsize, cuts: &Ato
         return;
     };
     std::thread::spawn(move || {
-        let _ = std::io::copy(&mut from_client, &mut to_server);
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n @ 1..) = from_client.read(&mut buf) {
+            {
+                let mut log = sent.lock().expect("sent");
+                let room = (1usize << 20).saturating_sub(log.len()).min(n);
+                log.extend_from_slice(&buf[..room]);
+            }
+            if to_server.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
         let _ = to_server.shutdown(Shutdown::Write);
     });
     let (mut from_server, mut to_client) = (server, client);

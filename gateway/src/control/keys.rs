@@ -267,16 +267,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("keys");
         std::fs::write(&file, "alice sk-alice\n").unwrap();
-        let ring = ring(&[], Some(&file)).unwrap();
-        assert!(!ring.file_changed());
+        let keys = ring(&[], Some(&file)).unwrap();
+        assert!(!keys.file_changed());
         std::fs::write(&file, "alice sk-alice-2\nbob sk-bob\n").unwrap();
-        assert!(ring.file_changed());
-        assert_eq!(ring.reload().unwrap(), 2);
-        assert_eq!(ring.find("sk-alice"), None, "the old key is gone");
-        assert_eq!(ring.find("sk-alice-2").unwrap().name.as_ref(), "alice");
+        assert!(keys.file_changed());
+        assert_eq!(keys.reload().unwrap(), 2);
+        assert_eq!(keys.find("sk-alice"), None, "the old key is gone");
+        assert_eq!(keys.find("sk-alice-2").unwrap().name.as_ref(), "alice");
         std::fs::write(&file, "alice\n").unwrap();
-        assert!(matches!(ring.reload(), Err(KeysError::File(_))));
-        assert_eq!(ring.names().len(), 2, "the old set stays");
+        assert!(matches!(keys.reload(), Err(KeysError::File(_))));
+        assert_eq!(keys.names().len(), 2, "the old set stays");
         std::fs::write(&file, "bob sk-other\n").unwrap();
         assert!(ring(&["bob=sk-bob"], Some(&file)).is_err(), "a name in both sources");
     }

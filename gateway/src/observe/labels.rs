@@ -142,34 +142,6 @@ labels! {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_label_is_spelled_once_in_snake_case() {
-        let sets: [Vec<&str>; 6] = [
-            Rejection::ALL.iter().map(|v| v.label()).collect(),
-            StreamEnd::ALL.iter().map(|v| v.label()).collect(),
-            Waiting::ALL.iter().map(|v| v.label()).collect(),
-            QuarantineStage::ALL.iter().map(|v| v.label()).collect(),
-            UpstreamErrorKind::ALL.iter().map(|v| v.label()).collect(),
-            Affinity::ALL.iter().map(|v| v.label()).collect(),
-        ];
-        for set in sets {
-            let mut unique = set.clone();
-            unique.sort_unstable();
-            unique.dedup();
-            assert_eq!(unique.len(), set.len(), "{set:?}");
-            assert!(set
-                .iter()
-                .all(|l| l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')));
-        }
-        assert_eq!(Rejection::ALL.len(), 8);
-        assert_eq!(Waiting::ALL[1].label(), "queue");
-    }
-}
-
 labels! {
     /// A generation's stages as its trace names their spans (docs/observability.md).
     TraceStage {
@@ -187,5 +159,35 @@ labels! {
         Streaming => "streaming",
         /// A stream cut by its group's loss, until its continuation went on.
         Resume => "resume",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_label_is_spelled_once_in_snake_case() {
+        let sets: [Vec<&str>; 8] = [
+            QuotaLimit::ALL.iter().map(|v| v.label()).collect(),
+            TraceStage::ALL.iter().map(|v| v.label()).collect(),
+            Rejection::ALL.iter().map(|v| v.label()).collect(),
+            StreamEnd::ALL.iter().map(|v| v.label()).collect(),
+            Waiting::ALL.iter().map(|v| v.label()).collect(),
+            QuarantineStage::ALL.iter().map(|v| v.label()).collect(),
+            UpstreamErrorKind::ALL.iter().map(|v| v.label()).collect(),
+            Affinity::ALL.iter().map(|v| v.label()).collect(),
+        ];
+        for set in sets {
+            let mut unique = set.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), set.len(), "{set:?}");
+            assert!(set
+                .iter()
+                .all(|l| l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')));
+        }
+        assert_eq!(Rejection::ALL.len(), 9);
+        assert_eq!(Waiting::ALL[1].label(), "queue");
     }
 }

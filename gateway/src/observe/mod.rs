@@ -540,9 +540,18 @@ mod usage_tests {
             Usage::of_body(bodies[0]),
             Usage {
                 prompt: Some(3),
-                completion: Some(7)
+                completion: Some(7),
+                ..Usage::default()
             }
         );
+        let details = Usage::of_body(
+            br#"{"usage":{"prompt_tokens":9,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":8},"completion_tokens_details":{"reasoning_tokens":3}}}"#,
+        );
+        assert_eq!((details.cached, details.reasoning), (Some(8), Some(3)));
+        let anthropic = Usage::of(&serde_json::json!({"input_tokens": 5, "cache_read_input_tokens": 2, "output_tokens": 1}));
+        assert_eq!(anthropic.cached, Some(2));
+        let responses = Usage::of(&serde_json::json!({"input_tokens": 5, "input_tokens_details": {"cached_tokens": 4}, "output_tokens_details": {"reasoning_tokens": 6}}));
+        assert_eq!((responses.cached, responses.reasoning), (Some(4), Some(6)));
         assert!(
             Usage::of_usage_key(bodies[2]).is_none(),
             "a quoted key inside a string is not read"
