@@ -10,8 +10,8 @@ mod prepare;
 mod serve;
 mod smoke;
 mod top;
-mod wait;
 mod usage;
+mod wait;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -38,14 +38,22 @@ pub(super) fn run(ep: &Endpoint, window: &str, key: Option<&str>, json: bool) ->
 
 /// `/admin/usage` as the table `sparkgate usage` prints.
 pub(super) fn table(v: &Value) -> String {
-    let mut out = format!("usage, {} (since {})\n", v["window"].as_str().unwrap_or("?"), v["since"]);
+    let mut out = format!(
+        "usage, {} (since {})\n",
+        v["window"].as_str().unwrap_or("?"),
+        v["since"]
+    );
     let _ = write!(out, "{:<16} {:<28} {:<12}", "KEY", "MODEL", "ROUTE");
     for (head, _, width) in COLUMNS {
         let _ = write!(out, " {head:>width$}");
     }
     out.push('\n');
     for row in v["rows"].as_array().into_iter().flatten() {
-        line(&mut out, [&row["key"], &row["model"], &row["route"]].map(|s| s.as_str().unwrap_or("-")), row);
+        line(
+            &mut out,
+            [&row["key"], &row["model"], &row["route"]].map(|s| s.as_str().unwrap_or("-")),
+            row,
+        );
     }
     line(&mut out, ["total", "", ""], &v["total"]);
     out
@@ -55,7 +63,9 @@ fn line(out: &mut String, names: [&str; 3], counts: &Value) {
     let _ = write!(out, "{:<16} {:<28} {:<12}", names[0], names[1], names[2]);
     for (_, field, width) in COLUMNS {
         let cell = match field {
-            "queue_wait_ms" => counts[field]["p95"].as_u64().map_or("-".into(), |ms| format!("{ms} ms")),
+            "queue_wait_ms" => counts[field]["p95"]
+                .as_u64()
+                .map_or("-".into(), |ms| format!("{ms} ms")),
             _ => counts[field].as_u64().unwrap_or(0).to_string(),
         };
         let _ = write!(out, " {cell:>width$}");
@@ -77,6 +87,9 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 4, "{t}");
         assert!(lines[2].starts_with("alice") && lines[2].contains("50 ms"), "{t}");
-        assert!(lines[3].starts_with("total") && lines[3].trim_end().ends_with('-'), "{t}");
+        assert!(
+            lines[3].starts_with("total") && lines[3].trim_end().ends_with('-'),
+            "{t}"
+        );
     }
 }

@@ -88,8 +88,11 @@ pub struct KeyEntry {
 #[error("API_KEYS_FILE: {}", .0.join("; "))]
 pub struct KeysFileError(pub Vec<String>);
 
+/// How a setting's value is read into the settings.
+type SetFn = fn(&mut KeySettings, &str) -> Result<(), String>;
+
 /// The settings a line may give, each with how its value is read.
-const SETTINGS: [(&str, fn(&mut KeySettings, &str) -> Result<(), String>); 5] = [
+const SETTINGS: [(&str, SetFn); 5] = [
     ("weight", |s, v| {
         s.weight = Some(bounded(v, 1, 1000)? as u32);
         Ok(())
@@ -159,7 +162,9 @@ fn entry(line: &str) -> Result<KeyEntry, String> {
     let key = match words.next() {
         None => return Err(format!("{name} has no key after its name")),
         Some(k) => match k.strip_prefix("sha256:") {
-            Some(hex) => KeyText::Sha256(digest(hex).ok_or_else(|| format!("{name}: sha256: must be followed by 64 hex digits"))?),
+            Some(hex) => KeyText::Sha256(
+                digest(hex).ok_or_else(|| format!("{name}: sha256: must be followed by 64 hex digits"))?,
+            ),
             None => KeyText::Plain(Secret::new(k)),
         },
     };
@@ -170,7 +175,10 @@ fn entry(line: &str) -> Result<KeyEntry, String> {
         };
         let Some((_, set)) = SETTINGS.iter().find(|(n, _)| *n == setting) else {
             let known: Vec<&str> = SETTINGS.iter().map(|(n, _)| *n).collect();
-            return Err(format!("{name}: unknown setting {setting} (one of {})", known.join(", ")));
+            return Err(format!(
+                "{name}: unknown setting {setting} (one of {})",
+                known.join(", ")
+            ));
         };
         set(&mut settings, value).map_err(|why| format!("{name}: {setting} {why}"))?;
     }

@@ -8,8 +8,8 @@
 use Def::{Derived as D, Unused as NA, Value as V};
 
 use crate::config::{
-    FairCharge, Gpus, GroupRouting, ImageShip, KnownHosts, LogFormat, OtlpProtocol, QueuePolicy, QuotaMode, Runtime, SchedulingPolicy, SpecPolicy,
-    WeightSync,
+    FairCharge, Gpus, GroupRouting, ImageShip, KnownHosts, LogFormat, OtlpProtocol, QueuePolicy, QuotaMode, Runtime,
+    SchedulingPolicy, SpecPolicy, WeightSync,
 };
 use crate::profile::ProfileId;
 use crate::rule::Rule::{self, *};

@@ -28,11 +28,10 @@ mod words;
 
 pub use choice::UnknownWord;
 pub use config::{
-    AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, Gpus, GroupRouting, HostNccl, ImageShip,
-    KeyQuota, KnownHosts, LoadOptions, LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, QueuePolicy, RankEnvValue, Runtime,
-    SchedulingPolicy, Secrets, Serving, Setting, SpecPolicy, Speculation, SshSettings, Storage, Supervision, Tenancy,
-    Tracing, QuotaMode, FairCharge, OtlpProtocol,
-    WeightSync, Weights, Worker, ZfsDatasets,
+    AutoSpec, Config, Containers, DflashDraft, EngramPack, FairCharge, Gateway, Gpus, GroupRouting, HostNccl,
+    ImageShip, KeyQuota, KnownHosts, LoadOptions, LogFormat, NfsShare, Nic, Nodes, OtlpProtocol, Ports, Preparation,
+    QueuePolicy, QuotaMode, RankEnvValue, Runtime, SchedulingPolicy, Secrets, Serving, Setting, SpecPolicy,
+    Speculation, SshSettings, Storage, Supervision, Tenancy, Tracing, WeightSync, Weights, Worker, ZfsDatasets,
 };
 pub use error::{ConfigError, InvalidValue};
 pub use groups::{GroupConfig, SINGLE_GROUP};

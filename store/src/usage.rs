@@ -162,10 +162,7 @@ static ADD: LazyLock<String> = LazyLock::new(|| {
 
 /// Sums since `$1` (a minute, in seconds), by key, model and route; `$2` a key name or ''.
 static SINCE: LazyLock<String> = LazyLock::new(|| {
-    let sums: Vec<String> = columns()
-        .iter()
-        .map(|c| format!("CAST(SUM({c}) AS BIGINT)"))
-        .collect();
+    let sums: Vec<String> = columns().iter().map(|c| format!("CAST(SUM({c}) AS BIGINT)")).collect();
     format!(
         "SELECT key, model, route, {} FROM sparkgate_usage WHERE minute >= $1 AND ($2 = '' OR key = $2)
         GROUP BY key, model, route ORDER BY key, model, route",

@@ -89,7 +89,10 @@ fn serve(conn: TcpStream, spans: &Spans) {
             return;
         }
         keep(&body, spans);
-        if writer.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n").is_err() {
+        if writer
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
+            .is_err()
+        {
             return;
         }
     }
@@ -127,7 +130,14 @@ fn keep(body: &[u8], spans: &Spans) {
 /// A span's attribute as text (strings, integers; arrays joined by commas).
 pub fn attribute(span: &Span, key: &str) -> Option<String> {
     use opentelemetry_proto::tonic::common::v1::any_value::Value;
-    let value = span.attributes.iter().find(|kv| kv.key == key)?.value.as_ref()?.value.as_ref()?;
+    let value = span
+        .attributes
+        .iter()
+        .find(|kv| kv.key == key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()?;
     Some(match value {
         Value::StringValue(s) => s.clone(),
         Value::IntValue(i) => i.to_string(),

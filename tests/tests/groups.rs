@@ -1,6 +1,7 @@
 //! Several rank groups behind one gateway (GROUPS_FILE): each group supervised on its own, one
 //! shared queue in front of them, a lost rank restarting its group only while the other keeps
-//! serving, `restart --group`, and prefix affinity against least-loaded routing.
+//! serving, `restart --group`, prefix affinity against least-loaded routing, and a session the
+//! client names (SESSION_HEADER, Anthropic `metadata.user_id`) kept on its group.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -304,4 +305,46 @@ fn a_turn_waits_for_its_full_group_while_a_bystander_takes_a_free_slot_elsewhere
     assert_ne!(two.group, one.group, "{one:?} {two:?}");
     let usage: Value = serde_json::from_str(&two.body).unwrap();
     assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{usage}");
+}
+
+fn ask_with(gw: &Gateway, path: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
+    let mut all = vec![("Content-Type", "application/json")];
+    all.extend_from_slice(headers);
+    let r = sparkgate_tests::http::request(gw.addr, "POST", path, &all, body.to_string().as_bytes());
+    Answer {
+        status: r.status,
+        group: r.header("x-sparkgate-group").unwrap_or_default().to_owned(),
+        body: r.text(),
+    }
+}
+
+#[test]
+fn a_named_session_stays_on_its_group_whatever_its_prefix() {
+    let (_dir, gw, _) = two_groups(&[("SIM_SPEED", "1")]);
+    let chat = |text: &str| json!({"messages": [{"role": "user", "content": text}], "max_tokens": 4});
+    let first = ask_with(&gw, "/v1/chat/completions", &chat("Name a prime."), &[("x-session-id", "s-1")]);
+    let claude = json!({"model": "DeepSeek-v4.1-Flash-EXL3", "max_tokens": 4, "metadata": {"user_id": "dev-7"},
+        "messages": [{"role": "user", "content": "Name a colour."}]});
+    let anthropic = ask_with(&gw, "/v1/messages", &claude, &[]);
+    assert_eq!((first.status, anthropic.status), (200, 200), "{first:?} {anthropic:?}");
+    assert_eq!(anthropic.group, first.group, "both idle: the first group in order");
+    // A long answer holds one of the session's group's slots: the other group has the most room.
+    let busy = {
+        let gw = gw.clone();
+        let group = first.group.clone();
+        std::thread::spawn(move || {
+            let long = json!({"messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 200, "ignore_eos": true});
+            let a = ask_with(&gw, "/v1/chat/completions", &long, &[("x-session-id", "s-1")]);
+            assert_eq!(a.group, group);
+        })
+    };
+    gw.wait_status("the session's long answer runs", |s| group(s, &first.group)["in_flight"] == 1);
+    let next = ask_with(&gw, "/v1/chat/completions", &chat("Something else entirely."), &[("x-session-id", "s-1")]);
+    assert_eq!(next.group, first.group, "the session's group, though the other is idle");
+    let stranger = ask_with(&gw, "/v1/chat/completions", &chat("Something else entirely."), &[]);
+    assert_ne!(stranger.group, first.group, "without a session: the group with the most room");
+    let again = json!({"model": "DeepSeek-v4.1-Flash-EXL3", "max_tokens": 4, "metadata": {"user_id": "dev-7"},
+        "messages": [{"role": "user", "content": "A new topic."}]});
+    assert_eq!(ask_with(&gw, "/v1/messages", &again, &[]).group, anthropic.group, "metadata.user_id names a session");
+    busy.join().unwrap();
 }

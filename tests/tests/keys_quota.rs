@@ -22,7 +22,13 @@ fn chat(gw: &Gateway, key: &str) -> HttpResponse {
     let b = json!({"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 5});
     let bearer = format!("Bearer {key}");
     let headers = [("Content-Type", "application/json"), ("Authorization", bearer.as_str())];
-    request(gw.addr, "POST", "/v1/chat/completions", &headers, b.to_string().as_bytes())
+    request(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        b.to_string().as_bytes(),
+    )
 }
 
 fn messages(gw: &Gateway, key: &str) -> HttpResponse {
@@ -32,7 +38,15 @@ fn messages(gw: &Gateway, key: &str) -> HttpResponse {
 }
 
 fn usage_of(gw: &Gateway, key: &str) -> Value {
-    request(gw.addr, "GET", &format!("/admin/usage?window=today&key={key}"), &[], b"").json()["total"].clone()
+    request(
+        gw.addr,
+        "GET",
+        &format!("/admin/usage?window=today&key={key}"),
+        &[],
+        b"",
+    )
+    .json()["total"]
+        .clone()
 }
 
 /// Waits until the wall clock's minute has at least 15 s left, so two requests meant to share a
@@ -64,12 +78,19 @@ fn a_key_over_its_tokens_per_minute_is_refused_in_each_familys_envelope_until_th
     let dir = tempfile::tempdir().unwrap();
     let gw = quota_gateway(&sim, dir.path(), "enforce");
     early_in_a_minute();
-    assert_eq!(chat(&gw, "sk-quota-alice").status, 200, "an empty window takes a request");
+    assert_eq!(
+        chat(&gw, "sk-quota-alice").status,
+        200,
+        "an empty window takes a request"
+    );
     let refused = chat(&gw, "sk-quota-alice");
     assert_eq!(refused.status, 429, "{}", refused.text());
     let body = refused.json();
     assert_eq!(body["error"]["code"], 429, "vLLM's OpenAI envelope: {body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("tokens_per_minute"), "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("tokens_per_minute"),
+        "{body}"
+    );
     let retry: u64 = refused.header("retry-after").expect("Retry-After").parse().unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
     let anthropic = messages(&gw, "sk-quota-alice");
@@ -79,9 +100,17 @@ fn a_key_over_its_tokens_per_minute_is_refused_in_each_familys_envelope_until_th
     assert!(anthropic.header("retry-after").is_some());
     assert_eq!(chat(&gw, "sk-quota-bob").status, 200, "another key is not held back");
     let alice = usage_of(&gw, "alice");
-    assert_eq!((alice["requests"].as_u64(), alice["refusals"].as_u64()), (Some(3), Some(2)), "{alice}");
+    assert_eq!(
+        (alice["requests"].as_u64(), alice["refusals"].as_u64()),
+        (Some(3), Some(2)),
+        "{alice}"
+    );
     std::thread::sleep(Duration::from_secs(retry));
-    assert_eq!(chat(&gw, "sk-quota-alice").status, 200, "served again in the next minute");
+    assert_eq!(
+        chat(&gw, "sk-quota-alice").status,
+        200,
+        "served again in the next minute"
+    );
     gw.proc.wait_for("quota: refused");
 }
 
@@ -95,11 +124,26 @@ fn shadow_mode_serves_what_it_would_refuse_and_counts_the_same_refusals() {
     assert_eq!(chat(&gw, "sk-quota-alice").status, 200, "shadow mode refuses nothing");
     assert_eq!(messages(&gw, "sk-quota-alice").status, 200);
     let alice = usage_of(&gw, "alice");
-    assert_eq!((alice["requests"].as_u64(), alice["refusals"].as_u64()), (Some(3), Some(2)), "{alice}");
-    let metrics = request(gw.addr, "GET", "/metrics", &[("Authorization", "Bearer sk-quota-bob")], b"").text();
+    assert_eq!(
+        (alice["requests"].as_u64(), alice["refusals"].as_u64()),
+        (Some(3), Some(2)),
+        "{alice}"
+    );
+    let metrics = request(
+        gw.addr,
+        "GET",
+        "/metrics",
+        &[("Authorization", "Bearer sk-quota-bob")],
+        b"",
+    )
+    .text();
     let line = metrics
         .lines()
-        .find(|l| l.starts_with("sparkgate_key_quota_refusals_total{") && l.contains("key=\"alice\"") && l.contains("tokens_per_minute"))
+        .find(|l| {
+            l.starts_with("sparkgate_key_quota_refusals_total{")
+                && l.contains("key=\"alice\"")
+                && l.contains("tokens_per_minute")
+        })
         .unwrap_or_else(|| panic!("{metrics}"));
     assert!(line.contains("mode=\"shadow\"") && line.ends_with(" 2"), "{line}");
     gw.proc.wait_for("quota (shadow): would have refused");
@@ -117,13 +161,25 @@ fn a_key_at_its_sequences_is_refused_while_one_runs() {
         .env("STORE_URL", &dir.path().join("state.sqlite").display().to_string())
         .start();
     let long = json!({"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 2000, "stream": true});
-    let headers = [("Content-Type", "application/json"), ("Authorization", "Bearer sk-solo")];
-    let mut running = Streaming::open(gw.addr, "POST", "/v1/chat/completions", &headers, long.to_string().as_bytes());
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Authorization", "Bearer sk-solo"),
+    ];
+    let mut running = Streaming::open(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        long.to_string().as_bytes(),
+    );
     assert_eq!(running.status, 200);
     running.next_chunk().expect("the stream runs");
     let second = chat(&gw, "sk-solo");
     assert_eq!(second.status, 429, "{}", second.text());
-    assert!(second.json()["error"]["message"].as_str().unwrap().contains("max_sequences"));
+    assert!(second.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_sequences"));
     assert_eq!(second.header("retry-after"), Some("1"));
     drop(running);
     // Its sequence is free once the gateway saw the stream end.
@@ -143,7 +199,10 @@ fn the_keys_file_is_read_again_on_sighup_and_on_change_and_a_broken_one_keeps_th
     let sim = Sim::start(SIM, DS, &[]);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("keys");
-    let hashed: String = sha2::Sha256::digest(b"sk-hashed-ci").iter().map(|b| format!("{b:02x}")).collect();
+    let hashed: String = sha2::Sha256::digest(b"sk-hashed-ci")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     std::fs::write(&file, format!("ci sha256:{hashed}\n")).unwrap();
     let gw = TestGateway::builder(SIM)
         .upstream(sim.addr())
@@ -159,21 +218,37 @@ fn the_keys_file_is_read_again_on_sighup_and_on_change_and_a_broken_one_keeps_th
         gw.addr,
         "POST",
         "/v1/chat/completions",
-        &[("Content-Type", "application/json"), ("Authorization", "Bearer sk-env-ops")],
-        json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": true}).to_string().as_bytes(),
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", "Bearer sk-env-ops"),
+        ],
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": true})
+            .to_string()
+            .as_bytes(),
     );
     std::fs::write(&file, format!("ci sha256:{hashed}\ndev sk-new-dev weight=2\n")).unwrap();
     let reloaded = gw.proc.wait_for("API keys reloaded");
-    assert!(reloaded.contains("dev") && !reloaded.contains("sk-new-dev"), "{reloaded}");
+    assert!(
+        reloaded.contains("dev") && !reloaded.contains("sk-new-dev"),
+        "{reloaded}"
+    );
     assert_eq!(chat(&gw, "sk-new-dev").status, 200, "a changed file is read again");
     assert_eq!(held.status, 200);
     std::fs::write(&file, "dev\n").unwrap();
     gw.proc.wait_for("API keys not reloaded");
-    assert_eq!(chat(&gw, "sk-new-dev").status, 200, "a broken file keeps the keys in place");
+    assert_eq!(
+        chat(&gw, "sk-new-dev").status,
+        200,
+        "a broken file keeps the keys in place"
+    );
     std::fs::write(&file, format!("ci sha256:{hashed}\n")).unwrap();
     let pid = gw.proc.pid().to_string();
     // The change is seen by the watcher or the signal, whichever comes first: both reload.
-    assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    assert!(std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
     let mut status = 200;
     for _ in 0..100 {
         status = chat(&gw, "sk-new-dev").status;

@@ -18,7 +18,11 @@ use common::{DS, SIM};
 const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 /// The model alias the cut streams are sent under, so their usage has rows of its own.
 const CUT_MODEL: &str = "cut-model";
-const KEYS: [(&str, &str); 3] = [("alice", "sk-alice-0001"), ("bob", "sk-bob-0002"), ("carol", "sk-carol-0003")];
+const KEYS: [(&str, &str); 3] = [
+    ("alice", "sk-alice-0001"),
+    ("bob", "sk-bob-0002"),
+    ("carol", "sk-carol-0003"),
+];
 const REQUESTS: usize = 1000;
 /// Every this many requests, one is a chat stream its client leaves after three events.
 const CUT_EVERY: usize = 25;
@@ -35,14 +39,19 @@ struct Sums {
 /// Prompt and completion tokens of a usage object under either API's names.
 fn counts(u: &Value) -> (Option<u64>, Option<u64>) {
     let n = |a: &str, b: &str| u[a].as_u64().or_else(|| u[b].as_u64());
-    (n("prompt_tokens", "input_tokens"), n("completion_tokens", "output_tokens"))
+    (
+        n("prompt_tokens", "input_tokens"),
+        n("completion_tokens", "output_tokens"),
+    )
 }
 
 /// The usage a client received in a stream: the last count of each kind its events gave.
 fn streamed_usage(body: &[u8]) -> (u64, u64) {
     let (mut p, mut c) = (None, None);
     for e in sparkgate_tests::sse::events(body) {
-        let Ok(v) = serde_json::from_str::<Value>(&e.data) else { continue };
+        let Ok(v) = serde_json::from_str::<Value>(&e.data) else {
+            continue;
+        };
         for u in [&v["usage"], &v["response"]["usage"], &v["message"]["usage"]] {
             let (up, uc) = counts(u);
             p = up.or(p);
@@ -110,7 +119,13 @@ fn cut(gw: &Gateway, key: &str) -> usize {
     let b = json!({"model": CUT_MODEL, "messages": [{"role": "user", "content": CUT_PROMPT}], "max_tokens": 3000, "stream": true});
     let bearer = auth(key);
     let headers = [("Content-Type", "application/json"), ("Authorization", bearer.as_str())];
-    let mut s = Streaming::open(gw.addr, "POST", "/v1/chat/completions", &headers, b.to_string().as_bytes());
+    let mut s = Streaming::open(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        b.to_string().as_bytes(),
+    );
     assert_eq!(s.status, 200);
     let mut got = Vec::new();
     loop {
@@ -161,8 +176,18 @@ fn a_mixed_run_is_counted_as_the_clients_received_it_and_the_counts_survive_a_re
     let gw = start(&store);
     // The cut prompt's size, from a whole answer to the same conversation.
     let probe = json!({"model": MODEL, "messages": [{"role": "user", "content": CUT_PROMPT}], "max_tokens": 1});
-    let headers = [("Content-Type", "application/json"), ("Authorization", "Bearer sk-alice-0001")];
-    let probed = request(gw.addr, "POST", "/v1/chat/completions", &headers, probe.to_string().as_bytes()).json();
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Authorization", "Bearer sk-alice-0001"),
+    ];
+    let probed = request(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        probe.to_string().as_bytes(),
+    )
+    .json();
     let cut_prompt = probed["usage"]["prompt_tokens"].as_u64().unwrap();
     let mut sums = [Sums::default(); 3];
     sums[0] = Sums {
@@ -195,7 +220,11 @@ fn a_mixed_run_is_counted_as_the_clients_received_it_and_the_counts_survive_a_re
     let cut_prompts: u64 = KEYS.iter().map(|(n, _)| rows_of(&u, n, CUT_MODEL, "prompt")).sum();
     let cut_completions: u64 = KEYS.iter().map(|(n, _)| rows_of(&u, n, CUT_MODEL, "completion")).sum();
     assert_eq!(cut_requests, cuts as u64);
-    assert_eq!(cut_prompts, cuts as u64 * cut_prompt, "a cut stream's prompt is counted whole");
+    assert_eq!(
+        cut_prompts,
+        cuts as u64 * cut_prompt,
+        "a cut stream's prompt is counted whole"
+    );
     // Each cut stream's first event is the role chunk, which carries no token.
     assert!(
         cut_completions >= (seen - cuts) as u64 && cut_completions < cuts as u64 * 3000,
@@ -206,10 +235,22 @@ fn a_mixed_run_is_counted_as_the_clients_received_it_and_the_counts_survive_a_re
     assert_eq!(hour["total"], u["total"], "everything ran within the hour");
     let alice = request(gw.addr, "GET", "/admin/usage?window=all&key=alice", &[], b"").json();
     assert!(alice["rows"].as_array().unwrap().iter().all(|r| r["key"] == "alice"));
-    let metrics = request(gw.addr, "GET", "/metrics", &[("Authorization", "Bearer sk-bob-0002")], b"").text();
+    let metrics = request(
+        gw.addr,
+        "GET",
+        "/metrics",
+        &[("Authorization", "Bearer sk-bob-0002")],
+        b"",
+    )
+    .text();
     let alice_chats = metrics
         .lines()
-        .find(|l| l.starts_with("sparkgate_key_requests_total{") && l.contains("key=\"alice\"") && l.contains("route=\"chat\"") && l.contains("outcome=\"completed\""))
+        .find(|l| {
+            l.starts_with("sparkgate_key_requests_total{")
+                && l.contains("key=\"alice\"")
+                && l.contains("route=\"chat\"")
+                && l.contains("outcome=\"completed\"")
+        })
         .unwrap_or_else(|| panic!("{metrics}"));
     assert!(!alice_chats.ends_with(" 0"), "{alice_chats}");
     no_key_shown(&gw);
@@ -257,8 +298,18 @@ fn run(gw: &Gateway, mut sums: [Sums; 3]) -> ([Sums; 3], usize) {
 
 /// No key in the gateway's log, metrics, status, usage or `sparkgate usage`; the names are there.
 fn no_key_shown(gw: &Gateway) {
-    let metrics = request(gw.addr, "GET", "/metrics", &[("Authorization", "Bearer sk-bob-0002")], b"").text();
-    assert!(metrics.contains("key=\"alice\""), "the names label the key families: {metrics}");
+    let metrics = request(
+        gw.addr,
+        "GET",
+        "/metrics",
+        &[("Authorization", "Bearer sk-bob-0002")],
+        b"",
+    )
+    .text();
+    assert!(
+        metrics.contains("key=\"alice\""),
+        "the names label the key families: {metrics}"
+    );
     let status = request(gw.addr, "GET", "/admin/status", &[], b"").text();
     let usage = request(gw.addr, "GET", "/admin/usage?window=all", &[], b"").text();
     let cli = std::process::Command::new(sparkgate_tests::test_gateway::sparkgate_bin(SIM))
@@ -272,7 +323,13 @@ fn no_key_shown(gw: &Gateway) {
     assert!(table.contains("alice") && table.contains("total"), "{table}");
     let log = gw.proc.log().join("\n");
     for (name, key) in KEYS {
-        for (what, text) in [("metrics", &metrics), ("status", &status), ("usage", &usage), ("cli", &table), ("log", &log)] {
+        for (what, text) in [
+            ("metrics", &metrics),
+            ("status", &status),
+            ("usage", &usage),
+            ("cli", &table),
+            ("log", &log),
+        ] {
             assert!(!text.contains(key), "{name}'s key in the {what}");
             assert!(!text.contains(&key[3..]), "part of {name}'s key in the {what}");
         }

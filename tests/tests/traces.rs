@@ -10,7 +10,7 @@ use serde_json::json;
 use sparkgate_tests::cutproxy::CutProxy;
 use sparkgate_tests::harness::Sim;
 use sparkgate_tests::http::{request, Streaming};
-use sparkgate_tests::otlp::{attribute, hex, Receiver, Received};
+use sparkgate_tests::otlp::{attribute, hex, Received, Receiver};
 use sparkgate_tests::test_gateway::TestGateway;
 
 mod common;
@@ -44,7 +44,13 @@ fn a_generations_stages_reach_the_collector_under_the_clients_trace_and_rank_0_g
         ("Authorization", "Bearer sk-trace-secret"),
         ("traceparent", traceparent.as_str()),
     ];
-    let mut s = Streaming::open(gw.addr, "POST", "/v1/chat/completions", &headers, body.to_string().as_bytes());
+    let mut s = Streaming::open(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        body.to_string().as_bytes(),
+    );
     assert_eq!(s.status, 200);
     s.read_all();
     let all = receiver.wait_for(Duration::from_secs(30), |spans| {
@@ -53,14 +59,30 @@ fn a_generations_stages_reach_the_collector_under_the_clients_trace_and_rank_0_g
     let spans = spans_of(&all, CLIENT_TRACE);
     let root = spans.iter().find(|r| r.span.name == "chat").unwrap();
     assert_eq!(root.service, "sparkgate");
-    assert_eq!(hex(&root.span.parent_span_id), CLIENT_SPAN, "the client's span is the parent");
+    assert_eq!(
+        hex(&root.span.parent_span_id),
+        CLIENT_SPAN,
+        "the client's span is the parent"
+    );
     assert_eq!(attribute(&root.span, "sparkgate.key").as_deref(), Some("alice"));
     assert_eq!(attribute(&root.span, "gen_ai.request.model").as_deref(), Some(MODEL));
     assert_eq!(attribute(&root.span, "gen_ai.operation.name").as_deref(), Some("chat"));
-    assert_eq!(attribute(&root.span, "gen_ai.response.finish_reasons").as_deref(), Some("length"));
-    let output: u64 = attribute(&root.span, "gen_ai.usage.output_tokens").unwrap().parse().unwrap();
+    assert_eq!(
+        attribute(&root.span, "gen_ai.response.finish_reasons").as_deref(),
+        Some("length")
+    );
+    let output: u64 = attribute(&root.span, "gen_ai.usage.output_tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(output, 8);
-    assert!(attribute(&root.span, "gen_ai.usage.input_tokens").unwrap().parse::<u64>().unwrap() > 0);
+    assert!(
+        attribute(&root.span, "gen_ai.usage.input_tokens")
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
     let stage = |name: &str| {
         spans
             .iter()
@@ -74,8 +96,14 @@ fn a_generations_stages_reach_the_collector_under_the_clients_trace_and_rank_0_g
     for name in order {
         let span = stage(name);
         assert_eq!(span.parent_span_id, root.span.span_id, "{name} is the request's child");
-        assert!(span.start_time_unix_nano >= last_start, "{name} starts after the stage before it");
-        assert!(span.end_time_unix_nano <= root.span.end_time_unix_nano, "{name} ends within the request");
+        assert!(
+            span.start_time_unix_nano >= last_start,
+            "{name} starts after the stage before it"
+        );
+        assert!(
+            span.end_time_unix_nano <= root.span.end_time_unix_nano,
+            "{name} ends within the request"
+        );
         last_start = span.start_time_unix_nano;
     }
     assert_eq!(stage("admission").parent_span_id, root.span.span_id);
@@ -95,12 +123,17 @@ fn a_generations_stages_reach_the_collector_under_the_clients_trace_and_rank_0_g
         gw.addr,
         "POST",
         "/v1/chat/completions",
-        &[("Content-Type", "application/json"), ("Authorization", "Bearer sk-trace-secret")],
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", "Bearer sk-trace-secret"),
+        ],
         whole.to_string().as_bytes(),
     );
     assert_eq!(r.status, 200);
     let all = receiver.wait_for(Duration::from_secs(30), |spans| {
-        spans.iter().any(|r| r.span.name == "chat" && hex(&r.span.trace_id) != CLIENT_TRACE)
+        spans
+            .iter()
+            .any(|r| r.span.name == "chat" && hex(&r.span.trace_id) != CLIENT_TRACE)
     });
     let root = all
         .iter()

@@ -15,8 +15,11 @@ use crate::api::error::GatewayError;
 use crate::app::Shared;
 use crate::control::ledger::now_secs;
 
+/// Where a window starts, from now (seconds).
+type Start = fn(i64) -> i64;
+
 /// The windows `?window=` names, each with where it starts.
-const WINDOWS: [(&str, fn(i64) -> i64); 3] = [
+const WINDOWS: [(&str, Start); 3] = [
     ("hour", |now| now - 3_600),
     ("today", |now| now - now.rem_euclid(86_400)),
     ("all", |_| 0),

@@ -176,6 +176,10 @@ struct Split<'a> {
     resume_blocked: bool,
     /// Messages and Responses: `temperature` is 0, so a replay repeats the answer.
     greedy: bool,
+    /// The largest output limit it names (`Api::output_limits`).
+    output_limit: Option<u64>,
+    /// Messages: `metadata.user_id`.
+    session: Option<String>,
 }
 
 fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
@@ -188,6 +192,7 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
     let mut fields = Map::new();
     let mut raw = Vec::with_capacity(entries.len());
     let (mut user, mut priority, mut prompts) = (None, None, None);
+    let (mut output_limit, mut session) = (None, None);
     let mut resume_blocked = false;
     let mut greedy = false;
     let replayable = matches!(api, Api::Messages | Api::Responses);
@@ -203,6 +208,10 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
             priority = integer(v);
         } else if key == "prompt" && matches!(api, Api::Completions | Api::Invocations) {
             prompts = Some(prompt_count(v));
+        } else if api.output_limits().contains(&key.as_ref()) {
+            output_limit = output_limit.max(integer(v).and_then(|n| u64::try_from(n).ok()));
+        } else if key == "metadata" && api == Api::Messages {
+            session = user_id(v);
         }
         // A batch's permits are its conversations: the normaliser counts `messages` there.
         // An empty `tools` list may be repaired (`normalize::drop_empty_tools`); a full one stays raw.
@@ -219,6 +228,8 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
         keep_last(&mut raw);
     }
     Ok(Split {
+        output_limit,
+        session,
         fields,
         raw,
         repeated,
@@ -316,6 +327,15 @@ impl<'de> Deserialize<'de> for Element {
 
 /// An integer as vLLM's request model takes one in lax mode (`lax::lax_integer`), when it
 /// fits an i64.
+/// Anthropic's `metadata.user_id`, when it is a string.
+fn user_id(v: &RawValue) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        user_id: Option<String>,
+    }
+    serde_json::from_str::<Metadata>(v.get()).ok()?.user_id
+}
+
 fn integer(v: &RawValue) -> Option<i64> {
     let value = serde_json::from_str::<Value>(v.get()).ok()?;
     lax_integer(&value).and_then(|i| i64::try_from(i).ok())
@@ -380,6 +400,10 @@ pub(crate) struct Prepared {
     pub(crate) user: Option<String>,
     /// The body's `priority` (an integer), for the queue under SCHEDULING_POLICY=priority.
     pub(crate) priority: Option<i64>,
+    /// The most output tokens it asks for (its key's quota reserves them).
+    pub(crate) output_limit: Option<u64>,
+    /// Anthropic's `metadata.user_id`: the session it names, for routing.
+    pub(crate) session: Option<String>,
 }
 
 /// Parses and normalises `bytes`. What normalisation left as it was is forwarded as the client
@@ -403,6 +427,8 @@ pub(crate) fn prepare_now(
         prompts,
         resume_blocked,
         greedy,
+        output_limit,
+        session,
     } = split(&text, api)?;
     // `messages` stays raw here, so the dispatch reads the raw fields.
     let has_messages = fields.keys().any(|k| k == "messages") || raw.iter().any(|(k, _)| k == "messages");
@@ -441,6 +467,8 @@ pub(crate) fn prepare_now(
         forward,
         user,
         priority,
+        output_limit,
+        session,
     })
 }
 

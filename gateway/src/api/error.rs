@@ -141,9 +141,7 @@ impl GatewayError {
             GatewayError::RateLimited { .. }
             | GatewayError::QuotaExceeded { .. }
             | GatewayError::QueueFull { .. }
-            | GatewayError::QueueBytesFull { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            | GatewayError::QueueBytesFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::QueueTimeout { .. } | GatewayError::Restarting | GatewayError::NotRunning(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }

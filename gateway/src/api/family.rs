@@ -21,15 +21,13 @@ pub(crate) enum Api {
 }
 
 impl Api {
-    /// The most output tokens a body asks for, under this API's name for it (chat's newer
-    /// `max_completion_tokens` first); `None` when it sets none.
-    pub(crate) fn output_limit(self, body: &serde_json::Map<String, serde_json::Value>) -> Option<u64> {
-        let names: &[&str] = match self {
+    /// The fields a body of this API names its most output tokens by.
+    pub(crate) fn output_limits(self) -> &'static [&'static str] {
+        match self {
             Api::Chat | Api::Batch | Api::Invocations => &["max_completion_tokens", "max_tokens"],
             Api::Responses => &["max_output_tokens"],
             Api::Completions | Api::Messages | Api::Opaque | Api::Utility => &["max_tokens"],
-        };
-        names.iter().find_map(|n| body.get(*n).and_then(serde_json::Value::as_u64))
+        }
     }
 
     /// The API a body is handled as: `/invocations` is chat when the body has `messages`, else

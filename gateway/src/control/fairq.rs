@@ -188,7 +188,9 @@ impl FairQueue {
     /// admitted for: its later requests start that much later. A client the queue forgot (nobody
     /// waited since) has no debt to add to.
     pub(crate) fn charge(&mut self, client: &Client, tokens: i64) {
-        let Some(tally) = self.clients.get_mut(&client.id) else { return };
+        let Some(tally) = self.clients.get_mut(&client.id) else {
+            return;
+        };
         let units = tokens.unsigned_abs().saturating_mul(TOKEN_UNIT) / u64::from(client.weight);
         tally.finish = if tokens >= 0 {
             tally.finish.saturating_add(units)

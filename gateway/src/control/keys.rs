@@ -184,7 +184,7 @@ impl KeyRing {
                 reason: e.to_string(),
             })?;
             for entry in parse_keys_file(&text)? {
-                let info = self.from_file(entry);
+                let info = self.of_entry(entry);
                 if keys.iter().any(|k| k.name == info.name) {
                     return Err(KeysError::Twice(info.name.to_string()));
                 }
@@ -194,7 +194,7 @@ impl KeyRing {
         Ok(keys)
     }
 
-    fn from_file(&self, entry: KeyEntry) -> KeyInfo {
+    fn of_entry(&self, entry: KeyEntry) -> KeyInfo {
         let (digest, plain) = match &entry.key {
             KeyText::Plain(k) => (sha256(k.expose()), Some(k.expose())),
             KeyText::Sha256(d) => (*d, None),
@@ -246,13 +246,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("keys");
         let hashed = hex(&sha256("sk-ci"));
-        std::fs::write(&file, format!("alice sk-alice weight=4\nci sha256:{hashed} tokens_per_minute=100\n")).unwrap();
+        std::fs::write(
+            &file,
+            format!("alice sk-alice weight=4\nci sha256:{hashed} tokens_per_minute=100\n"),
+        )
+        .unwrap();
         let ring = ring(&["bob=sk-bob", "bare-key"], Some(&file)).unwrap();
         assert_eq!(ring.find("sk-bob").unwrap().name.as_ref(), "bob");
         let bare = ring.find("bare-key").unwrap();
         assert_eq!(bare.name.as_ref(), derived_name("bare-key"));
         assert!(bare.name.starts_with("key-") && bare.name.len() == 12);
-        assert_eq!(bare.settings.weight, Some(3), "CLIENT_WEIGHTS may name a bare key by its text");
+        assert_eq!(
+            bare.settings.weight,
+            Some(3),
+            "CLIENT_WEIGHTS may name a bare key by its text"
+        );
         assert_eq!(ring.find("sk-alice").unwrap().settings.weight, Some(4));
         let ci = ring.find("sk-ci").unwrap();
         assert_eq!((ci.name.as_ref(), ci.settings.tokens_per_minute), ("ci", Some(100)));

@@ -19,7 +19,7 @@ use crate::control::storage::StoreSlot;
 pub(crate) const ANONYMOUS: &str = "anonymous";
 
 enum Msg {
-    Add { at: i64, who: UsageKey, usage: Usage },
+    Add { at: i64, who: UsageKey, usage: Box<Usage> },
     Flush(oneshot::Sender<()>),
 }
 
@@ -62,7 +62,7 @@ impl Ledger {
             let _ = tx.send(Msg::Add {
                 at: now_secs(),
                 who,
-                usage,
+                usage: Box::new(usage),
             });
         }
     }

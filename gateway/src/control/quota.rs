@@ -177,14 +177,24 @@ mod tests {
         let (none, refused) = q.reserve(&k, 200, 1, T0 + 15);
         assert!(none.is_none());
         let r = refused.unwrap();
-        assert_eq!((r.limit, r.quota, r.retry_after), (Limit::TokensPerMinute, 1_000, Duration::from_secs(45)));
+        assert_eq!(
+            (r.limit, r.quota, r.retry_after),
+            (Limit::TokensPerMinute, 1_000, Duration::from_secs(45))
+        );
         q.settle(hold.unwrap(), 300);
-        assert_eq!(q.reserve(&k, 200, 1, T0 + 20).1, None, "the unused reservation came back");
+        assert_eq!(
+            q.reserve(&k, 200, 1, T0 + 20).1,
+            None,
+            "the unused reservation came back"
+        );
         assert_eq!(q.reserve(&k, 600, 1, T0 + 60).1, None, "a new minute");
         let big = q.reserve(&KeyInfo::named("bob"), 5_000, 1, T0);
         assert_eq!(big.1, None, "no quota: nothing refused");
         let (alone, refused) = q.reserve(&key(Some(100)), 5_000, 1, T0 + 120);
-        assert!(alone.is_some() && refused.is_none(), "an empty window takes one request of any size");
+        assert!(
+            alone.is_some() && refused.is_none(),
+            "an empty window takes one request of any size"
+        );
     }
 
     #[test]
@@ -198,7 +208,10 @@ mod tests {
         let k = KeyInfo::named("ci");
         q.seed("ci", 9_950, T0);
         let r = q.reserve(&k, 100, 1, T0).1.unwrap();
-        assert_eq!((r.limit, r.retry_after), (Limit::TokensPerDay, Duration::from_secs(23 * 3600)));
+        assert_eq!(
+            (r.limit, r.retry_after),
+            (Limit::TokensPerDay, Duration::from_secs(23 * 3600))
+        );
         assert_eq!(q.reserve(&k, 10, 1, T0).1, None);
         let (h2, _) = q.reserve(&k, 10, 1, T0);
         let r = q.reserve(&k, 10, 1, T0).1.unwrap();
@@ -209,6 +222,10 @@ mod tests {
         shadow.seed("ci", 10_000, T0);
         let (hold, refused) = shadow.reserve(&k, 100, 1, T0);
         assert!(hold.is_some(), "shadow mode serves it");
-        assert_eq!(refused.unwrap().limit, Limit::TokensPerDay, "and says what it would have refused");
+        assert_eq!(
+            refused.unwrap().limit,
+            Limit::TokensPerDay,
+            "and says what it would have refused"
+        );
     }
 }

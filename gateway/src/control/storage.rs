@@ -65,4 +65,3 @@ impl StoreSlot {
         self.cell.get()
     }
 }
-

@@ -14,8 +14,8 @@ use super::edge::Edge;
 use super::listen::{ListenConfig, ShutdownHooks};
 use crate::admin::ops as admin;
 use crate::api::body::BodyLimits;
-use crate::control::keys::KeyRing;
 use crate::app::{App, Shared};
+use crate::control::keys::KeyRing;
 use crate::control::state::{GatewayControl, UpstreamState};
 use crate::groups::{Groups, Upstreams};
 use crate::observe;
@@ -57,7 +57,12 @@ pub async fn serve(
     }
     let groups = Arc::new(Groups::of(config, &upstreams));
     crate::groups::seed(&control, &groups);
-    let app = App::new(config, control.clone(), groups.clone(), Some(Arc::new(store_slot(config)?)));
+    let app = App::new(
+        config,
+        control.clone(),
+        groups.clone(),
+        Some(Arc::new(store_slot(config)?)),
+    );
     let keys = Arc::new(KeyRing::new(config).map_err(std::io::Error::other)?);
     watch_keys(&keys, config.gateway.tenancy.quota_mode);
     if keys.required() {

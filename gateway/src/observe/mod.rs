@@ -10,10 +10,11 @@ pub(crate) mod otel;
 pub(crate) mod store;
 pub(crate) mod usage;
 
-pub(crate) use usage::KEY_RELOADS;
 pub(crate) use labels::{
-    Affinity, QuarantineStage, QuotaLimit, Rejection, TraceStage, Repair, ResumeFailure, StreamEnd, UpstreamErrorKind, Waiting,
+    Affinity, QuarantineStage, QuotaLimit, Rejection, Repair, ResumeFailure, StreamEnd, TraceStage, UpstreamErrorKind,
+    Waiting,
 };
+pub(crate) use usage::KEY_RELOADS;
 
 use std::sync::{Mutex, OnceLock};
 
@@ -455,9 +456,13 @@ impl Counts {
         Usage {
             prompt: self.prompt_tokens.or(self.input_tokens),
             completion: self.completion_tokens.or(self.output_tokens),
-            cached: detail(self.prompt_tokens_details, self.input_tokens_details, |d| d.cached_tokens)
-                .or(self.cache_read_input_tokens),
-            reasoning: detail(self.completion_tokens_details, self.output_tokens_details, |d| d.reasoning_tokens),
+            cached: detail(self.prompt_tokens_details, self.input_tokens_details, |d| {
+                d.cached_tokens
+            })
+            .or(self.cache_read_input_tokens),
+            reasoning: detail(self.completion_tokens_details, self.output_tokens_details, |d| {
+                d.reasoning_tokens
+            }),
         }
     }
 }
@@ -548,9 +553,12 @@ mod usage_tests {
             br#"{"usage":{"prompt_tokens":9,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":8},"completion_tokens_details":{"reasoning_tokens":3}}}"#,
         );
         assert_eq!((details.cached, details.reasoning), (Some(8), Some(3)));
-        let anthropic = Usage::of(&serde_json::json!({"input_tokens": 5, "cache_read_input_tokens": 2, "output_tokens": 1}));
+        let anthropic =
+            Usage::of(&serde_json::json!({"input_tokens": 5, "cache_read_input_tokens": 2, "output_tokens": 1}));
         assert_eq!(anthropic.cached, Some(2));
-        let responses = Usage::of(&serde_json::json!({"input_tokens": 5, "input_tokens_details": {"cached_tokens": 4}, "output_tokens_details": {"reasoning_tokens": 6}}));
+        let responses = Usage::of(
+            &serde_json::json!({"input_tokens": 5, "input_tokens_details": {"cached_tokens": 4}, "output_tokens_details": {"reasoning_tokens": 6}}),
+        );
         assert_eq!((responses.cached, responses.reasoning), (Some(4), Some(6)));
         assert!(
             Usage::of_usage_key(bodies[2]).is_none(),

@@ -113,9 +113,9 @@ impl RequestTrace {
             .get(TRACEPARENT)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_traceparent);
-        let (trace_id, flags) = parent
-            .as_ref()
-            .map_or((ids.new_trace_id(), TraceFlags::SAMPLED), |p| (p.trace_id(), p.trace_flags()));
+        let (trace_id, flags) = parent.as_ref().map_or((ids.new_trace_id(), TraceFlags::SAMPLED), |p| {
+            (p.trace_id(), p.trace_flags())
+        });
         let trace = RequestTrace {
             parent,
             trace_id,
@@ -150,7 +150,10 @@ impl RequestTrace {
     pub(crate) fn end(self) {
         let Some(t) = TRACING.get() else { return };
         let ended = SystemTime::now();
-        let client = self.parent.clone().map_or_else(Context::new, |p| Context::new().with_remote_span_context(p));
+        let client = self
+            .parent
+            .clone()
+            .map_or_else(Context::new, |p| Context::new().with_remote_span_context(p));
         NEXT.set(Some((self.trace_id, self.root)));
         let root = t
             .tracer
@@ -271,8 +274,14 @@ mod tests {
     #[test]
     fn tracing_off_leaves_the_headers_and_makes_no_trace() {
         let mut headers = HeaderMap::new();
-        headers.insert(TRACEPARENT, HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+        headers.insert(
+            TRACEPARENT,
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
         assert!(RequestTrace::begin(&mut headers, "chat").is_none());
-        assert_eq!(headers[TRACEPARENT], "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert_eq!(
+            headers[TRACEPARENT],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
     }
 }

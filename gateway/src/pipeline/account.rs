@@ -15,7 +15,6 @@ use sparkgate_config::{FairCharge, QuotaMode};
 use sparkgate_store::UsageKey;
 
 use crate::api::error::GatewayError;
-use crate::api::family::Api;
 use crate::api::normalize::Normalized;
 use crate::app::App;
 use crate::control::clients::Caller;
@@ -90,7 +89,9 @@ pub(crate) struct Account {
 
 impl std::fmt::Debug for Account {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Account").field("key", &self.name()).finish_non_exhaustive()
+        f.debug_struct("Account")
+            .field("key", &self.name())
+            .finish_non_exhaustive()
     }
 }
 
@@ -154,19 +155,19 @@ impl Account {
 
     /// Reserves the request's cost under its key's quotas: its prompt's estimate plus its output
     /// limit, for each sequence. Over a quota: 429 (enforced) or counted and served (shadow).
-    pub(crate) fn reserve(&mut self, api: Api, norm: &Normalized, bytes: usize) -> Result<(), GatewayError> {
+    pub(crate) fn reserve(&mut self, norm: &Normalized, output: Option<u64>, bytes: usize) -> Result<(), GatewayError> {
         let from = Instant::now();
-        let reserved = self.reserve_quota(api, norm, bytes);
+        let reserved = self.reserve_quota(norm, output, bytes);
         self.mark(TraceStage::Admission, from, Instant::now());
         reserved
     }
 
-    fn reserve_quota(&mut self, api: Api, norm: &Normalized, bytes: usize) -> Result<(), GatewayError> {
+    fn reserve_quota(&mut self, norm: &Normalized, output: Option<u64>, bytes: usize) -> Result<(), GatewayError> {
         self.model = norm.model.clone();
         self.estimate = bytes as u64 / BYTES_PER_TOKEN;
         let Some(key) = &self.key else { return Ok(()) };
         let seqs = norm.sequences.total();
-        let output = api.output_limit(&norm.body).unwrap_or(DEFAULT_OUTPUT_RESERVE);
+        let output = output.unwrap_or(DEFAULT_OUTPUT_RESERVE);
         let cost = self.estimate + output * u64::from(seqs);
         let quotas = &self.app.quotas;
         let (hold, refusal) = quotas.reserve(key, cost, seqs, now_secs());

@@ -13,7 +13,11 @@ use crate::control::state::UpstreamState;
 use crate::observe;
 use crate::quarantine::Stage;
 
-pub(super) async fn prepare(ctx: &Ctx<'_>, account: &mut Account, body: impl RequestBody) -> Result<Prepared, GatewayError> {
+pub(super) async fn prepare(
+    ctx: &Ctx<'_>,
+    account: &mut Account,
+    body: impl RequestBody,
+) -> Result<Prepared, GatewayError> {
     let app = ctx.app;
     check_content_type(&ctx.headers)?;
     let bytes = crate::api::body::read(body).await?;
@@ -22,6 +26,8 @@ pub(super) async fn prepare(ctx: &Ctx<'_>, account: &mut Account, body: impl Req
         forward,
         user,
         priority,
+        output_limit,
+        session,
     } = crate::api::body::prepare(&app.normalizer, app.groups.rules(), ctx.api, bytes).await?;
     for rule in &norm.repairs {
         counter!(observe::REPAIRS, "rule" => rule.label()).increment(1);
@@ -48,12 +54,12 @@ pub(super) async fn prepare(ctx: &Ctx<'_>, account: &mut Account, body: impl Req
         return Err(seqs.refusal(app.groups.largest_capacity()));
     }
     // Over its key's quota, it is refused before it takes a place in the queue.
-    account.reserve(ctx.api, &norm, forward.len())?;
+    account.reserve(&norm, output_limit, forward.len())?;
     // A conversation the client names stays on its group; else its prefix routes it.
     let prefix = app
         .groups
         .wants_prefix()
-        .then(|| session_key(ctx, &norm).or_else(|| crate::groups::prefix_key(&forward)))
+        .then(|| session_key(ctx, session.as_deref()).or_else(|| crate::groups::prefix_key(&forward)))
         .flatten();
     let client = account.client(
         app.clients
@@ -70,20 +76,16 @@ pub(super) async fn prepare(ctx: &Ctx<'_>, account: &mut Account, body: impl Req
 }
 
 /// The conversation a request names for routing: the SESSION_HEADER's value, else Anthropic's
-/// `metadata.user_id` — hashed as a prefix key is, so the group that served it keeps it.
-fn session_key(ctx: &Ctx<'_>, norm: &crate::api::normalize::Normalized) -> Option<u64> {
+/// `metadata.user_id` — hashed apart from prefix keys, so the group that served it keeps it.
+fn session_key(ctx: &Ctx<'_>, user_id: Option<&str>) -> Option<u64> {
     let header = ctx
         .app
         .session_header
         .as_ref()
         .and_then(|h| ctx.headers.get(h))
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty());
-    let user_id = || {
-        (ctx.api == crate::api::family::Api::Messages)
-            .then(|| norm.body.get("metadata")?.get("user_id")?.as_str())
-            .flatten()
-            .filter(|v| !v.is_empty())
-    };
-    header.or_else(user_id).map(crate::groups::session_key)
+        .and_then(|v| v.to_str().ok());
+    header
+        .or(user_id)
+        .filter(|v| !v.is_empty())
+        .map(crate::groups::session_key)
 }
