@@ -63,7 +63,7 @@ fn early_in_a_minute() {
 
 fn quota_gateway(sim: &Sim, dir: &std::path::Path, mode: &str) -> Gateway {
     let file = dir.join("keys");
-    std::fs::write(&file, "alice sk-quota-alice tokens_per_minute=60\nbob sk-quota-bob\n").unwrap();
+    std::fs::write(&file, "alice sk-quota-alice tokens_per_minute=30\nbob sk-quota-bob\n").unwrap();
     TestGateway::builder(SIM)
         .upstream(sim.addr())
         .env("API_KEYS_FILE", &file.display().to_string())

@@ -277,6 +277,66 @@ mod tests {
     }
 
     #[test]
+    fn charged_by_tokens_a_long_prompt_costs_its_client_what_many_short_ones_do() {
+        let heavy = Client::new("heavy", 1).costing(100_000);
+        let chat = |n: &str| Client::new(n, 1).costing(100);
+        let (a, b) = (chat("a"), chat("b"));
+        // The heavy client's two long prompts arrive first, then each chatter's ten turns.
+        let mut requests: Vec<(&Client, u32)> = vec![(&heavy, 1), (&heavy, 1)];
+        for _ in 0..10 {
+            requests.push((&a, 1));
+            requests.push((&b, 1));
+        }
+        let order = drain(&mut queue(&requests));
+        assert_eq!(order[0], 0, "the first long prompt starts with everyone");
+        assert_eq!(order[order.len() - 1], 1, "its second waits until the chats had their share");
+        // Charged by sequences, the second long prompt would go third.
+        let by_seq = Client::new("heavy", 1);
+        let (sa, sb) = (Client::new("a", 1), Client::new("b", 1));
+        let mut requests: Vec<(&Client, u32)> = vec![(&by_seq, 1), (&by_seq, 1)];
+        for _ in 0..10 {
+            requests.push((&sa, 1));
+            requests.push((&sb, 1));
+        }
+        assert_eq!(drain(&mut queue(&requests))[3], 1);
+    }
+
+    /// x and y each have a request admitted and one more waiting behind a bystander; `charge`
+    /// runs after the first admissions, before the second requests are tagged.
+    fn second_turns(charge: impl Fn(&mut FairQueue, &Client, &Client)) -> Vec<u64> {
+        let (x, y, z) = (Client::new("x", 1).costing(10), Client::new("y", 1).costing(10), Client::new("z", 1));
+        let mut q = FairQueue::default();
+        for (id, c) in [(0, &z), (1, &x), (2, &y)] {
+            let place = q.tag(c, 1);
+            q.push(place, id);
+        }
+        let (first, _) = q.after(None).unwrap();
+        q.admit(first);
+        charge(&mut q, &x, &y);
+        for (id, c) in [(3, &x), (4, &y)] {
+            let place = q.tag(c, 1);
+            q.push(place, id);
+        }
+        drain(&mut q)
+    }
+
+    #[test]
+    fn a_charge_after_admission_moves_the_clients_next_request() {
+        assert_eq!(second_turns(|_, _, _| {}), [1, 2, 3, 4], "even: x, y, x, y");
+        assert_eq!(
+            second_turns(|q, x, _| q.charge(x, 1_000)),
+            [1, 2, 4, 3],
+            "x streamed more than its estimate: its next turn goes after y's"
+        );
+        assert_eq!(
+            second_turns(|q, _, y| q.charge(y, -5)),
+            [1, 2, 4, 3],
+            "y used less than its estimate: refunded, its next turn goes first"
+        );
+        second_turns(|q, _, _| q.charge(&Client::new("gone", 1), 5));
+    }
+
+    #[test]
     fn a_lone_request_waits_beside_a_burst_not_behind_it() {
         let (burst, lone) = (Client::new("burst", 1), Client::new("lone", 1));
         let mut requests: Vec<(&Client, u32)> = vec![(&burst, 1); 16];
