@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Fairness by tokens against fairness by sequences (FAIR_CHARGE): one client keeps two requests
+# with 100k-token prompts in flight, three clients send short streamed chats one after another;
+# the chats' time to first token and the heavy client's prompt throughput, under
+# FAIR_CHARGE=sequences, then tokens. vllm-sim is paced (SIM_SPEED=20: a 100k-token prefill takes
+# about 5 s) with MAX_NUM_SEQS 2, so the heavy client could hold every slot. Loopback only.
+#
+# usage: bash tests/fairness/tokens.sh [SECONDS=60]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+seconds="${1:-60}"
+cargo build --release --locked --bins >/dev/null
+work="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+model=DeepSeek-v4.1-Flash-EXL3
+sim_port=$(free_port)
+SIM_SPEED=20 target/release/vllm-sim serve /model --served-model-name "$model" --max-num-seqs 2 \
+  --max-model-len 200000 --port "$sim_port" >"$work/sim.log" 2>&1 &
+sim_pid=$!
+until curl -sf "http://127.0.0.1:$sim_port/health" >/dev/null; do
+  kill -0 "$sim_pid" 2>/dev/null || { echo "vllm-sim exited:"; cat "$work/sim.log"; exit 1; }
+  sleep 0.1
+done
+for charge in ${CHARGES:-sequences tokens}; do
+  port=$(free_port)
+  PROFILE=deepseek-v4.1-flash SERVED_MODEL_NAME="$model" MAX_NUM_SEQS=2 FAIR_CHARGE="$charge" \
+    DEPLOY_DIR="$work" STORE_URL="$work/state.$charge.sqlite" MAX_BODY_BYTES=67108864 \
+    target/release/sparkgate serve --upstream "http://127.0.0.1:$sim_port" --port "$port" >"$work/gw.$charge.log" 2>&1 &
+  pid=$!
+  until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { echo "sparkgate exited:"; cat "$work/gw.$charge.log"; exit 1; }
+    sleep 0.1
+  done
+  python3 tests/fairness/tokens.py "$port" "$model" "$seconds" "$charge"
+  kill -TERM "$pid"
+  wait "$pid" || true
+done
