@@ -491,7 +491,10 @@ fn tracing_gives_rank_0_alone_the_collector_and_the_protocol_vllm_speaks() {
     let fx = Fixture::from_file("deepseek.env").env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318/");
     let plan = fx.config().plan();
     let rank0 = plan.ranks[0].vllm_argv();
-    let at = rank0.iter().position(|a| a == "--otlp-traces-endpoint").expect("rank 0 traces");
+    let at = rank0
+        .iter()
+        .position(|a| a == "--otlp-traces-endpoint")
+        .expect("rank 0 traces");
     assert_eq!(rank0[at + 1], "http://127.0.0.1:4318/v1/traces");
     let env0 = env_of(&plan.ranks[0]);
     assert!(env0.contains(&("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL".into(), "http/protobuf".into())));
@@ -499,6 +502,8 @@ fn tracing_gives_rank_0_alone_the_collector_and_the_protocol_vllm_speaks() {
     assert!(!env_of(&plan.ranks[1]).iter().any(|(k, _)| k.starts_with("OTEL_")));
     let off = Fixture::from_file("deepseek.env").config().plan();
     assert!(!off.ranks[0].vllm_argv().iter().any(|a| a == "--otlp-traces-endpoint"));
-    let refused = Fixture::from_file("deepseek.env").env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc").load();
+    let refused = Fixture::from_file("deepseek.env")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .load();
     assert!(refused.unwrap_err().to_string().contains("OTEL_EXPORTER_OTLP_PROTOCOL"));
 }

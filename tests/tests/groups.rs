@@ -322,7 +322,12 @@ fn ask_with(gw: &Gateway, path: &str, body: &Value, headers: &[(&str, &str)]) ->
 fn a_named_session_stays_on_its_group_whatever_its_prefix() {
     let (_dir, gw, _) = two_groups(&[("SIM_SPEED", "1")]);
     let chat = |text: &str| json!({"messages": [{"role": "user", "content": text}], "max_tokens": 4});
-    let first = ask_with(&gw, "/v1/chat/completions", &chat("Name a prime."), &[("x-session-id", "s-1")]);
+    let first = ask_with(
+        &gw,
+        "/v1/chat/completions",
+        &chat("Name a prime."),
+        &[("x-session-id", "s-1")],
+    );
     let claude = json!({"model": "DeepSeek-v4.1-Flash-EXL3", "max_tokens": 4, "metadata": {"user_id": "dev-7"},
         "messages": [{"role": "user", "content": "Name a colour."}]});
     let anthropic = ask_with(&gw, "/v1/messages", &claude, &[]);
@@ -338,13 +343,27 @@ fn a_named_session_stays_on_its_group_whatever_its_prefix() {
             assert_eq!(a.group, group);
         })
     };
-    gw.wait_status("the session's long answer runs", |s| group(s, &first.group)["in_flight"] == 1);
-    let next = ask_with(&gw, "/v1/chat/completions", &chat("Something else entirely."), &[("x-session-id", "s-1")]);
+    gw.wait_status("the session's long answer runs", |s| {
+        group(s, &first.group)["in_flight"] == 1
+    });
+    let next = ask_with(
+        &gw,
+        "/v1/chat/completions",
+        &chat("Something else entirely."),
+        &[("x-session-id", "s-1")],
+    );
     assert_eq!(next.group, first.group, "the session's group, though the other is idle");
     let stranger = ask_with(&gw, "/v1/chat/completions", &chat("Something else entirely."), &[]);
-    assert_ne!(stranger.group, first.group, "without a session: the group with the most room");
+    assert_ne!(
+        stranger.group, first.group,
+        "without a session: the group with the most room"
+    );
     let again = json!({"model": "DeepSeek-v4.1-Flash-EXL3", "max_tokens": 4, "metadata": {"user_id": "dev-7"},
         "messages": [{"role": "user", "content": "A new topic."}]});
-    assert_eq!(ask_with(&gw, "/v1/messages", &again, &[]).group, anthropic.group, "metadata.user_id names a session");
+    assert_eq!(
+        ask_with(&gw, "/v1/messages", &again, &[]).group,
+        anthropic.group,
+        "metadata.user_id names a session"
+    );
     busy.join().unwrap();
 }

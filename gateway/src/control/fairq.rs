@@ -289,7 +289,11 @@ mod tests {
         }
         let order = drain(&mut queue(&requests));
         assert_eq!(order[0], 0, "the first long prompt starts with everyone");
-        assert_eq!(order[order.len() - 1], 1, "its second waits until the chats had their share");
+        assert_eq!(
+            order[order.len() - 1],
+            1,
+            "its second waits until the chats had their share"
+        );
         // Charged by sequences, the second long prompt would go third.
         let by_seq = Client::new("heavy", 1);
         let (sa, sb) = (Client::new("a", 1), Client::new("b", 1));
@@ -304,7 +308,11 @@ mod tests {
     /// x and y each have a request admitted and one more waiting behind a bystander; `charge`
     /// runs after the first admissions, before the second requests are tagged.
     fn second_turns(charge: impl Fn(&mut FairQueue, &Client, &Client)) -> Vec<u64> {
-        let (x, y, z) = (Client::new("x", 1).costing(10), Client::new("y", 1).costing(10), Client::new("z", 1));
+        let (x, y, z) = (
+            Client::new("x", 1).costing(10),
+            Client::new("y", 1).costing(10),
+            Client::new("z", 1),
+        );
         let mut q = FairQueue::default();
         for (id, c) in [(0, &z), (1, &x), (2, &y)] {
             let place = q.tag(c, 1);
