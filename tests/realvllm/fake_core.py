@@ -205,6 +205,9 @@ class FakeEngineCore:
             finish_reason=finish,
             stop_reason=stop_reason,
             events=r.events or None,
+            # As vLLM's scheduler does: the request's trace context rides on its outputs, and
+            # the frontend's output processor opens its `llm_request` span under it.
+            trace_headers=r.req.trace_headers,
         )
         r.events = []
         if r.first:
