@@ -1,6 +1,7 @@
 //! The hot path's pure parts as microbenchmark cases (`benches/hot_path.rs` runs them, timed
 //! and under callgrind for instruction counts): body preparation of a typical request (as sent,
-//! and one that is rewritten) and a large one, the SSE tap per token frame, and an admission permit taken and returned.
+//! and one that is rewritten) and a large one, the SSE tap per token frame, a trace begun with
+//! tracing off, and an admission permit taken and returned.
 //!
 //! Hidden from the docs: a surface for the benchmark binary, not an API.
 
@@ -70,6 +71,12 @@ pub fn cases() -> &'static [Case] {
             what: "the tap on one token frame of a stream that can be continued: its token ids recorded and written null for the client (docs/resume.md)",
             counted_iters: 200_000,
             run: sse_tap_traced,
+        },
+        Case {
+            name: "trace_begin_off",
+            what: "a generation's trace begun with tracing off (OTEL_EXPORTER_OTLP_ENDPOINT unset), its client's traceparent present",
+            counted_iters: 200_000,
+            run: trace_off,
         },
         Case {
             name: "admission_acquire_release",
@@ -186,6 +193,18 @@ fn tap_frames(iters: u64, frame: &'static [u8], traced: bool) {
     counted(iters, || {
         let out = tap.feed(black_box(frame.clone()));
         black_box(out.map(|b| b.len()));
+    });
+}
+
+fn trace_off(iters: u64) {
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert(
+        "traceparent",
+        axum::http::HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    );
+    counted(iters, || {
+        let trace = crate::observe::otel::RequestTrace::begin(black_box(&mut headers), "chat");
+        black_box(trace.is_some());
     });
 }
 

@@ -19,7 +19,11 @@ const CLIENT_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 fn vllms_own_span_joins_the_clients_trace_under_the_gateways_upstream_span() {
     let receiver = Receiver::start();
     let endpoint = format!("http://{}", receiver.addr);
-    let argv = plan_argv_with(ProfileId::DeepSeekV41Flash, None, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)]);
+    let argv = plan_argv_with(
+        ProfileId::DeepSeekV41Flash,
+        None,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
+    );
     assert!(argv.iter().any(|a| a == "--otlp-traces-endpoint"), "{argv:?}");
     // Rank 0's environment as the plan gives it when tracing is on, and a short export delay.
     let env = [
@@ -41,7 +45,10 @@ fn vllms_own_span_joins_the_clients_trace_under_the_gateways_upstream_span() {
         gw.addr,
         "POST",
         "/v1/chat/completions",
-        &[("Content-Type", "application/json"), ("traceparent", traceparent.as_str())],
+        &[
+            ("Content-Type", "application/json"),
+            ("traceparent", traceparent.as_str()),
+        ],
         body.to_string().as_bytes(),
     );
     assert_eq!(s.status, 200);
