@@ -8,13 +8,14 @@ import httpx
 
 port, model, seconds, charge = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
 URL = f"http://127.0.0.1:{port}/v1/chat/completions"
-# About 100 000 prompt tokens (vllm-sim counts a word and its space as one token).
-LONG = " ".join(f"w{i % 997}" for i in range(100_000))
+# About 100 000 prompt tokens (" the" is one token of vllm-sim's vocabulary).
+LONG = "the " * 100_000
 
 
 async def heavy(client, until, done):
     while time.monotonic() < until:
-        body = {"model": model, "messages": [{"role": "user", "content": LONG + f" {time.monotonic()}"}],
+        # A fresh first word: no prompt shares a prefix with another (no prefix-cache hits).
+        body = {"model": model, "messages": [{"role": "user", "content": f"{time.monotonic_ns()} " + LONG}],
                 "max_tokens": 16, "chat_template_kwargs": {"enable_thinking": False}}
         r = await client.post(URL, json=body, headers={"x-sparkgate-client": "heavy"}, timeout=900)
         assert r.status_code == 200, (r.status_code, r.text[:300])

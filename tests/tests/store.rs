@@ -1,14 +1,14 @@
 //! The store (`sparkgate-store`) held to the same suite on both backends — an embedded SQLite
 //! file and a real PostgreSQL server (Debian's, started per test): a record read back only by
 //! its owner, another owner's id never overwritten, deletes, the TTL and the size cap evicting
-//! the oldest first, and what one handle wrote read by another (a restarted gateway, or a
-//! second gateway on the same database).
+//! the oldest first, what one handle wrote read by another (a restarted gateway, or a
+//! second gateway on the same database), and per-key usage rows summed by minute, window and key.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sparkgate_store::{Location, Retention, Store, Stored};
+use sparkgate_store::{Location, Retention, Store, Stored, Usage, UsageKey};
 use sparkgate_tests::postgres::Postgres;
 
 fn rt() -> tokio::runtime::Runtime {
@@ -100,6 +100,44 @@ async fn suite(at: Location) {
         assert_eq!(store.get(&id, "alice").await.unwrap().is_some(), kept, "{id}");
     }
     assert!(store.evicted() >= 2);
+    usage(&at, &now).await;
+}
+
+/// Per-key usage rows: a minute's counts add up, windows and keys filter, another handle (a
+/// second gateway) adds to the same rows.
+async fn usage(at: &Location, now: &Arc<AtomicI64>) {
+    let store = open(at, Retention::default(), now).await;
+    let who = |key: &str, route: &str| UsageKey {
+        key: key.into(),
+        model: "m".into(),
+        route: route.into(),
+    };
+    let one = |prompt, completion, wait_ms| {
+        let mut u = Usage {
+            requests: 1,
+            prompt,
+            completion,
+            ..Usage::default()
+        };
+        u.waited(wait_ms);
+        u
+    };
+    store.add_usage(6_000, &who("alice", "chat"), &one(10, 5, 5)).await.unwrap();
+    store.add_usage(6_059, &who("alice", "chat"), &one(20, 7, 400)).await.unwrap();
+    let other = open(at, Retention::default(), now).await;
+    other.add_usage(6_030, &who("alice", "chat"), &one(1, 1, 20)).await.unwrap();
+    store.add_usage(6_130, &who("alice", "messages"), &one(3, 2, 0)).await.unwrap();
+    store.add_usage(6_130, &who("bob", "chat"), &one(100, 50, 0)).await.unwrap();
+    let all = store.usage_since(0, None).await.unwrap();
+    assert_eq!(all.len(), 3, "{all:?}");
+    let (key, chat) = &all[0];
+    assert_eq!(key, &who("alice", "chat"));
+    assert_eq!((chat.requests, chat.prompt, chat.completion, chat.wait_ms), (3, 31, 13, 425));
+    assert_eq!(chat.wait_percentile(0.5), Some(50));
+    let later = store.usage_since(6_100, Some("alice")).await.unwrap();
+    assert_eq!(later.len(), 1, "only the later minute, only alice: {later:?}");
+    assert_eq!(later[0].0, who("alice", "messages"));
+    assert!(store.usage_since(6_180, None).await.unwrap().is_empty());
 }
 
 #[test]
