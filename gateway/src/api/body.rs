@@ -208,9 +208,12 @@ fn split(bytes: &[u8], api: Api) -> Result<Split<'_>, GatewayError> {
             priority = integer(v);
         } else if key == "prompt" && matches!(api, Api::Completions | Api::Invocations) {
             prompts = Some(prompt_count(v));
-        } else if api.output_limits().contains(&key.as_ref()) {
-            output_limit = output_limit.max(integer(v).and_then(|n| u64::try_from(n).ok()));
-        } else if key == "metadata" && api == Api::Messages {
+        } else if key.starts_with("max_") && api.output_limits().contains(&key.as_ref()) {
+            // A plain integer (the usual case) without a value tree; else as vLLM coerces it.
+            let limit = v.get().parse::<u64>().ok();
+            let limit = limit.or_else(|| integer(v).and_then(|n| u64::try_from(n).ok()));
+            output_limit = output_limit.max(limit);
+        } else if api == Api::Messages && key == "metadata" {
             session = user_id(v);
         }
         // A batch's permits are its conversations: the normaliser counts `messages` there.
