@@ -84,7 +84,7 @@ pub fn test_config(profile: ProfileId, extra: &[(&str, &str)]) -> Config {
 }
 
 /// Every launch-plan argv the tests check: both profiles, every mode and rank, and the plan's
-/// variants (eager, multimodal, long-prefill threshold, GLM's default effort, one node) —
+/// variants (eager, multimodal, long-prefill threshold, GLM's default effort, one node, traced) —
 /// `(profile, description, mode's MAX_NUM_SEQS, whether speculative, rank, argv)`.
 pub fn every_plan_argv() -> Vec<PlanArgv> {
     let variants: &[&[(&str, &str)]] = &[
@@ -94,6 +94,7 @@ pub fn every_plan_argv() -> Vec<PlanArgv> {
         &[("LONG_PREFILL_TOKEN_THRESHOLD", "512")],
         &[("GLM53_DEFAULT_REASONING_EFFORT", "high")],
         &[("NNODES", "1")],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")],
     ];
     let mut out = Vec::new();
     for profile in ProfileId::ALL {

@@ -122,17 +122,35 @@ async fn usage(at: &Location, now: &Arc<AtomicI64>) {
         u.waited(wait_ms);
         u
     };
-    store.add_usage(6_000, &who("alice", "chat"), &one(10, 5, 5)).await.unwrap();
-    store.add_usage(6_059, &who("alice", "chat"), &one(20, 7, 400)).await.unwrap();
+    store
+        .add_usage(6_000, &who("alice", "chat"), &one(10, 5, 5))
+        .await
+        .unwrap();
+    store
+        .add_usage(6_059, &who("alice", "chat"), &one(20, 7, 400))
+        .await
+        .unwrap();
     let other = open(at, Retention::default(), now).await;
-    other.add_usage(6_030, &who("alice", "chat"), &one(1, 1, 20)).await.unwrap();
-    store.add_usage(6_130, &who("alice", "messages"), &one(3, 2, 0)).await.unwrap();
-    store.add_usage(6_130, &who("bob", "chat"), &one(100, 50, 0)).await.unwrap();
+    other
+        .add_usage(6_030, &who("alice", "chat"), &one(1, 1, 20))
+        .await
+        .unwrap();
+    store
+        .add_usage(6_130, &who("alice", "messages"), &one(3, 2, 0))
+        .await
+        .unwrap();
+    store
+        .add_usage(6_130, &who("bob", "chat"), &one(100, 50, 0))
+        .await
+        .unwrap();
     let all = store.usage_since(0, None).await.unwrap();
     assert_eq!(all.len(), 3, "{all:?}");
     let (key, chat) = &all[0];
     assert_eq!(key, &who("alice", "chat"));
-    assert_eq!((chat.requests, chat.prompt, chat.completion, chat.wait_ms), (3, 31, 13, 425));
+    assert_eq!(
+        (chat.requests, chat.prompt, chat.completion, chat.wait_ms),
+        (3, 31, 13, 425)
+    );
     assert_eq!(chat.wait_percentile(0.5), Some(50));
     let later = store.usage_since(6_100, Some("alice")).await.unwrap();
     assert_eq!(later.len(), 1, "only the later minute, only alice: {later:?}");

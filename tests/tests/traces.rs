@@ -2,7 +2,8 @@
 //! spans reach a real OTLP/HTTP receiver (decoded with the opentelemetry-proto messages): the
 //! client's trace continued, a child span per stage under the request's span in the order the
 //! stages ran, the GenAI attributes and the key's name (never the key), and rank 0 sent a
-//! `traceparent` naming the upstream stage's span, under which vLLM's own spans go.
+//! `traceparent` naming the upstream stage's span, under which vLLM's own spans go; a stream cut
+//! by its rank 0's SIGKILL and continued has its resume span.
 
 use std::time::Duration;
 
@@ -143,4 +144,76 @@ fn a_generations_stages_reach_the_collector_under_the_clients_trace_and_rank_0_g
     let theirs = spans_of(&all, &hex(&root.span.trace_id));
     assert!(theirs.iter().any(|r| r.span.name == "upstream"));
     assert!(!theirs.iter().any(|r| r.span.name == "streaming"));
+}
+
+/// Rank 0's pid, from `/admin/status`.
+fn rank0_pid(status: &serde_json::Value) -> u32 {
+    status["supervisor"]["ranks"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["rank"] == 0))
+        .and_then(|r| r["pid"].as_u64())
+        .unwrap_or_else(|| panic!("no rank 0 pid: {status}")) as u32
+}
+
+#[test]
+fn a_stream_continued_after_its_rank_0_was_killed_has_a_resume_span() {
+    let receiver = Receiver::start();
+    let gw = TestGateway::builder(SIM)
+        .envs(&[
+            ("SIM_SPEED", "0.3"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &format!("http://{}", receiver.addr)),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ])
+        .start();
+    gw.wait_status("serving", |s| s["supervisor"]["state"] == "ready");
+    let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let body = json!({"messages": [{"role": "user", "content": "explain tensor parallel decode"}],
+        "max_tokens": 60, "temperature": 0, "stream": true});
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("traceparent", traceparent.as_str()),
+    ];
+    let mut s = Streaming::open(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(s.status, 200);
+    let mut raw = Vec::new();
+    let mut killed = false;
+    while let Some(chunk) = s.next_chunk() {
+        raw.extend(chunk);
+        if !killed && sparkgate_tests::sse::events(&raw).len() >= 10 {
+            let pid = rank0_pid(&gw.status()).to_string();
+            assert!(std::process::Command::new("kill")
+                .args(["-KILL", &pid])
+                .status()
+                .unwrap()
+                .success());
+            killed = true;
+        }
+    }
+    assert!(killed, "the kill landed mid-stream");
+    let all = receiver.wait_for(Duration::from_secs(60), |spans| {
+        spans_of(spans, CLIENT_TRACE).iter().any(|r| r.span.name == "chat")
+    });
+    let spans = spans_of(&all, CLIENT_TRACE);
+    let root = spans.iter().find(|r| r.span.name == "chat").unwrap();
+    let resume = spans
+        .iter()
+        .find(|r| r.span.name == "resume")
+        .unwrap_or_else(|| panic!("no resume span in {spans:#?}\n{}", gw.proc.log().join("\n")));
+    assert_eq!(resume.span.parent_span_id, root.span.span_id);
+    assert!(
+        resume.span.end_time_unix_nano > resume.span.start_time_unix_nano,
+        "the restart took time"
+    );
+    assert_eq!(attribute(&root.span, "sparkgate.outcome").as_deref(), Some("completed"));
+    let streaming = spans.iter().find(|r| r.span.name == "streaming").unwrap();
+    assert!(
+        streaming.span.start_time_unix_nano <= resume.span.start_time_unix_nano,
+        "cut while streaming"
+    );
 }

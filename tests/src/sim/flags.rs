@@ -28,6 +28,8 @@ pub(super) const FLAGS: &[(&str, Kind)] = &[
     ("model", Str),
     ("served-model-name", Many),
     ("host", Str),
+    // Tracing (vLLM exports its request spans there; the simulator parses it and exports none).
+    ("otlp-traces-endpoint", Str),
     ("port", Int),
     ("uds", Str),
     ("api-key", Many),
