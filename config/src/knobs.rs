@@ -8,13 +8,14 @@
 use Def::{Derived as D, Unused as NA, Value as V};
 
 use crate::config::{
-    FairCharge, Gpus, GroupRouting, ImageShip, KnownHosts, LogFormat, OtlpProtocol, QueuePolicy, QuotaMode, Runtime,
-    SchedulingPolicy, SpecPolicy, WeightSync,
+    Gpus, GroupRouting, ImageShip, KnownHosts, LogFormat, QueuePolicy, Runtime, SchedulingPolicy, SpecPolicy,
+    WeightSync,
 };
 use crate::profile::ProfileId;
 use crate::rule::Rule::{self, *};
 use crate::secret::REDACTED;
 use crate::section::Group::{self, *};
+use crate::tenancy::{FairCharge, OtlpProtocol, QuotaMode};
 
 /// A knob's default in one profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -341,6 +342,8 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MEMINFO_PATH", Supervision, V("/proc/meminfo"), "Where MemAvailable is read (memguard, preflight).").rule(NonEmpty),
     k("BOOT_MARGIN_GIB", Supervision, V("12"), "Free memory beyond the weights each node needs to boot; empty: no check.").glm(V(""))
         .aliases(&["DSV41_BOOT_MARGIN_GIB"]).rule(Optional(&Float(0.0, 1024.0))),
+    k("LOG_KEEP_EPOCHS", Supervision, V("500"), "Epoch directories (rank logs, diagnostics) kept in LOG_DIR: before a start the oldest go, never the epoch starting (three weeks of a restart an hour); 0: all.").rule(Int(0, 1_000_000)),
+    k("LOG_KEEP_BYTES", Supervision, V("21474836480"), "Bytes of older epochs' directories kept in LOG_DIR (20 GiB), the oldest removed first past it; 0: no limit.").rule(Int(0, 1_099_511_627_776)),
     k("MIN_FREE_DISK_GIB", Supervision, V("2"), "Free space LOG_DIR's filesystem must have before a start (rank logs and diagnostics grow per epoch); empty: no check.").rule(Optional(&Float(0.0, 1_000_000.0))),
     // === Gateway ===
     k("BIND_ADDR", Gateway, V("0.0.0.0"), "Address the gateway listens on (with PORT).").rule(Ip),

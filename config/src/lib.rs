@@ -23,15 +23,16 @@ mod secret;
 mod section;
 mod source;
 mod spec;
+mod tenancy;
 mod vllm;
 mod words;
 
 pub use choice::UnknownWord;
 pub use config::{
-    AutoSpec, Config, Containers, DflashDraft, EngramPack, FairCharge, Gateway, Gpus, GroupRouting, HostNccl,
-    ImageShip, KeyQuota, KnownHosts, LoadOptions, LogFormat, NfsShare, Nic, Nodes, OtlpProtocol, Ports, Preparation,
-    QueuePolicy, QuotaMode, RankEnvValue, Runtime, SchedulingPolicy, Secrets, Serving, Setting, SpecPolicy,
-    Speculation, SshSettings, Storage, Supervision, Tenancy, Tracing, WeightSync, Weights, Worker, ZfsDatasets,
+    AutoSpec, Config, Containers, DflashDraft, EngramPack, Gateway, Gpus, GroupRouting, HostNccl, ImageShip,
+    KnownHosts, LoadOptions, LogFormat, NfsShare, Nic, Nodes, Ports, Preparation, QueuePolicy, RankEnvValue, Runtime,
+    SchedulingPolicy, Secrets, Serving, Setting, SpecPolicy, Speculation, SshSettings, Storage, Supervision,
+    WeightSync, Weights, Worker, ZfsDatasets,
 };
 pub use error::{ConfigError, InvalidValue};
 pub use groups::{GroupConfig, SINGLE_GROUP};
@@ -44,4 +45,5 @@ pub use source::Source;
 pub use spec::{
     default_max_num_seqs, seeded_throughput, Basis, SpecMethod, SpecMode, ThroughputPoint, ThroughputTable,
 };
+pub use tenancy::{FairCharge, KeyQuota, OtlpProtocol, QuotaMode, Tenancy, Tracing};
 pub use vllm::{Fit, UpstreamVersion, VllmRelease};

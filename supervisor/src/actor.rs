@@ -17,7 +17,7 @@ use crate::machine::{Action, Answer, Command, Event, Failure, Machine, Origin};
 use crate::rank::{Backend, Rank, Reporting};
 use crate::sampler::Sampler;
 use crate::start::{Ranks, StartError, Starter};
-use crate::status::{NodeMemory, Status};
+use crate::status::{LogsPruned, NodeMemory, RestartCount, Status};
 use crate::watchdog::{Limits, Watchdog};
 
 /// A command and where its answer goes.
@@ -76,6 +76,8 @@ pub(crate) struct Actor {
     preparing: Option<JoinHandle<()>>,
     /// Shutdown callers, answered when the supervisor ends.
     waiters: Vec<oneshot::Sender<Answer>>,
+    /// When the published state last changed (seconds since the epoch).
+    state_since: std::cell::Cell<f64>,
 }
 
 impl Actor {
@@ -106,6 +108,7 @@ impl Actor {
             starting: None,
             preparing: None,
             waiters: Vec::new(),
+            state_since: std::cell::Cell::new(unix_now()),
         }
     }
 
@@ -133,13 +136,30 @@ impl Actor {
             preparing,
             stalled_s: self.watching.as_ref().and(self.stalled_s),
             vllm: self.vllm.clone(),
+            logs_pruned: {
+                let (epochs, bytes) = *self.starter.pruned.lock().expect("pruned");
+                LogsPruned { epochs, bytes }
+            },
+            restart_counts: self
+                .machine
+                .restart_counts
+                .iter()
+                .map(|(reason, count)| RestartCount {
+                    reason: *reason,
+                    planned: reason.planned(),
+                    count: *count,
+                })
+                .collect(),
+            state_since_unix: self.state_since.get(),
         }
     }
 
     fn publish(&self) {
-        let status = self.status();
+        let mut status = self.status();
         if self.status_tx.borrow().state != status.state {
             tracing::info!(state = ?status.state, epoch = status.epoch, mode = %status.mode, "rank group");
+            self.state_since.set(unix_now());
+            status.state_since_unix = self.state_since.get();
         }
         let _ = self.status_tx.send(status);
     }
@@ -485,4 +505,10 @@ async fn watch_next(
 /// Writes stall diagnostics for `epoch` (tails, stack dumps, memory).
 async fn stall_diagnostics(starter: &Starter, epoch: u64, ranks: &Ranks, why: &str) -> PathBuf {
     crate::diagnostics::collect(&starter.epoch_dir(epoch), ranks, why).await
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }

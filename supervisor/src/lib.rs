@@ -18,6 +18,7 @@ mod nodes;
 mod preflight;
 mod probe;
 mod rank;
+mod retention;
 mod sampler;
 mod start;
 mod status;
@@ -29,7 +30,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub use error::SupervisorError;
 pub use machine::Answer;
 pub use probe::Progress;
-pub use status::{GroupState, LastRestart, LossCause, NodeMemory, RankStatus, Status};
+pub use status::{
+    GroupState, LastRestart, LogsPruned, LossCause, NodeMemory, RankStatus, RestartCount, RestartReason, Status,
+};
 
 use sparkgate_prepare::verify::ssh_target;
 
@@ -149,6 +152,11 @@ impl SupervisorHandle {
                 config.secrets.vllm_api_key.as_ref().map(|k| k.expose().to_owned()),
             ),
             log_dir: s.log_dir.clone(),
+            retention: retention::Retention {
+                epochs: s.log_keep_epochs,
+                bytes: s.log_keep_bytes,
+            },
+            pruned: std::sync::Arc::default(),
             ready_timeout: s.ready_timeout,
             hang: s.hang,
             generate_probe: s.ready_generate_probe,

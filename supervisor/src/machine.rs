@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sparkgate_config::SpecMethod;
 
 use crate::backoff::Backoff;
-use crate::status::{GroupState, LastRestart, LossCause};
+use crate::status::{GroupState, LastRestart, LossCause, RestartReason};
 
 /// Where the group is.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,6 +165,8 @@ pub(crate) struct Machine {
     backoff: Backoff,
     pub(crate) restarts: u32,
     pub(crate) last_restart: Option<LastRestart>,
+    /// Restarts of a running group, by reason.
+    pub(crate) restart_counts: std::collections::BTreeMap<RestartReason, u64>,
     /// Node preparation ran (it runs once, before the first start).
     prepared: bool,
     ready_since: Option<Instant>,
@@ -189,6 +191,7 @@ impl Machine {
             backoff,
             restarts: 0,
             last_restart: None,
+            restart_counts: std::collections::BTreeMap::new(),
             prepared: false,
             ready_since: None,
             keep_on_exit,
@@ -307,13 +310,18 @@ impl Machine {
                 if mode.is_some() {
                     self.wanted = mode;
                 }
-                self.restart(reason, now)
+                let why = if mode.is_some() {
+                    RestartReason::SpecSwitch
+                } else {
+                    RestartReason::Operator
+                };
+                self.restart(reason, why, now)
             }
             Command::Shutdown => (Answer::Accepted, self.shutdown(now)),
         }
     }
 
-    fn restart(&mut self, reason: String, now: Instant) -> (Answer, Vec<Action>) {
+    fn restart(&mut self, reason: String, why: RestartReason, now: Instant) -> (Answer, Vec<Action>) {
         use Phase as P;
         match &mut self.phase {
             P::Stopped | P::Failed { .. } | P::Backoff { .. } => {
@@ -324,6 +332,7 @@ impl Machine {
             P::Starting { epoch } | P::Ready { epoch } => {
                 let epoch = *epoch;
                 self.restarts += 1;
+                *self.restart_counts.entry(why).or_default() += 1;
                 self.last_restart = Some(LastRestart::now(&reason, None, None));
                 (Answer::Accepted, self.stop(epoch, Then::Start { reason }, now))
             }
@@ -463,6 +472,10 @@ impl Machine {
     /// Counts a failure of `epoch` (its ranks already gone): back off, or give up.
     fn failed(&mut self, epoch: u64, failure: Failure) -> Vec<Action> {
         self.restarts += 1;
+        *self
+            .restart_counts
+            .entry(RestartReason::of_cause(failure.cause))
+            .or_default() += 1;
         let detected = failure.detected_in.map(|d| d.as_secs_f64());
         self.last_restart = Some(LastRestart::now(&failure.reason, detected, Some(failure.cause)));
         match self.backoff.failed() {

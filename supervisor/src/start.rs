@@ -38,6 +38,10 @@ pub(crate) struct Starter {
     pub(crate) modes: Vec<ModePlan>,
     pub(crate) probe: Probe,
     pub(crate) log_dir: PathBuf,
+    /// LOG_KEEP_EPOCHS and LOG_KEEP_BYTES, applied before each start.
+    pub(crate) retention: crate::retention::Retention,
+    /// Old epochs removed so far: directories and bytes (`sparkgate status`, metrics).
+    pub(crate) pruned: Arc<std::sync::Mutex<(u64, u64)>>,
     pub(crate) ready_timeout: Duration,
     pub(crate) hang: Duration,
     pub(crate) generate_probe: bool,
@@ -98,6 +102,12 @@ impl Starter {
     ) -> Result<(), StartError> {
         let dir = self.epoch_dir(epoch);
         set_aside(&dir);
+        let pruned = crate::retention::prune(&self.log_dir, &dir, self.retention);
+        if !pruned.dirs.is_empty() {
+            let mut total = self.pruned.lock().expect("pruned");
+            total.0 += pruned.dirs.len() as u64;
+            total.1 += pruned.bytes;
+        }
         let mut order = self.mode(mode).plan.ranks.clone();
         order.sort_by_key(|r| std::cmp::Reverse(r.rank));
         for plan in &order {

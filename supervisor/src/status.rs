@@ -41,6 +41,34 @@ pub enum GroupState {
     ShuttingDown,
 }
 
+impl GroupState {
+    /// Every state's name, as `state` spells it.
+    pub const NAMES: [&'static str; 8] = [
+        "stopped",
+        "starting",
+        "ready",
+        "restarting",
+        "backoff",
+        "stopping",
+        "failed",
+        "shutting_down",
+    ];
+
+    /// The state's name (the `state` tag).
+    pub fn name(&self) -> &'static str {
+        match self {
+            GroupState::Stopped => "stopped",
+            GroupState::Starting { .. } => "starting",
+            GroupState::Ready { .. } => "ready",
+            GroupState::Restarting { .. } => "restarting",
+            GroupState::Backoff { .. } => "backoff",
+            GroupState::Stopping => "stopping",
+            GroupState::Failed { .. } => "failed",
+            GroupState::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
 /// Why a running group was lost: the evidence the gateway's poison guard weighs against the
 /// requests vLLM held (`sparkgate_gateway::quarantine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +87,60 @@ pub enum LossCause {
     Memory,
     /// The group never became ready (preparation or start failed).
     FailedStart,
+}
+
+/// Why a running group was restarted, as the restart metrics name it: an operator's restart or a
+/// speculation-mode switch (planned), or what ended the group (unplanned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RestartReason {
+    Operator,
+    SpecSwitch,
+    Crashed,
+    Killed,
+    Unreachable,
+    Unwell,
+    Memory,
+    FailedStart,
+}
+
+impl RestartReason {
+    /// An operator (or the speculation policy) asked for it.
+    pub fn planned(self) -> bool {
+        matches!(self, RestartReason::Operator | RestartReason::SpecSwitch)
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            RestartReason::Operator => "operator",
+            RestartReason::SpecSwitch => "spec_switch",
+            RestartReason::Crashed => "crashed",
+            RestartReason::Killed => "killed",
+            RestartReason::Unreachable => "unreachable",
+            RestartReason::Unwell => "unwell",
+            RestartReason::Memory => "memory",
+            RestartReason::FailedStart => "failed_start",
+        }
+    }
+
+    pub fn of_cause(cause: LossCause) -> RestartReason {
+        match cause {
+            LossCause::Crashed => RestartReason::Crashed,
+            LossCause::Killed => RestartReason::Killed,
+            LossCause::Unreachable => RestartReason::Unreachable,
+            LossCause::Unwell => RestartReason::Unwell,
+            LossCause::Memory => RestartReason::Memory,
+            LossCause::FailedStart => RestartReason::FailedStart,
+        }
+    }
+}
+
+/// How many restarts had one reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartCount {
+    pub reason: RestartReason,
+    pub planned: bool,
+    pub count: u64,
 }
 
 /// One rank as last seen.
@@ -128,6 +210,22 @@ pub struct Status {
     /// until the next ready group replaces it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vllm: Option<UpstreamVersion>,
+    /// Restarts of a running group by reason, since the gateway started.
+    #[serde(default)]
+    pub restart_counts: Vec<RestartCount>,
+    /// When the group entered its current state (seconds since the epoch).
+    #[serde(default)]
+    pub state_since_unix: f64,
+    /// Old epochs' log directories removed by retention (LOG_KEEP_EPOCHS, LOG_KEEP_BYTES).
+    #[serde(default)]
+    pub logs_pruned: LogsPruned,
+}
+
+/// What LOG_DIR retention removed since the gateway started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogsPruned {
+    pub epochs: u64,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -160,6 +258,9 @@ impl Status {
             preparing: None,
             stalled_s: None,
             vllm: None,
+            logs_pruned: LogsPruned::default(),
+            restart_counts: Vec::new(),
+            state_since_unix: 0.0,
         }
     }
 

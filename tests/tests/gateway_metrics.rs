@@ -105,7 +105,13 @@ fn dashboard_metrics() -> Vec<String> {
 
 #[test]
 fn every_metric_the_dashboard_queries_is_in_the_exposition() {
-    let (_sim, gw) = ds_pair(&[], &[]);
+    // Supervised, and restarted once: the group lifecycle panels read the supervisor's restarts.
+    let gw = sparkgate_tests::test_gateway::TestGateway::builder(common::SIM).start();
+    gw.wait_status("serving", |s| s["supervisor"]["state"] == "ready");
+    assert!(sparkgate_tests::http::request(gw.addr, "POST", "/admin/restart", &[], b"").status < 300);
+    gw.wait_status("serving again", |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["epoch"] == 2
+    });
     // One answer of each kind, so the latency histograms have samples.
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
     assert_eq!(post_json(gw.addr, "/v1/chat/completions", &chat).status, 200);

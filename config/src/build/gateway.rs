@@ -2,10 +2,11 @@
 //! rate limit and limits.
 
 use super::Builder;
-use crate::config::{Gateway, KeyQuota, Tenancy, Tracing};
+use crate::config::Gateway;
 use crate::keys::ApiKey;
 use crate::rule;
 use crate::secret::Secret;
+use crate::tenancy::{KeyQuota, Tenancy, Tracing};
 
 impl Builder<'_> {
     pub(super) fn gateway(&mut self) -> Gateway {

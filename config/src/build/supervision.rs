@@ -14,6 +14,8 @@ impl Builder<'_> {
             vllm_bin: self.text("VLLM_BIN"),
             log_dir: PathBuf::from(self.text("LOG_DIR")),
             min_free_disk_gib: self.opt_float("MIN_FREE_DISK_GIB"),
+            log_keep_epochs: Some(self.num::<usize>("LOG_KEEP_EPOCHS")).filter(|n| *n > 0),
+            log_keep_bytes: Some(self.num::<u64>("LOG_KEEP_BYTES")).filter(|n| *n > 0),
             backoff_initial: self.seconds_f64("RESTART_BACKOFF_INITIAL"),
             backoff_max: self.seconds_f64("RESTART_BACKOFF_MAX"),
             healthy_reset: self.seconds_f64("RESTART_HEALTHY_RESET"),

@@ -399,6 +399,7 @@ pub(crate) fn mirror(control: GatewayControl, groups: Arc<Groups>) {
             loop {
                 let (view, vllm) = {
                     let status = rx.borrow_and_update();
+                    crate::observe::lifecycle::published(&groups.all()[index].name, &status);
                     (view_of(&status), status.vllm.clone())
                 };
                 groups.set_vllm(index, vllm);

@@ -4,6 +4,7 @@
 //! `otel` exports traces, `usage` counts by API key name.
 
 mod labels;
+pub(crate) mod lifecycle;
 mod logline;
 pub(crate) mod logwriter;
 pub(crate) mod otel;
@@ -120,6 +121,7 @@ pub(crate) fn metrics_handle() -> &'static PrometheusHandle {
 
 fn describe() {
     usage::describe();
+    lifecycle::describe();
     describe_counter!(REQUESTS, "Requests answered, by route and status.");
     describe_histogram!(REQUEST_SECONDS, Unit::Seconds, "Time to response headers, by route.");
     describe_histogram!(
