@@ -1,0 +1,73 @@
+//! Named keys through real SDKs (`tests/python/keys_clients.py`): the openai and anthropic SDKs,
+//! each with its own named key, read the usage `/admin/usage` counts for that key, and a key over
+//! its tokens per minute makes each SDK raise its own RateLimitError (429, Retry-After; Anthropic's
+//! `rate_limit_error`).
+
+use serde_json::Value;
+use sparkgate_tests::http::request;
+use sparkgate_tests::test_gateway::TestGateway;
+
+const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
+const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
+
+#[test]
+fn sdks_read_the_usage_their_keys_are_charged_and_raise_their_rate_limit_errors() {
+    // Early in a minute, so the two requests of each key share one.
+    loop {
+        let s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 60;
+        if s < 45 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(60 - s));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keys");
+    std::fs::write(
+        &file,
+        "sdk-openai sk-sdk-openai tokens_per_minute=30\nsdk-anthropic sk-sdk-anthropic tokens_per_minute=30\n",
+    )
+    .unwrap();
+    let gw = TestGateway::builder(SIM)
+        .env("API_KEYS_FILE", &file.display().to_string())
+        .env("STORE_URL", &dir.path().join("state.sqlite").display().to_string())
+        .start();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/keys_clients.py");
+    let out = std::process::Command::new("python3")
+        .args(["-W", "ignore::ResourceWarning", script])
+        .env("SPARKGATE_BASE_URL", format!("http://{}", gw.addr))
+        .env("SPARKGATE_MODEL", MODEL)
+        .output()
+        .expect("python3 runs (bash .ci/run installs the client libraries)");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "keys_clients.py failed:\n{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for (sdk, refused) in [("openai", "openai_refused"), ("anthropic", "anthropic_refused")] {
+        let r = &got[refused];
+        assert_eq!(r["status"], 429, "{sdk}: {got}");
+        let retry: u64 = r["retry_after"].as_str().unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry), "{sdk}: {got}");
+    }
+    assert_eq!(got["anthropic_refused"]["type"], "rate_limit_error");
+    for (name, sdk) in [("sdk-openai", "openai"), ("sdk-anthropic", "anthropic")] {
+        let u = request(gw.addr, "GET", &format!("/admin/usage?window=all&key={name}"), &[], b"").json();
+        let t = &u["total"];
+        assert_eq!(
+            (t["prompt"].clone(), t["completion"].clone()),
+            (got[sdk][0].clone(), got[sdk][1].clone()),
+            "{name}: what the SDK read is what its key was charged: {u}"
+        );
+        assert_eq!(
+            (t["requests"].as_u64(), t["refusals"].as_u64()),
+            (Some(2), Some(1)),
+            "{u}"
+        );
+    }
+}
