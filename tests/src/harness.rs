@@ -353,3 +353,19 @@ impl Gateway {
         format!("http://{}/v1", self.addr)
     }
 }
+
+/// Waits until the wall clock's minute has at least 15 s left, so requests meant to share a
+/// minute window (a per-minute quota's) do.
+pub fn early_in_a_minute() {
+    loop {
+        let s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs()
+            % 60;
+        if s < 45 {
+            return;
+        }
+        std::thread::sleep(Duration::from_secs(60 - s));
+    }
+}

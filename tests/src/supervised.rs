@@ -12,6 +12,16 @@ impl Gateway {
         request(self.addr, "GET", "/admin/status", &[], b"").json()
     }
 
+    /// Rank 0's pid, from `/admin/status` (a process runtime's).
+    pub fn rank0_pid(&self) -> u32 {
+        let status = self.status();
+        status["supervisor"]["ranks"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["rank"] == 0))
+            .and_then(|r| r["pid"].as_u64())
+            .unwrap_or_else(|| panic!("no rank 0 pid in /admin/status: {status}")) as u32
+    }
+
     /// `method path` without a body, with `Authorization: Bearer token`.
     pub fn with_token(&self, method: &str, path: &str, token: &str) -> HttpResponse {
         request(

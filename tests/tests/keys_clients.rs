@@ -13,17 +13,7 @@ const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 #[test]
 fn sdks_read_the_usage_their_keys_are_charged_and_raise_their_rate_limit_errors() {
     // Early in a minute, so the two requests of each key share one.
-    loop {
-        let s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
-            % 60;
-        if s < 45 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_secs(60 - s));
-    }
+    sparkgate_tests::harness::early_in_a_minute();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("keys");
     std::fs::write(

@@ -5,11 +5,11 @@
 //! holds named keys (one as its SHA-256), read again on SIGHUP and when it changes, a broken
 //! file leaving the keys in place.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use sha2::Digest as _;
-use sparkgate_tests::harness::{Gateway, Sim};
+use sparkgate_tests::harness::{early_in_a_minute, Gateway, Sim};
 use sparkgate_tests::http::{request, HttpResponse, Streaming};
 use sparkgate_tests::test_gateway::TestGateway;
 
@@ -47,18 +47,6 @@ fn usage_of(gw: &Gateway, key: &str) -> Value {
     )
     .json()["total"]
         .clone()
-}
-
-/// Waits until the wall clock's minute has at least 15 s left, so two requests meant to share a
-/// minute window do.
-fn early_in_a_minute() {
-    loop {
-        let s = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() % 60;
-        if s < 45 {
-            return;
-        }
-        std::thread::sleep(Duration::from_secs(60 - s));
-    }
 }
 
 fn quota_gateway(sim: &Sim, dir: &std::path::Path, mode: &str) -> Gateway {

@@ -33,14 +33,6 @@ fn restart(gw: &Gateway, epoch: u64) {
     ready_in(gw, epoch);
 }
 
-fn rank0_pid(status: &Value) -> u32 {
-    status["supervisor"]["ranks"]
-        .as_array()
-        .and_then(|r| r.iter().find(|r| r["rank"] == 0))
-        .and_then(|r| r["pid"].as_u64())
-        .unwrap_or_else(|| panic!("no rank 0 pid: {status}")) as u32
-}
-
 fn epochs(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -68,8 +60,8 @@ fn restarts_are_counted_by_reason_and_plan_and_old_epochs_are_pruned() {
         Some(0.0)
     );
     restart(&gw, 2);
-    let status = ready_in(&gw, 2);
-    let pid = rank0_pid(&status).to_string();
+    ready_in(&gw, 2);
+    let pid = gw.rank0_pid().to_string();
     assert!(std::process::Command::new("kill")
         .args(["-KILL", &pid])
         .status()

@@ -19,14 +19,6 @@ fn chat(content: &str, max_tokens: u32) -> Value {
            "max_tokens": max_tokens, "temperature": 0})
 }
 
-fn rank0_pid(status: &Value) -> u32 {
-    status["supervisor"]["ranks"]
-        .as_array()
-        .and_then(|ranks| ranks.iter().find(|r| r["rank"] == 0).or(ranks.first()))
-        .and_then(|r| r["pid"].as_u64())
-        .expect("rank 0's pid in /admin/status") as u32
-}
-
 /// The answer's text, without what differs between two runs (ids, times).
 fn text_of(body: &Value) -> (Value, Value, Value) {
     let message = &body["choices"][0]["message"];
@@ -55,8 +47,8 @@ fn a_non_streaming_request_in_flight_at_sigkill_of_rank_0_answers_200() {
     let clean = post(&body);
     assert_eq!(clean.status, 200, "{}", clean.text());
 
-    let status = gw.wait_status("serving", |s| s["supervisor"]["state"] == "ready");
-    let pid = rank0_pid(&status);
+    gw.wait_status("serving", |s| s["supervisor"]["state"] == "ready");
+    let pid = gw.rank0_pid();
     let in_flight = {
         let body = body.clone();
         std::thread::spawn(move || post(&body))
@@ -165,7 +157,7 @@ fn stream_with_fault(gw: &Gateway, body: &Value, after: usize, fault: impl FnOnc
 }
 
 fn kill_rank0(gw: &Gateway) {
-    let pid = rank0_pid(&gw.status());
+    let pid = gw.rank0_pid();
     assert!(std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()

@@ -146,15 +146,6 @@ fn a_generations_stages_reach_the_collector_under_the_clients_trace_and_rank_0_g
     assert!(!theirs.iter().any(|r| r.span.name == "streaming"));
 }
 
-/// Rank 0's pid, from `/admin/status`.
-fn rank0_pid(status: &serde_json::Value) -> u32 {
-    status["supervisor"]["ranks"]
-        .as_array()
-        .and_then(|r| r.iter().find(|r| r["rank"] == 0))
-        .and_then(|r| r["pid"].as_u64())
-        .unwrap_or_else(|| panic!("no rank 0 pid: {status}")) as u32
-}
-
 #[test]
 fn a_stream_continued_after_its_rank_0_was_killed_has_a_resume_span() {
     let receiver = Receiver::start();
@@ -186,7 +177,7 @@ fn a_stream_continued_after_its_rank_0_was_killed_has_a_resume_span() {
     while let Some(chunk) = s.next_chunk() {
         raw.extend(chunk);
         if !killed && sparkgate_tests::sse::events(&raw).len() >= 10 {
-            let pid = rank0_pid(&gw.status()).to_string();
+            let pid = gw.rank0_pid().to_string();
             assert!(std::process::Command::new("kill")
                 .args(["-KILL", &pid])
                 .status()
