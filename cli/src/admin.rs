@@ -81,7 +81,13 @@ impl Endpoint {
 }
 
 /// Sends one admin request; streams the body to stdout when `stream` is set.
-fn call(ep: &Endpoint, method: &str, path: &str, body: Bytes, stream: bool) -> anyhow::Result<(u16, Vec<u8>)> {
+pub(crate) fn call(
+    ep: &Endpoint,
+    method: &str,
+    path: &str,
+    body: Bytes,
+    stream: bool,
+) -> anyhow::Result<(u16, Vec<u8>)> {
     let url = format!("{}{path}", ep.base);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
@@ -127,7 +133,7 @@ fn call(ep: &Endpoint, method: &str, path: &str, body: Bytes, stream: bool) -> a
 }
 
 /// A refusal in words: the gateway's message, then the status for the record.
-fn refusal(status: u16, body: &[u8]) -> String {
+pub(crate) fn refusal(status: u16, body: &[u8]) -> String {
     let message = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
         .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))

@@ -6,6 +6,7 @@
 mod admin;
 mod bench;
 mod bench_request;
+mod diagnostics;
 mod prepare;
 mod serve;
 mod smoke;
@@ -163,6 +164,10 @@ pub enum Command {
         /// Keep following new lines.
         #[arg(long, short = 'f')]
         follow: bool,
+        /// List the diagnostics bundles unplanned restarts wrote and print one: the newest, or
+        /// the epoch given.
+        #[arg(long, value_name = "EPOCH", num_args = 0..=1, default_missing_value = "newest")]
+        diagnostics: Option<String>,
     },
     /// Streaming decode benchmark against an OpenAI-compatible URL (the gateway by default):
     /// TTFT, inter-token latency and tokens/s per concurrency, as the GLM guide's bench_decode.py.
@@ -385,6 +390,10 @@ fn admin_command(command: Command, ep: &admin::Endpoint) -> anyhow::Result<ExitC
         Command::Stop { wait, .. } => admin::change(ep, Change::Stop, &wait),
         Command::Start { wait, .. } => admin::change(ep, Change::Start, &wait),
         Command::Logs {
+            diagnostics: Some(epoch),
+            ..
+        } => diagnostics::run(ep, &epoch),
+        Command::Logs {
             which, tail, follow, ..
         } => admin::logs(ep, &which, tail, follow),
         Command::Top { interval_ms, .. } => top::run(ep, std::time::Duration::from_millis(interval_ms)),
@@ -393,7 +402,7 @@ fn admin_command(command: Command, ep: &admin::Endpoint) -> anyhow::Result<ExitC
 }
 
 /// Writes to stdout; a closed pipe (`sparkgate plan | head`) ends the output quietly.
-fn emit(text: &str) -> anyhow::Result<()> {
+pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {

@@ -107,7 +107,7 @@ async fn run_gateway(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> an
 async fn supervise(groups: Vec<GroupConfig>) -> anyhow::Result<Vec<(GroupConfig, SupervisorHandle)>> {
     let mut supervised = Vec::new();
     for g in groups {
-        let handle = SupervisorHandle::spawn(&g.config)
+        let handle = SupervisorHandle::spawn(&g.config, &g.name)
             .await
             .map_err(|e| anyhow::anyhow!("group {}: {e}", g.name))?;
         supervised.push((g, handle));

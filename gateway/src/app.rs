@@ -47,6 +47,8 @@ pub(crate) struct App {
     pub(crate) fair_charge: sparkgate_config::FairCharge,
     /// The header that names a conversation for routing (SESSION_HEADER).
     pub(crate) session_header: Option<axum::http::HeaderName>,
+    /// The generations sent and not finished (listed in diagnostics bundles).
+    pub(crate) in_flight: Arc<crate::control::inflight::InFlight>,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -86,6 +88,7 @@ impl App {
             store,
             quotas: crate::control::quota::Quotas::new(t.quota, t.quota_mode),
             fair_charge: t.fair_charge,
+            in_flight: Arc::default(),
             session_header: t
                 .session_header
                 .as_deref()

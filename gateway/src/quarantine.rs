@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use metrics::counter;
+use sparkgate_events::Event;
 
 use crate::control::clients::Caller;
 use crate::groups::{Group, Lost};
@@ -261,26 +262,24 @@ impl Suspect {
         match verdict {
             Verdict::Suspect => {
                 counter!(observe::SUSPECTS).increment(1);
-                tracing::warn!(
-                    request_id,
-                    client,
-                    group,
+                tracing::debug!(group, alone = loss.alone, "a suspect");
+                Event::Requeued {
+                    request_id: request_id.to_owned(),
+                    client: client.to_owned(),
                     strikes,
-                    alone = loss.alone,
-                    "request in flight when its group was lost: a suspect, sent again"
-                );
+                }
+                .emit();
             }
             Verdict::Quarantined => {
                 self.quarantine.quarantined(&self.body);
                 counter!(observe::QUARANTINED, "stage" => Stage::Dispatch.label()).increment(1);
-                tracing::error!(
-                    request_id,
-                    client,
-                    group,
+                tracing::debug!(group, alone = loss.alone, "quarantined");
+                Event::Quarantined {
+                    request_id: request_id.to_owned(),
+                    client: client.to_owned(),
                     strikes,
-                    alone = loss.alone,
-                    "request_crashed_engine: quarantined, not sent again"
-                );
+                }
+                .emit();
             }
         }
         verdict

@@ -12,12 +12,13 @@ use sparkgate_config::Config;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::diagnostics::{NodeAt, Trail};
 use crate::exits::RankExit;
 use crate::machine::{Action, Answer, Command, Event, Failure, Machine, Origin};
 use crate::rank::{Backend, Rank, Reporting};
 use crate::sampler::Sampler;
 use crate::start::{Ranks, StartError, Starter};
-use crate::status::{LogsPruned, NodeMemory, RestartCount, Status};
+use crate::status::{unix_now, GroupState, LogsPruned, NodeMemory, RestartCount, RestartReason, Status};
 use crate::watchdog::{Limits, Watchdog};
 
 /// A command and where its answer goes.
@@ -42,6 +43,10 @@ enum Report {
 #[derive(Debug)]
 pub(crate) struct Setup {
     pub(crate) config: Arc<Config>,
+    /// The group's name, as events and the gateway name it.
+    pub(crate) group: String,
+    /// The gateway's report of its requests in flight (for diagnostics), once it is set.
+    pub(crate) in_flight: crate::diagnostics::InFlightSlot,
     pub(crate) self_check: Vec<String>,
     pub(crate) meminfo: PathBuf,
     pub(crate) limits: Limits,
@@ -53,6 +58,10 @@ struct Watching {
     epoch: u64,
     sampler: Sampler,
     watchdog: Watchdog,
+    /// Heartbeats and rank 0's last scrape, for the diagnostics bundle.
+    trail: Trail,
+    /// The stall's lines (when it starts, every 10 s, when it ends).
+    stall: sparkgate_events::Stall,
 }
 
 #[derive(Debug)]
@@ -78,6 +87,8 @@ pub(crate) struct Actor {
     waiters: Vec<oneshot::Sender<Answer>>,
     /// When the published state last changed (seconds since the epoch).
     state_since: std::cell::Cell<f64>,
+    /// The last diagnostics bundle written: its epoch and directory.
+    bundle: Option<(u64, PathBuf)>,
 }
 
 impl Actor {
@@ -109,6 +120,7 @@ impl Actor {
             preparing: None,
             waiters: Vec::new(),
             state_since: std::cell::Cell::new(unix_now()),
+            bundle: None,
         }
     }
 
@@ -131,7 +143,14 @@ impl Actor {
                 .map(Rank::status)
                 .collect(),
             restarts: self.machine.restarts,
-            last_restart: self.machine.last_restart.clone(),
+            last_restart: self.machine.last_restart.clone().map(|mut l| {
+                l.diagnostics = self
+                    .bundle
+                    .as_ref()
+                    .filter(|(epoch, _)| l.cause.is_some() && *epoch == l.epoch)
+                    .map(|(_, dir)| dir.display().to_string());
+                l
+            }),
             memory: self.memory.clone(),
             preparing,
             stalled_s: self.watching.as_ref().and(self.stalled_s),
@@ -157,11 +176,63 @@ impl Actor {
     fn publish(&self) {
         let mut status = self.status();
         if self.status_tx.borrow().state != status.state {
-            tracing::info!(state = ?status.state, epoch = status.epoch, mode = %status.mode, "rank group");
+            self.state_event(&status).emit();
             self.state_since.set(unix_now());
             status.state_since_unix = self.state_since.get();
         }
         let _ = self.status_tx.send(status);
+    }
+
+    /// The event a change of the published state is: the group failed (ERROR), or a state
+    /// change (INFO; a loss is logged at its diagnosis).
+    fn state_event(&self, status: &Status) -> sparkgate_events::Event {
+        let group = self.setup.group.clone();
+        let state = match &status.state {
+            GroupState::Failed { reason } => {
+                return sparkgate_events::Event::GroupFailed {
+                    group,
+                    reason: reason.clone(),
+                }
+            }
+            GroupState::Restarting { reason, .. } => format!("restarting: {reason}"),
+            GroupState::Backoff { reason, retry_in_s } => format!("backing off {retry_in_s:.1} s after: {reason}"),
+            other => other.name().to_owned(),
+        };
+        sparkgate_events::Event::StateChanged {
+            group,
+            state,
+            epoch: status.epoch,
+            mode: status.mode.to_string(),
+        }
+    }
+
+    /// Writes `epoch`'s diagnostics bundle while its ranks are still there, then logs the loss
+    /// naming it: the one WARN line of an unplanned restart.
+    async fn diagnose(&mut self, epoch: u64, failure: &Failure) {
+        let reason = RestartReason::of_cause(failure.cause).label();
+        let mut nodes = vec![NodeAt::Head {
+            meminfo: self.setup.meminfo.clone(),
+        }];
+        nodes.extend(self.starter.backend.workers().iter().cloned().map(NodeAt::Worker));
+        let inputs = crate::diagnostics::Inputs {
+            reason: &failure.reason,
+            cause: reason,
+            epoch,
+            ranks: &self.ranks,
+            trail: self.watching.as_ref().filter(|w| w.epoch == epoch).map(|w| &w.trail),
+            in_flight: self.setup.in_flight.get(),
+            nodes,
+        };
+        let dir = crate::diagnostics::collect(&self.starter.epoch_dir(epoch), inputs).await;
+        sparkgate_events::Event::GroupLost {
+            group: self.setup.group.clone(),
+            epoch,
+            reason: reason.to_owned(),
+            detail: failure.reason.clone(),
+            diagnostics: Some(dir.display().to_string()),
+        }
+        .emit();
+        self.bundle = Some((epoch, dir));
     }
 
     /// The loop: one event at a time through the machine, then its actions.
@@ -202,7 +273,7 @@ impl Actor {
                     let exit = self.deciding(exit).await;
                     (self.exit_event(exit), None)
                 }
-                Some(event) = watch_next(&mut self.watching, &mut self.memory, &mut self.stalled_s) => {
+                Some(event) = watch_next(&mut self.watching, &mut self.memory, &mut self.stalled_s, &self.setup.group) => {
                     self.publish();
                     match event {
                         Some(e) => (e, None),
@@ -287,15 +358,13 @@ impl Actor {
                 }
                 Action::Start { epoch, mode } => self.start(epoch, mode),
                 Action::Watch { epoch } => self.watch(epoch).await,
+                Action::Diagnose { epoch, failure } => self.diagnose(epoch, &failure).await,
                 Action::Stop { epoch } => {
                     self.stop_group().await;
                     actions.extend(self.machine.step(Event::Down { epoch }, Instant::now()).1);
                 }
                 Action::Release { epoch } => {
-                    tracing::info!(
-                        epoch,
-                        "leaving the rank containers running for the next gateway to adopt"
-                    );
+                    sparkgate_events::Event::Released { epoch }.emit();
                     self.watching = None;
                 }
                 Action::Wait { epoch, delay } => {
@@ -361,10 +430,8 @@ impl Actor {
                 }
                 Err(StartError::Cancelled) => return,
                 Err(StartError::Failed(why)) => Err(why),
-                Err(StartError::Stalled(why)) => {
-                    let dir = stall_diagnostics(&starter, epoch, &ranks, &why).await;
-                    Err(format!("start stalled: {why}; diagnostics in {}", dir.display()))
-                }
+                // Its diagnostics are the failure's (`Action::Diagnose`), the ranks still there.
+                Err(StartError::Stalled(why)) => Err(format!("start stalled: {why}")),
             };
             let _ = tx.send(Report::Event(Event::Up { epoch, outcome }));
         });
@@ -383,6 +450,8 @@ impl Actor {
             epoch,
             sampler,
             watchdog: Watchdog::new(self.setup.limits.clone(), Instant::now()),
+            trail: Trail::default(),
+            stall: sparkgate_events::Stall::default(),
         });
     }
 
@@ -468,14 +537,17 @@ impl Actor {
                     match Rank::start_container(&node, &plan, to, Some(id)).await {
                         Ok(r) => self.ranks.lock().expect("ranks lock").push(r),
                         Err(e) => {
-                            tracing::warn!(error = %e, "cannot attach to a running rank; starting fresh");
+                            sparkgate_events::Event::NotAdopted {
+                                reason: format!("cannot attach to a running rank: {e}"),
+                            }
+                            .emit();
                             self.stop_group().await;
                             self.machine.epoch = epoch;
                             return fresh;
                         }
                     }
                 }
-                tracing::info!(epoch, "adopted the running rank group (no reload)");
+                sparkgate_events::Event::Adopted { epoch }.emit();
                 self.vllm = self.starter.probe.version().await;
                 Origin::Adopted { epoch }
             }
@@ -489,26 +561,24 @@ async fn watch_next(
     watching: &mut Option<Watching>,
     memory: &mut Vec<NodeMemory>,
     stalled_s: &mut Option<f64>,
+    group: &str,
 ) -> Option<Option<Event>> {
     let Some(w) = watching.as_mut() else {
         return std::future::pending().await;
     };
     let sample = w.sampler.samples.recv().await?;
     *memory = sample.memory.clone();
+    w.trail.record(&sample);
     let epoch = w.epoch;
     let now = Instant::now();
     let verdict = w.watchdog.observe(&sample, now);
-    *stalled_s = w.watchdog.stalled_for(now).map(|d| d.as_secs_f64().round());
+    let stalled = w.watchdog.stalled_for(now);
+    *stalled_s = stalled.map(|d| d.as_secs_f64().round());
+    // A stall that becomes a restart ends with the group's loss, logged there.
+    if verdict.is_none() {
+        if let Some(e) = w.stall.observe(group, stalled, now) {
+            e.emit();
+        }
+    }
     Some(verdict.map(|failure: Failure| Event::Unwell { epoch, failure }))
-}
-
-/// Writes stall diagnostics for `epoch` (tails, stack dumps, memory).
-async fn stall_diagnostics(starter: &Starter, epoch: u64, ranks: &Ranks, why: &str) -> PathBuf {
-    crate::diagnostics::collect(&starter.epoch_dir(epoch), ranks, why).await
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }

@@ -98,7 +98,7 @@ pub(crate) async fn find(starter: &Starter, group: &str) -> Found {
         None
     };
     if let Some(reason) = why_not {
-        tracing::warn!(%reason, "not adopting: removing the old containers and starting fresh");
+        sparkgate_events::Event::NotAdopted { reason }.emit();
         for (_, node, c) in &found {
             let _ = node.kill_and_remove(&c.id).await;
         }

@@ -88,7 +88,7 @@ pub(crate) fn remove(log_dir: &Path) -> Vec<String> {
             state.vllm_port,
             if gone { "" } else { " — still running after SIGKILL" }
         );
-        tracing::warn!(leftover = %what, "removed a rank an earlier gateway left running");
+        sparkgate_events::Event::LeftoverRemoved { what: what.to_string() }.emit();
         removed.push(what);
     }
     let _ = std::fs::remove_file(&file);

@@ -27,6 +27,7 @@ mod watchdog;
 use sparkgate_config::{Config, Runtime};
 use tokio::sync::{mpsc, oneshot, watch};
 
+pub use diagnostics::{Bundle, InFlightReport};
 pub use error::SupervisorError;
 pub use machine::Answer;
 pub use probe::Progress;
@@ -123,12 +124,14 @@ const COMMAND_QUEUE: usize = 32;
 pub struct SupervisorHandle {
     requests: mpsc::Sender<actor::Request>,
     status: watch::Receiver<Status>,
+    in_flight: diagnostics::InFlightSlot,
+    log_dir: std::path::PathBuf,
 }
 
 impl SupervisorHandle {
     /// Checks what a start needs (preflight), then starts the supervisor task, which adopts a
     /// running group of this configuration or starts the rank group.
-    pub async fn spawn(config: &Config) -> Result<SupervisorHandle, SupervisorError> {
+    pub async fn spawn(config: &Config, group: &str) -> Result<SupervisorHandle, SupervisorError> {
         let (backend, packed) = backend(config).await?;
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let s = &config.supervision;
@@ -167,8 +170,11 @@ impl SupervisorHandle {
         let backoff = backoff::Backoff::new(s.backoff_initial, s.backoff_max, s.healthy_reset, s.restart_budget);
         // Containers outlive the gateway unless asked otherwise: the next gateway adopts them.
         let machine = machine::Machine::new(mode, backoff, docker && !s.stop_ranks_on_exit);
+        let in_flight = diagnostics::InFlightSlot::default();
         let setup = actor::Setup {
             config: std::sync::Arc::new(config.clone()),
+            group: group.to_owned(),
+            in_flight: in_flight.clone(),
             self_check: s.self_check.clone(),
             meminfo: s.meminfo_path.clone(),
             limits: watchdog::Limits {
@@ -189,7 +195,20 @@ impl SupervisorHandle {
         Ok(SupervisorHandle {
             requests: tx,
             status: status_rx,
+            in_flight,
+            log_dir: s.log_dir.clone(),
         })
+    }
+
+    /// The gateway's report of its requests in flight, written into every diagnostics bundle
+    /// (set once; later calls are ignored).
+    pub fn report_in_flight(&self, report: InFlightReport) {
+        self.in_flight.set(report);
+    }
+
+    /// The diagnostics bundles under LOG_DIR, oldest epoch first.
+    pub fn diagnostics(&self) -> Vec<Bundle> {
+        diagnostics::bundles(&self.log_dir)
     }
 
     pub fn status(&self) -> Status {

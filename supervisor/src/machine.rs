@@ -140,6 +140,8 @@ pub(crate) enum Action {
     Start { epoch: u64, mode: SpecMethod },
     /// Watch a ready `epoch` (samples → `Unwell`).
     Watch { epoch: u64 },
+    /// Write `epoch`'s diagnostics bundle (its ranks still there) and log its loss.
+    Diagnose { epoch: u64, failure: Failure },
     /// Stop `epoch`'s ranks as whole process trees (cancelling its start); reports `Down`.
     Stop { epoch: u64 },
     /// Leave `epoch`'s ranks running for the next gateway to adopt.
@@ -333,7 +335,7 @@ impl Machine {
                 let epoch = *epoch;
                 self.restarts += 1;
                 *self.restart_counts.entry(why).or_default() += 1;
-                self.last_restart = Some(LastRestart::now(&reason, None, None));
+                self.last_restart = Some(LastRestart::now(epoch, &reason, None, None));
                 (Answer::Accepted, self.stop(epoch, Then::Start { reason }, now))
             }
             P::Stopping { then, .. } => {
@@ -446,12 +448,23 @@ impl Machine {
         vec![Action::Publish, Action::Start { epoch, mode: self.mode }]
     }
 
+    /// Stops `epoch`; a failure's ranks are diagnosed first, while they are still there.
     fn stop(&mut self, epoch: u64, then: Then, now: Instant) -> Vec<Action> {
         if let Some(since) = self.ready_since.take() {
             self.backoff.healthy_for(now.saturating_duration_since(since));
         }
+        let diagnose = match &then {
+            Then::Retry(failure) => Some(Action::Diagnose {
+                epoch,
+                failure: failure.clone(),
+            }),
+            Then::Stay | Then::Start { .. } | Then::Exit => None,
+        };
         self.phase = Phase::Stopping { epoch, then };
-        vec![Action::Publish, Action::Stop { epoch }]
+        let mut actions = vec![Action::Publish];
+        actions.extend(diagnose);
+        actions.push(Action::Stop { epoch });
+        actions
     }
 
     fn stopped(&mut self, epoch: u64, then: Then) -> Vec<Action> {
@@ -477,7 +490,7 @@ impl Machine {
             .entry(RestartReason::of_cause(failure.cause))
             .or_default() += 1;
         let detected = failure.detected_in.map(|d| d.as_secs_f64());
-        self.last_restart = Some(LastRestart::now(&failure.reason, detected, Some(failure.cause)));
+        self.last_restart = Some(LastRestart::now(epoch, &failure.reason, detected, Some(failure.cause)));
         match self.backoff.failed() {
             None => {
                 let reason = format!(

@@ -110,6 +110,7 @@ impl Run {
                         );
                     }
                 }
+                Action::Diagnose { .. } => {}
                 Action::Stop { epoch } => {
                     self.seen.push((now, Seen::Stop { epoch }));
                     // The start task is cancelled and the ranks are gone: nothing of this

@@ -165,6 +165,7 @@ fn action_names(actions: &[Action]) -> String {
             } => Some("start"),
             Action::Start { .. } => Some("start in the new mode"),
             Action::Watch { .. } => Some("watch"),
+            Action::Diagnose { .. } => Some("diagnose"),
             Action::Stop { .. } => Some("stop ranks"),
             Action::Release { .. } => Some("release"),
             Action::Wait { .. } => Some("wait"),
@@ -406,7 +407,14 @@ fn failures_back_off_and_the_budget_gives_up() {
             },
             t0,
         );
-        assert_eq!(a, vec![Action::Publish, Action::Stop { epoch }]);
+        assert!(
+            matches!(
+                a.as_slice(),
+                [Action::Publish, Action::Diagnose { epoch: e, failure }, Action::Stop { epoch: s }]
+                    if *e == epoch && *s == epoch && failure.cause == LossCause::Killed
+            ),
+            "a lost group is diagnosed, then stopped: {a:?}"
+        );
         assert!(
             matches!(
                 m.group_state(),
@@ -485,7 +493,14 @@ fn a_failed_start_stops_its_ranks_then_backs_off() {
         },
         t0,
     );
-    assert_eq!(a, vec![Action::Publish, Action::Stop { epoch: 1 }]);
+    assert!(
+        matches!(
+            a.as_slice(),
+            [Action::Publish, Action::Diagnose { epoch: 1, failure }, Action::Stop { epoch: 1 }]
+                if failure.cause == LossCause::FailedStart && failure.reason == "READY_TIMEOUT"
+        ),
+        "a failed start is diagnosed, then stopped: {a:?}"
+    );
     let (_, a) = m.step(Event::Down { epoch: 1 }, t0);
     assert!(matches!(a.last(), Some(Action::Wait { epoch: 1, .. })), "{a:?}");
     assert_eq!(m.last_restart.as_ref().unwrap().reason, "READY_TIMEOUT");

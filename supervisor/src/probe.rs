@@ -152,11 +152,12 @@ impl Probe {
         matches!(self.get("/v1/models").await, Some((200, body)) if String::from_utf8_lossy(&body).contains(&needle))
     }
 
-    pub(crate) async fn progress(&self) -> Option<Progress> {
+    /// Rank 0's `/metrics` text, when it answers 200.
+    pub(crate) async fn scrape(&self) -> Option<std::sync::Arc<str>> {
         let (status, body) = self.get("/metrics").await?;
         if status != 200 {
             return None;
         }
-        Some(Progress::of_exposition(&String::from_utf8_lossy(&body)))
+        Some(String::from_utf8_lossy(&body).into())
     }
 }

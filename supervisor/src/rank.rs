@@ -285,12 +285,12 @@ impl Rank {
                     Err(e) => Err(e),
                 };
                 if let Err(e) = killed {
-                    tracing::error!(rank = self.rank, pid = *pid, error = %e, "cannot kill the remote rank");
+                    not_stopped(self.rank, format!("cannot kill remote pid {pid}: {e}"));
                 }
             }
             Runtime::Container { docker, id } => {
                 if let Err(e) = docker.kill_and_remove(id).await {
-                    tracing::error!(rank = self.rank, container = %id, error = %e, "cannot remove rank container");
+                    not_stopped(self.rank, format!("cannot remove container {id}: {e}"));
                 }
             }
         }
@@ -299,7 +299,7 @@ impl Rank {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         if self.running() {
-            tracing::error!(rank = self.rank, "rank did not exit within 30 s of SIGKILL");
+            not_stopped(self.rank, "it did not exit within 30 s of SIGKILL".into());
         }
     }
 }
@@ -394,7 +394,11 @@ impl WorkerLink {
             if n.connected().await {
                 return Ok(n.clone());
             }
-            tracing::warn!(node = %self.label, destination = %self.target.destination, "the worker's SSH session is gone; reconnecting");
+            sparkgate_events::Event::SshLost {
+                node: self.label.clone(),
+                destination: self.target.destination.clone(),
+            }
+            .emit();
         }
         *guard = None;
         let n = if self.docker {
@@ -464,4 +468,8 @@ fn exit_kind(kind: sparkgate_docker::ExitKind) -> ExitKind {
         sparkgate_docker::ExitKind::Code(c) => ExitKind::Code(c),
         sparkgate_docker::ExitKind::Signal => ExitKind::Signal,
     }
+}
+
+fn not_stopped(rank: u32, detail: String) {
+    sparkgate_events::Event::RankNotStopped { rank, detail }.emit();
 }

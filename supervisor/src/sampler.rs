@@ -38,12 +38,13 @@ impl Sampler {
                 tick.tick().await;
                 // At once, so a round takes one probe's time at most; every round reads the
                 // engine heartbeat, which must be seen within seconds.
-                let (memory, healthy, progress) =
-                    tokio::join!(sample_memory(&meminfo, &workers), probe.healthy(), probe.progress());
+                let (memory, healthy, scrape) =
+                    tokio::join!(sample_memory(&meminfo, &workers), probe.healthy(), probe.scrape());
                 let sample = Sample {
                     memory,
                     healthy,
-                    progress,
+                    progress: scrape.as_deref().map(crate::probe::Progress::of_exposition),
+                    scrape,
                 };
                 if tx.send(sample).await.is_err() {
                     break;

@@ -160,6 +160,9 @@ pub struct RankStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LastRestart {
     pub reason: String,
+    /// The epoch it ended.
+    #[serde(default)]
+    pub epoch: u64,
     pub at_unix: u64,
     /// Seconds from the last sign of life (a health answer, an engine step) to the failure
     /// being noticed; absent for an operator's restart.
@@ -167,19 +170,31 @@ pub struct LastRestart {
     /// What ended the group; absent for an operator's restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<LossCause>,
+    /// The diagnostics bundle written for it (an unplanned restart's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<String>,
+}
+
+/// Seconds since the Unix epoch, now.
+pub(crate) fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl LastRestart {
-    pub(crate) fn now(reason: &str, detected_in_s: Option<f64>, cause: Option<LossCause>) -> Self {
+    pub(crate) fn now(epoch: u64, reason: &str, detected_in_s: Option<f64>, cause: Option<LossCause>) -> Self {
         let at_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
         Self {
             reason: reason.to_owned(),
+            epoch,
             at_unix,
             detected_in_s,
             cause,
+            diagnostics: None,
         }
     }
 }

@@ -19,6 +19,8 @@ pub(crate) struct Sample {
     pub(crate) healthy: bool,
     /// vLLM's counters, when this round read `/metrics`.
     pub(crate) progress: Option<Progress>,
+    /// The `/metrics` text they were read from (kept for the diagnostics bundle).
+    pub(crate) scrape: Option<std::sync::Arc<str>>,
 }
 
 #[derive(Debug, Clone)]
@@ -187,6 +189,7 @@ mod tests {
                 generated: steps,
                 steps,
             }),
+            scrape: None,
         }
     }
 
@@ -247,6 +250,7 @@ mod tests {
                 generated,
                 steps: generated,
             }),
+            scrape: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! The gateway's own routes: health, readiness and metrics (`probes`) and the operator's
-//! `/admin/*` (`ops`; per-key usage: `usage`), behind one axum router (`routes`).
+//! `/admin/*` (`ops`; per-key usage: `usage`; diagnostics bundles: `diagnostics`), behind one axum router (`routes`).
 
+mod diagnostics;
 pub(crate) mod ops;
 mod probes;
 pub(crate) mod routes;

@@ -2,6 +2,7 @@
 //! start and rank logs; and the mirror that applies the supervisor's state to admission (held
 //! while the group starts or restarts, open when ready, refused when stopped or failed).
 
+use sparkgate_events::Event;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,7 +123,7 @@ impl Scope {
 /// once when `force`), then hands `sup` to `then` — in the background; the caller answers 202.
 fn drain_then<F>(
     app: &Shared,
-    scope: Scope,
+    (scope, what): (Scope, String),
     sup: SupervisorHandle,
     force: bool,
     then: impl FnOnce(SupervisorHandle) -> F + Send + 'static,
@@ -140,14 +141,19 @@ where
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let left = scope.in_use(&app);
-        if left > 0 {
-            tracing::warn!(
-                in_flight = left,
-                "drain timeout: restarting with requests still running (they end with an error)"
-            );
+        // A forced restart asked for what still runs to end: only a drain that ran out warns.
+        if left > 0 && !force {
+            Event::DrainTimeout {
+                during: format!("{what} ({left} requests running)"),
+            }
+            .emit();
         }
         let answer = then(sup.clone()).await;
-        tracing::info!(?answer, "supervisor answered");
+        Event::OperatorAsked {
+            what,
+            answer: format!("{answer:?}"),
+        }
+        .emit();
         // The drain's hold ends once the gateway mirrors the supervisor's change (the group's
         // hold then covers the restart), or at once when nothing will change.
         if matches!(answer, Answer::Accepted | Answer::Queued) {
@@ -164,6 +170,7 @@ where
 /// `drain_then` over the whole admission with the first group's supervisor.
 fn drain_all_then<F>(
     app: &Shared,
+    what: String,
     force: bool,
     then: impl FnOnce(SupervisorHandle) -> F + Send + 'static,
 ) -> Result<Duration, GatewayError>
@@ -171,7 +178,7 @@ where
     F: std::future::Future<Output = Answer> + Send,
 {
     let sup = supervisor(app)?.clone();
-    Ok(drain_then(app, Scope::Admission, sup, force, then))
+    Ok(drain_then(app, (Scope::Admission, what), sup, force, then))
 }
 
 fn forced(q: &HashMap<String, String>) -> bool {
@@ -194,7 +201,9 @@ pub(crate) async fn restart(
         Some(g) => vec![g],
         None if app.groups.all().len() > 1 => app.groups.all().to_vec(),
         None => {
-            let drain = drain_all_then(&app, force, move |sup| async move { sup.restart(reason).await })?;
+            let drain = drain_all_then(&app, reason.into(), force, move |sup| async move {
+                sup.restart(reason).await
+            })?;
             return Ok(accepted(
                 json!({"restarting": true, "drain_timeout_s": drain.as_secs_f64()}),
             ));
@@ -203,7 +212,8 @@ pub(crate) async fn restart(
     let mut drain = Duration::ZERO;
     for g in targets {
         let sup = supervisor_of(&g)?.clone();
-        drain = drain_then(&app, Scope::Group(g), sup, force, move |sup| async move {
+        let what = format!("{reason} of group {}", g.name);
+        drain = drain_then(&app, (Scope::Group(g), what), sup, force, move |sup| async move {
             sup.restart(reason).await
         });
     }
@@ -215,11 +225,9 @@ pub(crate) async fn restart(
 /// The auto policy's switch: drain, then restart into `mode`.
 pub(crate) fn auto_switch(app: &Shared, mode: sparkgate_config::SpecMethod) {
     let reason = format!("speculation policy auto: switching to {mode}");
-    if let Err(e) = drain_all_then(
-        app,
-        false,
-        move |sup| async move { sup.switch_mode(mode, reason).await },
-    ) {
+    if let Err(e) = drain_all_then(app, reason.clone(), false, move |sup| async move {
+        sup.switch_mode(mode, reason).await
+    }) {
         tracing::error!(error = %e, "the speculation policy cannot switch");
     }
 }
@@ -323,7 +331,8 @@ pub(crate) async fn set_spec(
         let body = json!({"mode": method, "switching": false});
         return Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response());
     }
-    let drain = drain_all_then(&app, forced(&q), move |sup| async move {
+    let what = format!("operator switch to speculation mode {method}");
+    let drain = drain_all_then(&app, what, forced(&q), move |sup| async move {
         sup.switch_mode(method, format!("operator switch to speculation mode {method}"))
             .await
     })?;
@@ -354,7 +363,13 @@ where
 {
     let mut last = None;
     for sup in supervisors(app, q)? {
-        last = Some((ask(sup.clone()).await, sup));
+        let answer = ask(sup.clone()).await;
+        Event::OperatorAsked {
+            what: doing.to_owned(),
+            answer: format!("{answer:?}"),
+        }
+        .emit();
+        last = Some((answer, sup));
     }
     let (answer, sup) = last.ok_or_else(no_supervisor)?;
     answered(answer, doing, &sup)

@@ -26,6 +26,7 @@ pub(crate) fn own_routes(app: Shared) -> Router {
         .route("/admin/logs", get(admin::logs))
         .route("/admin/spec", get(admin::spec).post(admin::set_spec))
         .route("/admin/usage", get(super::usage::usage))
+        .route("/admin/diagnostics", get(super::diagnostics::diagnostics))
         .fallback(|req: Request| async move { GatewayError::NotFound(req.uri().path().to_owned()) })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         .with_state(app)

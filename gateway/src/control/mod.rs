@@ -1,11 +1,12 @@
 //! The gateway's control state: admission (`admission`, its fair queue `fairq` over the clients
 //! `clients` names, by the keys `keys` accepts), per-key quotas (`quota`) and usage (`ledger`,
 //! written to the store `storage` opens), the upstream state, mode and lifecycle (`state`) and the speculation policy
-//! runner (`spec`).
+//! runner (`spec`), and the generations in flight (`inflight`, for diagnostics bundles).
 
 pub(crate) mod admission;
 pub(crate) mod clients;
 pub(crate) mod fairq;
+pub(crate) mod inflight;
 pub(crate) mod keys;
 pub(crate) mod ledger;
 pub(crate) mod quota;

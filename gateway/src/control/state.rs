@@ -51,13 +51,7 @@ struct Inner {
     delivered_tokens: AtomicU64,
     /// `delivered_tokens` sampled once a second, the last `RATE_WINDOW_S` + 1 samples.
     rate: std::sync::Mutex<std::collections::VecDeque<u64>>,
-    /// When the upstream's state was last logged: a state that only updates its detail (a
-    /// stall's seconds) is logged again every `REPEAT_EVERY`, not on every update.
-    logged_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
-
-/// How often a lasting state whose detail changes (a stall counting its seconds) is logged.
-const REPEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Seconds the reported tokens/s averages over.
 const RATE_WINDOW_S: usize = 10;
@@ -80,7 +74,6 @@ impl GatewayControl {
                 admission: Admission::new(0, limits),
                 delivered_tokens: AtomicU64::new(0),
                 rate: std::sync::Mutex::new(std::collections::VecDeque::new()),
-                logged_at: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -89,20 +82,20 @@ impl GatewayControl {
         &self.inner.admission
     }
 
-    /// Sets the upstream's state; logs when it changes to another state, and while one state
-    /// only updates its detail, when it starts, every `REPEAT_EVERY` and when it ends.
-    pub fn set_upstream(&self, state: UpstreamState) {
+    /// Sets the upstream's state; true when it became another state (not only another detail,
+    /// such as a stall's seconds). Logged at DEBUG: what changed it logs the event (the
+    /// supervisor's table, or the gateway-only prober's).
+    pub fn set_upstream(&self, state: UpstreamState) -> bool {
         let mut s = self.inner.upstream.write().expect("state lock");
         if *s == state {
-            return;
+            return false;
         }
-        let same_state = std::mem::discriminant(&*s) == std::mem::discriminant(&state);
-        let mut logged_at = self.inner.logged_at.lock().expect("state lock");
-        if !same_state || logged_at.is_none_or(|t| t.elapsed() >= REPEAT_EVERY) {
-            tracing::info!(upstream = ?state, "upstream state changed");
-            *logged_at = Some(std::time::Instant::now());
+        let changed = std::mem::discriminant(&*s) != std::mem::discriminant(&state);
+        if changed {
+            tracing::debug!(upstream = ?state, "upstream state changed");
         }
         *s = state;
+        changed
     }
 
     pub fn upstream(&self) -> UpstreamState {

@@ -83,9 +83,9 @@ fn answer_panic(panic: &(dyn Any + Send)) -> Response {
         .map(String::as_str)
         .or_else(|| panic.downcast_ref::<&str>().copied())
         .unwrap_or("(no message)");
-    tracing::error!(
-        panic = message,
-        "a request handler panicked; the request was answered 500"
-    );
+    sparkgate_events::Event::HandlerPanicked {
+        message: message.to_owned(),
+    }
+    .emit();
     GatewayError::Internal.into_response()
 }

@@ -429,11 +429,11 @@ pub(crate) async fn run<S: Stack<Incoming>>(
     }
     (hooks.draining)();
     let _ = stop_tx.send(true);
-    tracing::info!(
-        connections = connections.len(),
-        drain_s = cfg.drain_timeout.as_secs(),
-        "draining"
-    );
+    sparkgate_events::Event::Draining {
+        connections: connections.len(),
+        drain_s: cfg.drain_timeout.as_secs(),
+    }
+    .emit();
     let all_closed = |connections: &mut tokio::task::JoinSet<()>| {
         let mut c = std::mem::take(connections);
         async move { while c.join_next().await.is_some() {} }
@@ -450,7 +450,10 @@ pub(crate) async fn run<S: Stack<Incoming>>(
             () = &mut refusing => false,
         };
         if !drained {
-            tracing::warn!("drain timeout: ending what still runs with an error");
+            sparkgate_events::Event::DrainTimeout {
+                during: "the gateway's exit".into(),
+            }
+            .emit();
             (hooks.closing)();
             tokio::select! {
                 done = tokio::time::timeout(CLOSE_GRACE, drain.as_mut()) => if done.is_err() {

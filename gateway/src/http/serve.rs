@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sparkgate_config::Config;
+use sparkgate_events::Event;
 use tokio::net::TcpListener;
 
 use super::edge::Edge;
@@ -26,18 +27,25 @@ async fn probe_upstream(app: Shared) {
     let upstream = &app.groups.first().upstream;
     let mut known = false;
     loop {
-        let state = if upstream.healthy().await {
+        let base = upstream.base().to_owned();
+        let (state, event) = if upstream.healthy().await {
             if !known {
                 let version = upstream.version().await;
                 known = version.is_some();
                 app.groups.set_vllm(0, version);
             }
-            UpstreamState::Ready
+            (UpstreamState::Ready, Event::UpstreamUp { upstream: base })
         } else {
             known = false;
-            UpstreamState::Unreachable(format!("{}/health does not answer 200", upstream.base()))
+            let detail = format!("{base}/health does not answer 200");
+            (
+                UpstreamState::Unreachable(detail.clone()),
+                Event::UpstreamDown { upstream: base, detail },
+            )
         };
-        app.control.set_upstream(state);
+        if app.control.set_upstream(state) {
+            event.emit();
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
@@ -63,6 +71,10 @@ pub async fn serve(
         groups.clone(),
         Some(Arc::new(store_slot(config)?)),
     );
+    for sup in groups.all().iter().filter_map(|g| g.supervisor.as_ref()) {
+        let board = app.in_flight.clone();
+        sup.report_in_flight(Arc::new(move || board.report()));
+    }
     let keys = Arc::new(KeyRing::new(config).map_err(std::io::Error::other)?);
     watch_keys(&keys, config.gateway.tenancy.quota_mode);
     if keys.required() {

@@ -489,7 +489,31 @@ pub(crate) struct Finished<'a> {
     pub(crate) outcome: &'static str,
 }
 
+impl Finished<'_> {
+    /// The client's answer was lost: a stream ended by the gateway's error event (rank 0's own
+    /// error event is its answer), or a whole answer 5xx that is not a refusal to retry (503).
+    fn lost(&self) -> bool {
+        let cut = StreamEnd::ALL
+            .iter()
+            .any(|e| *e != StreamEnd::UpstreamErrorEvent && e.label() == self.outcome);
+        match self.status {
+            200 => cut,
+            503 => false,
+            s => s >= 500,
+        }
+    }
+}
+
+/// A generation's one INFO line, and the `request_failed` event when its answer was lost.
 pub(crate) fn generation_done(f: &Finished<'_>) {
+    if f.lost() {
+        sparkgate_events::Event::RequestFailed {
+            request_id: f.request_id.to_owned(),
+            route: f.route.to_owned(),
+            outcome: f.outcome.to_owned(),
+        }
+        .emit();
+    }
     tracing::info!(
         request_id = %f.request_id,
         route = f.route,

@@ -19,6 +19,7 @@ use crate::api::normalize::Normalized;
 use crate::app::App;
 use crate::control::clients::Caller;
 use crate::control::fairq::Client;
+use crate::control::inflight::{Listed, Sending};
 use crate::control::keys::KeyInfo;
 use crate::control::ledger::{now_secs, ANONYMOUS};
 use crate::control::quota::Hold;
@@ -85,6 +86,8 @@ pub(crate) struct Account {
     /// Where the upstream stage began (its lease), and the streaming stage (its first token).
     upstream_from: Option<Instant>,
     streaming_from: Option<Instant>,
+    /// Its place among the requests in flight, once sent.
+    listed: Option<Listed>,
 }
 
 impl std::fmt::Debug for Account {
@@ -113,6 +116,7 @@ impl Account {
             finish_reason: None,
             upstream_from: None,
             streaming_from: None,
+            listed: None,
         }
     }
 
@@ -210,8 +214,15 @@ impl Account {
         observe::usage::waited(self.name(), waited.as_secs_f64());
     }
 
-    /// Sent to rank 0: a group's slot was leased at `leased` after the send began at `from`.
-    pub(crate) fn sent(&mut self, from: Instant, leased: Instant) {
+    /// Sent to rank 0 of `group`: a slot was leased at `leased` after the send began at `from`.
+    pub(crate) fn sent(&mut self, request_id: &str, group: &str, (from, leased): (Instant, Instant)) {
+        self.listed = Some(self.app.in_flight.enter(Sending {
+            request_id,
+            key: self.name(),
+            route: self.route,
+            group,
+            prompt_estimate: self.estimate,
+        }));
         if self.trace.is_some() {
             self.mark(TraceStage::Lease, from, leased);
             self.upstream_from = Some(leased);
@@ -233,6 +244,9 @@ impl Account {
             self.saw(event);
         }
         self.streamed += 1;
+        if let Some(l) = &self.listed {
+            l.streamed();
+        }
         if self.streamed % CHARGE_EVERY == 0 {
             if let Some((client, charged)) = self.fair.as_mut() {
                 *charged += u64::from(CHARGE_EVERY);

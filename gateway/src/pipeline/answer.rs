@@ -28,11 +28,11 @@ pub(super) async fn until_closed<T>(app: &App, work: impl std::future::Future<Ou
 pub(super) fn quarantined(request_id: &str, caller: &Caller, stage: Stage) -> GatewayError {
     if stage == Stage::Arrival {
         counter!(observe::QUARANTINED, "stage" => stage.label()).increment(1);
-        tracing::warn!(
-            request_id,
-            client = %caller.label(),
-            "request_crashed_engine: refused at arrival, two requests with the same body were quarantined"
-        );
+        sparkgate_events::Event::PoisonRefused {
+            request_id: request_id.to_owned(),
+            client: caller.label().to_string(),
+        }
+        .emit();
     }
     GatewayError::RequestCrashedEngine {
         request_id: request_id.to_owned(),

@@ -33,7 +33,7 @@ async fn stages(ctx: &Ctx<'_>, account: &mut Option<Account>, body: impl Request
     let permit = admit(ctx, &req, open).await?;
     let from = Instant::now();
     let sent = send(ctx, &req, permit).await?;
-    open.sent(from, sent.leased);
+    open.sent(ctx.request_id, &sent.dispatched.group.name, (from, sent.leased));
     respond(ctx, req, sent, account).await
 }
 

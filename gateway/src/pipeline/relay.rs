@@ -230,7 +230,12 @@ impl Relay {
             dispatch: self.dispatch.get_or_insert_with(resume::Dispatch::default).clone(),
             cut_at: Instant::now(),
         };
-        tracing::info!(request_id = %self.ctx.request_id, cut = %err, tokens = trace.output.len(), "stream cut: continuing it");
+        sparkgate_events::Event::StreamCut {
+            request_id: self.ctx.request_id.clone(),
+            cut: err.to_string(),
+            tokens: trace.output.len(),
+        }
+        .emit();
         self.cut_error = Some(err);
         if let Some(account) = self.ctx.account.as_mut() {
             account.cut();

@@ -116,7 +116,11 @@ impl Continuation {
                     return Ok(());
                 }
                 Err(Short::NotReached(why)) => {
-                    tracing::info!(request_id = %self.request_id, %why, "continuation: rank 0 not reached; waiting for the group");
+                    sparkgate_events::Event::ContinuationWaits {
+                        request_id: self.request_id.clone(),
+                        why: format!("rank 0 not reached: {why}"),
+                    }
+                    .emit();
                     drop(held);
                     group.lost_since(epoch).await;
                 }
