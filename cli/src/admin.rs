@@ -399,6 +399,9 @@ fn supervisor_lines(v: &serde_json::Value, s: &serde_json::Value) -> String {
             .map(|d| format!(", noticed in {d:.1} s"))
             .unwrap_or_default();
         let _ = writeln!(out, "last       {}{detected}", text(&r["reason"]));
+        if let Some(d) = r["diagnostics"].as_str() {
+            let _ = writeln!(out, "diagnosed  {d} (sparkgate logs --diagnostics)");
+        }
     }
     let memory: Vec<String> = s["memory"]
         .as_array()
@@ -480,7 +483,8 @@ mod tests {
             "vllm": {"version": "0.34.0", "rules": "0.34.0", "fit": "known", "warning": null},
             "admission": {"open": true, "capacity": 2, "in_flight": 1, "queued": 0},
             "supervisor": {"state": "ready", "epoch": 3, "mode": "dspark", "runtime": "process", "restarts": 2,
-                "last_restart": {"reason": "rank 1 exited (signal 9)", "detected_in_s": 0.01},
+                "last_restart": {"reason": "rank 1 exited (signal 9)", "detected_in_s": 0.01,
+                    "diagnostics": "/l/epoch-2/diagnostics"},
                 "memory": [{"node": "head", "mem_available_gib": 20.44}],
                 "ranks": [
                     {"rank": 1, "node": "worker", "pid": 11, "running": true, "uptime_s": 65.2, "log": "/l/rank1.log"},
@@ -499,6 +503,10 @@ mod tests {
         );
         assert!(
             t.contains("last       rank 1 exited (signal 9), noticed in 0.0 s"),
+            "{t}"
+        );
+        assert!(
+            t.contains("diagnosed  /l/epoch-2/diagnostics (sparkgate logs --diagnostics)"),
             "{t}"
         );
         assert!(t.contains("memory     head 20.4 GiB free"), "{t}");

@@ -93,6 +93,9 @@ pub enum Event {
     DrainTimeout { during: String },
     /// A rank an earlier gateway left running was removed.
     LeftoverRemoved { what: String },
+    /// A remote rank's stop could not reach its node: a process ends with its SSH session, and
+    /// the next start removes a container left behind.
+    RankUnconfirmed { rank: u32, detail: String },
     /// A request whose body was quarantined twice is refused at arrival.
     PoisonRefused { request_id: String, client: String },
     /// The group gave up restarting (RESTART_BUDGET spent).
@@ -158,6 +161,7 @@ table! {
     UpstreamDown => "upstream_down", Warn;
     DrainTimeout => "drain_timeout", Warn;
     LeftoverRemoved => "leftover_removed", Warn;
+    RankUnconfirmed => "rank_unconfirmed", Warn;
     PoisonRefused => "poison_refused", Warn;
     GroupFailed => "group_failed", Error;
     RequestFailed => "request_failed", Error;
@@ -242,6 +246,10 @@ impl fmt::Display for Event {
                 write!(f, "drain timeout before {during}: what still runs ends with an error")
             }
             Event::LeftoverRemoved { what } => write!(f, "removed a rank an earlier gateway left running: {what}"),
+            Event::RankUnconfirmed { rank, detail } => write!(
+                f,
+                "rank {rank}: its stop could not reach its node ({detail}); a remote process ends with its SSH session, a container is removed by the next start"
+            ),
             Event::PoisonRefused { request_id, client } => write!(
                 f,
                 "request {request_id} from {client}: request_crashed_engine: refused at arrival (its body was quarantined twice)"

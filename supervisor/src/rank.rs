@@ -280,17 +280,29 @@ impl Rank {
                 }
             }
             Runtime::Remote { link, pid } => {
-                let killed = match link.node().await {
-                    Ok(ssh) => ssh.kill_remote(*pid).await.map_err(SupervisorError::from),
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = killed {
-                    not_stopped(self.rank, format!("cannot kill remote pid {pid}: {e}"));
+                match link.node().await {
+                    Ok(ssh) => {
+                        if let Err(e) = ssh.kill_remote(*pid).await {
+                            not_stopped(self.rank, format!("cannot kill remote pid {pid}: {e}"));
+                        }
+                    }
+                    // Its process ends with its SSH session (its output pipes close): unconfirmed.
+                    Err(e) => sparkgate_events::Event::RankUnconfirmed {
+                        rank: self.rank,
+                        detail: format!("remote pid {pid}: {e}"),
+                    }
+                    .emit(),
                 }
             }
             Runtime::Container { docker, id } => {
                 if let Err(e) = docker.kill_and_remove(id).await {
-                    not_stopped(self.rank, format!("cannot remove container {id}: {e}"));
+                    let detail = format!("cannot remove container {id}: {e}");
+                    // A daemon behind a cut SSH session: the next start removes the container.
+                    if docker.connected().await {
+                        not_stopped(self.rank, detail);
+                    } else {
+                        sparkgate_events::Event::RankUnconfirmed { rank: self.rank, detail }.emit();
+                    }
                 }
             }
         }

@@ -9,6 +9,7 @@ pub mod harness;
 pub mod hosts;
 pub mod http;
 pub mod load;
+pub mod logevents;
 pub mod otlp;
 pub mod overhead;
 pub mod postgres;

@@ -8,6 +8,7 @@
 //! binary runs them all and prints the table BENCHMARKS.md holds.
 
 pub mod client;
+pub mod trail;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,6 +116,9 @@ pub struct Row {
     /// Streams the gateway continued (`sparkgate_stream_resumes_total` over the fault).
     pub resumed: u64,
     pub orphans: usize,
+    /// What the fault logged and the restarts it counted (none for the faults that start
+    /// another gateway: its log is a new one).
+    pub trail: Option<trail::Trail>,
     pub detected_s: Option<f64>,
     pub recovered_s: f64,
     pub samples: Vec<String>,
@@ -487,7 +491,10 @@ impl Rig {
         } else {
             1
         }));
-        let epoch = self.status()["supervisor"]["epoch"].as_u64();
+        let before = self.status();
+        let epoch = before["supervisor"]["epoch"].as_u64();
+        let pid = self.gateway.as_ref().map(Proc::pid);
+        let logged = self.gateway.as_ref().map_or(0, |g| g.log().len());
         let injected = Instant::now();
         self.inject(fault);
         self.wait_recovered(epoch, fault);
@@ -511,6 +518,9 @@ impl Rig {
             fault.cuts_accepted(),
         );
         row.resumed = self.resumes().saturating_sub(resumed_before);
+        if let Some(g) = self.gateway.as_ref().filter(|g| Some(g.pid()) == pid) {
+            row.trail = Some(trail::Trail::of(&g.log()[logged..], &before, &status));
+        }
         row.orphans = self.orphans().len();
         row
     }
@@ -572,11 +582,11 @@ fn signal(target: &str, sig: &str) {
 /// The table BENCHMARKS.md holds.
 pub fn table(rows: &[(Fault, Row)]) -> String {
     let mut out = String::from(
-        "| fault | completed | resumed | explicit error | of them resumable streams | splice mismatches | truncated | hung | lost | refused (gateway down) | 502 never reached | cut with the gateway | orphans | detected in s | recovered in s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| fault | completed | resumed | explicit error | of them resumable streams | splice mismatches | truncated | hung | lost | refused (gateway down) | 502 never reached | cut with the gateway | orphans | restarts counted | WARN/ERROR events | detected in s | recovered in s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (f, r) in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |\n",
             f.name(),
             r.completed,
             r.resumed,
@@ -590,6 +600,11 @@ pub fn table(rows: &[(Fault, Row)]) -> String {
             r.unreachable_502,
             r.cut_with_gateway,
             r.orphans,
+            r.trail.as_ref().map_or("(new gateway)".into(), |t| match t.restarts.as_slice() {
+                [] => "—".into(),
+                rs => rs.join(", "),
+            }),
+            r.trail.as_ref().map_or("(new gateway)".into(), trail::Trail::shown),
             r.detected_s.map_or("—".into(), |d| format!("{d:.1}")),
             r.recovered_s
         ));
