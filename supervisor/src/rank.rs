@@ -301,7 +301,11 @@ impl Rank {
                     if docker.connected().await {
                         not_stopped(self.rank, detail);
                     } else {
-                        sparkgate_events::Event::RankUnconfirmed { rank: self.rank, detail }.emit();
+                        sparkgate_events::Event::RankUnconfirmed {
+                            rank: self.rank,
+                            detail,
+                        }
+                        .emit();
                     }
                 }
             }

@@ -1,7 +1,7 @@
 //! The documentation as a reader meets it: every Markdown table renders as a table (a header, a
 //! separator row, the same number of cells in every row — a blank line inside a table turns its
 //! rest into raw `|` text), the README names only commands the CLI has, and the README stays one
-//! screen's worth.
+//! screen's worth, and operations.md's event table is the code's (`sparkgate_events`).
 
 use std::path::{Path, PathBuf};
 
@@ -199,4 +199,27 @@ fn the_readme_is_about_one_screen() {
     let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
     let lines = readme.lines().count();
     assert!(lines <= 120, "README.md has {lines} lines; move detail into docs/");
+}
+
+#[test]
+fn the_event_table_in_the_docs_is_the_codes() {
+    let text = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
+    let table = text
+        .split("<!-- events:start -->")
+        .nth(1)
+        .and_then(|t| t.split("<!-- events:end -->").next())
+        .expect("operations.md holds the event table between its markers");
+    let rows: Vec<(String, String)> = table
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells[1].trim_matches('`').to_owned(), cells[2].to_owned())
+        })
+        .collect();
+    let code: Vec<(String, String)> = sparkgate_events::Event::TABLE
+        .iter()
+        .map(|(name, level)| ((*name).to_owned(), level.label().to_owned()))
+        .collect();
+    assert_eq!(rows, code, "docs/operations.md's event table, in the code's order");
 }

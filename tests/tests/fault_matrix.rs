@@ -12,7 +12,7 @@
 //! `stream_cut`.
 
 use sparkgate_tests::faults::trail::Trail;
-use sparkgate_tests::faults::{table, Fault, Row, Rig};
+use sparkgate_tests::faults::{table, Fault, Rig, Row};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
@@ -85,10 +85,17 @@ fn logged_as_the_table_says(fault: Fault, row: &Row, t: &str) {
     let Some(trail): Option<&Trail> = row.trail.as_ref() else {
         return;
     };
-    assert!(trail.strays.is_empty(), "{name}: lines outside the table: {:#?}", trail.strays);
+    assert!(
+        trail.strays.is_empty(),
+        "{name}: lines outside the table: {:#?}",
+        trail.strays
+    );
     let want: Vec<String> = expected_restart(fault).into_iter().map(String::from).collect();
-    assert_eq!(trail.restarts, want, "{name}: restarts counted
-{t}");
+    assert_eq!(
+        trail.restarts, want,
+        "{name}: restarts counted
+{t}"
+    );
     let unplanned = want.iter().any(|r| !r.ends_with("(planned)"));
     assert_eq!(
         trail.group_lost,
@@ -100,8 +107,15 @@ fn logged_as_the_table_says(fault: Fault, row: &Row, t: &str) {
         "{name}: each continued stream's cut is logged: {trail:?}, {} resumed",
         row.resumed
     );
-    assert!(trail.errors.is_empty(), "{name}: no answer or rank lost: {:#?}", trail.errors);
+    assert!(
+        trail.errors.is_empty(),
+        "{name}: no answer or rank lost: {:#?}",
+        trail.errors
+    );
     if want.is_empty() {
-        assert!(trail.loud.is_empty(), "{name}: nothing unplanned, nothing loud: {trail:?}");
+        assert!(
+            trail.loud.is_empty(),
+            "{name}: nothing unplanned, nothing loud: {trail:?}"
+        );
     }
 }

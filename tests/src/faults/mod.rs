@@ -600,10 +600,12 @@ pub fn table(rows: &[(Fault, Row)]) -> String {
             r.unreachable_502,
             r.cut_with_gateway,
             r.orphans,
-            r.trail.as_ref().map_or("(new gateway)".into(), |t| match t.restarts.as_slice() {
-                [] => "—".into(),
-                rs => rs.join(", "),
-            }),
+            r.trail
+                .as_ref()
+                .map_or("(new gateway)".into(), |t| match t.restarts.as_slice() {
+                    [] => "—".into(),
+                    rs => rs.join(", "),
+                }),
             r.trail.as_ref().map_or("(new gateway)".into(), trail::Trail::shown),
             r.detected_s.map_or("—".into(), |d| format!("{d:.1}")),
             r.recovered_s

@@ -40,7 +40,11 @@ impl Trail {
             *t.loud.entry(l.event.clone().unwrap_or_else(|| "-".into())).or_default() += 1;
         }
         t.strays = lines.iter().filter(|l| stray(l)).map(|l| l.text.clone()).collect();
-        t.errors = lines.iter().filter(|l| l.level == "ERROR").map(|l| l.text.clone()).collect();
+        t.errors = lines
+            .iter()
+            .filter(|l| l.level == "ERROR")
+            .map(|l| l.text.clone())
+            .collect();
         t
     }
 
@@ -84,7 +88,11 @@ fn restarted(before: &Value, after: &Value) -> Vec<String> {
     for (reason, (n, planned)) in now {
         let before = was.get(&reason).map_or(0, |c| c.0);
         for _ in before..n {
-            out.push(if planned { format!("{reason} (planned)") } else { reason.clone() });
+            out.push(if planned {
+                format!("{reason} (planned)")
+            } else {
+                reason.clone()
+            });
         }
     }
     out
