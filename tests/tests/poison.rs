@@ -106,7 +106,10 @@ fn a_request_that_crashes_the_engine_alone_is_quarantined_within_one_restart() {
         .lines()
         .find(|l| l.contains("request_crashed_engine: quarantined") && l.contains(&id))
         .unwrap_or_else(|| panic!("a log line names the request {id}:\n{log}"));
-    assert!(line.contains("ERROR") && line.contains("client=\"key:"), "{line}");
+    assert!(
+        line.contains(" ERROR ") && line.contains(" from key:") && line.contains("event=\"quarantined\""),
+        "{line}"
+    );
     assert!(!log.contains(KEY), "the key itself is never logged");
 }
 

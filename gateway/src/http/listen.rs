@@ -429,9 +429,10 @@ pub(crate) async fn run<S: Stack<Incoming>>(
     }
     (hooks.draining)();
     let _ = stop_tx.send(true);
+    let (connections_open, drain_s) = (connections.len(), cfg.drain_timeout.as_secs());
     sparkgate_events::Event::Draining {
-        connections: connections.len(),
-        drain_s: cfg.drain_timeout.as_secs(),
+        connections: connections_open,
+        drain_s,
     }
     .emit();
     let all_closed = |connections: &mut tokio::task::JoinSet<()>| {
@@ -457,17 +458,22 @@ pub(crate) async fn run<S: Stack<Incoming>>(
             (hooks.closing)();
             tokio::select! {
                 done = tokio::time::timeout(CLOSE_GRACE, drain.as_mut()) => if done.is_err() {
-                    tracing::warn!("connections still open after the drain; closing them");
+                    tracing::info!("connections still open after the drain; closing them");
                 },
                 () = &mut refusing => {}
             }
         }
     }
-    // The kernel completes handshakes on its own until the listener closes, and closing it
-    // resets every connection still queued — a client that connected a moment before would
-    // see its request lost. So new handshakes are stopped first (a filter that drops every
-    // packet to the listener: their clients retry the SYN and then find the port closed —
-    // refused, not reset), then what is already queued is answered.
+    close_listener(listener, refusals).await;
+}
+
+/// Closes the listener without resetting a connection queued on it. The kernel completes
+/// handshakes on its own until the listener closes, and closing it resets every connection
+/// still queued — a client that connected a moment before would see its request lost. So new
+/// handshakes are stopped first (a filter that drops every packet to the listener: their
+/// clients retry the SYN and then find the port closed — refused, not reset), then what is
+/// already queued is answered.
+async fn close_listener(listener: TcpListener, mut refusals: tokio::task::JoinSet<()>) {
     let drop_all = [socket2::SockFilter::new(BPF_RET_K, 0, 0, 0)];
     if let Err(e) = socket2::SockRef::from(&listener).attach_filter(&drop_all) {
         tracing::debug!(error = %e, "cannot stop new handshakes before closing the listener");
