@@ -21,12 +21,17 @@ pub(crate) fn run(ep: &Endpoint, epoch: &str) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut out = String::new();
+    // The reason's first words: its whole text (with the ranks' last lines) is in the bundle.
+    let short = |r: &str| match r.char_indices().nth(100) {
+        Some((at, _)) => format!("{}…", &r[..at]),
+        None => r.to_owned(),
+    };
     for b in &bundles {
         out.push_str(&format!(
             "epoch {:<5} group {:<10} {}\n            {}\n",
             b["epoch"],
             b["group"].as_str().unwrap_or("-"),
-            b["reason"].as_str().unwrap_or(""),
+            short(b["reason"].as_str().unwrap_or("")),
             b["path"].as_str().unwrap_or("")
         ));
     }

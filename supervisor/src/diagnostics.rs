@@ -127,6 +127,7 @@ pub(crate) struct Inputs<'a> {
 
 /// Writes the bundle under `epoch_dir/diagnostics` and returns that directory.
 pub(crate) async fn collect(epoch_dir: &Path, inputs: Inputs<'_>) -> PathBuf {
+    let began = std::time::Instant::now();
     let dir = epoch_dir.join("diagnostics");
     let _ = std::fs::create_dir_all(&dir);
     let mut summary = format!(
@@ -171,6 +172,7 @@ pub(crate) async fn collect(epoch_dir: &Path, inputs: Inputs<'_>) -> PathBuf {
         }
         None => summary.push_str("in-flight.tsv: no gateway report\n"),
     }
+    summary.push_str(&format!("written in {} ms\n", began.elapsed().as_millis()));
     put("summary.txt", &summary);
     dir
 }
