@@ -7,6 +7,7 @@ mod admin;
 mod bench;
 mod bench_request;
 mod diagnostics;
+mod doctor;
 mod prepare;
 mod serve;
 mod smoke;
@@ -202,6 +203,14 @@ pub enum Command {
     /// Check without starting: IMAGE on both nodes with the same layers, the head's weights
     /// complete, and the image's self-check (SELF_CHECK_CMD).
     Verify,
+    /// Every check on every node (workers over SSH): the same image, kernel, driver and weights
+    /// everywhere, the ranks' link up with one MTU and speed, the peer reachable, the RoCE GID
+    /// entry, clock skew, memory, disk and ports — one table; exit 1 when a check fails.
+    Doctor {
+        /// The rows as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The guides' smoke request (17*19, thinking off) through the gateway: pass or fail, with
     /// its latency.
     Smoke {
@@ -351,6 +360,7 @@ fn node_command(command: Command, config: &Config) -> anyhow::Result<ExitCode> {
         Command::Ship { mode } => prepare::ship(config, mode.as_deref()),
         Command::Pack => prepare::pack(config),
         Command::Verify => prepare::verify(config),
+        Command::Doctor { json } => doctor::run(config, json),
         Command::Smoke { url, timeout_s } => {
             smoke::run(config, url.as_deref(), std::time::Duration::from_secs(timeout_s))
         }

@@ -476,6 +476,12 @@ pub struct Supervision {
     pub boot_margin_gib: Option<f64>,
     pub weights_gib_per_rank: Option<f64>,
     pub meminfo_path: PathBuf,
+    /// NODE_ROOT: where the doctor reads each node's /proc and /sys (`{node}`: its name).
+    pub node_root: String,
+    /// DOCTOR_VERSIONS_CMD: what prints an image's versions line.
+    pub doctor_versions_cmd: Vec<String>,
+    /// DOCTOR_MAX_SKEW: the clock skew the doctor accepts.
+    pub doctor_max_skew: Duration,
 }
 
 /// The gateway's settings.

@@ -340,6 +340,9 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("MEM_GUARD_GIB", Supervision, V("1.5"), "Memguard threshold in GiB.").aliases(&["DSV41_MEM_GUARD_GIB"]).rule(Float(0.0, 1024.0)),
     k("WEIGHTS_GIB_PER_RANK", Supervision, V("99.5"), "Weights each rank loads (GiB); with BOOT_MARGIN_GIB, what MemAvailable must show before a start. Empty: no check.").glm(V("")).rule(Optional(&Float(0.0, 4096.0))),
     k("MEMINFO_PATH", Supervision, V("/proc/meminfo"), "Where MemAvailable is read (memguard, preflight).").rule(NonEmpty),
+    k("NODE_ROOT", Supervision, V("/"), "Where sparkgate reads each node's /proc and /sys and looks for its commands first (in bin/) — the doctor and the GPU watch; `{node}` is replaced by the node's name (head, worker). `/` on a real node.").rule(NonEmpty),
+    k("DOCTOR_VERSIONS_CMD", Supervision, V("python3 -c \"import vllm, torch; print('vllm=' + vllm.__version__, 'torch=' + torch.__version__, 'nccl=' + '.'.join(map(str, torch.cuda.nccl.version())), 'cuda=' + str(torch.version.cuda))\""), "Command `sparkgate doctor` runs in a throwaway container of IMAGE on every node; its last line with `nccl=` (vLLM, torch, NCCL and CUDA versions) must be the same everywhere.").rule(Command),
+    k("DOCTOR_MAX_SKEW", Supervision, V("0.5"), "Seconds of clock skew between the head and a worker `sparkgate doctor` accepts (beyond the SSH round trip's bound).").rule(Float(0.0, 3_600.0)),
     k("BOOT_MARGIN_GIB", Supervision, V("12"), "Free memory beyond the weights each node needs to boot; empty: no check.").glm(V(""))
         .aliases(&["DSV41_BOOT_MARGIN_GIB"]).rule(Optional(&Float(0.0, 1024.0))),
     k("LOG_KEEP_EPOCHS", Supervision, V("500"), "Epoch directories (rank logs, diagnostics) kept in LOG_DIR: before a start the oldest go, never the epoch starting (three weeks of a restart an hour); 0: all.").rule(Int(0, 1_000_000)),

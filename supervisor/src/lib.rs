@@ -58,9 +58,22 @@ async fn check_worker_memory(
     }
 }
 
+/// The doctor's start checks (`sparkgate doctor` runs them all): a pair that would hang or never
+/// form — another kernel or driver, the link down or at another MTU or speed, the peer silent,
+/// the RoCE GID empty, the clocks apart — is refused before minutes of loading, in its words.
+async fn doctor(config: &Config) -> Result<(), SupervisorError> {
+    let report = sparkgate_doctor::examine(config, sparkgate_doctor::Depth::Start).await;
+    let failed = report.failures().next().map(sparkgate_doctor::Report::words);
+    match failed {
+        Some(words) => Err(SupervisorError::Preflight(format!("sparkgate doctor: {words}"))),
+        None => Ok(()),
+    }
+}
+
 /// Connects to every node the runtime uses and runs preflight: the backend that starts ranks,
 /// and (docker) the ranks whose packed Engram files are on their node.
 async fn backend(config: &Config) -> Result<(rank::Backend, Vec<(u32, String)>), SupervisorError> {
+    doctor(config).await?;
     let mut packed = Vec::new();
     let backend = match config.supervision.runtime {
         Runtime::Process => {

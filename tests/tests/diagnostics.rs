@@ -24,7 +24,10 @@ fn start(logs: &Path, extra: &[(&str, &str)]) -> Gateway {
     let mut env = vec![("API_KEYS", format!("alice={KEY}")), ("SIM_SPEED", "0.3".to_owned())];
     env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
     let gw = TestGateway::builder(SIM).logs(logs).envs(&env).start();
-    gw.wait_status("serving", |s| s["supervisor"]["state"] == "ready");
+    // Serving, and sampled once (rank 0's scrape comes with the first memory sample).
+    gw.wait_status("serving and sampled", |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["memory"].as_array().is_some_and(|m| !m.is_empty())
+    });
     gw
 }
 

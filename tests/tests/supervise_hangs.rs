@@ -180,13 +180,15 @@ fn stopped_rank_is_restarted(rank: u64, work: Work) {
     let waiting = send_while_stalled(&gw);
     let status = restarted(&gw, 1);
     assert_detected_within_stall_timeout(&status);
-    // The stall is logged when it begins (and every 10 s while it lasts), not once a second.
+    // The stall is logged when it begins (a WARN; then every 10 s while it lasts), not once a
+    // second.
     let log = gw.proc.log();
-    let stall_lines: Vec<&String> = log.iter().filter(|l| l.contains("upstream=Stalled(")).collect();
+    let lines = sparkgate_tests::logevents::parse(&log);
+    let stalled = sparkgate_tests::logevents::named(&lines, "stalled");
+    let stall_lines = stalled.len() + sparkgate_tests::logevents::named(&lines, "still_stalled").len();
     assert!(
-        (1..=2).contains(&stall_lines.len()),
-        "{} lines on the stall:\n{}",
-        stall_lines.len(),
+        stalled.len() == 1 && stalled[0].level == "WARN" && stall_lines <= 2,
+        "{stall_lines} lines on the stall:\n{}",
         log.join("\n")
     );
     if rank == 1 {

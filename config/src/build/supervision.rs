@@ -37,6 +37,9 @@ impl Builder<'_> {
             boot_margin_gib: self.opt_float("BOOT_MARGIN_GIB"),
             weights_gib_per_rank: self.opt_float("WEIGHTS_GIB_PER_RANK"),
             meminfo_path: PathBuf::from(self.text("MEMINFO_PATH")),
+            node_root: self.text("NODE_ROOT"),
+            doctor_versions_cmd: self.words("DOCTOR_VERSIONS_CMD"),
+            doctor_max_skew: self.seconds_f64("DOCTOR_MAX_SKEW"),
         }
     }
 

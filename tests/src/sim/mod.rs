@@ -76,6 +76,9 @@ pub fn main(argv: &[String]) -> i32 {
     if argv.first().map(String::as_str) == Some("pack-engram") {
         return pack_engram(&argv[1..]);
     }
+    if argv.first().map(String::as_str) == Some("doctor-versions") {
+        return doctor_versions();
+    }
     let argv = match take_release(argv) {
         Ok((release, rest)) => {
             let _ = RELEASE.set(release);
@@ -110,6 +113,21 @@ fn selfcheck() -> i32 {
         return 1;
     }
     println!("self-check: EXL3 GEMM matches the reference (simulated)");
+    0
+}
+
+/// `vllm-sim doctor-versions`: the stand-in for the line `sparkgate doctor` reads from a real
+/// image with python (DOCTOR_VERSIONS_CMD; not a vLLM command): the image's vLLM, torch, NCCL and
+/// CUDA versions, from SIM_TORCH_VERSION, SIM_NCCL_VERSION and SIM_CUDA_VERSION when set.
+fn doctor_versions() -> i32 {
+    let v = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
+    println!(
+        "vllm={} torch={} nccl={} cuda={}",
+        release().version(),
+        v("SIM_TORCH_VERSION", "2.9.0"),
+        v("SIM_NCCL_VERSION", "2.28.9"),
+        v("SIM_CUDA_VERSION", "13.0")
+    );
     0
 }
 
