@@ -418,6 +418,36 @@ fn supervisor_lines(v: &serde_json::Value, s: &serde_json::Value) -> String {
     if !memory.is_empty() {
         let _ = writeln!(out, "memory     {}", memory.join(" · "));
     }
+    out.push_str(&gpu_lines(s));
+    out
+}
+
+/// Each node's GPUs (utilisation, power) and the newest kernel event, when there are any.
+fn gpu_lines(s: &serde_json::Value) -> String {
+    let num = |v: &serde_json::Value| v.as_f64().map_or("?".to_owned(), |n| format!("{n:.0}"));
+    let gpus: Vec<String> = s["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|n| {
+            n["gpus"].as_array().into_iter().flatten().map(move |g| {
+                format!(
+                    "{} {}: {} % at {} W",
+                    text(&n["node"]),
+                    g["index"],
+                    num(&g["utilization_pct"]),
+                    num(&g["power_w"])
+                )
+            })
+        })
+        .collect();
+    let mut out = String::new();
+    if !gpus.is_empty() {
+        out.push_str(&format!("gpus       {}\n", gpus.join(" · ")));
+    }
+    if let Some(e) = s["kernel_events"].as_array().and_then(|k| k.last()) {
+        out.push_str(&format!("kernel     {}: {}\n", text(&e["node"]), text(&e["line"])));
+    }
     out
 }
 
@@ -486,6 +516,10 @@ mod tests {
                 "last_restart": {"reason": "rank 1 exited (signal 9)", "detected_in_s": 0.01,
                     "diagnostics": "/l/epoch-2/diagnostics"},
                 "memory": [{"node": "head", "mem_available_gib": 20.44}],
+                "gpus": [{"node": "worker", "gpus": [{"index": 0, "utilization_pct": 99.0, "power_w": 31.4,
+                    "power_limit_w": null, "temperature_c": 60.0}]}],
+                "kernel_events": [{"node": "worker", "kind": {"xid": {"xid": 13, "fatal": false}},
+                    "line": "NVRM: Xid (PCI:0000:01:00): 13, pid=9, Graphics SM Warp Exception", "at_unix": 1}],
                 "ranks": [
                     {"rank": 1, "node": "worker", "pid": 11, "running": true, "uptime_s": 65.2, "log": "/l/rank1.log"},
                     {"rank": 0, "node": "head", "pid": 10, "running": true, "uptime_s": 3700.0, "log": "/l/rank0.log"}
@@ -510,6 +544,8 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("memory     head 20.4 GiB free"), "{t}");
+        assert!(t.contains("gpus       worker 0: 99 % at 31 W\n"), "{t}");
+        assert!(t.contains("kernel     worker: NVRM: Xid (PCI:0000:01:00): 13"), "{t}");
         assert!(t.contains("throughput 41.5 tokens/s over the last 10 s"), "{t}");
         let rank0 = t.find("\n0     head").expect("rank 0 row");
         let rank1 = t.find("\n1     worker").expect("rank 1 row");

@@ -256,6 +256,26 @@ fn rank_table(status: &Value) -> Table<'static> {
             .and_then(|m| m["mem_available_gib"].as_f64())
             .map_or_else(|| "—".to_owned(), |g| format!("{g:.1} GiB free"))
     };
+    // Its GPUs (the wedge watch): utilisation and power of each.
+    let gpus = |node: &str, rank: &str| {
+        let numbered = format!("{node} {rank}");
+        let found: Vec<String> = s["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["node"] == node || n["node"] == numbered.as_str())
+            .flat_map(|n| n["gpus"].as_array().into_iter().flatten())
+            .map(|g| {
+                let n = |v: &Value| v.as_f64().map_or("?".to_owned(), |x| format!("{x:.0}"));
+                format!("{} % {} W", n(&g["utilization_pct"]), n(&g["power_w"]))
+            })
+            .collect();
+        if found.is_empty() {
+            "—".to_owned()
+        } else {
+            found.join(", ")
+        }
+    };
     let mut ranks: Vec<&Value> = s["ranks"].as_array().into_iter().flatten().collect();
     ranks.sort_by_key(|r| r["rank"].as_u64());
     let rows = ranks.into_iter().map(|r| {
@@ -270,6 +290,7 @@ fn rank_table(status: &Value) -> Table<'static> {
             },
             format!("{:.0} s", r["uptime_s"].as_f64().unwrap_or(0.0)),
             memory(&node, &text(&r["rank"])),
+            gpus(&node, &text(&r["rank"])),
         ])
     });
     let widths = [
@@ -277,10 +298,11 @@ fn rank_table(status: &Value) -> Table<'static> {
         Constraint::Length(8),
         Constraint::Length(9),
         Constraint::Length(10),
-        Constraint::Min(14),
+        Constraint::Length(15),
+        Constraint::Min(12),
     ];
     Table::new(rows, widths)
-        .header(Row::new(vec!["rank", "node", "state", "uptime", "memory"]).bold())
+        .header(Row::new(vec!["rank", "node", "state", "uptime", "memory", "gpu"]).bold())
         .block(Block::bordered().title(" ranks "))
 }
 
@@ -412,6 +434,7 @@ sparkgate_time_to_first_token_seconds_bucket{le=\"+Inf\"} 10\n";
             "supervisor": {"state": "ready", "epoch": 1, "mode": "dspark", "restarts": 0,
                 "memory": [{"node": "head", "mem_available_gib": 20.0}, {"node": "worker 1", "mem_available_gib": 11.0},
                            {"node": "worker 2", "mem_available_gib": 12.0}],
+                "gpus": [{"node": "worker 2", "gpus": [{"index": 0, "utilization_pct": 98.0, "power_w": 31.2}]}],
                 "ranks": [{"rank": 2, "node": "worker", "running": true, "uptime_s": 5.0}]}
         });
         view.update(Ok(status), None, None, Instant::now());
@@ -421,5 +444,6 @@ sparkgate_time_to_first_token_seconds_bucket{le=\"+Inf\"} 10\n";
             s.contains("12.0 GiB free") && !s.contains("11.0 GiB free"),
             "worker 2's own memory: {s}"
         );
+        assert!(s.contains("98 % 31 W"), "worker 2's GPU: {s}");
     }
 }

@@ -567,6 +567,15 @@ pub struct Setting {
     pub(crate) group: Group,
 }
 
+impl Supervision {
+    /// The root a node's /proc, /sys and commands are found under (NODE_ROOT with `{node}` as
+    /// its name): empty for `/`, so `<root>/proc` is `/proc`.
+    pub fn node_root(&self, node: &str) -> String {
+        let name = node.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+        self.node_root.replace("{node}", &name).trim_end_matches('/').to_owned()
+    }
+}
+
 impl Config {
     /// Every variable the profile uses, with its value (secrets redacted) and source.
     pub fn settings(&self) -> &[Setting] {

@@ -29,7 +29,7 @@ pub(crate) const SCRIPT: &str = r#"r="$1"; ifn="$2"; hca="$3"; gid="$4"; w="$5";
 PATH="$r/bin:$PATH"
 rd() { cat "$r$1" 2>/dev/null | head -n 1; }
 echo "kernel=$(rd /proc/sys/kernel/osrelease)"
-echo "driver=$(sed -n 's/.*Kernel Module[^0-9]*\([0-9][0-9.]*\).*/\1/p' "$r/proc/driver/nvidia/version" 2>/dev/null | head -n 1)"
+echo "driver=$(head -n 1 "$r/proc/driver/nvidia/version" 2>/dev/null | grep -o '[0-9][0-9]*\.[0-9][0-9.]*' | head -n 1)"
 echo "if_state=$(rd /sys/class/net/$ifn/operstate)"
 echo "if_mtu=$(rd /sys/class/net/$ifn/mtu)"
 echo "if_speed=$(rd /sys/class/net/$ifn/speed)"

@@ -16,14 +16,9 @@ use crate::Depth;
 /// How long one node's reading may take.
 const NODE_LIMIT: Duration = Duration::from_secs(20);
 
-/// The root a node's facts are read under: NODE_ROOT with `{node}` as the node's name.
+/// The root a node's facts are read under (NODE_ROOT).
 fn root(config: &Config, node: &str) -> String {
-    let r = config
-        .supervision
-        .node_root
-        .replace("{node}", &node.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
-    // `/` reads `/proc`, not `//proc`.
-    r.trim_end_matches('/').to_owned()
+    config.supervision.node_root(node)
 }
 
 fn weights_dir(config: &Config, worker: Option<&sparkgate_config::Worker>) -> String {

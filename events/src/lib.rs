@@ -61,6 +61,8 @@ pub enum Event {
     UpstreamUp { upstream: String },
     /// A cut stream's continuation waits for its group to serve again.
     ContinuationWaits { request_id: String, why: String },
+    /// A node has no `nvidia-smi`: the GPU watch is off there (said once).
+    GpuWatchOff { node: String },
     /// A serving (or starting) group was lost; it is restarted.
     GroupLost {
         group: String,
@@ -87,6 +89,8 @@ pub enum Event {
         client: String,
         strikes: u32,
     },
+    /// A node's kernel log has an NVIDIA Xid or an OOM-killer line.
+    KernelLog { node: String, line: String },
     /// The upstream (gateway-only mode) stopped answering.
     UpstreamDown { upstream: String, detail: String },
     /// Requests still ran when a drain ran out (`during`: before what); they end with an error.
@@ -153,11 +157,13 @@ table! {
     StallOver => "stall_over", Info;
     UpstreamUp => "upstream_up", Info;
     ContinuationWaits => "continuation_waits", Info;
+    GpuWatchOff => "gpu_watch_off", Info;
     GroupLost => "group_lost", Warn;
     Stalled => "stalled", Warn;
     SshLost => "ssh_lost", Warn;
     StreamCut => "stream_cut", Warn;
     Requeued => "requeued", Warn;
+    KernelLog => "kernel_log", Warn;
     UpstreamDown => "upstream_down", Warn;
     DrainTimeout => "drain_timeout", Warn;
     LeftoverRemoved => "leftover_removed", Warn;
@@ -208,6 +214,8 @@ impl fmt::Display for Event {
             Event::ContinuationWaits { request_id, why } => {
                 write!(f, "request {request_id}: continuation waits for the group: {why}")
             }
+            Event::GpuWatchOff { node } => write!(f, "{node}: no nvidia-smi; the GPU watch is off there"),
+            Event::KernelLog { node, line } => write!(f, "{node} kernel: {line}"),
             Event::GroupLost {
                 group,
                 epoch,

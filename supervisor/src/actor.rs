@@ -39,6 +39,22 @@ enum Report {
     Event(Event),
 }
 
+/// Kernel log events kept for the status.
+const KERNEL_EVENTS: usize = 20;
+
+/// What the running group's watch last saw.
+#[derive(Debug, Default)]
+struct Observed {
+    memory: Vec<NodeMemory>,
+    /// Seconds the running group has looked stalled (the watchdog's `stalled_for`).
+    stalled_s: Option<f64>,
+    gpus: Vec<crate::gpu::NodeGpus>,
+    /// The last `KERNEL_EVENTS` Xid and OOM lines, across epochs.
+    kernel: VecDeque<crate::kernel::KernelEvent>,
+    /// The nodes said to have no GPU.
+    said_off: crate::nodewatch::SaidOff,
+}
+
 /// What the actor needs besides the machine and the starter.
 #[derive(Debug)]
 pub(crate) struct Setup {
@@ -76,10 +92,9 @@ pub(crate) struct Actor {
     exits_tx: mpsc::UnboundedSender<RankExit>,
     exits: mpsc::UnboundedReceiver<RankExit>,
     status_tx: watch::Sender<Status>,
-    memory: Vec<NodeMemory>,
+    /// What the watch last saw (memory, stall, GPUs, kernel lines).
+    observed: Observed,
     vllm: Option<sparkgate_config::UpstreamVersion>,
-    /// Seconds the running group has looked stalled (the watchdog's `stalled_for`).
-    stalled_s: Option<f64>,
     watching: Option<Watching>,
     starting: Option<(watch::Sender<bool>, JoinHandle<()>)>,
     preparing: Option<JoinHandle<()>>,
@@ -112,9 +127,8 @@ impl Actor {
             exits_tx,
             exits,
             status_tx,
-            memory: Vec::new(),
+            observed: Observed::default(),
             vllm: None,
-            stalled_s: None,
             watching: None,
             starting: None,
             preparing: None,
@@ -151,9 +165,11 @@ impl Actor {
                     .map(|(_, dir)| dir.display().to_string());
                 l
             }),
-            memory: self.memory.clone(),
+            memory: self.observed.memory.clone(),
+            gpus: self.observed.gpus.clone(),
+            kernel_events: self.observed.kernel.iter().cloned().collect(),
             preparing,
-            stalled_s: self.watching.as_ref().and(self.stalled_s),
+            stalled_s: self.watching.as_ref().and(self.observed.stalled_s),
             vllm: self.vllm.clone(),
             logs_pruned: {
                 let (epochs, bytes) = *self.starter.pruned.lock().expect("pruned");
@@ -273,7 +289,7 @@ impl Actor {
                     let exit = self.deciding(exit).await;
                     (self.exit_event(exit), None)
                 }
-                Some(event) = watch_next(&mut self.watching, &mut self.memory, &mut self.stalled_s, &self.setup.group) => {
+                Some(event) = watch_next(&mut self.watching, &mut self.observed, &self.setup.group) => {
                     self.publish();
                     match event {
                         Some(e) => (e, None),
@@ -445,7 +461,18 @@ impl Actor {
                 workers.push((link.label.clone(), node));
             }
         }
-        let sampler = Sampler::start(self.starter.probe.clone(), self.setup.meminfo.clone(), workers);
+        let s = &self.setup.config.supervision;
+        let said = &self.observed.said_off;
+        let mut watched = vec![crate::nodewatch::Watched::new(
+            "head".into(),
+            s.node_root("head"),
+            None,
+            said.clone(),
+        )];
+        watched.extend(workers.iter().map(|(label, node)| {
+            crate::nodewatch::Watched::new(label.clone(), s.node_root(label), Some(node.clone()), said.clone())
+        }));
+        let sampler = Sampler::start(self.starter.probe.clone(), self.setup.meminfo.clone(), workers, watched);
         self.watching = Some(Watching {
             epoch,
             sampler,
@@ -557,23 +584,25 @@ impl Actor {
 
 /// The next watch event: `Some(Some(e))` a verdict, `Some(None)` a sample without one (memory
 /// updated), pending while nothing is watched.
-async fn watch_next(
-    watching: &mut Option<Watching>,
-    memory: &mut Vec<NodeMemory>,
-    stalled_s: &mut Option<f64>,
-    group: &str,
-) -> Option<Option<Event>> {
+async fn watch_next(watching: &mut Option<Watching>, seen: &mut Observed, group: &str) -> Option<Option<Event>> {
     let Some(w) = watching.as_mut() else {
         return std::future::pending().await;
     };
     let sample = w.sampler.samples.recv().await?;
-    *memory = sample.memory.clone();
+    seen.memory = sample.memory.clone();
+    seen.gpus = sample.gpus.clone();
+    for e in &sample.kernel {
+        if seen.kernel.len() == KERNEL_EVENTS {
+            seen.kernel.pop_front();
+        }
+        seen.kernel.push_back(e.clone());
+    }
     w.trail.record(&sample);
     let epoch = w.epoch;
     let now = Instant::now();
     let verdict = w.watchdog.observe(&sample, now);
     let stalled = w.watchdog.stalled_for(now);
-    *stalled_s = stalled.map(|d| d.as_secs_f64().round());
+    seen.stalled_s = stalled.map(|d| d.as_secs_f64().round());
     // A stall that becomes a restart ends with the group's loss, logged there.
     if verdict.is_none() {
         if let Some(e) = w.stall.observe(group, stalled, now) {

@@ -11,10 +11,13 @@ mod backoff;
 mod diagnostics;
 mod error;
 mod exits;
+mod gpu;
+mod kernel;
 mod leftovers;
 mod logsink;
 mod machine;
 mod nodes;
+mod nodewatch;
 mod preflight;
 mod probe;
 mod rank;
@@ -29,6 +32,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 pub use diagnostics::{Bundle, InFlightReport};
 pub use error::SupervisorError;
+pub use gpu::{GpuSample, NodeGpus};
+pub use kernel::{KernelEvent, KernelKind};
 pub use machine::Answer;
 pub use probe::Progress;
 pub use status::{

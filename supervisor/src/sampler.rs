@@ -29,7 +29,12 @@ impl Drop for Sampler {
 impl Sampler {
     /// Samples rank 0's health and progress, and the memory of the head and of `workers` (each
     /// named as its node is, over SSH).
-    pub(crate) fn start(probe: Probe, meminfo: PathBuf, workers: Vec<(String, Node)>) -> Sampler {
+    pub(crate) fn start(
+        probe: Probe,
+        meminfo: PathBuf,
+        workers: Vec<(String, Node)>,
+        mut watched: Vec<crate::nodewatch::Watched>,
+    ) -> Sampler {
         let (tx, samples) = mpsc::channel(1);
         let task = sparkgate_task::spawn("sampler", async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -38,13 +43,25 @@ impl Sampler {
                 tick.tick().await;
                 // At once, so a round takes one probe's time at most; every round reads the
                 // engine heartbeat, which must be seen within seconds.
-                let (memory, healthy, scrape) =
-                    tokio::join!(sample_memory(&meminfo, &workers), probe.healthy(), probe.scrape());
+                let rounds = futures_util::future::join_all(watched.iter_mut().map(|w| w.round()));
+                let (memory, healthy, scrape, rounds) = tokio::join!(
+                    sample_memory(&meminfo, &workers),
+                    probe.healthy(),
+                    probe.scrape(),
+                    rounds
+                );
+                let (mut gpus, mut kernel) = (Vec::new(), Vec::new());
+                for r in rounds {
+                    gpus.extend(r.gpus);
+                    kernel.extend(r.kernel);
+                }
                 let sample = Sample {
                     memory,
                     healthy,
                     progress: scrape.as_deref().map(crate::probe::Progress::of_exposition),
                     scrape,
+                    gpus,
+                    kernel,
                 };
                 if tx.send(sample).await.is_err() {
                     break;

@@ -214,6 +214,12 @@ pub struct Status {
     pub last_restart: Option<LastRestart>,
     /// MemAvailable of each node, GiB (sampled while the group runs).
     pub memory: Vec<NodeMemory>,
+    /// Each node's GPUs at the last sample (nodes with `nvidia-smi`).
+    #[serde(default)]
+    pub gpus: Vec<crate::gpu::NodeGpus>,
+    /// The last Xid and OOM-killer lines of the nodes' kernel logs.
+    #[serde(default)]
+    pub kernel_events: Vec<crate::kernel::KernelEvent>,
     /// What node preparation is doing before the first start (a download, a ship, a build).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preparing: Option<String>,
@@ -270,6 +276,8 @@ impl Status {
             restarts: 0,
             last_restart: None,
             memory: Vec::new(),
+            gpus: Vec::new(),
+            kernel_events: Vec::new(),
             preparing: None,
             stalled_s: None,
             vllm: None,

@@ -21,6 +21,10 @@ pub(crate) struct Sample {
     pub(crate) progress: Option<Progress>,
     /// The `/metrics` text they were read from (kept for the diagnostics bundle).
     pub(crate) scrape: Option<std::sync::Arc<str>>,
+    /// Each node's GPUs (nodes with `nvidia-smi`).
+    pub(crate) gpus: Vec<crate::gpu::NodeGpus>,
+    /// Kernel log lines new since the last sample (Xid, OOM).
+    pub(crate) kernel: Vec<crate::kernel::KernelEvent>,
 }
 
 #[derive(Debug, Clone)]
@@ -45,6 +49,16 @@ pub(crate) struct Watchdog {
     step_at: Instant,
     /// Requests running or waiting at the last answered `/metrics`.
     pending: f64,
+}
+
+/// A kernel log line after which the group cannot go on (a fatal Xid): lost at once.
+fn kernel(sample: &Sample) -> Option<Failure> {
+    let e = sample.kernel.iter().find(|e| e.kind.ends_the_group())?;
+    Some(Failure {
+        reason: format!("{} kernel: {}", e.node, e.line.trim()),
+        detected_in: Some(Duration::ZERO),
+        cause: LossCause::Unwell,
+    })
 }
 
 impl Watchdog {
@@ -75,7 +89,8 @@ impl Watchdog {
 
     /// The verdict on one sample: `Some` when the group must be restarted.
     pub(crate) fn observe(&mut self, sample: &Sample, now: Instant) -> Option<Failure> {
-        self.memory(sample)
+        kernel(sample)
+            .or_else(|| self.memory(sample))
             .or_else(|| self.health(sample, now))
             .or_else(|| self.heartbeat(sample, now))
             .or_else(|| self.progress(sample, now))
@@ -95,9 +110,15 @@ impl Watchdog {
             return None;
         }
         let quiet = now.saturating_duration_since(self.step_at);
+        // Busy GPUs at low power on every node: the ranks spin in a collective (vLLM 42354).
+        let hang = if crate::gpu::collective_hang(&sample.gpus) {
+            "collective hang (the GPUs are busy at low power): "
+        } else {
+            ""
+        };
         (quiet >= self.limits.stall_timeout).then(|| Failure {
             reason: format!(
-                "no engine step for {:.0}s while {} requests were running or waiting (STALL_TIMEOUT={}s)",
+                "{hang}no engine step for {:.0}s while {} requests were running or waiting (STALL_TIMEOUT={}s)",
                 quiet.as_secs_f64(),
                 self.pending,
                 self.limits.stall_timeout.as_secs()
@@ -190,6 +211,8 @@ mod tests {
                 steps,
             }),
             scrape: None,
+            gpus: Vec::new(),
+            kernel: Vec::new(),
         }
     }
 
@@ -251,6 +274,8 @@ mod tests {
                 steps: generated,
             }),
             scrape: None,
+            gpus: Vec::new(),
+            kernel: Vec::new(),
         }
     }
 

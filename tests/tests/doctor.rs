@@ -36,6 +36,14 @@ fn lay_out(root: &Path, ifname: &str, hca: &str) {
     );
 }
 
+/// The NVIDIA driver's version file as the open kernel module writes it.
+fn driver(root: &Path, version: &str) {
+    let p = root.join("proc/driver/nvidia/version");
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    let line = format!("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  {version}  Release Build\n");
+    std::fs::write(p, line).unwrap();
+}
+
 fn weights(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("config.json"), "{}").unwrap();
@@ -173,6 +181,64 @@ fn a_sound_pair_passes_and_each_mismatch_fails_its_row_with_the_fix() {
     let (ok, rows) = rig.doctor(&[]);
     fails(&rows, ok, "weights", "worker", "sparkgate sync");
     std::fs::write(&shard, vec![7u8; 2048]).unwrap();
+
+    let release = rig.root("worker").join("proc/sys/kernel/osrelease");
+    std::fs::write(&release, "6.8.0-1015-nvidia\n").unwrap();
+    let (ok, rows) = rig.doctor(&[]);
+    fails(&rows, ok, "kernel", "worker", "same kernel");
+    std::fs::write(&release, "6.11.0-1016-nvidia\n").unwrap();
+
+    // The driver: the same on both, then another on the worker.
+    for node in ["head", "worker"] {
+        driver(&rig.root(node), "580.95.05");
+    }
+    let (ok, rows) = rig.doctor(&[]);
+    assert!(
+        ok && rows.iter().any(|r| r["check"] == "driver" && r["found"] == "580.95.05"),
+        "{rows:#?}"
+    );
+    driver(&rig.root("worker"), "580.82.09");
+    let (ok, rows) = rig.doctor(&[]);
+    fails(&rows, ok, "driver", "worker", "same NVIDIA driver");
+    for node in ["head", "worker"] {
+        std::fs::remove_file(rig.root(node).join("proc/driver/nvidia/version")).unwrap();
+    }
+
+    let gid = rig
+        .root("worker")
+        .join("sys/class/infiniband/rocep1s0f0/ports/1/gids/3");
+    std::fs::write(&gid, "0000:0000:0000:0000:0000:0000:0000:0000\n").unwrap();
+    let (ok, rows) = rig.doctor(&[]);
+    fails(&rows, ok, "roce_gid", "worker", "GID index");
+    std::fs::write(&gid, "0000:0000:0000:0000:0000:ffff:c0a8:6402\n").unwrap();
+
+    // The head silent to the worker: its ping finds no answer.
+    std::fs::write(bin.join("ping"), "#!/bin/sh\nexit 1\n").unwrap();
+    Command::new("chmod")
+        .args(["+x"])
+        .arg(bin.join("ping"))
+        .status()
+        .unwrap();
+    let (ok, rows) = rig.doctor(&[]);
+    fails(&rows, ok, "peer", "worker", "firewall");
+    std::fs::remove_file(bin.join("ping")).unwrap();
+
+    let meminfo = rig.root("worker").join("proc/meminfo");
+    std::fs::write(&meminfo, "MemTotal:       127535488 kB\nMemAvailable:    20000000 kB\n").unwrap();
+    let (ok, rows) = rig.doctor(&[]);
+    fails(&rows, ok, "memory", "worker", "stop other workloads");
+    std::fs::write(&meminfo, "MemTotal:       127535488 kB\nMemAvailable:   120000000 kB\n").unwrap();
+
+    let (ok, rows) = rig.doctor(&[("MIN_FREE_DISK_GIB", "1000000")]);
+    assert!(!ok);
+    let both = [
+        ("disk".to_owned(), "head".to_owned()),
+        ("disk".to_owned(), "worker".to_owned()),
+    ];
+    assert_eq!(failed(&rows), both, "{rows:#?}");
+
+    let (ok, rows) = rig.doctor(&[("WORKER_SSH_KEY", "/nonexistent/id_ed25519")]);
+    fails(&rows, ok, "ssh", "worker", "WORKER_SSH_KEY");
 
     let vllm_port: u16 = rig
         .env
