@@ -1,6 +1,7 @@
 //! Each check fails on the mismatch it is for, naming the fix, and passes on a sound pair.
 
 use super::*;
+use crate::facts::Facts;
 
 const SOUND: &str = "kernel=6.8.0-1015-nvidia\ndriver=580.95.05\nif_state=up\nif_mtu=9000\nif_speed=200000\n\
 gid=0000:0000:0000:0000:0000:ffff:c0a8:6401\nmem_available_kib=120000000\ndisk_free_kib=500000000\n\

@@ -1,7 +1,7 @@
 //! The checks that compare nodes (the same kernel, driver, image, interface settings and
 //! weights everywhere) and the ones each node passes alone (RoCE GID, clock, memory, disk).
 
-use crate::checks::{row, Check, Limits, Row, Seen, Verdict};
+use crate::model::{row, Check, Limits, Row, Seen, Verdict};
 
 /// The nodes whose facts were read.
 fn read(nodes: &[Seen]) -> impl Iterator<Item = (&Seen, &crate::facts::Facts)> {

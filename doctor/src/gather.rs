@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sparkgate_config::{Config, Runtime};
 use sparkgate_docker::Node;
 
-use crate::checks::{Limits, Seen};
 use crate::facts::{Ask, Facts, CLOCK, SCRIPT};
+use crate::model::{Limits, Seen};
 use crate::Depth;
 
 /// How long one node's reading may take.

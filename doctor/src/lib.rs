@@ -9,9 +9,10 @@ mod checks;
 mod compare;
 mod facts;
 mod gather;
+mod model;
 mod render;
 
-pub use checks::{Check, Row, Verdict};
+pub use model::{Check, Row, Verdict};
 
 use sparkgate_config::Config;
 

@@ -1,7 +1,7 @@
 //! The doctor's table: one line per check and node — check, node, result, what was found, and
 //! under a failed row what to do.
 
-use crate::checks::{Row, Verdict};
+use crate::model::{Row, Verdict};
 
 fn verdict(v: Verdict) -> &'static str {
     match v {
