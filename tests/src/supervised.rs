@@ -12,14 +12,29 @@ impl Gateway {
         request(self.addr, "GET", "/admin/status", &[], b"").json()
     }
 
-    /// Rank 0's pid, from `/admin/status` (a process runtime's).
-    pub fn rank0_pid(&self) -> u32 {
+    /// Rank `rank`'s pid, from `/admin/status` (a process runtime's).
+    pub fn rank_pid(&self, rank: u64) -> u32 {
         let status = self.status();
         status["supervisor"]["ranks"]
             .as_array()
-            .and_then(|r| r.iter().find(|r| r["rank"] == 0))
+            .and_then(|r| r.iter().find(|r| r["rank"] == rank))
             .and_then(|r| r["pid"].as_u64())
-            .unwrap_or_else(|| panic!("no rank 0 pid in /admin/status: {status}")) as u32
+            .unwrap_or_else(|| panic!("no rank {rank} pid in /admin/status: {status}")) as u32
+    }
+
+    pub fn rank0_pid(&self) -> u32 {
+        self.rank_pid(0)
+    }
+
+    /// Sends `signal` (`-KILL`, `-STOP`) to rank `rank`; returns its pid. The signal must land.
+    pub fn signal_rank(&self, rank: u64, signal: &str) -> u32 {
+        let pid = self.rank_pid(rank);
+        let sent = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(sent, "kill {signal} {pid} (rank {rank})");
+        pid
     }
 
     /// `method path` without a body, with `Authorization: Bearer token`.

@@ -143,12 +143,7 @@ fn a_killed_rank_0_leaves_a_bundle_that_status_and_the_cli_name() {
     let logs = tempfile::tempdir().unwrap();
     let gw = start(logs.path(), &[]);
     let stream = stream_in_flight(&gw);
-    let pid = gw.rank0_pid().to_string();
-    assert!(std::process::Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .unwrap()
-        .success());
+    gw.signal_rank(0, "-KILL");
     let status = after_restart(&gw);
     drop(stream);
     let (dir, files) = bundle(&status, "killed");
@@ -184,19 +179,7 @@ fn a_thirty_second_stall_logs_at_most_five_lines_and_leaves_a_bundle() {
     let logs = tempfile::tempdir().unwrap();
     let gw = start(logs.path(), &[("STALL_TIMEOUT", "30"), ("PROGRESS_TIMEOUT", "600")]);
     let stream = stream_in_flight(&gw);
-    let rank1 = gw.status()["supervisor"]["ranks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["rank"] == 1)
-        .and_then(|r| r["pid"].as_u64())
-        .expect("rank 1's pid")
-        .to_string();
-    assert!(std::process::Command::new("kill")
-        .args(["-STOP", &rank1])
-        .status()
-        .unwrap()
-        .success());
+    let rank1 = gw.signal_rank(1, "-STOP").to_string();
     let status = after_restart(&gw);
     let _ = std::process::Command::new("kill").args(["-CONT", &rank1]).status();
     drop(stream);

@@ -61,12 +61,7 @@ fn restarts_are_counted_by_reason_and_plan_and_old_epochs_are_pruned() {
     );
     restart(&gw, 2);
     ready_in(&gw, 2);
-    let pid = gw.rank0_pid().to_string();
-    assert!(std::process::Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .unwrap()
-        .success());
+    gw.signal_rank(0, "-KILL");
     ready_in(&gw, 3);
     assert_eq!(epochs(logs.path()), ["epoch-1", "epoch-2", "epoch-3"]);
     let m = metrics(&gw);

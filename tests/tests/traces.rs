@@ -177,12 +177,7 @@ fn a_stream_continued_after_its_rank_0_was_killed_has_a_resume_span() {
     while let Some(chunk) = s.next_chunk() {
         raw.extend(chunk);
         if !killed && sparkgate_tests::sse::events(&raw).len() >= 10 {
-            let pid = gw.rank0_pid().to_string();
-            assert!(std::process::Command::new("kill")
-                .args(["-KILL", &pid])
-                .status()
-                .unwrap()
-                .success());
+            gw.signal_rank(0, "-KILL");
             killed = true;
         }
     }

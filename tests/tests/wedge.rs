@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use sparkgate_tests::harness::Gateway;
 use sparkgate_tests::hosts::Sshd;
 use sparkgate_tests::http::Streaming;
@@ -41,17 +41,6 @@ fn stream(gw: &Gateway) -> Streaming {
     s
 }
 
-fn rank_pid(status: &Value, rank: u64) -> String {
-    status["supervisor"]["ranks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["rank"] == rank)
-        .and_then(|r| r["pid"].as_u64())
-        .expect("the rank's pid")
-        .to_string()
-}
-
 #[test]
 fn a_stall_with_busy_gpus_at_low_power_is_restarted_as_a_collective_hang() {
     let roots = tempfile::tempdir().unwrap();
@@ -76,11 +65,7 @@ fn a_stall_with_busy_gpus_at_low_power_is_restarted_as_a_collective_hang() {
     assert_eq!(gpu["gpus"][0]["utilization_pct"], 99.0, "{s}");
     assert_eq!(gpu["gpus"][0]["power_limit_w"], 150.0, "{s}");
     let _stream = stream(&gw);
-    let rank1 = rank_pid(&gw.status(), 1);
-    std::process::Command::new("kill")
-        .args(["-STOP", &rank1])
-        .status()
-        .unwrap();
+    let rank1 = gw.signal_rank(1, "-STOP").to_string();
     let s = gw.wait_status("restarted", |s| {
         s["supervisor"]["epoch"] == 2 && s["supervisor"]["state"] == "ready"
     });
