@@ -268,10 +268,11 @@ impl Node {
 
     /// SIGKILL to a process started by [`Node::spawn_remote`] and everything it started: sshd
     /// runs each command in a new session, so the pid leads a process group (vLLM's engine
-    /// processes included); the pid alone is the fallback.
+    /// processes included); the pid alone is the fallback. A process already gone (it died with
+    /// its SSH session) is stopped: only one that is there and will not take the signal fails.
     pub async fn kill_remote(&self, pid: u32) -> Result<(), DockerError> {
         let Some(t) = &self.tunnel else { return Ok(()) };
-        let script = format!("kill -KILL -- -{pid} 2>/dev/null || kill -KILL {pid}");
+        let script = format!("kill -KILL -- -{pid} 2>/dev/null || ! kill -0 {pid} 2>/dev/null || kill -KILL {pid}");
         t.run("sh", &["-c", &script])
             .await
             .map(|_| ())

@@ -177,13 +177,20 @@ table! {
 }
 
 impl Event {
-    /// Writes the event's one line at its level, its name in the `event` field.
+    /// Writes the event's one line at its level, its name in the `event` field. A detail that
+    /// carries line breaks (a remote command's stderr) is joined with ` | `: one event, one line.
     pub fn emit(&self) {
         let event = self.name();
+        let text = self.to_string();
+        let text = if text.contains('\n') {
+            text.lines().collect::<Vec<_>>().join(" | ")
+        } else {
+            text
+        };
         match self.level() {
-            Level::Info => tracing::info!(event, "{self}"),
-            Level::Warn => tracing::warn!(event, "{self}"),
-            Level::Error => tracing::error!(event, "{self}"),
+            Level::Info => tracing::info!(event, "{text}"),
+            Level::Warn => tracing::warn!(event, "{text}"),
+            Level::Error => tracing::error!(event, "{text}"),
         }
     }
 }
@@ -318,6 +325,42 @@ mod tests {
             tokens: 3,
         };
         assert_eq!(cut.level(), Level::Warn);
+    }
+
+    #[test]
+    fn a_detail_with_line_breaks_is_still_one_line() {
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let sink = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Writer(sink.clone()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            Event::RankNotStopped {
+                rank: 1,
+                detail: "kill 7: pyenv: cannot rehash\nkill: (7) - No such process".into(),
+            }
+            .emit();
+        });
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            text.contains("cannot rehash | kill: (7)") && text.contains("event=\"rank_not_stopped\""),
+            "{text}"
+        );
+    }
+
+    struct Writer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Writer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 
     #[test]
