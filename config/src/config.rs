@@ -499,6 +499,8 @@ pub struct Gateway {
     pub queue_max_bytes: usize,
     pub queue_timeout: Duration,
     pub queue_policy: QueuePolicy,
+    /// PREFILL_BYTES_PER_TOKEN: a prefill's transient memory per prompt token; 0: no memory guard.
+    pub prefill_bytes_per_token: u64,
     /// GROUPS_FILE, resolved against DEPLOY_DIR; `None`: one group.
     pub groups_file: Option<PathBuf>,
     pub group_routing: GroupRouting,

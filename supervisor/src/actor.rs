@@ -166,6 +166,10 @@ impl Actor {
                 l
             }),
             memory: self.observed.memory.clone(),
+            headroom_gib: self.watching.as_ref().and(NodeMemory::headroom_gib(
+                &self.observed.memory,
+                self.setup.config.supervision.mem_guard_gib,
+            )),
             gpus: self.observed.gpus.clone(),
             kernel_events: self.observed.kernel.iter().cloned().collect(),
             preparing,
@@ -472,6 +476,12 @@ impl Actor {
         watched.extend(workers.iter().map(|(label, node)| {
             crate::nodewatch::Watched::new(label.clone(), s.node_root(label), Some(node.clone()), said.clone())
         }));
+        // Read at once, not at the sampler's first tick: the ready state is published with it
+        // (bounded: a slow worker's read is the sampler's to retry, not the actor's to wait on).
+        let first = crate::sampler::sample_memory(&self.setup.meminfo, &workers);
+        if let Ok(memory) = tokio::time::timeout(Duration::from_secs(2), first).await {
+            self.observed.memory = memory;
+        }
         let sampler = Sampler::start(self.starter.probe.clone(), self.setup.meminfo.clone(), workers, watched);
         self.watching = Some(Watching {
             epoch,

@@ -212,7 +212,9 @@ impl Machine {
                 self.epoch = epoch;
                 self.phase = Phase::Ready { epoch };
                 self.ready_since = Some(now);
-                vec![Action::Publish, Action::Watch { epoch }]
+                // The watch first: its first memory sample goes out with the ready state, so the
+                // gateway's memory guard never admits into a group it has not read.
+                vec![Action::Watch { epoch }, Action::Publish]
             }
         }
     }
@@ -390,7 +392,9 @@ impl Machine {
             (Event::Up { epoch, outcome: Ok(()) }, P::Starting { epoch: e }) if epoch == *e => {
                 self.phase = P::Ready { epoch };
                 self.ready_since = Some(now);
-                vec![Action::Publish, Action::Watch { epoch }]
+                // The watch first: its first memory sample goes out with the ready state, so the
+                // gateway's memory guard never admits into a group it has not read.
+                vec![Action::Watch { epoch }, Action::Publish]
             }
             (
                 Event::Up {

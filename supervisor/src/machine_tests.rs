@@ -510,7 +510,7 @@ fn a_failed_start_stops_its_ranks_then_backs_off() {
 fn an_adopted_group_is_watched_without_a_start() {
     let mut m = fresh();
     let a = m.begin(Origin::Adopted { epoch: 7 }, Instant::now());
-    assert_eq!(a, vec![Action::Publish, Action::Watch { epoch: 7 }]);
+    assert_eq!(a, vec![Action::Watch { epoch: 7 }, Action::Publish]);
     assert_eq!(m.group_state(), GroupState::Ready { epoch: 7 });
     let (_, a) = m.step(
         Event::Asked(Command::Restart {

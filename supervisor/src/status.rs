@@ -214,6 +214,10 @@ pub struct Status {
     pub last_restart: Option<LastRestart>,
     /// MemAvailable of each node, GiB (sampled while the group runs).
     pub memory: Vec<NodeMemory>,
+    /// The tightest node's MemAvailable above MEM_GUARD_GIB, GiB (negative: under it), while the
+    /// group runs and a node was read: what the gateway's memory guard admits prefills into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headroom_gib: Option<f64>,
     /// Each node's GPUs at the last sample (nodes with `nvidia-smi`).
     #[serde(default)]
     pub gpus: Vec<crate::gpu::NodeGpus>,
@@ -256,6 +260,18 @@ pub struct NodeMemory {
     pub mem_available_gib: Option<f64>,
 }
 
+impl NodeMemory {
+    /// The least MemAvailable above `line` GiB among `nodes` (negative: under it); `None` when
+    /// no node was read.
+    pub(crate) fn headroom_gib(nodes: &[NodeMemory], line: f64) -> Option<f64> {
+        nodes
+            .iter()
+            .filter_map(|m| m.mem_available_gib)
+            .map(|a| a - line)
+            .reduce(f64::min)
+    }
+}
+
 impl Status {
     /// A group's status before anything happened to it: no ranks, restarts, memory readings or
     /// preparation.
@@ -276,6 +292,7 @@ impl Status {
             restarts: 0,
             last_restart: None,
             memory: Vec::new(),
+            headroom_gib: None,
             gpus: Vec::new(),
             kernel_events: Vec::new(),
             preparing: None,

@@ -10,6 +10,7 @@ pub mod hosts;
 pub mod http;
 pub mod load;
 pub mod logevents;
+pub mod memreplay;
 pub mod otlp;
 pub mod overhead;
 pub mod postgres;

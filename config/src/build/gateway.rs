@@ -20,6 +20,7 @@ impl Builder<'_> {
             queue_max_bytes: self.num("QUEUE_MAX_BYTES"),
             queue_timeout: self.seconds("QUEUE_TIMEOUT"),
             queue_policy: self.choice("QUEUE_POLICY"),
+            prefill_bytes_per_token: self.num("PREFILL_BYTES_PER_TOKEN"),
             groups_file: self
                 .opt_text("GROUPS_FILE")
                 .map(|f| std::path::Path::new(&self.r.layers.deploy_dir).join(f)),

@@ -53,6 +53,12 @@ pub enum GatewayError {
     QueueBytesFull { limit: usize },
     #[error("no generation slot became free within {}s; retry later", waited.as_secs())]
     QueueTimeout { waited: Duration },
+    #[error("the prompt's prefill needs about {need_gib:.2} GiB of the nodes' memory and {room_gib:.2} GiB is free above MEM_GUARD_GIB (the memory guard, PREFILL_BYTES_PER_TOKEN); it waited {}s for the memory to come back; retry later or send a shorter prompt", waited.as_secs())]
+    MemoryHeld {
+        waited: Duration,
+        need_gib: f64,
+        room_gib: f64,
+    },
     #[error("the model is restarting; retry later")]
     Restarting,
     #[error("the model is not running: {0}")]
@@ -142,9 +148,10 @@ impl GatewayError {
             | GatewayError::QuotaExceeded { .. }
             | GatewayError::QueueFull { .. }
             | GatewayError::QueueBytesFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            GatewayError::QueueTimeout { .. } | GatewayError::Restarting | GatewayError::NotRunning(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            GatewayError::QueueTimeout { .. }
+            | GatewayError::MemoryHeld { .. }
+            | GatewayError::Restarting
+            | GatewayError::NotRunning(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -200,7 +207,7 @@ impl GatewayError {
             GatewayError::QueueFull { .. } | GatewayError::QueueBytesFull { .. } => Some(Duration::from_secs(2)),
             GatewayError::TooManyConnections { .. } => Some(Duration::from_secs(1)),
             GatewayError::ShuttingDown | GatewayError::DrainTimeout { .. } => Some(Duration::from_secs(5)),
-            GatewayError::QueueTimeout { .. } => Some(Duration::from_secs(5)),
+            GatewayError::QueueTimeout { .. } | GatewayError::MemoryHeld { .. } => Some(Duration::from_secs(5)),
             GatewayError::Restarting => Some(Duration::from_secs(10)),
             _ => None,
         }
@@ -215,6 +222,7 @@ impl GatewayError {
             GatewayError::QueueFull { .. } => Rejection::QueueFull,
             GatewayError::QueueBytesFull { .. } => Rejection::QueueBytes,
             GatewayError::QueueTimeout { .. } => Rejection::QueueTimeout,
+            GatewayError::MemoryHeld { .. } => Rejection::Memory,
             GatewayError::Restarting => Rejection::Restarting,
             GatewayError::NotRunning(_) => Rejection::NotRunning,
             GatewayError::ShuttingDown => Rejection::ShuttingDown,

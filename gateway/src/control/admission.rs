@@ -6,7 +6,11 @@
 //! waiters are then held, not failed, until their deadline. A waiter may prefer one group (its
 //! conversation's prefix is cached there): while that group is full it lets a free slot go to
 //! the waiters behind it, for its preference's wait counted from the first slot it let go —
-//! not from its arrival, so a long queue does not use the wait up (delay scheduling).
+//! not from its arrival, so a long queue does not use the wait up (delay scheduling). A waiter
+//! whose prompt's prefill would take a node under the memory line (`memory`) is passed over the
+//! same way until the memory is back; held past `MEMORY_PATIENCE`, it holds the queue for itself
+//! if the memory of the prefills now running would let it in (so a stream of short prompts
+//! cannot starve a long one).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,6 +22,14 @@ use tokio::sync::oneshot;
 
 use crate::api::error::GatewayError;
 use crate::control::fairq::{Client, FairQueue, Place};
+use crate::control::memory::{MemoryGuard, Short};
+use crate::control::prefer::reserve;
+pub(crate) use crate::control::prefer::{Home, Preference, Reservation};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// How long a waiter held for memory lets others by before it holds the queue for itself.
+const MEMORY_PATIENCE: Duration = Duration::from_secs(10);
 
 /// A point-in-time view for `/ready`, `/admin/status` and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +66,10 @@ struct Waiter {
     passed_at: Option<Instant>,
     /// The slot of its preferred group held for it since its grant.
     reservation: Option<Reservation>,
+    /// Its prompt's prefill's transient memory (bytes).
+    need: u64,
+    /// When the memory guard first held it, and by how much it fell short the last time.
+    memory_held: Option<(Instant, Short)>,
 }
 
 impl Waiter {
@@ -66,73 +82,21 @@ impl Waiter {
         let now = *now.get_or_insert_with(Instant::now);
         now < *self.passed_at.get_or_insert(now) + p.wait
     }
-}
 
-/// What admission asks of a group a waiter prefers.
-pub(crate) trait Home: Send + Sync + std::fmt::Debug {
-    /// Serving, with every slot taken, while no other group sits idle: a slot there is worth
-    /// waiting for (a closed group's never is, nor one while another group does nothing).
-    fn full(&self) -> bool;
-
-    /// Serving, with a slot free.
-    fn has_room(&self) -> bool;
-
-    /// Holds one of its free slots for a request just admitted, until that request leases it
-    /// (no other request may take it meanwhile); false when none is free.
-    fn reserve(&self) -> bool;
-
-    /// Gives a held slot back.
-    fn unreserve(&self);
-
-    /// Which group it is, in the order of the caller's list.
-    fn index(&self) -> usize;
-}
-
-/// A slot of a preferred group held for an admitted request between its grant and its lease
-/// (the waiter's task runs later than the dispatch that granted it, and another request's lease
-/// could take the slot it waited for); given back when dropped.
-#[derive(Debug)]
-pub(crate) struct Reservation {
-    home: Arc<dyn Home>,
-    /// Its slot became the request's lease: nothing to give back.
-    settled: bool,
-}
-
-impl Reservation {
-    /// The group whose slot is held.
-    pub(crate) fn home(&self) -> &Arc<dyn Home> {
-        &self.home
+    /// Held for memory: whether it holds the queue for itself (patience run out, and the
+    /// prefills now running would leave it room) rather than let others by.
+    fn holds_for_memory(&mut self, short: Short, memory: &MemoryGuard, now: &mut Option<Instant>) -> bool {
+        let now = *now.get_or_insert_with(Instant::now);
+        let since = match self.memory_held {
+            Some((since, _)) => since,
+            None => {
+                metrics::counter!(crate::observe::MEMORY_HOLDS).increment(1);
+                now
+            }
+        };
+        self.memory_held = Some((since, short));
+        now >= since + MEMORY_PATIENCE && memory.fits_when_idle(self.need)
     }
-
-    /// The held slot became the request's lease (the group moved it).
-    pub(crate) fn settle(mut self) {
-        self.settled = true;
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        if !self.settled {
-            self.home.unreserve();
-        }
-    }
-}
-
-/// A slot of `prefer`'s group, when it has one free.
-fn reserve(prefer: Option<&Preference>) -> Option<Reservation> {
-    let p = prefer?;
-    p.home.reserve().then(|| Reservation {
-        home: p.home.clone(),
-        settled: false,
-    })
-}
-
-/// The group a request would rather run on, and how long it waits for a slot there rather
-/// than take one elsewhere.
-#[derive(Debug, Clone)]
-pub(crate) struct Preference {
-    pub(crate) home: Arc<dyn Home>,
-    pub(crate) wait: Duration,
 }
 
 #[derive(Debug)]
@@ -148,6 +112,7 @@ struct State {
     next_id: u64,
     /// Body bytes of the requests still waiting.
     queued_bytes: usize,
+    memory: MemoryGuard,
 }
 
 impl State {
@@ -173,6 +138,13 @@ impl State {
                 passed = Some(place);
                 continue;
             }
+            if let Err(short) = self.memory.fits(w.need) {
+                if w.holds_for_memory(short, &self.memory, &mut now) {
+                    break;
+                }
+                passed = Some(place);
+                continue;
+            }
             if let (Some(_), Some(p)) = (w.passed_at, &w.prefer) {
                 use crate::observe::Affinity;
                 let outcome = if p.home.has_room() {
@@ -184,6 +156,7 @@ impl State {
             }
             self.order.admit(place);
             self.in_use += w.n;
+            self.memory.take(w.need);
             self.queued_bytes -= w.bytes;
             w.slot = Slot::Granted;
             w.reservation = reserve(w.prefer.as_ref());
@@ -196,9 +169,9 @@ impl State {
 
 /// Where an arriving request stands.
 enum Arrival {
-    /// Admitted at once: nobody waits, it fits, and the group it prefers (if any) is not full
-    /// (its slot there is held).
-    Granted(Option<Reservation>),
+    /// Admitted at once: nobody waits, it fits (in slots and memory), and the group it prefers
+    /// (if any) is not full (its slot there is held).
+    Granted(Option<Reservation>, u64),
     /// In the queue under this id; the receiver hears its grant.
     Queued(u64, oneshot::Receiver<()>),
 }
@@ -225,10 +198,12 @@ impl State {
         }
         // One whose preferred group is full queues; its wait starts when dispatch lets a slot go.
         let full = prefer.as_ref().is_some_and(|p| p.home.full());
-        if self.holds == 0 && self.order.is_empty() && self.in_use + n <= self.capacity && !full {
+        let need = self.memory.need(bytes);
+        if self.free_now(n, need) && !full {
             // Nobody waits: there is no order to take a place in.
             self.in_use += n;
-            return Ok(Arrival::Granted(reserve(prefer.as_ref())));
+            self.memory.take(need);
+            return Ok(Arrival::Granted(reserve(prefer.as_ref()), need));
         }
         let place = match entry {
             Entry::New(client) => {
@@ -255,12 +230,30 @@ impl State {
             prefer: prefer.clone(),
             passed_at: None,
             reservation: None,
+            need,
+            memory_held: None,
         };
         self.waiters.insert(id, waiter);
         self.order.push(place, id);
         // A slot may be free while the waiters before this one hold out for their groups.
         self.dispatch();
         Ok(Arrival::Queued(id, rx))
+    }
+
+    /// Whether a request could be granted at once: not held, nobody waits, its sequences fit
+    /// and so does its prefill's memory.
+    fn free_now(&self, n: u32, need: u64) -> bool {
+        self.holds == 0
+            && !self.closed
+            && self.order.is_empty()
+            && self.in_use + n <= self.capacity
+            && self.memory.fits(need).is_ok()
+    }
+
+    fn release(&mut self, n: u32, need: u64) {
+        self.in_use -= n;
+        self.memory.give(need);
+        self.dispatch();
     }
 }
 
@@ -271,12 +264,14 @@ pub struct Admission {
     limits: QueueLimits,
 }
 
-/// `n` slots held; released on drop (the response body's end or a client disconnect).
+/// `n` slots held, and the memory of its prompt's prefill until that ends; released on drop (the
+/// response body's end or a client disconnect).
 #[derive(Debug)]
 pub struct Permit {
     admission: Arc<Admission>,
     n: u32,
     reservation: Option<Reservation>,
+    need: u64,
 }
 
 impl Permit {
@@ -284,13 +279,31 @@ impl Permit {
     pub(crate) fn take_reservation(&mut self) -> Option<Reservation> {
         self.reservation.take()
     }
+
+    /// Whether it still holds its prompt's prefill's memory.
+    pub(crate) fn prefilling(&self) -> bool {
+        self.need > 0
+    }
+
+    /// Its prompt's prefill is over (the first token came): its memory goes back to the guard,
+    /// its slots stay held.
+    pub(crate) fn prefilled(&mut self) {
+        let need = std::mem::take(&mut self.need);
+        if need > 0 {
+            self.admission.state.lock().expect("admission lock").release(0, need);
+        }
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         // The held slot first: the release's dispatch then sees the group's slot free.
         drop(self.reservation.take());
-        self.admission.release(self.n);
+        self.admission
+            .state
+            .lock()
+            .expect("admission lock")
+            .release(self.n, self.need);
     }
 }
 
@@ -315,10 +328,7 @@ impl Drop for Queued<'_> {
                     s.order.remove(w.place);
                     s.queued_bytes -= w.bytes;
                 }
-                Slot::Granted => {
-                    s.in_use -= w.n;
-                    s.dispatch();
-                }
+                Slot::Granted => s.release(w.n, w.need),
             }
         }
     }
@@ -355,9 +365,23 @@ impl Admission {
                 waiters: HashMap::new(),
                 next_id: 0,
                 queued_bytes: 0,
+                memory: MemoryGuard::default(),
             }),
             limits,
         })
+    }
+
+    /// Guards memory: a prompt's prefill takes `per_token` bytes per prompt token (0: no guard).
+    pub fn guard_memory(&self, per_token: u64) {
+        self.state.lock().expect("admission lock").memory = MemoryGuard::new(per_token);
+    }
+
+    /// A new reading of the open groups' memory: bytes above the line on their tightest node
+    /// (`None`: no reading). Waiters held for memory are looked at again.
+    pub fn observe_memory(&self, headroom: Option<i64>) {
+        let mut s = self.state.lock().expect("admission lock");
+        s.memory.observe(headroom);
+        s.dispatch();
     }
 
     /// Waits for `n` slots, in `client`'s place in the queue, with a body of `bytes` held
@@ -385,20 +409,23 @@ impl Admission {
         self.state.lock().expect("admission lock").order.charge(client, tokens);
     }
 
-    /// A slot granted at once, or none: nobody waits and one is free (a background task's
-    /// request, which never takes a place in the queue).
-    pub(crate) fn try_now(self: &Arc<Self>, n: u32) -> Option<Permit> {
+    /// A slot granted at once, or none: nobody waits and one is free, and so is the memory of
+    /// a prompt carried by `bytes` (a background task's request, which never takes a place in
+    /// the queue).
+    pub(crate) fn try_now(self: &Arc<Self>, n: u32, bytes: usize) -> Option<Permit> {
         let mut state = self.state.lock().expect("admission lock");
-        let free = state.holds == 0 && state.order.is_empty() && !state.closed && state.in_use + n <= state.capacity;
-        if !free {
+        let need = state.memory.need(bytes);
+        if !state.free_now(n, need) {
             return None;
         }
         state.in_use += n;
+        state.memory.take(need);
         drop(state);
         Some(Permit {
             admission: self.clone(),
             n,
             reservation: None,
+            need,
         })
     }
 
@@ -423,12 +450,13 @@ impl Admission {
                 .expect("admission lock")
                 .arrive(n, bytes, entry, &prefer, &self.limits)?
             {
-                Arrival::Granted(reservation) => {
+                Arrival::Granted(reservation, need) => {
                     return Ok(Permit {
                         admission: self.clone(),
                         n,
                         reservation,
-                    })
+                        need,
+                    });
                 }
                 Arrival::Queued(id, rx) => (id, rx),
             };
@@ -449,9 +477,11 @@ impl Admission {
                 admission: self.clone(),
                 n,
                 reservation: w.reservation,
+                need: w.need,
             });
         }
         let closed = s.closed;
+        let memory = s.waiters.get(&id).and_then(|w| w.memory_held).map(|(_, short)| short);
         drop(s);
         // Still waiting: the deadline passed, or the gateway is shutting down. The guard
         // removes it from the queue.
@@ -459,8 +489,14 @@ impl Admission {
         if closed {
             return Err(GatewayError::ShuttingDown);
         }
-        Err(GatewayError::QueueTimeout {
-            waited: started.elapsed(),
+        let waited = started.elapsed();
+        Err(match memory {
+            Some(short) => GatewayError::MemoryHeld {
+                waited,
+                need_gib: short.need as f64 / GIB,
+                room_gib: short.room as f64 / GIB,
+            },
+            None => GatewayError::QueueTimeout { waited },
         })
     }
 
@@ -493,12 +529,6 @@ impl Admission {
                 return;
             }
         }
-    }
-
-    fn release(&self, n: u32) {
-        let mut s = self.state.lock().expect("admission lock");
-        s.in_use -= n;
-        s.dispatch();
     }
 
     /// Changes the capacity (a mode switch); running requests keep their permits.

@@ -394,8 +394,8 @@ fn the_wait_counts_from_the_first_slot_let_go_not_from_arrival() {
 fn a_slot_at_once_is_given_only_when_it_is_free_and_nobody_waits() {
     rt().block_on(async {
         let a = Admission::new(1, limits(10, 60));
-        let first = a.try_now(1).expect("a free slot");
-        assert!(a.try_now(1).is_none(), "none free");
+        let first = a.try_now(1, 10).expect("a free slot");
+        assert!(a.try_now(1, 10).is_none(), "none free");
         let queued = {
             let a = a.clone();
             sparkgate_task::spawn("test", async move { a.acquire(1, 10, &c()).await.unwrap() })
@@ -404,9 +404,108 @@ fn a_slot_at_once_is_given_only_when_it_is_free_and_nobody_waits() {
         assert_eq!(a.snapshot().queued, 1);
         drop(first);
         let waiter = queued.await.unwrap();
-        assert!(a.try_now(1).is_none(), "the waiter had it first");
+        assert!(a.try_now(1, 10).is_none(), "the waiter had it first");
         drop(waiter);
-        assert!(a.try_now(1).is_some());
+        assert!(a.try_now(1, 10).is_some());
         assert_eq!(a.snapshot().queued, 0, "a try never queues");
+    });
+}
+
+const MIB: i64 = 1 << 20;
+
+/// A guarded admission: a body byte is a quarter of a prompt token, each taking 4 MiB to prefill
+/// (a 400-byte body needs 400 MiB).
+fn guarded(capacity: u32, headroom_mib: i64) -> Arc<Admission> {
+    let a = Admission::new(capacity, limits(10, 60));
+    a.guard_memory(4 << 20);
+    a.observe_memory(Some(headroom_mib * MIB));
+    a
+}
+
+fn spawn_acquire(a: &Arc<Admission>, bytes: usize) -> tokio::task::JoinHandle<Result<Permit, GatewayError>> {
+    let a = a.clone();
+    sparkgate_task::spawn("test", async move { a.acquire(1, bytes, &c()).await })
+}
+
+#[test]
+fn a_long_prompt_waits_for_memory_while_shorter_ones_go_ahead() {
+    rt().block_on(async {
+        let a = guarded(4, 300);
+        let long = spawn_acquire(&a, 800);
+        tokio::task::yield_now().await;
+        assert_eq!(a.snapshot().queued, 1, "800 MiB does not fit in 300");
+        // Behind it in the queue, a short prompt is granted at once.
+        let short = a.acquire(1, 40, &c()).await.expect("40 MiB fits");
+        assert_eq!((a.snapshot().queued, a.snapshot().in_use), (1, 1));
+        // The memory comes back: the long prompt goes.
+        a.observe_memory(Some(1000 * MIB));
+        let long = long.await.unwrap().expect("granted once the memory is back");
+        assert_eq!(a.snapshot().in_use, 2);
+        drop((short, long));
+    });
+}
+
+#[test]
+fn a_prefill_holds_its_memory_until_its_first_token_and_under_the_line_nothing_starts() {
+    rt().block_on(async {
+        let a = guarded(4, 1000);
+        let mut first = a.acquire(1, 600, &c()).await.unwrap();
+        // 600 MiB outstanding: a second 600 MiB prompt waits though the sample still shows 1000.
+        let second = spawn_acquire(&a, 600);
+        tokio::task::yield_now().await;
+        assert_eq!(a.snapshot().queued, 1);
+        // The first prefill ends (its first token): its memory is back.
+        first.prefilled();
+        let second = second.await.unwrap().expect("granted after the first prefill");
+        assert_eq!(a.snapshot().in_use, 2, "the first keeps its slot while it decodes");
+        drop((first, second));
+        // Under the line no prefill starts, however short.
+        a.observe_memory(Some(-MIB));
+        let tiny = spawn_acquire(&a, 4);
+        tokio::task::yield_now().await;
+        assert_eq!(a.snapshot().queued, 1);
+        assert!(a.try_now(1, 4).is_none(), "nor a background replay");
+        a.observe_memory(Some(100 * MIB));
+        drop(tiny.await.unwrap().expect("granted above the line"));
+    });
+}
+
+#[test]
+fn a_long_prompt_held_past_its_patience_holds_the_queue_if_waiting_would_let_it_in() {
+    rt().block_on(async {
+        let a = guarded(4, 1000);
+        let running = a.acquire(1, 600, &c()).await.unwrap();
+        let long = spawn_acquire(&a, 800);
+        tokio::task::yield_now().await;
+        // Shorter prompts keep going ahead while its patience lasts.
+        drop(a.acquire(1, 40, &c()).await.expect("a short one goes ahead"));
+        tokio::time::advance(MEMORY_PATIENCE).await;
+        a.observe_memory(Some(1000 * MIB));
+        let short = spawn_acquire(&a, 40);
+        tokio::task::yield_now().await;
+        assert_eq!(a.snapshot().queued, 2, "the long prompt holds the queue for itself now");
+        drop(running);
+        let long = long.await.unwrap().expect("the long prompt goes first");
+        drop(short.await.unwrap().expect("then the short one"));
+        drop(long);
+    });
+}
+
+#[test]
+fn a_prompt_that_can_never_fit_lets_others_by_and_its_deadline_names_the_memory() {
+    rt().block_on(async {
+        let a = guarded(4, 300);
+        let huge = spawn_acquire(&a, 800);
+        tokio::task::yield_now().await;
+        tokio::time::advance(MEMORY_PATIENCE).await;
+        a.observe_memory(Some(300 * MIB));
+        // Past its patience, but the node never has 800 MiB: it does not hold the queue.
+        drop(a.acquire(1, 40, &c()).await.expect("others are not held for it"));
+        let e = huge.await.unwrap().unwrap_err();
+        assert!(matches!(e, GatewayError::MemoryHeld { .. }), "{e}");
+        let text = e.to_string();
+        assert!(text.contains("0.78 GiB") && text.contains("0.29 GiB"), "{text}");
+        assert_eq!(e.status().as_u16(), 503);
+        assert_eq!(a.snapshot().queued, 0);
     });
 }

@@ -1,5 +1,5 @@
 //! The gateway's control state: admission (`admission`, its fair queue `fairq` over the clients
-//! `clients` names, by the keys `keys` accepts), per-key quotas (`quota`) and usage (`ledger`,
+//! `clients` names, by the keys `keys` accepts, its memory guard `memory`, a waiter's preferred group `prefer`), per-key quotas (`quota`) and usage (`ledger`,
 //! written to the store `storage` opens), the upstream state, mode and lifecycle (`state`) and the speculation policy
 //! runner (`spec`), and the generations in flight (`inflight`, for diagnostics bundles).
 
@@ -9,6 +9,8 @@ pub(crate) mod fairq;
 pub(crate) mod inflight;
 pub(crate) mod keys;
 pub(crate) mod ledger;
+pub(crate) mod memory;
+mod prefer;
 pub(crate) mod quota;
 pub(crate) mod spec;
 pub(crate) mod state;

@@ -73,6 +73,8 @@ pub(crate) struct Group {
     /// Suspects' leases (`quarantine`): in flight now, and ever given.
     pub(super) suspects_in_flight: AtomicU64,
     pub(super) suspects_routed: AtomicU64,
+    /// Its supervisor's last memory headroom (GiB above MEM_GUARD_GIB on its tightest node).
+    pub(super) headroom_gib: Mutex<Option<f64>>,
 }
 
 impl Group {
@@ -103,6 +105,7 @@ impl Group {
             suspects_in_flight: AtomicU64::new(0),
             suspects_routed: AtomicU64::new(0),
             fence: Mutex::new(Vec::new()),
+            headroom_gib: Mutex::new(None),
         }
     }
 

@@ -230,6 +230,18 @@ impl Groups {
         self.list.iter().map(|g| g.open_capacity()).sum()
     }
 
+    /// Bytes above the memory line on the tightest node of the open groups (what a prefill may
+    /// take wherever it is routed); `None` when none of them was read.
+    fn headroom(&self) -> Option<i64> {
+        let gib = self
+            .list
+            .iter()
+            .filter(|g| g.open())
+            .filter_map(|g| *g.headroom_gib.lock().expect("headroom"))
+            .reduce(f64::min)?;
+        Some((gib * f64::from(1u32 << 30)) as i64)
+    }
+
     /// The gateway's state: ready while any group serves; otherwise the first held group's
     /// (starting, restarting, stalled: requests wait), else the first group's.
     fn summary(&self) -> UpstreamState {
@@ -387,6 +399,15 @@ pub(crate) fn apply(control: &GatewayControl, groups: &Groups) {
     }
 }
 
+/// Gives admission's memory guard the open groups' headroom (each sample of any group).
+fn guard_memory(control: &GatewayControl, groups: &Groups) {
+    let headroom = groups.headroom();
+    if let Some(h) = headroom {
+        metrics::gauge!(crate::observe::MEMORY_HEADROOM).set(h as f64);
+    }
+    control.admission().observe_memory(headroom);
+}
+
 /// Follows each supervised group's published state into its view and re-applies admission
 /// when a view changes. The supervisor republishes the same state every second (memory
 /// samples); only changes are applied, so an operator drain's pause is not undone.
@@ -400,6 +421,7 @@ pub(crate) fn mirror(control: GatewayControl, groups: Arc<Groups>) {
                 let (view, vllm) = {
                     let status = rx.borrow_and_update();
                     crate::observe::lifecycle::published(&groups.all()[index].name, &status);
+                    *groups.all()[index].headroom_gib.lock().expect("headroom") = status.headroom_gib;
                     (view_of(&status), status.vllm.clone())
                 };
                 groups.set_vllm(index, vllm);
@@ -413,6 +435,7 @@ pub(crate) fn mirror(control: GatewayControl, groups: Arc<Groups>) {
                 if changed {
                     apply(&control, &groups);
                 }
+                guard_memory(&control, &groups);
                 if rx.changed().await.is_err() {
                     return;
                 }

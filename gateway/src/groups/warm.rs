@@ -90,7 +90,7 @@ impl Warm {
                 if group.epoch() != Some(epoch) || tokio::time::Instant::now() >= deadline {
                     return;
                 }
-                if let Some(slots) = idle_slots(group, admission) {
+                if let Some(slots) = idle_slots(group, admission, entry.body.len()) {
                     break slots;
                 }
                 tokio::time::sleep(POLL).await;
@@ -136,13 +136,13 @@ async fn send(group: &Group, entry: &Entry, request_id: &str) -> Result<(), Stri
 
 /// A slot on `group` for a replay, when nothing waits in the queue and nothing runs on the
 /// group: the lowest priority there is.
-fn idle_slots(group: &Arc<Group>, admission: &Arc<Admission>) -> Option<impl Send> {
+fn idle_slots(group: &Arc<Group>, admission: &Arc<Admission>, bytes: usize) -> Option<impl Send> {
     let snap = admission.snapshot();
     if snap.queued > 0 || group.in_use() > 0 {
         return None;
     }
     // Granted at once or not at all: a replay never waits in the queue.
-    let permit = admission.try_now(1)?;
+    let permit = admission.try_now(1, bytes)?;
     let lease = group.try_lease(1)?;
     Some((permit, lease))
 }

@@ -65,6 +65,7 @@ pub async fn serve(
     }
     let groups = Arc::new(Groups::of(config, &upstreams));
     crate::groups::seed(&control, &groups);
+    control.admission().guard_memory(config.gateway.prefill_bytes_per_token);
     let app = App::new(
         config,
         control.clone(),

@@ -37,6 +37,8 @@ labels! {
         ShuttingDown => "shutting_down",
         TooManySequences => "too_many_sequences",
         Quota => "quota",
+        /// Its prefill's memory did not come back within QUEUE_TIMEOUT (the memory guard).
+        Memory => "memory",
     }
 }
 

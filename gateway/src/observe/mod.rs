@@ -43,6 +43,8 @@ pub(crate) const GROUP_REQUESTS: &str = "sparkgate_group_requests_total";
 pub(crate) const GROUP_OPEN: &str = "sparkgate_group_open";
 pub(crate) const GROUP_IN_FLIGHT: &str = "sparkgate_group_in_flight_sequences";
 pub(crate) const AFFINITY_WAITS: &str = "sparkgate_affinity_waits_total";
+pub(crate) const MEMORY_HOLDS: &str = "sparkgate_memory_guard_holds_total";
+pub(crate) const MEMORY_HEADROOM: &str = "sparkgate_memory_headroom_bytes";
 pub(crate) const BODY_TIMEOUTS: &str = "sparkgate_body_timeouts_total";
 pub(crate) const SUSPECTS: &str = "sparkgate_poison_suspects_total";
 pub(crate) const QUARANTINED: &str = "sparkgate_quarantined_requests_total";
@@ -202,6 +204,14 @@ fn describe_groups() {
         "Recent conversations' requests replayed into a restarted rank group's prefix cache (WARM_REPLAY_BYTES), by outcome: warmed or failed."
     );
     describe_counter!(GROUP_REQUESTS, "Generations routed to each rank group.");
+    describe_counter!(
+        MEMORY_HOLDS,
+        "Generations the memory guard held in the queue because their prompt's prefill (its estimate times PREFILL_BYTES_PER_TOKEN) would take a node's MemAvailable under MEM_GUARD_GIB; counted once each."
+    );
+    describe_gauge!(
+        MEMORY_HEADROOM,
+        "MemAvailable above MEM_GUARD_GIB on the tightest node of the open rank groups at the last sample (negative: under the line); absent without a reading."
+    );
     describe_gauge!(GROUP_OPEN, "1 while a rank group takes new requests, by group.");
     describe_gauge!(GROUP_IN_FLIGHT, "Sequences running on each rank group.");
     describe_counter!(
@@ -218,6 +228,7 @@ fn register() {
     }
     counter!(BODY_TIMEOUTS).absolute(0);
     counter!(SUSPECTS).absolute(0);
+    counter!(MEMORY_HOLDS).absolute(0);
     counter!(RESUMES).absolute(0);
     for outcome in ["warmed", "failed"] {
         counter!(WARM_REPLAYS, "outcome" => outcome).absolute(0);

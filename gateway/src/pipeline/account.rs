@@ -28,8 +28,6 @@ use crate::observe::{self, TraceStage};
 
 /// What a request that names no output limit is reserved for.
 const DEFAULT_OUTPUT_RESERVE: u64 = 1024;
-/// Body bytes per prompt token, for the estimate made before vLLM has tokenised it.
-const BYTES_PER_TOKEN: u64 = 4;
 /// Streamed events between charges of the fair queue (one lock per this many tokens).
 const CHARGE_EVERY: u32 = 32;
 
@@ -168,7 +166,7 @@ impl Account {
 
     fn reserve_quota(&mut self, norm: &Normalized, output: Option<u64>, bytes: usize) -> Result<(), GatewayError> {
         self.model = norm.model.clone();
-        self.estimate = bytes as u64 / BYTES_PER_TOKEN;
+        self.estimate = crate::control::memory::prompt_estimate(bytes);
         let Some(key) = &self.key else { return Ok(()) };
         let seqs = norm.sequences.total();
         let output = output.unwrap_or(DEFAULT_OUTPUT_RESERVE);

@@ -98,6 +98,18 @@ impl Held {
         self.0.as_ref().expect("held until taken").0.shared()
     }
 
+    /// A stream's event went out: the first one the engine produced ends the prompt's prefill,
+    /// and the memory guard has its memory back (once; later events cost a check).
+    pub(super) fn saw(&mut self, event: &[u8]) {
+        // vLLM sends a Responses stream's first two events before it reads the engine's output.
+        const BEFORE_OUTPUT: [&[u8]; 2] = [b"event: response.created", b"event: response.in_progress"];
+        if let Some((_, permit)) = self.0.as_mut().filter(|(_, p)| p.prefilling()) {
+            if !BEFORE_OUTPUT.iter().any(|e| event.starts_with(e)) {
+                permit.prefilled();
+            }
+        }
+    }
+
     /// The slots back, the wait over (dropped, they are free at once).
     pub(super) fn into_parts(mut self) -> (Lease, Permit) {
         self.0.take().expect("held until taken")

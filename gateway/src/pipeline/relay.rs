@@ -281,6 +281,9 @@ impl Relay {
         if let Some(account) = self.ctx.account.as_mut() {
             account.streamed(&event);
         }
+        if let Some(held) = self.ctx.held.as_mut() {
+            held.saw(&event);
+        }
         let now = Instant::now();
         match self.first_at {
             None => {

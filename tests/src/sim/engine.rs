@@ -96,6 +96,8 @@ pub(crate) struct Engine {
     group: Arc<Group>,
     execute_timeout: Duration,
     watchdog: Duration,
+    /// SIM_MEMINFO: the node's memory, taken by running prefills.
+    memory: Option<super::memory::NodeMemory>,
 }
 
 /// How an engine schedules and paces, from the command line and the environment.
@@ -138,6 +140,7 @@ impl Engine {
             group,
             execute_timeout: settings.execute_timeout,
             watchdog: settings.watchdog,
+            memory: super::memory::NodeMemory::from_env(),
         })
     }
 
@@ -202,6 +205,7 @@ impl Engine {
             self.faults.wait_while_hung().await;
             self.admit(&mut running);
             if running.is_empty() {
+                self.hold_memory(&running);
                 let notified = self.wake.notified();
                 if self.waiting.lock().expect("queue lock").is_empty() {
                     notified.await;
@@ -220,6 +224,7 @@ impl Engine {
                 return;
             }
             let prefill = self.prefill(&mut running);
+            self.hold_memory(&running);
             let mut grants = self.sample(&running, &mut rng);
             let step_tokens: usize = grants.iter().sum();
             self.metrics.iteration(step_tokens as u64 + prefill as u64);
@@ -287,6 +292,19 @@ impl Engine {
             }
         }
         prefill
+    }
+
+    /// The node's memory as the prompts being prefilled hold it (SIM_MEMINFO): each its whole
+    /// prompt's worth, from the step that schedules it until its prefill ends.
+    fn hold_memory(&self, running: &[Seq]) {
+        if let Some(m) = &self.memory {
+            let prefilling = running
+                .iter()
+                .filter(|s| s.prefill_left > 0)
+                .map(|s| s.prompt_tokens as u64)
+                .sum();
+            m.update(prefilling);
+        }
     }
 
     /// The tokens each running sequence gets this step: none while it prefills, else one plus

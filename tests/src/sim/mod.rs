@@ -14,6 +14,7 @@ mod flags;
 mod group;
 mod log;
 mod markup;
+mod memory;
 mod metric_families;
 mod metrics;
 mod model;
