@@ -189,7 +189,7 @@ mod tests {
                 .iter()
                 .all(|l| l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')));
         }
-        assert_eq!(Rejection::ALL.len(), 9);
+        assert_eq!(Rejection::ALL.len(), 10);
         assert_eq!(Waiting::ALL[1].label(), "queue");
     }
 }
