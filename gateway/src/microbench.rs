@@ -215,6 +215,9 @@ fn admission(iters: u64) {
         timeout: Duration::from_secs(60),
     };
     let admission = Admission::new(2, limits);
+    // As a supervised gateway runs: the memory guard on (the default knob) with a reading.
+    admission.guard_memory(3600);
+    admission.observe_memory(Some(4 << 30));
     let client = crate::control::fairq::Client::new("bench", 1);
     let mut cx = Context::from_waker(Waker::noop());
     counted(iters, || {
