@@ -39,7 +39,7 @@ d="$logs"; while [ -n "$d" ] && [ ! -e "$d" ]; do d=$(dirname "$d"); done
 echo "disk_free_kib=$(df -Pk "${d:-/}" 2>/dev/null | awk 'NR==2 {print $4}')"
 if [ -n "$w" ] && [ -d "$w" ]; then
   echo "weights=present"
-  find "$w" -type f -printf 'weight=%P\t%s\n' 2>/dev/null | LC_ALL=C sort
+  find -L "$w" -type f -printf 'weight=%P\t%s\n' 2>/dev/null | LC_ALL=C sort
 elif [ -n "$w" ]; then echo "weights=absent"; fi
 if [ -n "$peer" ] && ! command -v ping >/dev/null 2>&1; then echo "peer=no_ping"
 elif [ -n "$peer" ]; then

@@ -21,11 +21,26 @@ fn root(config: &Config, node: &str) -> String {
     config.supervision.node_root(node)
 }
 
+/// Where a node keeps the weights the ranks load: DeepSeek's model directory, GLM's pinned
+/// snapshot in the Hugging Face cache (its files are links into the cache's blobs, followed).
 fn weights_dir(config: &Config, worker: Option<&sparkgate_config::Worker>) -> String {
+    use sparkgate_config::Weights;
     match (&config.storage.weights, worker) {
-        (sparkgate_config::Weights::DeepSeek { model_host, .. }, None) => model_host.clone(),
-        (sparkgate_config::Weights::DeepSeek { worker_model_dir, .. }, Some(w)) => w.path(worker_model_dir),
-        (sparkgate_config::Weights::Glm { .. }, _) => String::new(),
+        (Weights::DeepSeek { model_host, .. }, None) => model_host.clone(),
+        (Weights::DeepSeek { worker_model_dir, .. }, Some(w)) => w.path(worker_model_dir),
+        (
+            Weights::Glm {
+                hf_home,
+                worker_hf_home,
+                cache_name,
+                revision,
+                ..
+            },
+            worker,
+        ) => {
+            let home = worker.map_or_else(|| hf_home.clone(), |w| w.path(worker_hf_home));
+            format!("{}/hub/{cache_name}/snapshots/{revision}", home.trim_end_matches('/'))
+        }
     }
 }
 
@@ -266,5 +281,55 @@ pub(crate) fn limits(config: &Config) -> Limits {
             .collect(),
         image: config.serving.image.clone(),
         loopback: head.is_loopback(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn glm(dir: &std::path::Path) -> Config {
+        let env = [
+            ("DEPLOY_DIR", dir.to_str().unwrap()),
+            ("HF_HOME", "/srv/hf/"),
+            ("HEAD_IP", "127.0.0.1"),
+            ("WORKER_IP", "127.0.0.1"),
+        ];
+        Config::load(&sparkgate_config::LoadOptions {
+            profile: Some("glm-5.3-flash".into()),
+            process_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            working_dir: dir.to_path_buf(),
+            ..Default::default()
+        })
+        .expect("a GLM configuration")
+    }
+
+    #[test]
+    fn glm_weights_are_its_pinned_snapshot_and_the_links_into_the_blobs_are_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = glm(dir.path());
+        let head = weights_dir(&config, None);
+        assert!(
+            head.starts_with("/srv/hf/hub/models--")
+                && head.ends_with("/snapshots/25a44fdbf16862a46b7cc9921142c6c81350af2f"),
+            "{head}"
+        );
+        // A Hugging Face cache: the snapshot's files are links into the blobs.
+        let snapshot = dir.path().join("snapshot");
+        std::fs::create_dir_all(dir.path().join("blobs")).unwrap();
+        std::fs::create_dir_all(&snapshot).unwrap();
+        std::fs::write(dir.path().join("blobs/abc"), vec![0u8; 4096]).unwrap();
+        std::os::unix::fs::symlink("../blobs/abc", snapshot.join("model-00001.safetensors")).unwrap();
+        let ask = Ask {
+            weights: snapshot.display().to_string(),
+            ..ask(&config, "head", None)
+        };
+        let text = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(local(SCRIPT, &args(&ask)))
+            .unwrap();
+        assert!(text.contains("weight=model-00001.safetensors\t4096\n"), "{text}");
     }
 }
