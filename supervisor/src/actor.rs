@@ -12,14 +12,14 @@ use sparkgate_config::Config;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::diagnostics::{NodeAt, Trail};
+use crate::diagnostics::NodeAt;
 use crate::exits::RankExit;
 use crate::machine::{Action, Answer, Command, Event, Failure, Machine, Origin};
 use crate::rank::{Backend, Rank, Reporting};
-use crate::sampler::Sampler;
 use crate::start::{Ranks, StartError, Starter};
 use crate::status::{unix_now, GroupState, LogsPruned, NodeMemory, RestartCount, RestartReason, Status};
-use crate::watchdog::{Limits, Watchdog};
+use crate::watchdog::Limits;
+use crate::watching::{watch_next, Observed, Watching};
 
 /// A command and where its answer goes.
 #[derive(Debug)]
@@ -39,22 +39,6 @@ enum Report {
     Event(Event),
 }
 
-/// Kernel log events kept for the status.
-const KERNEL_EVENTS: usize = 20;
-
-/// What the running group's watch last saw.
-#[derive(Debug, Default)]
-struct Observed {
-    memory: Vec<NodeMemory>,
-    /// Seconds the running group has looked stalled (the watchdog's `stalled_for`).
-    stalled_s: Option<f64>,
-    gpus: Vec<crate::gpu::NodeGpus>,
-    /// The last `KERNEL_EVENTS` Xid and OOM lines, across epochs.
-    kernel: VecDeque<crate::kernel::KernelEvent>,
-    /// The nodes said to have no GPU.
-    said_off: crate::nodewatch::SaidOff,
-}
-
 /// What the actor needs besides the machine and the starter.
 #[derive(Debug)]
 pub(crate) struct Setup {
@@ -66,18 +50,6 @@ pub(crate) struct Setup {
     pub(crate) self_check: Vec<String>,
     pub(crate) meminfo: PathBuf,
     pub(crate) limits: Limits,
-}
-
-/// The running group's watch: samples in, verdicts out.
-#[derive(Debug)]
-struct Watching {
-    epoch: u64,
-    sampler: Sampler,
-    watchdog: Watchdog,
-    /// Heartbeats and rank 0's last scrape, for the diagnostics bundle.
-    trail: Trail,
-    /// The stall's lines (when it starts, every 10 s, when it ends).
-    stall: sparkgate_events::Stall,
 }
 
 #[derive(Debug)]
@@ -459,37 +431,8 @@ impl Actor {
     }
 
     async fn watch(&mut self, epoch: u64) {
-        let mut workers = Vec::new();
-        for link in self.starter.backend.workers() {
-            if let Ok(node) = link.node().await {
-                workers.push((link.label.clone(), node));
-            }
-        }
-        let s = &self.setup.config.supervision;
-        let said = &self.observed.said_off;
-        let mut watched = vec![crate::nodewatch::Watched::new(
-            "head".into(),
-            s.node_root("head"),
-            None,
-            said.clone(),
-        )];
-        watched.extend(workers.iter().map(|(label, node)| {
-            crate::nodewatch::Watched::new(label.clone(), s.node_root(label), Some(node.clone()), said.clone())
-        }));
-        // Read at once, not at the sampler's first tick: the ready state is published with it
-        // (bounded: a slow worker's read is the sampler's to retry, not the actor's to wait on).
-        let first = crate::sampler::sample_memory(&self.setup.meminfo, &workers);
-        if let Ok(memory) = tokio::time::timeout(Duration::from_secs(2), first).await {
-            self.observed.memory = memory;
-        }
-        let sampler = Sampler::start(self.starter.probe.clone(), self.setup.meminfo.clone(), workers, watched);
-        self.watching = Some(Watching {
-            epoch,
-            sampler,
-            watchdog: Watchdog::new(self.setup.limits.clone(), Instant::now()),
-            trail: Trail::default(),
-            stall: sparkgate_events::Stall::default(),
-        });
+        let watching = Watching::start(epoch, &self.setup, &self.starter, &mut self.observed).await;
+        self.watching = Some(watching);
     }
 
     /// Cancels a start under way, then kills every rank it made, as whole process trees.
@@ -590,34 +533,4 @@ impl Actor {
             }
         }
     }
-}
-
-/// The next watch event: `Some(Some(e))` a verdict, `Some(None)` a sample without one (memory
-/// updated), pending while nothing is watched.
-async fn watch_next(watching: &mut Option<Watching>, seen: &mut Observed, group: &str) -> Option<Option<Event>> {
-    let Some(w) = watching.as_mut() else {
-        return std::future::pending().await;
-    };
-    let sample = w.sampler.samples.recv().await?;
-    seen.memory = sample.memory.clone();
-    seen.gpus = sample.gpus.clone();
-    for e in &sample.kernel {
-        if seen.kernel.len() == KERNEL_EVENTS {
-            seen.kernel.pop_front();
-        }
-        seen.kernel.push_back(e.clone());
-    }
-    w.trail.record(&sample);
-    let epoch = w.epoch;
-    let now = Instant::now();
-    let verdict = w.watchdog.observe(&sample, now);
-    let stalled = w.watchdog.stalled_for(now);
-    seen.stalled_s = stalled.map(|d| d.as_secs_f64().round());
-    // A stall that becomes a restart ends with the group's loss, logged there.
-    if verdict.is_none() {
-        if let Some(e) = w.stall.observe(group, stalled, now) {
-            e.emit();
-        }
-    }
-    Some(verdict.map(|failure: Failure| Event::Unwell { epoch, failure }))
 }

@@ -26,6 +26,7 @@ mod sampler;
 mod start;
 mod status;
 mod watchdog;
+mod watching;
 
 use sparkgate_config::{Config, Runtime};
 use tokio::sync::{mpsc, oneshot, watch};
