@@ -431,7 +431,8 @@ impl Actor {
     }
 
     async fn watch(&mut self, epoch: u64) {
-        let watching = Watching::start(epoch, &self.setup, &self.starter, &mut self.observed).await;
+        let (supervision, limits) = (&self.setup.config.supervision, &self.setup.limits);
+        let watching = Watching::start(epoch, supervision, limits, &self.starter, &mut self.observed).await;
         self.watching = Some(watching);
     }
 

@@ -5,14 +5,13 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::actor::Setup;
 use crate::diagnostics::Trail;
 use crate::machine::{Event, Failure};
 use crate::nodewatch::Watched;
 use crate::sampler::Sampler;
 use crate::start::Starter;
 use crate::status::NodeMemory;
-use crate::watchdog::Watchdog;
+use crate::watchdog::{Limits, Watchdog};
 
 /// Kernel log events kept for the status.
 const KERNEL_EVENTS: usize = 20;
@@ -46,9 +45,14 @@ impl Watching {
     /// Watches `epoch`'s group: each node's first round at once — not at the sampler's first
     /// tick, so the ready state is published with its memory readings (each round is bounded)
     /// — then the sampler every second.
-    pub(crate) async fn start(epoch: u64, setup: &Setup, starter: &Starter, seen: &mut Observed) -> Watching {
-        let s = &setup.config.supervision;
-        let meminfo = setup.meminfo.display().to_string();
+    pub(crate) async fn start(
+        epoch: u64,
+        s: &sparkgate_config::Supervision,
+        limits: &Limits,
+        starter: &Starter,
+        seen: &mut Observed,
+    ) -> Watching {
+        let meminfo = s.meminfo_path.display().to_string();
         let said = &seen.said_off;
         let mut watched = vec![Watched::new(
             "head".into(),
@@ -75,7 +79,7 @@ impl Watching {
         Watching {
             epoch,
             sampler: Sampler::start(starter.probe.clone(), watched),
-            watchdog: Watchdog::new(setup.limits.clone(), Instant::now()),
+            watchdog: Watchdog::new(limits.clone(), Instant::now()),
             trail: Trail::default(),
             stall: sparkgate_events::Stall::default(),
         }
