@@ -285,6 +285,31 @@ impl Node {
     }
 }
 
+/// `script` run by `sh` with `args` as its positional parameters on `node`'s host — a worker's
+/// over its SSH session — or on this machine when `node` is `None`; its standard output. On this
+/// machine the exit status is not judged: the callers' scripts print the facts they found and
+/// read an absent one as absent.
+pub async fn run_script(node: Option<&Node>, script: &str, args: &[impl AsRef<str>]) -> Result<String, DockerError> {
+    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+    if let Some(node) = node {
+        let quoted: Vec<String> = args.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
+        return node.shell(&format!("set -- {}\n{script}", quoted.join(" "))).await;
+    }
+    let out = tokio::process::Command::new("sh")
+        .args(["-c", script, "sh"])
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| DockerError::Failed {
+            node: "this machine".into(),
+            what: format!("`{}`", first_line(script)),
+            detail: e.to_string(),
+        })?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 fn first_line(script: &str) -> &str {
     let line = script.lines().next().unwrap_or_default();
     line.get(..60).unwrap_or(line)

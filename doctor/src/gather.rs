@@ -86,24 +86,11 @@ fn args(a: &Ask) -> Vec<String> {
     ]
 }
 
-/// `script` with `args` in a shell on the head.
-async fn local(script: &str, args: &[String]) -> Result<String, String> {
-    let out = tokio::process::Command::new("sh")
-        .args(["-c", script, "doctor"])
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output()
+/// `script` with `args` on `node` (over its SSH session), or on the head when `None`.
+async fn run(node: Option<&Node>, script: &str, args: &[String]) -> Result<String, String> {
+    sparkgate_docker::run_script(node, script, args)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// `script` with `args` on a worker, over its SSH session.
-async fn remote(node: &Node, script: &str, args: &[String]) -> Result<String, String> {
-    let quoted: Vec<String> = args.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
-    let whole = format!("set -- {}\n{script}", quoted.join(" "));
-    node.shell(&whole).await.map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())
 }
 
 fn now() -> f64 {
@@ -115,7 +102,7 @@ fn now() -> f64 {
 /// The worker's clock against the head's: (offset, half the round trip).
 async fn clock(node: &Node, root: &str) -> Option<(f64, f64)> {
     let sent = now();
-    let text = remote(node, CLOCK, &[root.to_owned()]).await.ok()?;
+    let text = run(Some(node), CLOCK, &[root.to_owned()]).await.ok()?;
     let back = now();
     let theirs: f64 = text.trim().parse().ok()?;
     Some((theirs - (sent + back) / 2.0, (back - sent) / 2.0))
@@ -188,7 +175,7 @@ async fn image_and_versions(
 }
 
 async fn head(config: &Config, depth: Depth) -> Seen {
-    let facts = local(SCRIPT, &args(&ask(config, "head", None))).await;
+    let facts = run(None, SCRIPT, &args(&ask(config, "head", None))).await;
     let (image, versions) = match images(config, depth) {
         true => {
             let daemon = Node::local("head", &config.supervision.docker_socket).await;
@@ -221,7 +208,7 @@ async fn worker(config: &Config, w: &sparkgate_config::Worker, depth: Depth) -> 
         }
     };
     let a = ask(config, &w.label, Some(w));
-    seen.facts = remote(&node, SCRIPT, &args(&a)).await.ok().map(|t| Facts::parse(&t));
+    seen.facts = run(Some(&node), SCRIPT, &args(&a)).await.ok().map(|t| Facts::parse(&t));
     seen.clock = clock(&node, &a.root).await;
     if images(config, depth) {
         let daemon = Node::over_ssh(&w.label, &target).await.map_err(|e| e.to_string());
@@ -328,7 +315,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap()
-            .block_on(local(SCRIPT, &args(&ask)))
+            .block_on(run(None, SCRIPT, &args(&ask)))
             .unwrap();
         assert!(text.contains("weight=model-00001.safetensors\t4096\n"), "{text}");
     }

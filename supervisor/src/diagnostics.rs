@@ -244,15 +244,10 @@ async fn node_facts(nodes: &[NodeAt]) -> Vec<(String, String, String)> {
 }
 
 async fn head_facts(meminfo: &Path) -> Result<String, String> {
-    let run = tokio::process::Command::new("sh")
-        .args(["-c", FACTS, "facts"])
-        .arg(meminfo)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
+    let args = [meminfo.display().to_string()];
+    let run = sparkgate_docker::run_script(None, FACTS, &args);
     match tokio::time::timeout(PART_LIMIT, run).await {
-        Ok(Ok(out)) => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(out) => out.map_err(|e| e.to_string()),
         Err(_) => Err(format!("no answer within {} s", PART_LIMIT.as_secs())),
     }
 }
@@ -260,8 +255,8 @@ async fn head_facts(meminfo: &Path) -> Result<String, String> {
 async fn worker_facts(link: &crate::rank::WorkerLink) -> Result<String, String> {
     let read = async {
         let node = link.node().await.map_err(|e| e.to_string())?;
-        let script = format!("set -- /proc/meminfo\n{FACTS}");
-        node.shell(&script).await.map_err(|e| e.to_string())
+        let facts = sparkgate_docker::run_script(Some(&node), FACTS, &["/proc/meminfo"]);
+        facts.await.map_err(|e| e.to_string())
     };
     tokio::time::timeout(PART_LIMIT, read)
         .await

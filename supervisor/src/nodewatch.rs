@@ -78,26 +78,9 @@ impl Watched {
 
     async fn read(&self, kernel: bool) -> Option<String> {
         let args = [self.root.as_str(), &self.meminfo, if kernel { "kernel" } else { "" }];
-        let run = async {
-            match &self.node {
-                Some(n) => {
-                    let quoted: Vec<String> = args.iter().map(|a| format!("'{}'", a.replace('\'', ""))).collect();
-                    n.shell(&format!("set -- {}\n{}", quoted.join(" "), script()))
-                        .await
-                        .ok()
-                }
-                None => tokio::process::Command::new("sh")
-                    .args(["-c", &script(), "watch"])
-                    .args(args)
-                    .stdin(std::process::Stdio::null())
-                    .kill_on_drop(true)
-                    .output()
-                    .await
-                    .ok()
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned()),
-            }
-        };
-        tokio::time::timeout(LIMIT, run).await.ok().flatten()
+        let script = script();
+        let run = sparkgate_docker::run_script(self.node.as_ref(), &script, &args);
+        tokio::time::timeout(LIMIT, run).await.ok()?.ok()
     }
 
     /// One round: the memory and GPUs as now, and (every `KERNEL_EVERY` rounds, the first

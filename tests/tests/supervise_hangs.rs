@@ -16,21 +16,6 @@ use sparkgate_tests::test_gateway::TestGateway;
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 const STALL: &[(&str, &str)] = &[("STALL_TIMEOUT", "10"), ("SIM_SPEED", "1")];
 
-fn rank_pid(status: &Value, rank: u64) -> u32 {
-    let ranks = status["supervisor"]["ranks"].as_array().unwrap();
-    ranks.iter().find(|r| r["rank"] == rank).unwrap()["pid"]
-        .as_u64()
-        .unwrap() as u32
-}
-
-fn signal(pid: u32, sig: &str) {
-    assert!(std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
-}
-
 fn vllm_addr(gw: &Gateway) -> SocketAddr {
     let port = gw.upstream_port();
     SocketAddr::from(([127, 0, 0, 1], port))
@@ -176,7 +161,7 @@ fn stopped_rank_is_restarted(rank: u64, work: Work) {
     if work == Work::Prefill {
         assert_eq!(engine(rank0).1, 1.0, "the prefill runs");
     }
-    signal(rank_pid(&gw.status(), rank), "-STOP");
+    gw.signal_rank(rank, "-STOP");
     let waiting = send_while_stalled(&gw);
     let status = restarted(&gw, 1);
     assert_detected_within_stall_timeout(&status);
