@@ -83,10 +83,12 @@ impl Watched {
         tokio::time::timeout(LIMIT, run).await.ok()?.ok()
     }
 
-    /// One round: the memory and GPUs as now, and (every `KERNEL_EVERY` rounds, the first
-    /// included) the kernel lines new since the last read.
+    /// One round: the memory and GPUs as now, and (every `KERNEL_EVERY` rounds, and every
+    /// round until one has read it) the kernel lines new since the last read.
     pub(crate) async fn round(&mut self) -> Round {
-        let kernel = self.rounds % KERNEL_EVERY == 0;
+        // Until its history has been read once, every round reads the log: a line written
+        // after the watch began is never taken for history.
+        let kernel = self.seen.is_none() || self.rounds % KERNEL_EVERY == 0;
         self.rounds += 1;
         let text = self.read(kernel).await.unwrap_or_default();
         let section = |name: &str| -> Option<String> {

@@ -1,10 +1,21 @@
 //! Test hosts and processes: a real sshd on 127.0.0.2 standing in for the worker host, a second
-//! Docker daemon standing in for the worker's, and
+//! Docker daemon standing in for the worker's, stand-in commands under a node's NODE_ROOT, and
 //! helpers that find or kill processes by command line.
 
 use std::process::Command;
 
 use crate::harness::Proc;
+
+/// A stand-in for the command `name` in a node's NODE_ROOT (`root/bin`, where sparkgate looks
+/// first): a shell script running `body`.
+pub fn stand_in(root: &std::path::Path, name: &str, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = root.join("bin");
+    std::fs::create_dir_all(&bin).expect("the node's bin/");
+    let path = bin.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("the stand-in");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod +x");
+}
 
 /// Pids of live processes whose command line contains `needle` (e.g. a test's unique port).
 pub fn processes_with(needle: &str) -> Vec<u32> {

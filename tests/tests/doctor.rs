@@ -10,7 +10,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use sparkgate_tests::harness::free_port;
-use sparkgate_tests::hosts::{sim_image, Sshd, WorkerDaemon};
+use sparkgate_tests::hosts::{sim_image, stand_in, Sshd, WorkerDaemon};
 use sparkgate_tests::test_gateway::sparkgate_bin;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
@@ -161,17 +161,11 @@ fn a_sound_pair_passes_and_each_mismatch_fails_its_row_with_the_fix() {
 
     // The worker's clock five seconds ahead.
     let bin = rig.root("worker").join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    std::fs::write(
-        bin.join("date"),
-        "#!/bin/sh\necho \"$(( $(/bin/date +%s) + 5 )).000000000\"\n",
-    )
-    .unwrap();
-    Command::new("chmod")
-        .args(["+x"])
-        .arg(bin.join("date"))
-        .status()
-        .unwrap();
+    stand_in(
+        &rig.root("worker"),
+        "date",
+        "echo \"$(( $(/bin/date +%s) + 5 )).000000000\"",
+    );
     let (ok, rows) = rig.doctor(&[]);
     fails(&rows, ok, "clock", "worker", "sync the clocks");
     std::fs::remove_file(bin.join("date")).unwrap();
@@ -213,12 +207,7 @@ fn a_sound_pair_passes_and_each_mismatch_fails_its_row_with_the_fix() {
     std::fs::write(&gid, "0000:0000:0000:0000:0000:ffff:c0a8:6402\n").unwrap();
 
     // The head silent to the worker: its ping finds no answer.
-    std::fs::write(bin.join("ping"), "#!/bin/sh\nexit 1\n").unwrap();
-    Command::new("chmod")
-        .args(["+x"])
-        .arg(bin.join("ping"))
-        .status()
-        .unwrap();
+    stand_in(&rig.root("worker"), "ping", "exit 1");
     let (ok, rows) = rig.doctor(&[]);
     fails(&rows, ok, "peer", "worker", "firewall");
     std::fs::remove_file(bin.join("ping")).unwrap();

@@ -1,33 +1,18 @@
 //! The wedge watch (issue #35): each node's GPUs (`nvidia-smi`'s query, in its real CSV format)
-//! and kernel log (`dmesg`) are read every second under the node's NODE_ROOT — here a `bin/`
+//! are read every second and its kernel log (`dmesg`) every fifth, under the node's NODE_ROOT — here a `bin/`
 //! with a stand-in `nvidia-smi` or `dmesg`, since this machine has no GPU. A stall whose GPUs
 //! are busy at low power is restarted as a collective hang; an Xid line in the worker's kernel
 //! log (read over SSH) shows in `status`, and a fatal one (79: the GPU fell off the bus) ends
 //! the group with the line as the reason. A node without `nvidia-smi` says so once.
 
-use std::path::Path;
-use std::time::Duration;
-
 use serde_json::json;
 use sparkgate_tests::harness::Gateway;
-use sparkgate_tests::hosts::Sshd;
+use sparkgate_tests::hosts::{stand_in, Sshd};
 use sparkgate_tests::http::Streaming;
 use sparkgate_tests::logevents;
 use sparkgate_tests::test_gateway::TestGateway;
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
-
-fn command(root: &Path, name: &str, body: &str) {
-    let bin = root.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let path = bin.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&path)
-        .status()
-        .unwrap();
-}
 
 fn stream(gw: &Gateway) -> Streaming {
     let body = json!({"messages": [{"role": "user", "content": "Explain tensor parallel inference."}],
@@ -44,7 +29,7 @@ fn stream(gw: &Gateway) -> Streaming {
 #[test]
 fn a_stall_with_busy_gpus_at_low_power_is_restarted_as_a_collective_hang() {
     let roots = tempfile::tempdir().unwrap();
-    command(
+    stand_in(
         &roots.path().join("head"),
         "nvidia-smi",
         "echo '0, 99, 31.50, 150.00, 61'",
@@ -83,7 +68,7 @@ fn an_xid_in_the_workers_kernel_log_shows_in_status_and_a_fatal_one_ends_the_gro
     let kern = roots.path().join("worker/kern.log");
     std::fs::create_dir_all(kern.parent().unwrap()).unwrap();
     std::fs::write(&kern, "[    1.000000] Linux version 6.11.0-1016-nvidia\n").unwrap();
-    command(
+    stand_in(
         &roots.path().join("worker"),
         "dmesg",
         &format!("cat '{}'", kern.display()),
@@ -93,11 +78,10 @@ fn an_xid_in_the_workers_kernel_log_shows_in_status_and_a_fatal_one_ends_the_gro
     let mut env = sshd.worker_env(control.path());
     env.push(("NODE_ROOT".into(), roots.path().join("{node}").display().to_string()));
     let gw = TestGateway::builder(SIM).envs(&env).start();
-    gw.wait_status("ready and sampled", |s| {
-        s["supervisor"]["state"] == "ready" && s["supervisor"]["memory"].as_array().is_some_and(|m| m.len() == 2)
+    // The worker read over SSH: that round also read its kernel log (its history) before the Xid.
+    gw.wait_status("ready and the worker read", |s| {
+        s["supervisor"]["state"] == "ready" && s["supervisor"]["memory"][1]["mem_available_gib"].is_number()
     });
-    // Two more samples: the worker's log has been read once (its history) before the Xid.
-    std::thread::sleep(Duration::from_millis(2200));
     let append = |line: &str| {
         use std::io::Write as _;
         let mut f = std::fs::OpenOptions::new().append(true).open(&kern).unwrap();
