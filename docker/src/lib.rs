@@ -7,7 +7,7 @@ mod image;
 mod ssh;
 
 pub use image::{registry_host, run_script, ImageIdentity, ImageProgress};
-pub use ssh::{RemoteProcess, SshTarget};
+pub use ssh::{mem_available_gib, RemoteProcess, SshTarget};
 
 /// How a container or a remote process ended: in words, and its kind when that is known.
 #[derive(Debug, Clone, PartialEq, Eq)]

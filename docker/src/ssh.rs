@@ -142,9 +142,7 @@ impl Node {
             Some(t) => t.run("cat", &["/proc/meminfo"]).await.ok()?,
             None => std::fs::read_to_string(meminfo).ok()?,
         };
-        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib / (1024.0 * 1024.0))
+        mem_available_gib(&text)
     }
 
     /// For an SSH node: whether the session still works (false after a cut).
@@ -282,4 +280,11 @@ impl Node {
                 detail: format!("kill {pid}: {detail}"),
             })
     }
+}
+
+/// MemAvailable in GiB from a meminfo file's text; `None` when it has no such line.
+pub fn mem_available_gib(meminfo: &str) -> Option<f64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / (1024.0 * 1024.0))
 }

@@ -12,10 +12,7 @@ use crate::error::SupervisorError;
 
 /// MemAvailable in GiB from a meminfo file.
 pub(crate) fn mem_available_gib(path: &Path) -> Option<f64> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / (1024.0 * 1024.0))
+    sparkgate_docker::mem_available_gib(&std::fs::read_to_string(path).ok()?)
 }
 
 /// Free space in GiB of the filesystem holding `path` (or its nearest existing ancestor: LOG_DIR

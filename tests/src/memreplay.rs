@@ -125,19 +125,14 @@ fn watch_lowest(meminfo: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHan
     std::thread::spawn(move || {
         let mut lowest = f64::MAX;
         while !stop.load(Ordering::Relaxed) {
-            if let Some(gib) = std::fs::read_to_string(&meminfo).ok().and_then(|t| available_gib(&t)) {
+            let text = std::fs::read_to_string(&meminfo).unwrap_or_default();
+            if let Some(gib) = sparkgate_docker::mem_available_gib(&text) {
                 lowest = lowest.min(gib);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         lowest
     })
-}
-
-fn available_gib(meminfo: &str) -> Option<f64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0 / 1024.0)
 }
 
 /// Runs the replay on `gw`: `mix.longs` long prompts at once, then a short prompt every
