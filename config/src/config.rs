@@ -504,6 +504,11 @@ pub struct Gateway {
     /// GROUPS_FILE, resolved against DEPLOY_DIR; `None`: one group.
     pub groups_file: Option<PathBuf>,
     pub group_routing: GroupRouting,
+    /// MODELS: the profiles served in turn from the same nodes, the default first; empty: one.
+    pub models: Vec<ProfileId>,
+    /// MODELS_FILE, resolved against DEPLOY_DIR.
+    pub models_file: Option<PathBuf>,
+    pub swap: crate::models::Swap,
     /// How long a queued request waits for its conversation's full group before taking another.
     pub affinity_wait: Duration,
     /// CLIENT_WEIGHTS: a client's share of the fair queue (the client may be an API key, hence

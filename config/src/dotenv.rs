@@ -21,6 +21,14 @@ pub(crate) struct DotEnv {
 }
 
 impl DotEnv {
+    /// No assignment, as if read from `path`.
+    pub(crate) fn empty(path: PathBuf) -> Self {
+        Self {
+            path,
+            assignments: Vec::new(),
+        }
+    }
+
     pub(crate) fn read(path: &Path, process: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::EnvFileUnreadable {
             path: path.to_path_buf(),

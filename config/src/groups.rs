@@ -40,9 +40,13 @@ const SHARED: &[&str] = &[
 
 impl Config {
     /// Every group of the deployment: one named [`SINGLE_GROUP`] without GROUPS_FILE, else one
-    /// per section of the file, in file order.
+    /// per section of the file, in file order; with MODELS, one per model (named by its
+    /// profile, the default first), of which one runs at a time.
     pub fn load_groups(options: &LoadOptions) -> Result<Vec<GroupConfig>, ConfigError> {
         let base = Config::load(options)?;
+        if !base.gateway.models.is_empty() {
+            return crate::models::load(options, &base);
+        }
         let Some(path) = base.gateway.groups_file.clone() else {
             return Ok(vec![GroupConfig {
                 name: SINGLE_GROUP.into(),
@@ -79,7 +83,7 @@ impl Config {
 }
 
 /// The file's `[name]` sections, each parsed as an env file with the file's own line numbers.
-fn sections(
+pub(crate) fn sections(
     path: &Path,
     text: &str,
     process: &dyn Fn(&str) -> Option<String>,
@@ -100,10 +104,11 @@ fn sections(
             }
             continue;
         };
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        // `.` for the MODELS_FILE sections, named by profile (`[deepseek-v4.1-flash]`).
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
             return Err(syntax(
                 i + 1,
-                format!("`[{name}]`: a group name is letters, digits, - and _"),
+                format!("`[{name}]`: a section name is letters, digits, ., - and _"),
             ));
         }
         if heads.iter().any(|(_, n)| n == name) {

@@ -15,6 +15,7 @@ use crate::profile::ProfileId;
 use crate::rule::Rule::{self, *};
 use crate::secret::REDACTED;
 use crate::section::Group::{self, *};
+use crate::models::SwapPolicy;
 use crate::tenancy::{FairCharge, OtlpProtocol, QuotaMode};
 
 /// A knob's default in one profile.
@@ -353,6 +354,14 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("GROUPS_FILE", Gateway, V(""), "Several rank groups behind this gateway: a file of `[name]` sections, each holding env lines (HEAD_IP, WORKERS, VLLM_PORT, MASTER_PORT, SPEC_METHOD, …) that override the rest of the configuration for that group (docs/operations.md, Groups). Relative to DEPLOY_DIR. Empty: one group."),
     k("GROUP_ROUTING", Gateway, V("affinity"), "How a generation picks a group when several have room: `affinity` (the group that served the same conversation prefix — model, system prompt, first user turn — within the last 10 minutes, else the least loaded), `least-loaded`, or `round-robin` (for comparison).").rule(OneOf(GroupRouting::WORDS)),
     k("AFFINITY_WAIT_MS", Gateway, V("2000"), "Milliseconds a queued generation may wait for its conversation's group (GROUP_ROUTING=affinity) when that group is full and another has room, before it takes the other: a conversation's history is in its group's prefix cache, so a short wait usually costs less than prefilling it elsewhere. 0: take any group with room at once.").rule(Int(0, 3_600_000)),
+    k("MODELS", Gateway, V(""), "Several models served from the same nodes, one loaded at a time: profiles, comma-separated (`deepseek-v4.1-flash,glm-5.3-flash`); the first is loaded at start and is the default. Each keeps its own plan, image, weights, MAX_NUM_SEQS, speculation, aliases and effort rules (its profile's defaults, overridden by its MODELS_FILE section); a request naming another model swaps it in (SWAP_POLICY). Empty: PROFILE alone (docs/operations.md, Models).").rule(Profiles),
+    k("MODELS_FILE", Gateway, V(""), "Per-model settings with MODELS: a file of `[profile]` sections, each holding env lines (IMAGE, SERVED_MODEL_NAME, MODEL_ALIASES, SPEC_METHOD, MAX_NUM_SEQS, …) for that model only, over every other layer. Relative to DEPLOY_DIR. A setting whose default differs between the profiles (IMAGE, SERVED_MODEL_NAME, SPEC_METHOD, …) must be set here, not for every model at once."),
+    k("SWAP_POLICY", Gateway, V("on_demand"), "With MODELS: `on_demand` queues a request for the model not loaded and swaps it in (the loaded model drains, its ranks stop, the other's start); `manual` answers it 503 with Retry-After, naming `sparkgate model NAME`.").rule(OneOf(SwapPolicy::WORDS)),
+    k("SWAP_DRAIN_S", Gateway, V("120"), "Seconds a swap lets the loaded model's admitted requests finish before its ranks stop; streams still running are then continued after the swap, like any cut stream (RESUME_TIMEOUT).").rule(Int(0, 86_400)),
+    k("SWAP_MIN_DWELL_S", Gateway, V("600"), "Seconds a model stays loaded while it has work before another model's waiting requests swap it out; swaps never start more often than once in this many seconds (no thrash). Requests for the loaded model that arrive while a swap waits are served first only while it lasts.").rule(Int(0, 86_400)),
+    k("IDLE_UNLOAD_S", Gateway, V("0"), "With MODELS: seconds without a request running or waiting after which the loaded model's ranks stop, freeing the pair's memory; the next request loads its model. 0: never.").rule(Int(0, 604_800)),
+    k("SWAP_MEMORY_MARGIN_GIB", Gateway, V("4"), "A swap starts the next model only once every node's MemAvailable is back within this many GiB of what it was before the unloaded model was loaded (its ranks' memory released); past SWAP_RELEASE_TIMEOUT_S the old model is started again.").rule(Float(0.0, 1024.0)),
+    k("SWAP_RELEASE_TIMEOUT_S", Gateway, V("120"), "Seconds a swap waits for the unloaded model's memory to come back (SWAP_MEMORY_MARGIN_GIB).").rule(Int(1, 86_400)),
     k("UPSTREAM_URL", Gateway, V("http://127.0.0.1:${VLLM_PORT}"), "vLLM rank 0's base URL; `sparkgate serve --upstream URL` fronts an already running vLLM.").rule(HttpUrl),
     k("MODEL_ALIASES", Gateway, V(""), "Comma-separated extra model names accepted and rewritten to SERVED_MODEL_NAME; one `*` matches any run of characters (`claude-*` for Claude Code)."),
     k("REASONING_EFFORT_MAP", Gateway, V("minimal=low,medium=high,xhigh=max"), "How OpenAI effort names the template lacks are mapped (from=to, comma-separated).").rule(EffortMap),

@@ -12,6 +12,7 @@ mod groups;
 mod keys;
 mod knobs;
 mod load;
+mod models;
 mod passthrough;
 mod plan;
 mod profile;
@@ -36,6 +37,7 @@ pub use config::{
 };
 pub use error::{ConfigError, InvalidValue};
 pub use groups::{GroupConfig, SINGLE_GROUP};
+pub use models::{Swap, SwapPolicy};
 pub use keys::{parse_keys_file, valid_name, ApiKey, KeyEntry, KeySettings, KeyText, KeysFileError};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};
 pub use profile::{ProfileId, ReasoningFacts};

@@ -45,6 +45,8 @@ pub(crate) enum Rule {
     Workers,
     /// One of the profile's speculation modes.
     SpecMode,
+    /// Comma-separated profile words (MODELS), each at most once.
+    Profiles,
     /// Empty (unset), or the inner rule.
     Optional(&'static Rule),
     /// The inner rule, with a reason appended to its message.
@@ -78,6 +80,7 @@ impl Rule {
                 .filter_map(|(i, p)| weight_pair(p).err().map(|e| format!("pair {} {e}", i + 1)))
                 .collect(),
             Workers => pairs(raw).filter_map(|w| worker_entry(w).err()).collect(),
+            Profiles => profile_list(raw),
             _ => self.check_one(raw, profile).err().into_iter().collect(),
         }
     }
@@ -108,7 +111,7 @@ impl Rule {
                 Ok(serde_json::Value::Object(_))
             ),
             SpecMode => spec::mode_defs(profile).iter().any(|d| d.method.as_str() == raw),
-            EnvPairs | EffortMap | ClientWeights | Workers | Optional(_) | Because(..) => {
+            EnvPairs | EffortMap | ClientWeights | Workers | Profiles | Optional(_) | Because(..) => {
                 unreachable!("handled by check")
             }
         };
@@ -139,7 +142,7 @@ impl Rule {
                            (LIMIT_MM='{\"image\":4}'), as bash drops unquoted double quotes"
                 .into(),
             SpecMode => format!("must be one of: {}", mode_words(profile).join(", ")),
-            Text | EnvPairs | EffortMap | ClientWeights | Workers | Optional(_) | Because(..) => {
+            Text | EnvPairs | EffortMap | ClientWeights | Workers | Profiles | Optional(_) | Because(..) => {
                 unreachable!("never fails alone")
             }
         }
@@ -167,11 +170,27 @@ impl Rule {
             EffortMap => "from=to,…".into(),
             ClientWeights => "client=weight,… (weight 1..1000)".into(),
             Workers => "[user@]address[:ssh-port],…".into(),
+            Profiles => format!("empty, or profiles from {}, comma-separated", ticked(ProfileId::WORDS)),
             SpecMode => ticked(&mode_words(profile)),
             Optional(inner) => format!("empty, or {}", inner.describe(profile)),
             Because(inner, _) => inner.describe(profile),
         }
     }
+}
+
+/// What breaks in a MODELS list: a word that is no profile, or one named twice.
+fn profile_list(raw: &str) -> Vec<String> {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut out = Vec::new();
+    for word in pairs(raw) {
+        if !ProfileId::WORDS.contains(&word) {
+            out.push(format!("`{word}` must be one of: {}", shown(ProfileId::WORDS)));
+        } else if seen.contains(&word) {
+            out.push(format!("`{word}` must be named once"));
+        }
+        seen.push(word);
+    }
+    out
 }
 
 fn pairs(raw: &str) -> impl Iterator<Item = &str> {

@@ -448,7 +448,7 @@ fn a_groups_file_refuses_shared_settings_unknown_names_and_clashing_ports() {
             "groups.env:1: a line before the first `[group]` section",
         ),
         ("[a]\n[a]\n", "groups.env:2: group `a` appears twice"),
-        ("[a b]\n", "a group name is letters, digits, - and _"),
+        ("[a b]\n", "a section name is letters, digits, ., - and _"),
         ("# nothing\n", "no `[group]` section"),
     ] {
         std::fs::write(f.dir.path().join("groups.env"), text).unwrap();

@@ -25,6 +25,18 @@ impl Builder<'_> {
                 .opt_text("GROUPS_FILE")
                 .map(|f| std::path::Path::new(&self.r.layers.deploy_dir).join(f)),
             group_routing: self.choice("GROUP_ROUTING"),
+            models: self.models(),
+            models_file: self
+                .opt_text("MODELS_FILE")
+                .map(|f| std::path::Path::new(&self.r.layers.deploy_dir).join(f)),
+            swap: crate::models::Swap {
+                policy: self.choice("SWAP_POLICY"),
+                drain: self.seconds("SWAP_DRAIN_S"),
+                min_dwell: self.seconds("SWAP_MIN_DWELL_S"),
+                idle_unload: Some(self.seconds("IDLE_UNLOAD_S")).filter(|d| !d.is_zero()),
+                memory_margin_gib: self.float("SWAP_MEMORY_MARGIN_GIB"),
+                release_timeout: self.seconds("SWAP_RELEASE_TIMEOUT_S"),
+            },
             affinity_wait: std::time::Duration::from_millis(self.num("AFFINITY_WAIT_MS")),
             client_weights: self.client_weights(),
             first_token_timeout: self.seconds("FIRST_TOKEN_TIMEOUT"),
@@ -53,6 +65,15 @@ impl Builder<'_> {
                 service_name: self.text("OTEL_SERVICE_NAME"),
             }),
         }
+    }
+
+    /// MODELS as profiles (words its rule refused were reported); one model is no MODELS.
+    fn models(&self) -> Vec<crate::profile::ProfileId> {
+        let models: Vec<_> = self.list("MODELS").iter().filter_map(|w| w.parse().ok()).collect();
+        if models.len() < 2 {
+            return Vec::new();
+        }
+        models
     }
 
     fn tenancy(&self) -> Tenancy {
