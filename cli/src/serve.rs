@@ -69,7 +69,7 @@ async fn run_gateway(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> an
     let supervised = if gateway_only(config) {
         Vec::new()
     } else {
-        supervise(groups).await?
+        supervise(groups, !config.gateway.models.is_empty()).await?
     };
     tracing::info!(
         profile = %config.profile,
@@ -103,16 +103,33 @@ async fn run_gateway(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> an
 }
 
 /// One supervisor per group, each with its own preflight; a group that cannot start stops the
-/// whole start here, before any port is served.
-async fn supervise(groups: Vec<GroupConfig>) -> anyhow::Result<Vec<(GroupConfig, SupervisorHandle)>> {
+/// whole start here, before any port is served. With MODELS the groups are the models: the
+/// others first, each clearing what an earlier gateway left of it, then the default, adopted if
+/// it runs, else loaded by the gateway once it has read the nodes' memory.
+async fn supervise(groups: Vec<GroupConfig>, models: bool) -> anyhow::Result<Vec<(GroupConfig, SupervisorHandle)>> {
+    use sparkgate_supervisor::Begin;
     let mut supervised = Vec::new();
-    for g in groups {
-        let handle = SupervisorHandle::spawn(&g.config, &g.name)
-            .await
-            .map_err(|e| anyhow::anyhow!("group {}: {e}", g.name))?;
-        supervised.push((g, handle));
+    let mut order: Vec<(usize, GroupConfig)> = groups.into_iter().enumerate().collect();
+    if models {
+        order.rotate_left(1);
     }
-    Ok(supervised)
+    for (i, g) in order {
+        let begin = match (models, i) {
+            (false, _) => Begin::Start,
+            (true, 0) => Begin::Adopt,
+            (true, _) => Begin::Standby,
+        };
+        let what = if models { "model" } else { "group" };
+        let handle = SupervisorHandle::spawn_as(&g.config, &g.name, begin)
+            .await
+            .map_err(|e| anyhow::anyhow!("{what} {}: {e}", g.name))?;
+        if begin == Begin::Standby {
+            handle.begun().await;
+        }
+        supervised.push((i, g, handle));
+    }
+    supervised.sort_by_key(|(i, _, _)| *i);
+    Ok(supervised.into_iter().map(|(_, g, h)| (g, h)).collect())
 }
 
 /// What the demo says on start: where it serves, where its logs go, a request to try.

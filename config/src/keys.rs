@@ -61,7 +61,7 @@ impl std::fmt::Debug for KeyText {
 }
 
 /// A key's own settings; `None` takes the gateway's default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeySettings {
     /// Its share of the fair queue.
     pub weight: Option<u32>,
@@ -73,6 +73,8 @@ pub struct KeySettings {
     pub tokens_per_day: Option<u64>,
     /// KEY_MAX_SEQUENCES for this key (0: none).
     pub max_sequences: Option<u32>,
+    /// The models it may use (MODELS), by served name or profile; `None`: every model.
+    pub models: Option<Vec<String>>,
 }
 
 /// One line of API_KEYS_FILE.
@@ -92,7 +94,7 @@ pub struct KeysFileError(pub Vec<String>);
 type SetFn = fn(&mut KeySettings, &str) -> Result<(), String>;
 
 /// The settings a line may give, each with how its value is read.
-const SETTINGS: [(&str, SetFn); 5] = [
+const SETTINGS: [(&str, SetFn); 6] = [
     ("weight", |s, v| {
         s.weight = Some(bounded(v, 1, 1000)? as u32);
         Ok(())
@@ -111,6 +113,14 @@ const SETTINGS: [(&str, SetFn); 5] = [
     }),
     ("max_sequences", |s, v| {
         s.max_sequences = Some(bounded(v, 0, 1_000_000)? as u32);
+        Ok(())
+    }),
+    ("models", |s, v| {
+        let names: Vec<String> = v.split(',').map(str::trim).filter(|m| !m.is_empty()).map(str::to_owned).collect();
+        if names.is_empty() {
+            return Err("must name at least one model (served names or profiles, comma-separated)".to_owned());
+        }
+        s.models = Some(names);
         Ok(())
     }),
 ];

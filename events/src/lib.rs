@@ -63,6 +63,21 @@ pub enum Event {
     ContinuationWaits { request_id: String, why: String },
     /// A node has no `nvidia-smi`: the GPU watch is off there (said once).
     GpuWatchOff { node: String },
+    /// A swap between models began (MODELS): `from` drains and stops, `to` is started.
+    SwapStarted { from: String, to: String, trigger: String },
+    /// The swapped-in model serves.
+    Swapped {
+        from: String,
+        to: String,
+        trigger: String,
+        seconds: f64,
+    },
+    /// The loaded model was unloaded after IDLE_UNLOAD_S without work.
+    ModelUnloaded { model: String, idle_s: u64 },
+    /// A swap did not happen or did not finish (the model would not fit, its memory was not
+    /// released, its ranks failed to start); the old model is (started again and) served, and
+    /// the requests waiting for the other were answered 503.
+    SwapFailed { from: String, to: String, reason: String },
     /// A serving (or starting) group was lost; it is restarted.
     GroupLost {
         group: String,
@@ -158,6 +173,9 @@ table! {
     UpstreamUp => "upstream_up", Info;
     ContinuationWaits => "continuation_waits", Info;
     GpuWatchOff => "gpu_watch_off", Info;
+    SwapStarted => "swap_started", Info;
+    Swapped => "swapped", Info;
+    ModelUnloaded => "model_unloaded", Info;
     GroupLost => "group_lost", Warn;
     Stalled => "stalled", Warn;
     SshLost => "ssh_lost", Warn;
@@ -169,6 +187,7 @@ table! {
     LeftoverRemoved => "leftover_removed", Warn;
     RankUnconfirmed => "rank_unconfirmed", Warn;
     PoisonRefused => "poison_refused", Warn;
+    SwapFailed => "swap_failed", Warn;
     GroupFailed => "group_failed", Error;
     RequestFailed => "request_failed", Error;
     Quarantined => "quarantined", Error;
@@ -264,6 +283,23 @@ impl fmt::Display for Event {
             Event::RankUnconfirmed { rank, detail } => write!(
                 f,
                 "rank {rank}: its stop could not reach its node ({detail}); a remote process ends with its SSH session, a container is removed by the next start"
+            ),
+            Event::SwapStarted { from, to, trigger } => {
+                write!(f, "swapping models ({trigger}): {from} drains and stops, then {to} starts")
+            }
+            Event::Swapped {
+                from,
+                to,
+                trigger,
+                seconds,
+            } => write!(f, "swapped models ({trigger}): {to} serves, {from} is unloaded, in {seconds:.1} s"),
+            Event::ModelUnloaded { model, idle_s } => write!(
+                f,
+                "{model} unloaded after {idle_s} s without work: the nodes' memory is free; the next request loads its model"
+            ),
+            Event::SwapFailed { from, to, reason } => write!(
+                f,
+                "swap from {from} to {to} failed: {reason}; {from} serves, the requests waiting for {to} were answered 503"
             ),
             Event::PoisonRefused { request_id, client } => write!(
                 f,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sparkgate_config::Config;
 
+use crate::api::models::{Catalog, ModelId};
 use crate::api::normalize::Normalizer;
 use crate::control::state::GatewayControl;
 use crate::control::storage::StoreSlot;
@@ -16,7 +17,10 @@ use crate::groups::Groups;
 /// Everything the handlers share.
 #[derive(Debug)]
 pub(crate) struct App {
-    pub(crate) normalizer: Arc<Normalizer>,
+    /// Every model served (one without MODELS), each with its normaliser.
+    pub(crate) models: Arc<Catalog>,
+    /// MODELS: the swap between models (none with one model).
+    pub(crate) swapper: Option<Arc<crate::groups::Swapper>>,
     /// The rank groups (one without GROUPS_FILE), each with its upstream and supervisor.
     pub(crate) groups: Arc<Groups>,
     pub(crate) control: GatewayControl,
@@ -26,7 +30,9 @@ pub(crate) struct App {
     pub(crate) request_timeout: Duration,
     /// How long a cut stream waits to be continued (RESUME_TIMEOUT; zero: not at all).
     pub(crate) resume_timeout: Duration,
-    pub(crate) profile: String,
+    /// Each model's `/v1/models` entry as vLLM writes it (its `created` and permission id are
+    /// filled in per answer).
+    pub(crate) model_cards: Vec<Value>,
     /// The profile's speculation modes (what `/admin/spec` may switch to).
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
     pub(crate) spec_policy: Arc<crate::control::spec::ModePolicy>,
@@ -54,25 +60,35 @@ pub(crate) struct App {
 pub(crate) type Shared = Arc<App>;
 
 impl App {
+    /// `models` are the configurations of the models served (MODELS), none for the one of
+    /// `config`.
     pub(crate) fn new(
         config: &Config,
         control: GatewayControl,
         groups: Arc<Groups>,
         store: Option<Arc<StoreSlot>>,
+        (models, swapper): (&[&Config], Option<Arc<crate::groups::Swapper>>),
     ) -> Shared {
         let g = &config.gateway;
         let t = &g.tenancy;
-        Arc::new(App {
-            normalizer: Arc::new({
+        let one = [config];
+        let models = if models.is_empty() { &one[..] } else { models };
+        let normalizers = models
+            .iter()
+            .map(|c| {
                 let mut n = Normalizer::new(
-                    config.profile,
-                    &config.serving.served_model_name,
-                    &g.model_aliases,
-                    &g.effort_map,
+                    c.profile,
+                    &c.serving.served_model_name,
+                    &c.gateway.model_aliases,
+                    &c.gateway.effort_map,
                 );
                 n.resume_streams = !g.resume_timeout.is_zero();
                 n
-            }),
+            })
+            .collect();
+        Arc::new(App {
+            models: Arc::new(Catalog::new(normalizers)),
+            swapper,
             groups,
             control,
             drain_timeout: g.drain_timeout,
@@ -80,7 +96,7 @@ impl App {
             idle_timeout: g.stream_idle_timeout,
             request_timeout: g.request_timeout,
             resume_timeout: g.resume_timeout,
-            profile: config.profile.to_string(),
+            model_cards: models.iter().map(|c| model_card(c)).collect(),
             spec_modes: config.speculation.modes.clone(),
             quarantine: Arc::default(),
             warm: crate::groups::Warm::new(g.warm_replay_bytes),
@@ -103,15 +119,69 @@ impl App {
     }
 }
 
+/// A model's `ModelCard` as vLLM's `/v1/models` lists it: `root` is the model path `vllm serve`
+/// is given.
+fn model_card(c: &Config) -> Value {
+    let plan = c.plan();
+    let cmd = plan.ranks.first().map(|r| r.container.cmd.clone()).unwrap_or_default();
+    let root = cmd.iter().skip_while(|w| *w != "serve").nth(1).cloned().unwrap_or_default();
+    json!({
+        "id": c.serving.served_model_name, "object": "model", "created": 0, "owned_by": "vllm",
+        "root": root, "parent": null, "max_model_len": c.serving.max_model_len,
+        "permission": [{
+            "id": "", "object": "model_permission", "created": 0, "allow_create_engine": false,
+            "allow_sampling": true, "allow_logprobs": true, "allow_search_indices": false,
+            "allow_view": true, "allow_fine_tuning": false, "organization": "*", "group": null,
+            "is_blocking": false
+        }]
+    })
+}
+
+impl App {
+    /// The model a request that names none is for: the loaded one (or the one being loaded),
+    /// so it never causes a swap.
+    pub(crate) fn fallback_model(&self) -> ModelId {
+        let Some(s) = &self.swapper else { return ModelId::default() };
+        s.loaded().or_else(|| s.target()).unwrap_or_default()
+    }
+
+    /// The 503 for a request whose model is not loaded and that does not load it.
+    pub(crate) fn not_loaded(&self, model: ModelId, hint: String) -> crate::api::error::GatewayError {
+        let loaded = self.swapper.as_ref().and_then(|s| s.loaded());
+        crate::api::error::GatewayError::ModelNotLoaded {
+            model: self.models.get(model).served().to_owned(),
+            loaded: loaded.map_or_else(|| "none".to_owned(), |l| self.models.get(l).served().to_owned()),
+            hint,
+        }
+    }
+
+    /// Every model in `/admin/status`: its name, profile, and whether it is the loaded one.
+    fn models_json(&self) -> Value {
+        let loaded = self.swapper.as_ref().map_or(Some(ModelId::default()), |s| s.loaded());
+        let list: Vec<Value> = self
+            .models
+            .ids()
+            .map(|id| {
+                let n = self.models.get(id);
+                json!({"name": n.served(), "profile": n.profile(), "aliases": n.aliases(), "loaded": loaded == Some(id)})
+            })
+            .collect();
+        Value::Array(list)
+    }
+}
+
 pub(crate) fn status_json(app: &App) -> Value {
     let snap = app.control.snapshot();
     let upstream = app.control.upstream();
+    let current = app.models.get(app.fallback_model());
     json!({
         "ready": app.control.is_ready(),
         "upstream": upstream,
         "upstream_url": app.groups.first().upstream.base(),
-        "profile": app.profile,
-        "model": app.normalizer.served(),
+        "profile": current.profile(),
+        "model": current.served(),
+        "models": app.models_json(),
+        "swap": app.swapper.as_ref().map(|s| s.status_json()),
         "mode": app.control.mode(),
         "vllm": app.groups.vllm_json(),
         "tokens_per_s": (app.control.tokens_per_s() * 10.0).round() / 10.0,

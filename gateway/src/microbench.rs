@@ -16,6 +16,7 @@ use sparkgate_config::{ProfileId, SpecMethod};
 
 use crate::api::body::prepare_now;
 use crate::api::family::Api;
+use crate::api::models::{Catalog, ModelId};
 use crate::api::normalize::Normalizer;
 use crate::control::admission::{Admission, QueueLimits};
 use crate::control::state::GatewayControl;
@@ -89,10 +90,10 @@ pub fn cases() -> &'static [Case] {
 
 /// The normaliser as `sparkgate serve` makes it by default (streams that can be continued ask
 /// vLLM for their token ids, RESUME_TIMEOUT).
-fn normalizer() -> Normalizer {
+fn normalizer() -> Catalog {
     let mut n = Normalizer::new(ProfileId::DeepSeekV41Flash, "DeepSeek-v4.1-Flash-EXL3", &[], &[]);
     n.resume_streams = true;
-    n
+    Catalog::new(vec![n])
 }
 
 const TYPICAL: &str = r#"{"model":"DeepSeek-v4.1-Flash-EXL3","messages":[{"role":"system","content":"You are a careful assistant. Answer briefly and cite the function names you use."},{"role":"user","content":"How does the gateway decide when a request may start? Explain admission in two sentences."},{"role":"assistant","content":"A request starts when a slot under MAX_NUM_SEQS is free; otherwise it waits in a bounded queue, in arrival order, until one is released or its timeout passes."},{"role":"user","content":"And what happens to the queue when the ranks restart? Keep it short."}],"max_tokens":256,"temperature":0.6,"top_p":0.95,"stream":true,"stream_options":{"include_usage":true}}"#;
@@ -119,7 +120,7 @@ fn prepare_typical(iters: u64) {
     counted(iters, || {
         let p = prepare_now(
             &n,
-            sparkgate_config::VllmRelease::V0_33,
+            (sparkgate_config::VllmRelease::V0_33, ModelId(0)),
             Api::Chat,
             black_box(&Bytes::from_static(TYPICAL.as_bytes())),
         )
@@ -133,7 +134,7 @@ fn prepare_rewritten(iters: u64) {
     let body = Bytes::from(TYPICAL.replace(r#","stream_options":{"include_usage":true}"#, ""));
     counted(iters, || {
         let p =
-            prepare_now(&n, sparkgate_config::VllmRelease::V0_33, Api::Chat, black_box(&body)).expect("a valid body");
+            prepare_now(&n, (sparkgate_config::VllmRelease::V0_33, ModelId(0)), Api::Chat, black_box(&body)).expect("a valid body");
         assert!(p.norm.usage_injected);
         black_box(p.forward.len());
     });
@@ -147,7 +148,7 @@ fn prepare_large(iters: u64) {
     ));
     counted(iters, || {
         let p =
-            prepare_now(&n, sparkgate_config::VllmRelease::V0_33, Api::Chat, black_box(&body)).expect("a valid body");
+            prepare_now(&n, (sparkgate_config::VllmRelease::V0_33, ModelId(0)), Api::Chat, black_box(&body)).expect("a valid body");
         black_box(p.forward.len());
     });
 }

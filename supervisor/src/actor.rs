@@ -49,6 +49,9 @@ pub(crate) struct Setup {
     pub(crate) in_flight: crate::diagnostics::InFlightSlot,
     pub(crate) self_check: Vec<String>,
     pub(crate) meminfo: PathBuf,
+    pub(crate) begin: crate::Begin,
+    /// Set once the group has begun (adopted, cleared or started).
+    pub(crate) begun: watch::Sender<bool>,
     pub(crate) limits: Limits,
 }
 
@@ -229,8 +232,21 @@ impl Actor {
 
     /// The loop: one event at a time through the machine, then its actions.
     pub(crate) async fn run(mut self) {
-        let origin = self.adopt().await;
+        let origin = match self.setup.begin {
+            crate::Begin::Start => self.adopt().await,
+            crate::Begin::Adopt => match self.adopt().await {
+                Origin::Fresh { prepared } => Origin::Standby { prepared },
+                adopted => adopted,
+            },
+            crate::Begin::Standby => self.standby().await,
+        };
         let mut actions: VecDeque<Action> = self.machine.begin(origin, Instant::now()).into();
+        // Published first: whoever waits for the beginning reads its state.
+        let exit = self.execute(&mut actions).await;
+        let _ = self.setup.begun.send(true);
+        if exit {
+            return;
+        }
         let mut requests_open = true;
         loop {
             if self.execute(&mut actions).await {
@@ -483,6 +499,18 @@ impl Actor {
             ranks,
         };
         crate::leftovers::write(&self.starter.log_dir, &state);
+    }
+
+    /// A standby group stays stopped; containers an earlier gateway left of it are removed (the
+    /// model loaded at start is another).
+    async fn standby(&mut self) -> Origin {
+        let docker = matches!(*self.starter.backend, Backend::Docker { .. });
+        if docker {
+            if let Some(epoch) = crate::adopt::clear(&self.starter, &self.setup.config.group_name()).await {
+                self.machine.epoch = epoch;
+            }
+        }
+        Origin::Standby { prepared: !docker }
     }
 
     /// Docker: containers of this group left by an earlier gateway are adopted when they are

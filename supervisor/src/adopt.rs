@@ -54,6 +54,26 @@ async fn list(starter: &Starter, group: &str) -> Option<Vec<Listed>> {
     Some(found)
 }
 
+/// Removes every container `found`, saying why.
+async fn remove(found: &[Listed], reason: String) {
+    sparkgate_events::Event::NotAdopted { reason }.emit();
+    for (_, node, c) in found {
+        let _ = node.kill_and_remove(&c.id).await;
+    }
+}
+
+/// A standby group's leftovers removed, whatever they are; the last epoch among them.
+pub(crate) async fn clear(starter: &Starter, group: &str) -> Option<u64> {
+    let found = list(starter, group).await.filter(|f| !f.is_empty())?;
+    let epoch = found
+        .iter()
+        .filter_map(|(_, _, c)| c.labels.get(labels::EPOCH)?.parse::<u64>().ok())
+        .max();
+    let reason = format!("{} container(s) of group {group}, which is not the model loaded at start", found.len());
+    remove(&found, reason).await;
+    epoch
+}
+
 /// Adopts the group's running containers when they are a complete, ready epoch of one mode's
 /// configuration; removes them otherwise.
 pub(crate) async fn find(starter: &Starter, group: &str) -> Found {
@@ -98,10 +118,7 @@ pub(crate) async fn find(starter: &Starter, group: &str) -> Found {
         None
     };
     if let Some(reason) = why_not {
-        sparkgate_events::Event::NotAdopted { reason }.emit();
-        for (_, node, c) in &found {
-            let _ = node.kill_and_remove(&c.id).await;
-        }
+        remove(&found, reason).await;
         return Found::Stale { epoch };
     }
     let containers = mode

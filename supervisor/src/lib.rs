@@ -16,6 +16,7 @@ mod kernel;
 mod leftovers;
 mod logsink;
 mod machine;
+mod memory;
 mod nodes;
 mod nodewatch;
 mod preflight;
@@ -76,21 +77,61 @@ async fn doctor(config: &Config) -> Result<(), SupervisorError> {
     }
 }
 
+/// How a supervisor begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    /// Adopts a running group of this configuration, or starts one.
+    Start,
+    /// Adopts a running group of this configuration, else stays stopped until asked to start:
+    /// the default model of MODELS, which the gateway loads once it has read the nodes' memory.
+    Adopt,
+    /// Stays stopped, what an earlier gateway left of this group removed: a model of MODELS
+    /// not loaded at start. Its ports and memory are checked when its turn comes (the loaded
+    /// model holds them now); its image and weights now.
+    Standby,
+}
+
+/// A model not loaded at start must have its weights complete on the head: found missing at
+/// its first swap, they would take hours to fetch while its clients wait.
+fn standby_weights(config: &Config) -> Result<(), SupervisorError> {
+    if config.preparation.skip_download {
+        return Ok(());
+    }
+    let missing: Vec<String> = sparkgate_prepare::weights::check(config)
+        .iter()
+        .filter(|t| !t.complete())
+        .map(|t| format!("{} ({}): {}", t.name, t.dir.display(), t.missing.join("; ")))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(SupervisorError::Preflight(format!(
+        "{}: weights incomplete on the head: {}; download them first (`sparkgate download` fetches every model's), or set SKIP_DOWNLOAD=1 in its MODELS_FILE section",
+        config.profile,
+        missing.join(" | ")
+    )))
+}
+
 /// Connects to every node the runtime uses and runs preflight: the backend that starts ranks,
 /// and (docker) the ranks whose packed Engram files are on their node.
-async fn backend(config: &Config) -> Result<(rank::Backend, Vec<(u32, String)>), SupervisorError> {
+async fn backend(config: &Config, begin: Begin) -> Result<(rank::Backend, Vec<(u32, String)>), SupervisorError> {
     doctor(config).await?;
+    let start = begin != Begin::Standby;
     let mut packed = Vec::new();
     let backend = match config.supervision.runtime {
         Runtime::Process => {
             // What an earlier gateway left running would fail the port checks.
             leftovers::remove(&config.supervision.log_dir);
-            preflight::check(config)?;
+            if start {
+                preflight::check(config)?;
+            }
             let mut workers = Vec::new();
             for w in config.nodes.remote_workers() {
                 let target = ssh_target(config, w);
                 let node = sparkgate_docker::Node::ssh_only(&w.label, &target).await?;
-                check_worker_memory(config, w, &node).await?;
+                if start {
+                    check_worker_memory(config, w, &node).await?;
+                }
                 workers.push(std::sync::Arc::new(rank::WorkerLink::new(w, target, node, false)));
             }
             rank::Backend::Process {
@@ -111,11 +152,15 @@ async fn backend(config: &Config) -> Result<(rank::Backend, Vec<(u32, String)>),
             packed = sparkgate_prepare::pack::packed_ranks(config, &nodes)
                 .await
                 .map_err(|e| SupervisorError::Preflight(e.to_string()))?;
-            for r in &remotes {
+            if !start {
+                standby_weights(config)?;
+            }
+            for r in remotes.iter().filter(|_| start) {
                 check_worker_memory(config, &r.worker, &r.node).await?;
             }
             // A running group of ours holds the ports: adoption decides, not preflight.
-            if head
+            if start
+                && head
                 .list(&[(sparkgate_config::labels::GROUP, &config.group_name())])
                 .await?
                 .is_empty()
@@ -145,13 +190,20 @@ pub struct SupervisorHandle {
     status: watch::Receiver<Status>,
     in_flight: diagnostics::InFlightSlot,
     log_dir: std::path::PathBuf,
+    nodes: std::sync::Arc<memory::Nodes>,
+    begun: watch::Receiver<bool>,
 }
 
 impl SupervisorHandle {
     /// Checks what a start needs (preflight), then starts the supervisor task, which adopts a
     /// running group of this configuration or starts the rank group.
     pub async fn spawn(config: &Config, group: &str) -> Result<SupervisorHandle, SupervisorError> {
-        let (backend, packed) = backend(config).await?;
+        Self::spawn_as(config, group, Begin::Start).await
+    }
+
+    /// [`spawn`](Self::spawn), beginning as `begin` says.
+    pub async fn spawn_as(config: &Config, group: &str, begin: Begin) -> Result<SupervisorHandle, SupervisorError> {
+        let (backend, packed) = backend(config, begin).await?;
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let s = &config.supervision;
         let mode = config.speculation.active;
@@ -190,12 +242,15 @@ impl SupervisorHandle {
         // Containers outlive the gateway unless asked otherwise: the next gateway adopts them.
         let machine = machine::Machine::new(mode, backoff, docker && !s.stop_ranks_on_exit);
         let in_flight = diagnostics::InFlightSlot::default();
+        let (begun_tx, begun) = watch::channel(false);
         let setup = actor::Setup {
             config: std::sync::Arc::new(config.clone()),
             group: group.to_owned(),
             in_flight: in_flight.clone(),
             self_check: s.self_check.clone(),
             meminfo: s.meminfo_path.clone(),
+            begin,
+            begun: begun_tx,
             limits: watchdog::Limits {
                 mem_guard_gib: s.mem_guard.then_some(s.mem_guard_gib),
                 progress_timeout: s.progress_timeout,
@@ -209,6 +264,7 @@ impl SupervisorHandle {
             config.speculation.active_mode().max_num_seqs,
             starter.backend.runtime(),
         ));
+        let nodes = std::sync::Arc::new(memory::Nodes::new(starter.backend.clone(), s.meminfo_path.clone()));
         let actor = actor::Actor::new(machine, starter, setup, rx, status_tx);
         sparkgate_task::spawn("supervisor", actor.run());
         Ok(SupervisorHandle {
@@ -216,7 +272,22 @@ impl SupervisorHandle {
             status: status_rx,
             in_flight,
             log_dir: s.log_dir.clone(),
+            nodes,
+            begun,
         })
+    }
+
+    /// Returns once the supervisor has begun: what an earlier gateway left is adopted or
+    /// removed, and its first state is published.
+    pub async fn begun(&self) {
+        let mut rx = self.begun.clone();
+        let _ = rx.wait_for(|b| *b).await;
+    }
+
+    /// Each node's MemAvailable now (the head's from MEMINFO_PATH, a worker's over its SSH
+    /// session), read whatever the group's state: what a swap compares before and after.
+    pub async fn node_memory(&self) -> Vec<NodeMemory> {
+        self.nodes.read().await
     }
 
     /// The gateway's report of its requests in flight, written into every diagnostics bundle

@@ -181,6 +181,8 @@ pub(crate) struct Machine {
 pub(crate) enum Origin {
     Fresh { prepared: bool },
     Adopted { epoch: u64 },
+    /// Stopped until asked to start (a model of MODELS not loaded at start).
+    Standby { prepared: bool },
 }
 
 impl Machine {
@@ -206,6 +208,10 @@ impl Machine {
             Origin::Fresh { prepared } => {
                 self.prepared = prepared;
                 self.start()
+            }
+            Origin::Standby { prepared } => {
+                self.prepared = prepared;
+                vec![Action::Publish]
             }
             Origin::Adopted { epoch } => {
                 self.prepared = true;

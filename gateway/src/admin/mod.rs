@@ -2,6 +2,7 @@
 //! `/admin/*` (`ops`; per-key usage: `usage`; diagnostics bundles: `diagnostics`), behind one axum router (`routes`).
 
 mod diagnostics;
+mod models;
 pub(crate) mod ops;
 mod probes;
 pub(crate) mod routes;

@@ -30,8 +30,13 @@ fn supervisor_of(g: &Group) -> Result<&SupervisorHandle, GatewayError> {
     g.supervisor.as_ref().ok_or_else(no_supervisor)
 }
 
+/// The group operators' commands act on: the one, or with MODELS the loaded model's.
+fn current(app: &Shared) -> &Arc<Group> {
+    app.groups.current(app.swapper.as_ref().and_then(|s| s.loaded()))
+}
+
 fn supervisor(app: &Shared) -> Result<&SupervisorHandle, GatewayError> {
-    supervisor_of(app.groups.first())
+    supervisor_of(current(app))
 }
 
 fn accepted(body: serde_json::Value) -> Response {
@@ -45,7 +50,7 @@ fn accepted(body: serde_json::Value) -> Response {
 
 pub(crate) async fn status(State(app): State<Shared>) -> Response {
     let mut body = status_json(&app);
-    if let Some(s) = &app.groups.first().supervisor {
+    if let Some(s) = &current(&app).supervisor {
         body["supervisor"] = serde_json::to_value(s.status()).unwrap_or_default();
     }
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
@@ -71,6 +76,7 @@ fn supervisors(app: &Shared, q: &HashMap<String, String>) -> Result<Vec<Supervis
     supervisor(app)?;
     Ok(match named_group(app, q)? {
         Some(g) => g.supervisor.iter().cloned().collect(),
+        None if app.groups.models() => current(app).supervisor.iter().cloned().collect(),
         None => app.groups.all().iter().filter_map(|g| g.supervisor.clone()).collect(),
     })
 }
@@ -199,7 +205,7 @@ pub(crate) async fn restart(
     };
     let targets: Vec<Arc<Group>> = match named_group(&app, &q)? {
         Some(g) => vec![g],
-        None if app.groups.all().len() > 1 => app.groups.all().to_vec(),
+        None if app.groups.replicas() => app.groups.all().to_vec(),
         None => {
             let drain = drain_all_then(&app, reason.into(), force, move |sup| async move {
                 sup.restart(reason).await

@@ -25,6 +25,7 @@ pub(crate) fn own_routes(app: Shared) -> Router {
         .route("/admin/start", post(admin::start))
         .route("/admin/logs", get(admin::logs))
         .route("/admin/spec", get(admin::spec).post(admin::set_spec))
+        .route("/admin/model", get(super::models::show).post(super::models::swap))
         .route("/admin/usage", get(super::usage::usage))
         .route("/admin/diagnostics", get(super::diagnostics::diagnostics))
         .fallback(|req: Request| async move { GatewayError::NotFound(req.uri().path().to_owned()) })

@@ -18,7 +18,8 @@ use crate::api::encoding::json_text;
 use crate::api::error::GatewayError;
 use crate::api::family::Api;
 use crate::api::lax::lax_integer;
-use crate::api::normalize::{Normalized, Normalizer, ResumeSpec};
+use crate::api::models::{Catalog, ModelId};
+use crate::api::normalize::{Normalized, ResumeSpec};
 use sparkgate_config::VllmRelease;
 
 /// How a request body is read: MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE.
@@ -413,8 +414,8 @@ pub(crate) struct Prepared {
 /// sent it — the same bytes, not a copy; a body it changed (or with a repeated key) is written
 /// anew.
 pub(crate) fn prepare_now(
-    normalizer: &Normalizer,
-    release: VllmRelease,
+    models: &Catalog,
+    (release, fallback): (VllmRelease, ModelId),
     api: Api,
     bytes: &Bytes,
 ) -> Result<Prepared, GatewayError> {
@@ -438,13 +439,13 @@ pub(crate) fn prepare_now(
     let api = api.for_body(has_messages);
     // A batch's fields hold its conversations: too large to keep a second copy of to compare.
     let before = (api != Api::Batch && !repeated).then(|| fields.clone());
-    let mut norm = normalizer.normalize(api, release, fields, prompts)?;
+    let mut norm = models.normalize(api, release, fields, prompts, fallback)?;
     let blocked = if matches!(api, Api::Messages | Api::Responses) {
         !greedy
     } else {
         resume_blocked
     };
-    norm.resume = resume_spec(normalizer, api, &norm, prompts, blocked);
+    norm.resume = resume_spec(models.resume_streams(), api, &norm, prompts, blocked);
     // Asked of vLLM for a continuation, as text: appended to a body sent as it came, written
     // last into a rewritten one (a repeated key's last value is the one vLLM reads).
     let ask_ids: &[u8] = match norm.resume {
@@ -479,14 +480,14 @@ pub(crate) fn prepare_now(
 /// nothing a continuation cannot honour (`resume::blocks`), or a temperature-0 Messages or
 /// Responses stream (replayed), when RESUME_TIMEOUT is set.
 fn resume_spec(
-    normalizer: &Normalizer,
+    resume_streams: bool,
     api: Api,
     norm: &Normalized,
     prompts: Option<u32>,
     blocked: bool,
 ) -> Option<ResumeSpec> {
     use crate::api::resume::{ReplayApi, Resumable, TokenApi};
-    if !normalizer.resume_streams || !norm.stream || blocked || norm.sequences.total() != 1 {
+    if !resume_streams || !norm.stream || blocked || norm.sequences.total() != 1 {
         return None;
     }
     let kind = match api {
@@ -520,16 +521,16 @@ fn with_field(body: &Bytes, field: &[u8]) -> Bytes {
 
 /// Parses, normalises and re-serialises `bytes` (off the reactor thread when large).
 pub(crate) async fn prepare(
-    normalizer: &std::sync::Arc<Normalizer>,
-    release: VllmRelease,
+    models: &std::sync::Arc<Catalog>,
+    how: (VllmRelease, ModelId),
     api: Api,
     bytes: Bytes,
 ) -> Result<Prepared, GatewayError> {
     if bytes.len() <= OFF_THREAD {
-        return prepare_now(normalizer, release, api, &bytes);
+        return prepare_now(models, how, api, &bytes);
     }
-    let normalizer = normalizer.clone();
-    tokio::task::spawn_blocking(move || prepare_now(&normalizer, release, api, &bytes))
+    let models = models.clone();
+    tokio::task::spawn_blocking(move || prepare_now(&models, how, api, &bytes))
         .await
         .unwrap_or_else(|e| Err(GatewayError::InvalidJson(format!("the body could not be parsed: {e}"))))
 }

@@ -61,6 +61,20 @@ pub enum GatewayError {
     },
     #[error("the model is restarting; retry later")]
     Restarting,
+    /// MODELS: the model asked for is not the loaded one, and this request does not load it
+    /// (SWAP_POLICY=manual, or a tokenizer route: it runs with its model's ranks).
+    #[error("the model `{model}` is not loaded ({loaded} is): {hint}; retry later")]
+    ModelNotLoaded {
+        model: String,
+        loaded: String,
+        hint: String,
+    },
+    /// MODELS: the swap this request waited for did not happen or did not finish.
+    #[error("the model `{model}` could not be loaded: {reason}; retry later")]
+    SwapFailed { model: String, reason: String },
+    /// An API key limited to some models (`models=` in API_KEYS_FILE) asked for another.
+    #[error("this API key may not use the model `{model}` (its `models=` setting allows: {allowed})")]
+    ModelForbidden { model: String, allowed: String },
     #[error("the model is not running: {0}")]
     NotRunning(String),
     #[error("upstream vLLM at {upstream} is unreachable: {detail}")]
@@ -78,6 +92,9 @@ pub enum GatewayError {
     StoreFailed(String),
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// An operator's command that conflicts with one under way.
+    #[error("{0}")]
+    Conflict(String),
     /// A request hyper could not parse (it answers these itself, with an empty body).
     #[error("{}", unparseable_message(*status))]
     UnparseableHttp { status: StatusCode },
@@ -143,7 +160,7 @@ impl GatewayError {
             GatewayError::StoreFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Unauthorized | GatewayError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
-            GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
+            GatewayError::Forbidden(_) | GatewayError::ModelForbidden { .. } => StatusCode::FORBIDDEN,
             GatewayError::RateLimited { .. }
             | GatewayError::QuotaExceeded { .. }
             | GatewayError::QueueFull { .. }
@@ -151,10 +168,13 @@ impl GatewayError {
             GatewayError::QueueTimeout { .. }
             | GatewayError::MemoryHeld { .. }
             | GatewayError::Restarting
+            | GatewayError::ModelNotLoaded { .. }
+            | GatewayError::SwapFailed { .. }
             | GatewayError::NotRunning(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::Conflict(_) => StatusCode::CONFLICT,
             GatewayError::UnparseableHttp { status } => *status,
             GatewayError::HeaderTimeout { .. } | GatewayError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::TooManyConnections { .. }
@@ -209,6 +229,8 @@ impl GatewayError {
             GatewayError::ShuttingDown | GatewayError::DrainTimeout { .. } => Some(Duration::from_secs(5)),
             GatewayError::QueueTimeout { .. } | GatewayError::MemoryHeld { .. } => Some(Duration::from_secs(5)),
             GatewayError::Restarting => Some(Duration::from_secs(10)),
+            // A swap takes minutes on the pair: ask again in half a minute.
+            GatewayError::ModelNotLoaded { .. } | GatewayError::SwapFailed { .. } => Some(Duration::from_secs(30)),
             _ => None,
         }
     }
@@ -225,6 +247,8 @@ impl GatewayError {
             GatewayError::MemoryHeld { .. } => Rejection::Memory,
             GatewayError::Restarting => Rejection::Restarting,
             GatewayError::NotRunning(_) => Rejection::NotRunning,
+            GatewayError::ModelNotLoaded { .. } | GatewayError::SwapFailed { .. } => Rejection::ModelNotLoaded,
+            GatewayError::ModelForbidden { .. } => Rejection::ModelForbidden,
             GatewayError::ShuttingDown => Rejection::ShuttingDown,
             GatewayError::TooManySequences { .. } | GatewayError::OverCapacity { .. } => Rejection::TooManySequences,
             _ => return None,

@@ -11,6 +11,7 @@ pub(crate) mod encoding;
 pub(crate) mod error;
 pub(crate) mod family;
 pub(crate) mod lax;
+pub(crate) mod models;
 pub(crate) mod normalize;
 pub(crate) mod openai;
 pub(crate) mod releases;

@@ -41,6 +41,8 @@ pub(crate) struct Normalized {
     pub(crate) model: Option<std::sync::Arc<str>>,
     /// How a cut stream of this request can be continued exactly (`body::prepare_now` decides).
     pub(crate) resume: Option<ResumeSpec>,
+    /// The model it is for (`models::Catalog`; the only one without MODELS).
+    pub(crate) model_id: crate::api::models::ModelId,
 }
 
 pub(crate) use crate::api::resume::ResumeSpec;
@@ -171,6 +173,14 @@ impl Normalizer {
         &self.served
     }
 
+    pub(crate) fn aliases(&self) -> &[String] {
+        &self.aliases
+    }
+
+    pub(crate) fn profile(&self) -> ProfileId {
+        self.profile
+    }
+
     /// Normalises `body`; `prompts` is how many prompts a completions `prompt` holds (read
     /// from the raw body, `body::prompt_count`).
     pub(crate) fn normalize(
@@ -227,6 +237,7 @@ impl Normalizer {
             usage_injected,
             model,
             resume: None,
+            model_id: crate::api::models::ModelId::default(),
         })
     }
 
@@ -585,7 +596,7 @@ fn drop_empty_tools(body: &mut Map<String, Value>) -> bool {
 
 /// Whether `model` is the alias `pattern`: an exact name, or a pattern with one `*` standing
 /// for any run of characters (`claude-*` takes every model name Claude Code sends).
-fn alias_matches(pattern: &str, model: &str) -> bool {
+pub(crate) fn alias_matches(pattern: &str, model: &str) -> bool {
     match pattern.split_once('*') {
         None => pattern == model,
         Some((head, tail)) => {

@@ -21,15 +21,20 @@ use tokio::time::Instant;
 use tokio::sync::oneshot;
 
 use crate::api::error::GatewayError;
-use crate::control::fairq::{Client, FairQueue, Place};
-use crate::control::memory::{MemoryGuard, Short};
-use crate::control::prefer::reserve;
+use crate::api::models::ModelId;
+use crate::control::fairq::{Client, FairQueue};
+use crate::control::memory::MemoryGuard;
 pub(crate) use crate::control::prefer::{Home, Preference, Reservation};
+
+#[path = "admission_queue.rs"]
+mod queue;
+pub(crate) use queue::ModelWaiting;
+use queue::{Arrival, Slot, State};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// How long a waiter held for memory lets others by before it holds the queue for itself.
-const MEMORY_PATIENCE: Duration = Duration::from_secs(10);
+pub(super) const MEMORY_PATIENCE: Duration = Duration::from_secs(10);
 
 /// A point-in-time view for `/ready`, `/admin/status` and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,221 +45,12 @@ pub struct AdmissionSnapshot {
     pub paused: bool,
 }
 
-#[derive(Debug, PartialEq)]
-enum Slot {
-    Waiting,
-    Granted,
-}
-
 /// How much may wait: entries, body bytes, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueLimits {
     pub depth: usize,
     pub bytes: usize,
     pub timeout: Duration,
-}
-
-#[derive(Debug)]
-struct Waiter {
-    n: u32,
-    bytes: usize,
-    place: Place,
-    slot: Slot,
-    wake: Option<oneshot::Sender<()>>,
-    prefer: Option<Preference>,
-    /// When it first let a free slot go for its preferred group.
-    passed_at: Option<Instant>,
-    /// The slot of its preferred group held for it since its grant.
-    reservation: Option<Reservation>,
-    /// Its prompt's prefill's transient memory (bytes).
-    need: u64,
-    /// When the memory guard first held it, and by how much it fell short the last time.
-    memory_held: Option<(Instant, Short)>,
-}
-
-impl Waiter {
-    /// Whether it lets a free slot go now: its preferred group is full and its wait, counted
-    /// from the first slot it let go, lasts.
-    fn defers(&mut self, now: &mut Option<Instant>) -> bool {
-        let Some(p) = self.prefer.as_ref().filter(|p| p.home.full()) else {
-            return false;
-        };
-        let now = *now.get_or_insert_with(Instant::now);
-        now < *self.passed_at.get_or_insert(now) + p.wait
-    }
-
-    /// Held for memory: whether it holds the queue for itself (patience run out, and the
-    /// prefills now running would leave it room) rather than let others by.
-    fn holds_for_memory(&mut self, short: Short, memory: &MemoryGuard, now: &mut Option<Instant>) -> bool {
-        let now = *now.get_or_insert_with(Instant::now);
-        let since = match self.memory_held {
-            Some((since, _)) => since,
-            None => {
-                metrics::counter!(crate::observe::MEMORY_HOLDS).increment(1);
-                now
-            }
-        };
-        self.memory_held = Some((since, short));
-        now >= since + MEMORY_PATIENCE && memory.fits_when_idle(self.need)
-    }
-}
-
-#[derive(Debug)]
-struct State {
-    capacity: u32,
-    in_use: u32,
-    /// Why admission is held (`Hold` bits); nobody is admitted while any is set.
-    holds: u8,
-    /// The gateway is shutting down: nobody is admitted again.
-    closed: bool,
-    order: FairQueue,
-    waiters: HashMap<u64, Waiter>,
-    next_id: u64,
-    /// Body bytes of the requests still waiting.
-    queued_bytes: usize,
-    memory: MemoryGuard,
-}
-
-impl State {
-    /// Grants waiters in the queue's order while they fit (a large head blocks: nobody
-    /// overtakes it); a waiter holding out for its full preferred group is passed over.
-    fn dispatch(&mut self) {
-        // Nobody queued (most releases): nothing to walk, not even the order's first entry.
-        if self.order.is_empty() {
-            return;
-        }
-        // The clock is read only when a waiter has a preference to weigh.
-        let mut now = None;
-        let mut passed = None;
-        while self.holds == 0 && !self.closed {
-            let Some((place, id)) = self.order.after(passed) else {
-                break;
-            };
-            let w = self.waiters.get_mut(&id).expect("queued ids have waiters");
-            if self.in_use + w.n > self.capacity {
-                break;
-            }
-            if w.defers(&mut now) {
-                passed = Some(place);
-                continue;
-            }
-            if let Err(short) = self.memory.fits(w.need) {
-                if w.holds_for_memory(short, &self.memory, &mut now) {
-                    break;
-                }
-                passed = Some(place);
-                continue;
-            }
-            if let (Some(_), Some(p)) = (w.passed_at, &w.prefer) {
-                use crate::observe::Affinity;
-                let outcome = if p.home.has_room() {
-                    Affinity::Home
-                } else {
-                    Affinity::Elsewhere
-                };
-                metrics::counter!(crate::observe::AFFINITY_WAITS, "outcome" => outcome.label()).increment(1);
-            }
-            self.order.admit(place);
-            self.in_use += w.n;
-            self.memory.take(w.need);
-            self.queued_bytes -= w.bytes;
-            w.slot = Slot::Granted;
-            w.reservation = reserve(w.prefer.as_ref());
-            if let Some(tx) = w.wake.take() {
-                let _ = tx.send(());
-            }
-        }
-    }
-}
-
-/// Where an arriving request stands.
-enum Arrival {
-    /// Admitted at once: nobody waits, it fits (in slots and memory), and the group it prefers
-    /// (if any) is not full (its slot there is held).
-    Granted(Option<Reservation>, u64),
-    /// In the queue under this id; the receiver hears its grant.
-    Queued(u64, oneshot::Receiver<()>),
-}
-
-impl State {
-    /// Admits an arriving request at once, or queues it. Errors: `n` above capacity (400),
-    /// shutting down (503), queue full in entries or bytes (429; never for a requeue).
-    fn arrive(
-        &mut self,
-        n: u32,
-        bytes: usize,
-        entry: Entry<'_>,
-        prefer: &Option<Preference>,
-        limits: &QueueLimits,
-    ) -> Result<Arrival, GatewayError> {
-        if n > self.capacity {
-            return Err(GatewayError::OverCapacity {
-                asked: n,
-                capacity: self.capacity,
-            });
-        }
-        if self.closed {
-            return Err(GatewayError::ShuttingDown);
-        }
-        // One whose preferred group is full queues; its wait starts when dispatch lets a slot go.
-        let full = prefer.as_ref().is_some_and(|p| p.home.full());
-        let need = self.memory.need(bytes);
-        if self.free_now(n, need) && !full {
-            // Nobody waits: there is no order to take a place in.
-            self.in_use += n;
-            self.memory.take(need);
-            return Ok(Arrival::Granted(reserve(prefer.as_ref()), need));
-        }
-        let place = match entry {
-            Entry::New(client) => {
-                if self.order.len() >= limits.depth {
-                    return Err(GatewayError::QueueFull { depth: limits.depth });
-                }
-                if self.queued_bytes + bytes > limits.bytes {
-                    return Err(GatewayError::QueueBytesFull { limit: limits.bytes });
-                }
-                self.order.tag(client, n)
-            }
-            Entry::Requeued => self.order.back(),
-        };
-        self.queued_bytes += bytes;
-        let id = self.next_id;
-        self.next_id += 1;
-        let (tx, rx) = oneshot::channel();
-        let waiter = Waiter {
-            n,
-            bytes,
-            place,
-            slot: Slot::Waiting,
-            wake: Some(tx),
-            prefer: prefer.clone(),
-            passed_at: None,
-            reservation: None,
-            need,
-            memory_held: None,
-        };
-        self.waiters.insert(id, waiter);
-        self.order.push(place, id);
-        // A slot may be free while the waiters before this one hold out for their groups.
-        self.dispatch();
-        Ok(Arrival::Queued(id, rx))
-    }
-
-    /// Whether a request could be granted at once: not held, nobody waits, its sequences fit
-    /// and so does its prefill's memory.
-    fn free_now(&self, n: u32, need: u64) -> bool {
-        self.holds == 0
-            && !self.closed
-            && self.order.is_empty()
-            && self.in_use + n <= self.capacity
-            && self.memory.fits(need).is_ok()
-    }
-
-    fn release(&mut self, n: u32, need: u64) {
-        self.in_use -= n;
-        self.memory.give(need);
-        self.dispatch();
-    }
 }
 
 /// The admission controller; share it behind an `Arc`.
@@ -324,7 +120,7 @@ impl Drop for Queued<'_> {
             // The held slot first: the dispatch then sees the group's slot free.
             drop(w.reservation.take());
             match w.slot {
-                Slot::Waiting => {
+                Slot::Waiting | Slot::Refused(_) => {
                     s.order.remove(w.place);
                     s.queued_bytes -= w.bytes;
                 }
@@ -346,7 +142,7 @@ pub enum Hold {
 
 /// How a waiter joins the queue.
 #[derive(Debug, Clone, Copy)]
-enum Entry<'a> {
+pub(super) enum Entry<'a> {
     /// A new request: its client's place in the queue's order.
     New(&'a Client),
     /// Admitted once, back because its group went down: first, uncharged.
@@ -366,6 +162,12 @@ impl Admission {
                 next_id: 0,
                 queued_bytes: 0,
                 memory: MemoryGuard::default(),
+                loaded: ModelId::default().bit(),
+                loaded_since: {
+                    let mut since = [None; crate::api::models::MAX_MODELS];
+                    since[0] = Some(Instant::now());
+                    since
+                },
             }),
             limits,
         })
@@ -388,19 +190,19 @@ impl Admission {
     /// meanwhile. Errors: `n` above capacity (400), queue full in entries or bytes (429),
     /// deadline passed (503). Dropping the future leaves the queue at once.
     pub async fn acquire(self: &Arc<Self>, n: u32, bytes: usize, client: &Client) -> Result<Permit, GatewayError> {
-        self.enter(n, bytes, Entry::New(client), None).await
+        self.enter((n, bytes, ModelId::default()), Entry::New(client), None).await
     }
 
     /// [`acquire`](Self::acquire) for a request that prefers a group: while that group is full
     /// and its preference lasts it waits, letting others take a slot elsewhere.
+    /// It waits for `model` too: while that model is not loaded, others go ahead.
     pub(crate) async fn acquire_for(
         self: &Arc<Self>,
-        n: u32,
-        bytes: usize,
+        (n, bytes, model): (u32, usize, ModelId),
         client: &Client,
         prefer: Option<Preference>,
     ) -> Result<Permit, GatewayError> {
-        self.enter(n, bytes, Entry::New(client), prefer).await
+        self.enter((n, bytes, model), Entry::New(client), prefer).await
     }
 
     /// Charges `client` `tokens` more (or fewer) than it was charged at admission
@@ -412,10 +214,10 @@ impl Admission {
     /// A slot granted at once, or none: nobody waits and one is free, and so is the memory of
     /// a prompt carried by `bytes` (a background task's request, which never takes a place in
     /// the queue).
-    pub(crate) fn try_now(self: &Arc<Self>, n: u32, bytes: usize) -> Option<Permit> {
+    pub(crate) fn try_now(self: &Arc<Self>, n: u32, bytes: usize, model: ModelId) -> Option<Permit> {
         let mut state = self.state.lock().expect("admission lock");
         let need = state.memory.need(bytes);
-        if !state.free_now(n, need) {
+        if !state.free_now(n, need, model) {
             return None;
         }
         state.in_use += n;
@@ -433,22 +235,27 @@ impl Admission {
     /// at the head of the queue: it was in line before everyone now queued, and it is never
     /// refused for a full queue.
     pub async fn requeue(self: &Arc<Self>, n: u32, bytes: usize) -> Result<Permit, GatewayError> {
-        self.enter(n, bytes, Entry::Requeued, None).await
+        self.requeue_for(n, bytes, ModelId::default()).await
+    }
+
+    /// [`requeue`](Self::requeue) for a request of `model` (a stream cut by a swap waits for
+    /// its model to be loaded again).
+    pub(crate) async fn requeue_for(self: &Arc<Self>, n: u32, bytes: usize, model: ModelId) -> Result<Permit, GatewayError> {
+        self.enter((n, bytes, model), Entry::Requeued, None).await
     }
 
     async fn enter(
         self: &Arc<Self>,
-        n: u32,
-        bytes: usize,
+        (n, bytes, model): (u32, usize, ModelId),
         entry: Entry<'_>,
         prefer: Option<Preference>,
     ) -> Result<Permit, GatewayError> {
-        let (id, rx) =
+        let (id, mut rx) =
             match self
                 .state
                 .lock()
                 .expect("admission lock")
-                .arrive(n, bytes, entry, &prefer, &self.limits)?
+                .arrive((n, bytes, model), entry, &prefer, &self.limits)?
             {
                 Arrival::Granted(reservation, need) => {
                     return Ok(Permit {
@@ -468,8 +275,25 @@ impl Admission {
             armed: true,
         };
         let wait = prefer.map(|p| p.wait);
-        let _ = tokio::time::timeout(self.limits.timeout, self.wait(id, rx, wait)).await;
+        let mut deadline = started + self.limits.timeout;
+        // Past the deadline, a waiter whose model was loaded since (or is not loaded yet: a
+        // swap is its wait) waits on; the queue's own timeout counts only its model's time.
+        while tokio::time::timeout_at(deadline, self.wait(id, &mut rx, wait)).await.is_err() {
+            let s = self.state.lock().expect("admission lock");
+            match s.deadline(id, self.limits.timeout) {
+                Some(d) if d <= Instant::now() => break,
+                Some(d) => deadline = d,
+                None => deadline = Instant::now() + self.limits.timeout,
+            }
+        }
         let mut s = self.state.lock().expect("admission lock");
+        if let Some(Slot::Refused(why)) = s.waiters.get(&id).map(|w| &w.slot) {
+            let (model, reason) = (why.0.clone(), why.1.clone());
+            drop(s);
+            // The guard takes it out of the queue.
+            drop(queued);
+            return Err(GatewayError::SwapFailed { model, reason });
+        }
         let granted = s.waiters.get(&id).is_some_and(|w| w.slot == Slot::Granted);
         if let Some(w) = granted.then(|| s.waiters.remove(&id)).flatten() {
             queued.armed = false;
@@ -503,7 +327,7 @@ impl Admission {
     /// Waits for waiter `id`'s grant. One that prefers a group and let a slot go looks again
     /// when its `wait` runs out and dispatches the queue, as no release may come to do it (it now
     /// takes any group's slot); until it has let one go it looks every `wait`.
-    async fn wait(&self, id: u64, mut rx: oneshot::Receiver<()>, wait: Option<Duration>) {
+    async fn wait(&self, id: u64, rx: &mut oneshot::Receiver<()>, wait: Option<Duration>) {
         let Some(wait) = wait else {
             let _ = rx.await;
             return;
@@ -513,7 +337,7 @@ impl Admission {
             let since = passed_at(&self.state.lock().expect("admission lock"));
             let next = since.unwrap_or_else(Instant::now) + wait;
             tokio::select! {
-                _ = &mut rx => return,
+                _ = &mut *rx => return,
                 () = tokio::time::sleep_until(next) => {}
             }
             let ran_out = {
@@ -560,6 +384,22 @@ impl Admission {
         let mut s = self.state.lock().expect("admission lock");
         s.holds &= !(why as u8);
         s.dispatch();
+    }
+
+    /// Loads the models of `mask` (`ModelId::bit`s): their waiters may be granted; the others
+    /// wait. A swap loads none while it runs.
+    pub(crate) fn load(&self, mask: u8) {
+        self.state.lock().expect("admission lock").load(mask);
+    }
+
+    /// Answers every request waiting for `model` 503 with `reason` (its swap failed); how many.
+    pub(crate) fn refuse(&self, model: ModelId, served: &str, reason: &str) -> usize {
+        self.state.lock().expect("admission lock").refuse(model, served, reason)
+    }
+
+    /// The requests waiting for each model.
+    pub(crate) fn waiting(&self) -> [ModelWaiting; crate::api::models::MAX_MODELS] {
+        self.state.lock().expect("admission lock").waiting()
     }
 
     pub fn snapshot(&self) -> AdmissionSnapshot {

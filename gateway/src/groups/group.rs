@@ -75,6 +75,8 @@ pub(crate) struct Group {
     pub(super) suspects_routed: AtomicU64,
     /// Its supervisor's last memory headroom (GiB above MEM_GUARD_GIB on its tightest node).
     pub(super) headroom_gib: Mutex<Option<f64>>,
+    /// The model it serves (MODELS: one group per model; else every group the one model).
+    pub(crate) model: crate::api::models::ModelId,
 }
 
 impl Group {
@@ -106,6 +108,7 @@ impl Group {
             suspects_routed: AtomicU64::new(0),
             fence: Mutex::new(Vec::new()),
             headroom_gib: Mutex::new(None),
+            model: crate::api::models::ModelId::default(),
         }
     }
 

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use sparkgate_config::{Config, GroupConfig, GroupRouting, UpstreamVersion, VllmRelease, SINGLE_GROUP};
 use sparkgate_supervisor::{GroupState, Status, SupervisorHandle};
 
+use crate::api::models::ModelId;
 use crate::control::admission::{Hold, Home, Preference, Reservation};
 use crate::control::state::{GatewayControl, UpstreamState};
 use crate::upstream::Upstream;
@@ -73,12 +74,17 @@ pub(crate) struct Groups {
     recent: Mutex<HashMap<u64, (usize, Instant)>>,
     turn: AtomicUsize,
     releases: Releases,
+    /// One group per model (MODELS), one serving at a time, rather than replicas of one model.
+    models: bool,
+    /// The gateway's state in words while a swap between models leaves no group serving.
+    pub(super) note: std::sync::RwLock<Option<String>>,
 }
 
 impl Groups {
     pub(crate) fn new(list: Vec<Group>, routing: GroupRouting, wait: Duration) -> Groups {
         assert!(!list.is_empty(), "at least one group");
         let releases = Releases::new(list.len());
+        let models = list.iter().any(|g| g.model != ModelId::default());
         Groups {
             list: list.into_iter().map(Arc::new).collect(),
             routing,
@@ -86,6 +92,27 @@ impl Groups {
             recent: Mutex::new(HashMap::new()),
             turn: AtomicUsize::new(0),
             releases,
+            models,
+            note: std::sync::RwLock::new(None),
+        }
+    }
+
+    /// Whether the groups are models served in turn (MODELS), not replicas.
+    pub(crate) fn models(&self) -> bool {
+        self.models
+    }
+
+    /// Whether several groups serve the one model side by side (GROUPS_FILE).
+    pub(crate) fn replicas(&self) -> bool {
+        self.list.len() > 1 && !self.models
+    }
+
+    /// The group that answers for the gateway (its supervisor in `/admin/status`, operators'
+    /// commands): the first, or with MODELS the loaded model's.
+    pub(crate) fn current(&self, loaded: Option<ModelId>) -> &Arc<Group> {
+        match loaded.filter(|_| self.models) {
+            Some(m) => &self.list[m.index()],
+            None => &self.list[0],
         }
     }
 
@@ -141,23 +168,30 @@ impl Groups {
         self.list.iter().find(|g| g.name == name)
     }
 
-    /// The most sequences one request may run at once: the largest group's MAX_NUM_SEQS (a
-    /// request runs on one group, while admission counts every group's slots).
-    pub(crate) fn largest_capacity(&self) -> u32 {
+    /// The most sequences one request for `model` may run at once: its group's MAX_NUM_SEQS,
+    /// or the largest group's (a request runs on one group, while admission counts every
+    /// group's slots).
+    pub(crate) fn capacity_for(&self, model: ModelId) -> u32 {
+        if self.models {
+            return self.list[model.index()].capacity();
+        }
         self.list.iter().map(|g| g.capacity()).max().unwrap_or(0)
     }
 
     /// Whether routing uses a request's conversation prefix (several groups, affinity).
     pub(crate) fn wants_prefix(&self) -> bool {
-        self.list.len() > 1 && self.routing == GroupRouting::Affinity
+        self.replicas() && self.routing == GroupRouting::Affinity
     }
 
     /// A group for an admitted request: the slot admission held for it, else the prefix's
     /// recent group when it has room, else the one with the most room (round-robin: the next
     /// with room). `None` only in the moment a group closes under an admitted request.
-    pub(crate) fn lease(&self, prefix: Option<u64>, held: Option<Reservation>, seqs: u32) -> Option<Lease> {
+    pub(crate) fn lease(&self, prefix: Option<u64>, held: Option<Reservation>, seqs: u32, model: ModelId) -> Option<Lease> {
         if self.list.len() == 1 {
             return self.list[0].try_lease(seqs);
+        }
+        if self.models {
+            return self.list[model.index()].try_lease(seqs);
         }
         let now = Instant::now();
         if let Some(held) = held {
@@ -248,6 +282,9 @@ impl Groups {
         if self.list.iter().any(|g| g.open()) {
             return UpstreamState::Ready;
         }
+        if let Some(note) = self.note.read().expect("swap note").clone() {
+            return UpstreamState::Restarting(note);
+        }
         let held = |s: &UpstreamState| {
             matches!(
                 s,
@@ -281,6 +318,7 @@ impl Groups {
             .iter()
             .enumerate()
             .map(|(index, g)| {
+                let several = self.list.len() > 1;
                 let v = g.view();
                 let mut j = json!({
                     "name": g.name,
@@ -296,7 +334,7 @@ impl Groups {
                     j["vllm"] = vllm_json(&v);
                 }
                 // One group's supervisor is the status's own `supervisor`; several are each here.
-                if let Some(s) = g.supervisor.as_ref().filter(|_| self.list.len() > 1) {
+                if let Some(s) = g.supervisor.as_ref().filter(|_| several) {
                     j["supervisor"] = serde_json::to_value(s.status()).unwrap_or_default();
                 }
                 j
@@ -328,10 +366,16 @@ impl Groups {
             }
             Upstreams::Supervised(list) => list
                 .iter()
-                .map(|(g, h)| {
+                .enumerate()
+                .map(|(i, (g, h))| {
                     let mode = g.config.speculation.active_mode();
                     let upstream = Upstream::new(&g.config.gateway.upstream, key);
-                    Group::new(&g.name, upstream, Some(h.clone()), mode.method, mode.max_num_seqs)
+                    let mut group = Group::new(&g.name, upstream, Some(h.clone()), mode.method, mode.max_num_seqs);
+                    // MODELS: the groups are its models, in its order.
+                    if config.gateway.models.len() > 1 {
+                        group.model = ModelId(i as u8);
+                    }
+                    group
                 })
                 .collect(),
         };
@@ -373,9 +417,12 @@ fn view_of(status: &Status) -> View {
 /// before anything is served: the one place capacity comes from config. From then on
 /// `apply` keeps it to what the open groups take.
 pub(crate) fn seed(control: &GatewayControl, groups: &Groups) {
-    control
-        .admission()
-        .set_capacity(groups.all().iter().map(|g| g.capacity()).sum());
+    let capacity = match groups.models {
+        // One model serves at a time: the default's.
+        true => groups.first().capacity(),
+        false => groups.all().iter().map(|g| g.capacity()).sum(),
+    };
+    control.admission().set_capacity(capacity);
     control.set_mode(groups.first().mode());
 }
 
@@ -446,6 +493,8 @@ pub(crate) fn mirror(control: GatewayControl, groups: Arc<Groups>) {
 
 mod prefix;
 pub(crate) use prefix::{prefix_key, session_key};
+mod swap;
+pub(crate) use swap::{start as start_swaps, Answer as SwapAnswer, Swapper};
 mod warm;
 pub(crate) use warm::{keep_warm, Warm};
 

@@ -142,7 +142,7 @@ fn idle_slots(group: &Arc<Group>, admission: &Arc<Admission>, bytes: usize) -> O
         return None;
     }
     // Granted at once or not at all: a replay never waits in the queue.
-    let permit = admission.try_now(1, bytes)?;
+    let permit = admission.try_now(1, bytes, group.model)?;
     let lease = group.try_lease(1)?;
     Some((permit, lease))
 }

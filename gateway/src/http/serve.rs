@@ -66,11 +66,19 @@ pub async fn serve(
     let groups = Arc::new(Groups::of(config, &upstreams));
     crate::groups::seed(&control, &groups);
     control.admission().guard_memory(config.gateway.prefill_bytes_per_token);
+    // MODELS: one group per model, swapped by the swap runner.
+    let models: Vec<sparkgate_config::GroupConfig> = match &upstreams {
+        Upstreams::Supervised(list) if groups.models() => list.iter().map(|(g, _)| g.clone()).collect(),
+        _ => Vec::new(),
+    };
+    let swapper = (!models.is_empty()).then(|| crate::groups::start_swaps(control.clone(), groups.clone(), &models));
+    let configs: Vec<&Config> = models.iter().map(|m| &m.config).collect();
     let app = App::new(
         config,
         control.clone(),
         groups.clone(),
         Some(Arc::new(store_slot(config)?)),
+        (&configs, swapper),
     );
     for sup in groups.all().iter().filter_map(|g| g.supervisor.as_ref()) {
         let board = app.in_flight.clone();

@@ -39,6 +39,10 @@ labels! {
         Quota => "quota",
         /// Its prefill's memory did not come back within QUEUE_TIMEOUT (the memory guard).
         Memory => "memory",
+        /// MODELS: its model is not loaded (SWAP_POLICY=manual) or its swap failed.
+        ModelNotLoaded => "model_not_loaded",
+        /// MODELS: its key may not use the model it named.
+        ModelForbidden => "model_forbidden",
     }
 }
 
@@ -189,7 +193,7 @@ mod tests {
                 .iter()
                 .all(|l| l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')));
         }
-        assert_eq!(Rejection::ALL.len(), 10);
+        assert_eq!(Rejection::ALL.len(), 12);
         assert_eq!(Waiting::ALL[1].label(), "queue");
     }
 }

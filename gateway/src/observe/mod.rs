@@ -7,6 +7,7 @@ mod labels;
 pub(crate) mod lifecycle;
 mod logline;
 pub(crate) mod logwriter;
+pub(crate) mod models;
 pub(crate) mod otel;
 pub(crate) mod store;
 pub(crate) mod usage;
@@ -50,6 +51,7 @@ pub(crate) const SUSPECTS: &str = "sparkgate_poison_suspects_total";
 pub(crate) const QUARANTINED: &str = "sparkgate_quarantined_requests_total";
 pub(crate) const ABORT_FENCE_SECONDS: &str = "sparkgate_abort_fence_seconds";
 pub(crate) const CLIENT_GONE: &str = "sparkgate_client_gone_total";
+pub(crate) use models::{MODEL_LOADED, MODEL_SWAPS, MODEL_SWAP_FAILURES, MODEL_SWAP_SECONDS, MODEL_SWAP_WAIT_SECONDS};
 
 /// Rendered at each scrape from the groups' state (`Groups::upstream_info`), not recorded.
 pub(crate) const UPSTREAM_INFO: &str = "sparkgate_upstream_info";
@@ -102,6 +104,8 @@ pub(crate) fn metrics_handle() -> &'static PrometheusHandle {
         let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(OVERHEAD_SECONDS.into()), FINE_BUCKETS)
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(ABORT_FENCE_SECONDS.into()), FINE_BUCKETS))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(models::MODEL_SWAP_SECONDS.into()), models::SWAP_BUCKETS))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(models::MODEL_SWAP_WAIT_SECONDS.into()), models::SWAP_BUCKETS))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS))
             .expect("static buckets are valid")
             .install_recorder()
@@ -193,6 +197,7 @@ fn describe() {
         "How long a cut stream waited from the cut to its continuation's first token."
     );
     describe_groups();
+    models::describe();
     store::describe();
     register();
 }

@@ -16,16 +16,22 @@ pub(super) async fn admit(ctx: &Ctx<'_>, req: &Prepared, account: &mut Account) 
     let queued_at = Instant::now();
     let prefer = app.groups.preference(req.prefix);
     ctx.pending.at(Waiting::Queue);
+    let model = req.norm.model_id;
+    // Its model is not the one loaded: its wait is a swap's (MODELS).
+    let swapping = app.swapper.as_ref().is_some_and(|s| s.loaded() != Some(model));
     let permit = app
         .control
         .admission()
-        .acquire_for(req.seqs.total(), req.forward.len(), &req.client, prefer)
+        .acquire_for((req.seqs.total(), req.forward.len(), model), &req.client, prefer)
         .await
         .map_err(|e| match e {
             GatewayError::OverCapacity { capacity, .. } => req.seqs.refusal(capacity),
             e => e,
         })?;
     let waited = queued_at.elapsed();
+    if swapping {
+        metrics::histogram!(observe::MODEL_SWAP_WAIT_SECONDS).record(waited.as_secs_f64());
+    }
     account.admitted(req.client, waited);
     account.mark(crate::observe::TraceStage::QueueWait, queued_at, queued_at + waited);
     ctx.pending.at(Waiting::Upstream);

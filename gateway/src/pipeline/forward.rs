@@ -22,8 +22,17 @@ pub(super) async fn utility(
 ) -> Result<Response, GatewayError> {
     check_content_type(&parts.headers)?;
     let bytes = crate::api::body::read(body).await?;
-    let Prepared { forward, .. } =
-        crate::api::body::prepare(&app.normalizer, app.groups.rules(), Api::Utility, bytes).await?;
+    let Prepared { forward, norm, .. } =
+        crate::api::body::prepare(&app.models, (app.groups.rules(), app.fallback_model()), Api::Utility, bytes).await?;
+    // With MODELS a tokenizer runs with its model's ranks: another model's would answer wrong.
+    if let Some(s) = app.swapper.as_ref().filter(|s| s.loaded() != Some(norm.model_id)) {
+        let n = app.models.get(norm.model_id);
+        let hint = match s.target() == Some(norm.model_id) {
+            true => "it is being loaded".to_owned(),
+            false => format!("its tokenizer runs with its ranks: a generation for it loads it (or `sparkgate model {}`)", n.profile()),
+        };
+        return Err(app.not_loaded(norm.model_id, hint));
+    }
     forward_as_is(app, request_id, parts.method, parts.uri.path(), &parts.headers, forward).await
 }
 
@@ -48,6 +57,10 @@ async fn forward_as_is(
     body: Bytes,
 ) -> Result<Response, GatewayError> {
     let group = app.groups.serving();
+    let group = match &app.swapper {
+        Some(s) => app.groups.current(s.loaded()).as_ref(),
+        None => group,
+    };
     let send = group.upstream.send(method, path, headers, request_id, body);
     let mut upstream = match tokio::time::timeout(app.request_timeout, send).await {
         Err(_) => {
@@ -62,4 +75,40 @@ async fn forward_as_is(
     Ok(head
         .body(Body::new(upstream.into_body()))
         .expect("valid response parts"))
+}
+
+/// Whether `/v1/models` is the gateway's to answer: several models, or a key that may use only
+/// some of them.
+pub(super) fn lists_models(app: &App, caller: &crate::control::clients::Caller) -> bool {
+    app.models.len() > 1 || caller.key.as_ref().is_some_and(|k| k.settings.models.is_some())
+}
+
+/// `/v1/models` in vLLM's shape, every model the caller may use (each `ModelCard` as vLLM builds
+/// it: `created` now, a fresh permission id), whichever is loaded.
+pub(super) fn models(app: &App, caller: &crate::control::clients::Caller) -> Response {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let allowed = caller.key.as_ref().and_then(|k| k.settings.models.as_ref());
+    let data: Vec<serde_json::Value> = app
+        .model_cards
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| {
+            let n = app.models.get(crate::api::models::ModelId(*i as u8));
+            allowed.is_none_or(|a| a.iter().any(|m| m == n.served() || m == n.profile().as_str()))
+        })
+        .map(|(i, card)| {
+            let mut card = card.clone();
+            card["created"] = now.into();
+            card["permission"][0]["created"] = now.into();
+            card["permission"][0]["id"] = format!("modelperm-{:016x}{:016x}", now ^ 0x9e37_79b9_7f4a_7c15, i as u64 + 1).into();
+            card
+        })
+        .collect();
+    let body = serde_json::json!({"object": "list", "data": data}).to_string();
+    Response::builder()
+        .header(axum::http::header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .expect("a valid response")
 }

@@ -55,6 +55,10 @@ pub(crate) async fn upstream_route(
         Role::Utility => forward::utility(app, request_id, parts, body)
             .await
             .unwrap_or_else(|e| e.render(route.family)),
+        // With MODELS, or a key limited to some, the gateway lists the models itself.
+        Role::Forward if route.label == "models" && forward::lists_models(app, &caller) => {
+            forward::models(app, &caller)
+        }
         Role::Forward => forward::passthrough(app, request_id, parts, body)
             .await
             .unwrap_or_else(|e| e.render(route.family)),

@@ -28,7 +28,7 @@ pub(super) async fn prepare(
         priority,
         output_limit,
         session,
-    } = crate::api::body::prepare(&app.normalizer, app.groups.rules(), ctx.api, bytes).await?;
+    } = crate::api::body::prepare(&app.models, (app.groups.rules(), app.fallback_model()), ctx.api, bytes).await?;
     for rule in &norm.repairs {
         counter!(observe::REPAIRS, "rule" => rule.label()).increment(1);
     }
@@ -49,9 +49,13 @@ pub(super) async fn prepare(
         _ => (forward, None),
     };
     let seqs = norm.sequences;
-    // A request runs on one group: with several, its sequences must fit the largest.
-    if app.groups.all().len() > 1 && seqs.total() > app.groups.largest_capacity() {
-        return Err(seqs.refusal(app.groups.largest_capacity()));
+    let model = norm.model_id;
+    model_allowed(ctx, model)?;
+    // A request runs on one group: with several, its sequences must fit the largest (with
+    // MODELS, its own model's).
+    let capacity = app.groups.capacity_for(model);
+    if app.groups.all().len() > 1 && seqs.total() > capacity {
+        return Err(seqs.refusal(capacity));
     }
     // Over its key's quota, it is refused before it takes a place in the queue.
     account.reserve(&norm, output_limit, forward.len())?;
@@ -73,6 +77,31 @@ pub(super) async fn prepare(
         seqs,
         stored,
     })
+}
+
+/// A key limited to some models (`models=`) asks for one of them; with SWAP_POLICY=manual, a
+/// model neither loaded nor being loaded is refused (an operator swaps).
+fn model_allowed(ctx: &Ctx<'_>, model: crate::api::models::ModelId) -> Result<(), GatewayError> {
+    let app = ctx.app;
+    let n = app.models.get(model);
+    if let Some(allowed) = ctx.caller.key.as_ref().and_then(|k| k.settings.models.as_ref()) {
+        if !allowed.iter().any(|a| a == n.served() || a == n.profile().as_str()) {
+            return Err(GatewayError::ModelForbidden {
+                model: n.served().to_owned(),
+                allowed: allowed.join(", "),
+            });
+        }
+    }
+    let Some(swapper) = &app.swapper else { return Ok(()) };
+    let (loaded, target) = (swapper.loaded(), swapper.target());
+    let elsewhere = Some(model) != loaded && Some(model) != target && (loaded.is_some() || target.is_some());
+    if swapper.policy == sparkgate_config::SwapPolicy::Manual && elsewhere {
+        return Err(app.not_loaded(
+            model,
+            format!("SWAP_POLICY=manual: an operator loads it with `sparkgate model {}`", n.profile()),
+        ));
+    }
+    Ok(())
 }
 
 /// The conversation a request names for routing: the SESSION_HEADER's value, else Anthropic's

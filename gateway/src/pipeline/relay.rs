@@ -65,6 +65,8 @@ pub(crate) struct ResumePlan {
     /// The request's upstream route.
     pub(crate) path: &'static str,
     pub(crate) prefix: Option<u64>,
+    /// Its model: a continuation waits for it to be loaded (MODELS).
+    pub(crate) model: crate::api::models::ModelId,
 }
 
 impl std::fmt::Debug for ResumePlan {
@@ -225,6 +227,7 @@ impl Relay {
             forward: plan.forward.clone(),
             path: plan.path,
             prefix: plan.prefix,
+            model: plan.model,
             trace: (**trace).clone(),
             suspect: self.ctx.suspect.take(),
             dispatch: self.dispatch.get_or_insert_with(resume::Dispatch::default).clone(),

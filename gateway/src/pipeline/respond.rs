@@ -41,14 +41,16 @@ pub(super) async fn respond(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    if let Some(warm) = ctx.app.warm.as_ref().filter(|_| sent.upstream.status().is_success()) {
+    // With MODELS a replay could reach another model's ranks: no warm replays there.
+    let warms = sent.upstream.status().is_success() && !ctx.app.groups.models();
+    if let Some(warm) = ctx.app.warm.as_ref().filter(|_| warms) {
         use crate::api::family::Api;
         if matches!(ctx.api, Api::Chat | Api::Completions | Api::Messages | Api::Responses) {
             warm.remember(ctx.route.path, &req.forward);
         }
     }
     let mut head = response_head(&mut sent.upstream);
-    if ctx.app.groups.all().len() > 1 {
+    if ctx.app.groups.replicas() {
         // Which group answered, for clients and operators that follow a conversation's group.
         head = head.header("x-sparkgate-group", sent.lease.group().name.as_str());
     }
@@ -76,6 +78,7 @@ fn stream(
             forward: req.forward.clone(),
             path: ctx.route.path,
             prefix: req.prefix,
+            model: req.norm.model_id,
         })
     });
     let relay_ctx = RelayCtx {

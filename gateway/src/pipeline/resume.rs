@@ -44,6 +44,9 @@ pub(crate) struct Continuation {
     /// Its upstream route (where a replay is sent).
     pub(crate) path: &'static str,
     pub(crate) prefix: Option<u64>,
+    /// Its model: the continuation waits for it (a stream cut by a swap's drain resumes once its
+    /// model is loaded again).
+    pub(crate) model: crate::api::models::ModelId,
     pub(crate) trace: Trace,
     /// The request as the poison guard judges it (absent when its group was not lost).
     pub(crate) suspect: Option<Suspect>,
@@ -251,12 +254,12 @@ impl Continuation {
     async fn slot(&self) -> Result<Held, GatewayError> {
         let admission = self.app.control.admission();
         loop {
-            let mut permit = match admission.requeue(1, self.forward.len()).await {
+            let mut permit = match admission.requeue_for(1, self.forward.len(), self.model).await {
                 Ok(p) => p,
                 Err(GatewayError::QueueTimeout { .. }) => continue,
                 Err(e) => return Err(e),
             };
-            if let Some(lease) = self.app.groups.lease(self.prefix, permit.take_reservation(), 1) {
+            if let Some(lease) = self.app.groups.lease(self.prefix, permit.take_reservation(), 1, self.model) {
                 return Ok(Held::new(lease, permit));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -67,7 +67,7 @@ pub(super) async fn send(ctx: &Ctx<'_>, req: &Prepared, mut permit: Permit) -> R
         permit = app
             .control
             .admission()
-            .requeue(req.seqs.total(), req.forward.len())
+            .requeue_for(req.seqs.total(), req.forward.len(), req.norm.model_id)
             .await?;
     }
 }
@@ -83,7 +83,7 @@ async fn attempt(
     let app = ctx.app;
     let Some(mut lease) = app
         .groups
-        .lease(req.prefix, permit.take_reservation(), req.seqs.total())
+        .lease(req.prefix, permit.take_reservation(), req.seqs.total(), req.norm.model_id)
     else {
         return Ok(Attempt::Requeue);
     };
