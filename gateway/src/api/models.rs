@@ -162,14 +162,14 @@ mod tests {
     #[test]
     fn each_model_is_normalised_by_its_own_profile() {
         let c = two();
-        let body = |m: &str| json!({"model": m, "messages": [], "thinking": false}).as_object().unwrap().clone();
-        let glm = c.normalize(Api::Chat, VllmRelease::V0_34, body("glm"), None, ModelId(0)).unwrap();
-        assert_eq!(glm.model_id, ModelId(1));
-        assert_eq!(glm.body["model"], "GLM");
-        // GLM's template reads `enable_thinking`: the boolean switch sets it.
-        assert_eq!(glm.body["chat_template_kwargs"]["enable_thinking"], false);
-        let ds = c.normalize(Api::Chat, VllmRelease::V0_34, body("DS"), None, ModelId(1)).unwrap();
+        let body = |m: &str| json!({"model": m, "messages": [], "reasoning_effort": 50}).as_object().unwrap().clone();
+        // DeepSeek's template takes an integer effort; GLM's only its names.
+        let ds = c.normalize(Api::Chat, VllmRelease::V0_34, body("ds-x"), None, ModelId(1)).unwrap();
         assert_eq!(ds.model_id, ModelId(0));
         assert_eq!(ds.body["model"], "DS");
+        let glm = c.normalize(Api::Chat, VllmRelease::V0_34, body("glm"), None, ModelId(0)).unwrap_err();
+        assert_eq!(glm.param(), Some("reasoning_effort"), "{glm}");
+        let glm = c.normalize(Api::Chat, VllmRelease::V0_34, body("GLM").into_iter().filter(|(k, _)| k != "reasoning_effort").collect(), None, ModelId(0)).unwrap();
+        assert_eq!((glm.model_id, glm.body["model"].as_str()), (ModelId(1), Some("GLM")));
     }
 }

@@ -4,6 +4,9 @@
 use super::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// The only model without MODELS.
+const M0: ModelId = ModelId(0);
+
 /// The one client of the tests that are not about fairness.
 fn c() -> Client {
     Client::new("t", 1)
@@ -309,7 +312,7 @@ fn a_waiter_holds_out_for_its_full_group_while_the_free_slot_goes_to_the_next() 
         let spawn = |who: &'static str, p: Option<Preference>| {
             let (a, order) = (a.clone(), order.clone());
             sparkgate_task::spawn("test", async move {
-                let permit = a.acquire_for(1, 10, &c(), p).await.unwrap();
+                let permit = a.acquire_for((1, 10, M0), &c(), p).await.unwrap();
                 order.lock().unwrap().push(who);
                 permit
             })
@@ -343,7 +346,7 @@ fn a_preference_runs_out_and_then_any_free_slot_is_taken() {
         let _running = a.acquire(1, 10, &c()).await.unwrap();
         home.0.store(true, Ordering::SeqCst);
         let started = tokio::time::Instant::now();
-        let _p = a.acquire_for(1, 10, &c(), prefer(&home, 2)).await.unwrap();
+        let _p = a.acquire_for((1, 10, M0), &c(), prefer(&home, 2)).await.unwrap();
         let waited = started.elapsed();
         assert!(
             (Duration::from_secs(2)..Duration::from_secs(3)).contains(&waited),
@@ -353,7 +356,7 @@ fn a_preference_runs_out_and_then_any_free_slot_is_taken() {
         home.0.store(false, Ordering::SeqCst);
         let a2 = Admission::new(1, limits(10, 600));
         let started = tokio::time::Instant::now();
-        let _q = a2.acquire_for(1, 10, &c(), prefer(&home, 60)).await.unwrap();
+        let _q = a2.acquire_for((1, 10, M0), &c(), prefer(&home, 60)).await.unwrap();
         assert_eq!(started.elapsed(), Duration::ZERO);
     });
 }
@@ -369,7 +372,7 @@ fn the_wait_counts_from_the_first_slot_let_go_not_from_arrival() {
         home.0.store(true, Ordering::SeqCst);
         let waiter = sparkgate_task::spawn("test", {
             let (a, home) = (a.clone(), home.clone());
-            async move { a.acquire_for(1, 10, &c(), prefer(&home, 2)).await.unwrap() }
+            async move { a.acquire_for((1, 10, M0), &c(), prefer(&home, 2)).await.unwrap() }
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
         // The other group's slot frees: the waiter lets it go, for its 2 s.
@@ -394,8 +397,8 @@ fn the_wait_counts_from_the_first_slot_let_go_not_from_arrival() {
 fn a_slot_at_once_is_given_only_when_it_is_free_and_nobody_waits() {
     rt().block_on(async {
         let a = Admission::new(1, limits(10, 60));
-        let first = a.try_now(1, 10).expect("a free slot");
-        assert!(a.try_now(1, 10).is_none(), "none free");
+        let first = a.try_now(1, 10, M0).expect("a free slot");
+        assert!(a.try_now(1, 10, M0).is_none(), "none free");
         let queued = {
             let a = a.clone();
             sparkgate_task::spawn("test", async move { a.acquire(1, 10, &c()).await.unwrap() })
@@ -404,9 +407,9 @@ fn a_slot_at_once_is_given_only_when_it_is_free_and_nobody_waits() {
         assert_eq!(a.snapshot().queued, 1);
         drop(first);
         let waiter = queued.await.unwrap();
-        assert!(a.try_now(1, 10).is_none(), "the waiter had it first");
+        assert!(a.try_now(1, 10, M0).is_none(), "the waiter had it first");
         drop(waiter);
-        assert!(a.try_now(1, 10).is_some());
+        assert!(a.try_now(1, 10, M0).is_some());
         assert_eq!(a.snapshot().queued, 0, "a try never queues");
     });
 }
@@ -464,7 +467,7 @@ fn a_prefill_holds_its_memory_until_its_first_token_and_under_the_line_nothing_s
         let tiny = spawn_acquire(&a, 4);
         tokio::task::yield_now().await;
         assert_eq!(a.snapshot().queued, 1);
-        assert!(a.try_now(1, 4).is_none(), "nor a background replay");
+        assert!(a.try_now(1, 4, M0).is_none(), "nor a background replay");
         a.observe_memory(Some(100 * MIB));
         drop(tiny.await.unwrap().expect("granted above the line"));
     });
@@ -507,5 +510,77 @@ fn a_prompt_that_can_never_fit_lets_others_by_and_its_deadline_names_the_memory(
         assert!(text.contains("0.78 GiB") && text.contains("0.29 GiB"), "{text}");
         assert_eq!(e.status().as_u16(), 503);
         assert_eq!(a.snapshot().queued, 0);
+    });
+}
+
+#[test]
+fn a_model_not_loaded_waits_without_holding_up_the_loaded_ones_and_goes_first_when_loaded() {
+    rt().block_on(async {
+        let a = Admission::new(1, limits(10, 30));
+        let b = ModelId(1);
+        let running = a.acquire(1, 10, &c()).await.unwrap();
+        // A request for model 1 queues first, then one for model 0.
+        let for_b = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire_for((1, 10, b), &c(), None).await }
+        });
+        tokio::task::yield_now().await;
+        let for_a = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire_for((1, 10, M0), &c(), None).await }
+        });
+        tokio::task::yield_now().await;
+        drop(running);
+        // Model 1 is not loaded: the slot goes to the later request for model 0.
+        let second = for_a.await.unwrap().unwrap();
+        assert!(!for_b.is_finished());
+        assert_eq!(a.waiting()[1].count, 1);
+        drop(second);
+        // A swap: nothing loaded, then model 1; its waiter is granted.
+        a.load(0);
+        a.load(b.bit());
+        assert!(for_b.await.unwrap().is_ok());
+    });
+}
+
+#[test]
+fn the_wait_for_a_swap_does_not_count_against_the_queue_timeout() {
+    rt().block_on(async {
+        let a = Admission::new(1, limits(10, 30));
+        let waiter = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire_for((1, 10, ModelId(1)), &c(), None).await }
+        });
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert!(!waiter.is_finished(), "model 1 is not loaded: no QUEUE_TIMEOUT yet");
+        // Loaded but held (its group restarting): its QUEUE_TIMEOUT runs from now.
+        a.pause(Hold::Group);
+        a.load(ModelId(1).bit());
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(!waiter.is_finished());
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(matches!(waiter.await.unwrap(), Err(GatewayError::QueueTimeout { .. })));
+    });
+}
+
+#[test]
+fn a_failed_swap_answers_its_models_waiters_with_the_reason() {
+    rt().block_on(async {
+        let a = Admission::new(1, limits(10, 30));
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let a = a.clone();
+                tokio::spawn(async move { a.acquire_for((1, 10, ModelId(1)), &c(), None).await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert_eq!(a.refuse(ModelId(1), "GLM", "its ranks failed to start"), 3);
+        for w in waiters {
+            let e = w.await.unwrap().unwrap_err();
+            assert_eq!(e.to_string(), "the model `GLM` could not be loaded: its ranks failed to start; retry later");
+            assert_eq!(e.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        }
+        assert_eq!(a.snapshot().queued, 0, "the refused left the queue");
+        assert!(a.acquire(1, 10, &c()).await.is_ok());
     });
 }

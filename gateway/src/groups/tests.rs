@@ -47,12 +47,12 @@ fn a_slot_held_at_the_grant_goes_to_its_request_not_to_a_lease_that_comes_first(
     };
     // W prefers a and is admitted; X is admitted next and leases before W does.
     let mut w = rt
-        .block_on(admission.acquire_for(1, 10, &client, Some(prefer)))
+        .block_on(admission.acquire_for((1, 10, ModelId(0)), &client, Some(prefer)))
         .unwrap();
     let mut x = rt.block_on(admission.acquire(1, 10, &client)).unwrap();
-    let x_lease = groups.lease(None, x.take_reservation(), 1).unwrap();
+    let x_lease = groups.lease(None, x.take_reservation(), 1, ModelId(0)).unwrap();
     assert_eq!(x_lease.group().name, "b", "a's slot is held for W");
-    let w_lease = groups.lease(None, w.take_reservation(), 1).unwrap();
+    let w_lease = groups.lease(None, w.take_reservation(), 1, ModelId(0)).unwrap();
     assert_eq!(w_lease.group().name, "a");
     let slots = groups.all()[0].slots.load(Ordering::Acquire);
     assert_eq!((leases(slots), held(slots)), (1, 0), "the held slot became W's lease");

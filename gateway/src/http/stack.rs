@@ -227,6 +227,7 @@ mod tests {
             crate::control::state::GatewayControl::new(limits),
             groups,
             None,
+            (&[], None),
         )
     }
 
