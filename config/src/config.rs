@@ -508,7 +508,7 @@ pub struct Gateway {
     pub models: Vec<ProfileId>,
     /// MODELS_FILE, resolved against DEPLOY_DIR.
     pub models_file: Option<PathBuf>,
-    pub swap: crate::models::Swap,
+    pub swap: crate::swap::Swap,
     /// How long a queued request waits for its conversation's full group before taking another.
     pub affinity_wait: Duration,
     /// CLIENT_WEIGHTS: a client's share of the fair queue (the client may be an API key, hence

@@ -116,7 +116,12 @@ const SETTINGS: [(&str, SetFn); 6] = [
         Ok(())
     }),
     ("models", |s, v| {
-        let names: Vec<String> = v.split(',').map(str::trim).filter(|m| !m.is_empty()).map(str::to_owned).collect();
+        let names: Vec<String> = v
+            .split(',')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned)
+            .collect();
         if names.is_empty() {
             return Err("must name at least one model (served names or profiles, comma-separated)".to_owned());
         }

@@ -15,7 +15,7 @@ use crate::profile::ProfileId;
 use crate::rule::Rule::{self, *};
 use crate::secret::REDACTED;
 use crate::section::Group::{self, *};
-use crate::models::SwapPolicy;
+use crate::swap::SwapPolicy;
 use crate::tenancy::{FairCharge, OtlpProtocol, QuotaMode};
 
 /// A knob's default in one profile.

@@ -22,8 +22,10 @@ mod resolve;
 mod rule;
 mod secret;
 mod section;
+mod sectioned;
 mod source;
 mod spec;
+mod swap;
 mod tenancy;
 mod vllm;
 mod words;
@@ -37,7 +39,6 @@ pub use config::{
 };
 pub use error::{ConfigError, InvalidValue};
 pub use groups::{GroupConfig, SINGLE_GROUP};
-pub use models::{Swap, SwapPolicy};
 pub use keys::{parse_keys_file, valid_name, ApiKey, KeyEntry, KeySettings, KeyText, KeysFileError};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};
 pub use profile::{ProfileId, ReasoningFacts};
@@ -47,5 +48,6 @@ pub use source::Source;
 pub use spec::{
     default_max_num_seqs, seeded_throughput, Basis, SpecMethod, SpecMode, ThroughputPoint, ThroughputTable,
 };
+pub use swap::{Swap, SwapPolicy};
 pub use tenancy::{FairCharge, KeyQuota, OtlpProtocol, QuotaMode, Tenancy, Tracing};
 pub use vllm::{Fit, UpstreamVersion, VllmRelease};

@@ -6,43 +6,15 @@
 //! every model, an IMAGE or SERVED_MODEL_NAME would run one model with the other's.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use crate::choice::choice;
 use crate::config::{Config, LoadOptions};
 use crate::dotenv::{Assignment, DotEnv};
 use crate::error::{ConfigError, InvalidValue};
-use crate::groups::{sections, GroupConfig};
 use crate::knobs::{self, Def, Knob};
 use crate::profile::ProfileId;
 use crate::section::Group;
+use crate::sectioned::{sections, GroupConfig};
 use crate::source::Source;
-
-choice! {
-    /// SWAP_POLICY: what a request for the model not loaded does.
-    pub enum SwapPolicy {
-        /// It waits while the loaded model drains and the other is swapped in.
-        OnDemand = "on_demand",
-        /// It is refused (503 + Retry-After); an operator swaps with `sparkgate model NAME`.
-        Manual = "manual",
-    }
-}
-
-/// How models are swapped (the SWAP_* settings and IDLE_UNLOAD_S).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Swap {
-    pub policy: SwapPolicy,
-    /// How long the loaded model's admitted requests may finish before its ranks stop.
-    pub drain: Duration,
-    /// How long a model with work stays loaded; also the least time between two swaps' starts.
-    pub min_dwell: Duration,
-    /// Nothing running or waiting for this long unloads the model; `None`: never.
-    pub idle_unload: Option<Duration>,
-    /// How close to its figure before the load each node's MemAvailable must come back.
-    pub memory_margin_gib: f64,
-    /// How long a swap waits for that.
-    pub release_timeout: Duration,
-}
 
 /// Sections of the configuration reference whose per-profile defaults make a model what it is:
 /// a value set for every model at once there is refused when the two profiles' defaults differ.
@@ -65,7 +37,10 @@ const SHARED: [&str; 4] = ["PROFILE", "PORT", "DEPLOY_DIR", "SCHEDULING_POLICY"]
 /// profile. `base` is the configuration loaded without any section.
 pub(crate) fn load(options: &LoadOptions, base: &Config) -> Result<Vec<GroupConfig>, ConfigError> {
     let mut errors = shared_identity(base);
-    let profile_set = base.settings().iter().any(|s| s.name == "PROFILE" && !matches!(s.source, Source::Profile { .. }));
+    let profile_set = base
+        .settings()
+        .iter()
+        .any(|s| s.name == "PROFILE" && !matches!(s.source, Source::Profile { .. }));
     if profile_set && base.gateway.models.first() != Some(&base.profile) {
         errors.push(invalid(
             base,
@@ -74,7 +49,11 @@ pub(crate) fn load(options: &LoadOptions, base: &Config) -> Result<Vec<GroupConf
         ));
     }
     if base.gateway.groups_file.is_some() {
-        errors.push(invalid(base, "MODELS", "cannot be combined with GROUPS_FILE (one group serves the models in turn)"));
+        errors.push(invalid(
+            base,
+            "MODELS",
+            "cannot be combined with GROUPS_FILE (one group serves the models in turn)",
+        ));
     }
     let mut sections = match &base.gateway.models_file {
         Some(path) => read_sections(options, path)?,
@@ -152,7 +131,10 @@ fn invalid(base: &Config, name: &str, rule: &str) -> InvalidValue {
 
 /// Whether a knob's default tells the profiles apart, in a section that makes a model what it is.
 fn identity(knob: &Knob) -> bool {
-    IDENTITY.contains(&knob.group) && knob.deepseek != knob.glm && knob.deepseek != Def::Unused && knob.glm != Def::Unused
+    IDENTITY.contains(&knob.group)
+        && knob.deepseek != knob.glm
+        && knob.deepseek != Def::Unused
+        && knob.glm != Def::Unused
 }
 
 /// The identity settings set for every model at once (on the command line, in the environment
@@ -161,12 +143,13 @@ fn shared_identity(base: &Config) -> Vec<InvalidValue> {
     base.settings()
         .iter()
         .filter(|s| matches!(s.source, Source::CommandLine | Source::Process | Source::EnvFile { .. }))
-        .filter(|s| knobs::knob(&s.name).is_some_and(identity))
+        .filter(|s| knobs::knob(s.name).is_some_and(identity))
         .map(|s| InvalidValue {
             name: s.name.to_owned(),
             value: s.value.clone(),
             source: s.source.clone(),
-            rule: "differs by profile, so with MODELS it is set per model, in its MODELS_FILE `[profile]` section".into(),
+            rule: "differs by profile, so with MODELS it is set per model, in its MODELS_FILE `[profile]` section"
+                .into(),
         })
         .collect()
 }
@@ -179,8 +162,13 @@ fn refused(model: &str, env: &DotEnv) -> Vec<InvalidValue> {
         .filter_map(|a| {
             let rule = match knobs::knob(&a.key) {
                 None => "is not a sparkgate variable".to_owned(),
-                Some(k) if SHARED.contains(&k.name) => "is shared by every model: set it outside MODELS_FILE".to_owned(),
-                Some(k) if (k.group == Group::Gateway && !PER_MODEL_GATEWAY.contains(&k.name)) || k.group == Group::Secrets => {
+                Some(k) if SHARED.contains(&k.name) => {
+                    "is shared by every model: set it outside MODELS_FILE".to_owned()
+                }
+                Some(k)
+                    if (k.group == Group::Gateway && !PER_MODEL_GATEWAY.contains(&k.name))
+                        || k.group == Group::Secrets =>
+                {
                     "is the gateway's, shared by every model: set it outside MODELS_FILE".to_owned()
                 }
                 Some(_) => return None,
@@ -224,7 +212,12 @@ fn clashing_names(models: &[GroupConfig]) -> Vec<InvalidValue> {
                     .settings()
                     .iter()
                     .find(|s| s.name == "SERVED_MODEL_NAME")
-                    .map_or(Source::Profile { profile: m.config.profile }, |s| s.source.clone()),
+                    .map_or(
+                        Source::Profile {
+                            profile: m.config.profile,
+                        },
+                        |s| s.source.clone(),
+                    ),
                 rule: "must differ from every other model's".into(),
             });
         }

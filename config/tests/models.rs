@@ -19,10 +19,14 @@ fn each_model_keeps_its_profiles_defaults_and_its_own_section() {
     let base = f.config();
     // The first of MODELS is the default: the gateway's own configuration is its.
     assert_eq!(base.profile, ProfileId::Glm53Flash);
-    assert_eq!(base.gateway.models, [ProfileId::Glm53Flash, ProfileId::DeepSeekV41Flash]);
+    assert_eq!(
+        base.gateway.models,
+        [ProfileId::Glm53Flash, ProfileId::DeepSeekV41Flash]
+    );
     assert_eq!(base.gateway.swap.policy, SwapPolicy::OnDemand);
     let models = Config::load_groups(&f.options()).unwrap();
-    let seen: Vec<(&str, &str, &str, String, Vec<String>, String, u32)> = models
+    type Seen<'a> = (&'a str, &'a str, &'a str, String, Vec<String>, String, u32);
+    let seen: Vec<Seen> = models
         .iter()
         .map(|m| {
             let c = &m.config;
@@ -99,12 +103,17 @@ fn models_file_sections_are_checked() {
     ] {
         assert!(err.contains(expected), "{expected}\n{err}");
     }
-    assert!(!err.contains("MODEL_ALIASES"), "a model's own aliases are its to set: {err}");
+    assert!(
+        !err.contains("MODEL_ALIASES"),
+        "a model's own aliases are its to set: {err}"
+    );
 }
 
 #[test]
 fn models_refuse_groups_a_second_default_and_unknown_profiles() {
-    let f = Fixture::new(Some("MODELS=deepseek-v4.1-flash,glm-5.3-flash\nGROUPS_FILE=g.env\nPROFILE=glm-5.3-flash\n"));
+    let f = Fixture::new(Some(
+        "MODELS=deepseek-v4.1-flash,glm-5.3-flash\nGROUPS_FILE=g.env\nPROFILE=glm-5.3-flash\n",
+    ));
     std::fs::write(f.dir.path().join("g.env"), "[a]\n").unwrap();
     let err = Config::load_groups(&f.options()).unwrap_err().to_string();
     assert!(err.contains("cannot be combined with GROUPS_FILE"), "{err}");
@@ -113,7 +122,10 @@ fn models_refuse_groups_a_second_default_and_unknown_profiles() {
         .load()
         .unwrap_err()
         .to_string();
-    assert!(err.contains("`qwen` must be one of: deepseek-v4.1-flash, glm-5.3-flash"), "{err}");
+    assert!(
+        err.contains("`qwen` must be one of: deepseek-v4.1-flash, glm-5.3-flash"),
+        "{err}"
+    );
     assert!(err.contains("`deepseek-v4.1-flash` must be named once"), "{err}");
 }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sparkgate_config::Config;
 
-use crate::api::models::{Catalog, ModelId};
+use crate::api::catalog::Catalog;
+use crate::api::models::ModelId;
 use crate::api::normalize::Normalizer;
 use crate::control::state::GatewayControl;
 use crate::control::storage::StoreSlot;
@@ -124,7 +125,12 @@ impl App {
 fn model_card(c: &Config) -> Value {
     let plan = c.plan();
     let cmd = plan.ranks.first().map(|r| r.container.cmd.clone()).unwrap_or_default();
-    let root = cmd.iter().skip_while(|w| *w != "serve").nth(1).cloned().unwrap_or_default();
+    let root = cmd
+        .iter()
+        .skip_while(|w| *w != "serve")
+        .nth(1)
+        .cloned()
+        .unwrap_or_default();
     json!({
         "id": c.serving.served_model_name, "object": "model", "created": 0, "owned_by": "vllm",
         "root": root, "parent": null, "max_model_len": c.serving.max_model_len,
@@ -141,7 +147,9 @@ impl App {
     /// The model a request that names none is for: the loaded one (or the one being loaded),
     /// so it never causes a swap.
     pub(crate) fn fallback_model(&self) -> ModelId {
-        let Some(s) = &self.swapper else { return ModelId::default() };
+        let Some(s) = &self.swapper else {
+            return ModelId::default();
+        };
         s.loaded().or_else(|| s.target()).unwrap_or_default()
     }
 

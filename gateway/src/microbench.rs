@@ -15,8 +15,9 @@ use bytes::Bytes;
 use sparkgate_config::{ProfileId, SpecMethod};
 
 use crate::api::body::prepare_now;
+use crate::api::catalog::Catalog;
 use crate::api::family::Api;
-use crate::api::models::{Catalog, ModelId};
+use crate::api::models::ModelId;
 use crate::api::normalize::Normalizer;
 use crate::control::admission::{Admission, QueueLimits};
 use crate::control::state::GatewayControl;
@@ -133,8 +134,13 @@ fn prepare_rewritten(iters: u64) {
     let n = normalizer();
     let body = Bytes::from(TYPICAL.replace(r#","stream_options":{"include_usage":true}"#, ""));
     counted(iters, || {
-        let p =
-            prepare_now(&n, (sparkgate_config::VllmRelease::V0_33, ModelId(0)), Api::Chat, black_box(&body)).expect("a valid body");
+        let p = prepare_now(
+            &n,
+            (sparkgate_config::VllmRelease::V0_33, ModelId(0)),
+            Api::Chat,
+            black_box(&body),
+        )
+        .expect("a valid body");
         assert!(p.norm.usage_injected);
         black_box(p.forward.len());
     });
@@ -147,8 +153,13 @@ fn prepare_large(iters: u64) {
         r#"{{"model":"DeepSeek-v4.1-Flash-EXL3","messages":[{{"role":"user","content":"{text}"}}],"max_tokens":16}}"#
     ));
     counted(iters, || {
-        let p =
-            prepare_now(&n, (sparkgate_config::VllmRelease::V0_33, ModelId(0)), Api::Chat, black_box(&body)).expect("a valid body");
+        let p = prepare_now(
+            &n,
+            (sparkgate_config::VllmRelease::V0_33, ModelId(0)),
+            Api::Chat,
+            black_box(&body),
+        )
+        .expect("a valid body");
         black_box(p.forward.len());
     });
 }

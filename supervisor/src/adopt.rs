@@ -69,7 +69,10 @@ pub(crate) async fn clear(starter: &Starter, group: &str) -> Option<u64> {
         .iter()
         .filter_map(|(_, _, c)| c.labels.get(labels::EPOCH)?.parse::<u64>().ok())
         .max();
-    let reason = format!("{} container(s) of group {group}, which is not the model loaded at start", found.len());
+    let reason = format!(
+        "{} container(s) of group {group}, which is not the model loaded at start",
+        found.len()
+    );
     remove(&found, reason).await;
     epoch
 }

@@ -161,9 +161,9 @@ async fn backend(config: &Config, begin: Begin) -> Result<(rank::Backend, Vec<(u
             // A running group of ours holds the ports: adoption decides, not preflight.
             if start
                 && head
-                .list(&[(sparkgate_config::labels::GROUP, &config.group_name())])
-                .await?
-                .is_empty()
+                    .list(&[(sparkgate_config::labels::GROUP, &config.group_name())])
+                    .await?
+                    .is_empty()
             {
                 preflight::check(config)?;
             }

@@ -179,10 +179,16 @@ pub(crate) struct Machine {
 /// How a machine begins: preparation still to do, or an adopted running group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Origin {
-    Fresh { prepared: bool },
-    Adopted { epoch: u64 },
+    Fresh {
+        prepared: bool,
+    },
+    Adopted {
+        epoch: u64,
+    },
     /// Stopped until asked to start (a model of MODELS not loaded at start).
-    Standby { prepared: bool },
+    Standby {
+        prepared: bool,
+    },
 }
 
 impl Machine {

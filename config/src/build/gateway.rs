@@ -29,7 +29,7 @@ impl Builder<'_> {
             models_file: self
                 .opt_text("MODELS_FILE")
                 .map(|f| std::path::Path::new(&self.r.layers.deploy_dir).join(f)),
-            swap: crate::models::Swap {
+            swap: crate::swap::Swap {
                 policy: self.choice("SWAP_POLICY"),
                 drain: self.seconds("SWAP_DRAIN_S"),
                 min_dwell: self.seconds("SWAP_MIN_DWELL_S"),

@@ -27,12 +27,15 @@ pub(crate) fn build(layers: Layers<'_>, env_file: Option<PathBuf>) -> Result<Con
     let probe = Resolver::new(layers, ProfileId::DeepSeekV41Flash);
     let chosen = probe.get("PROFILE");
     // With MODELS the first model is the default, unless PROFILE names it.
-    let first = probe.get("MODELS").value.split(',').map(str::trim).find(|w| !w.is_empty()).map(str::to_owned);
+    let first = probe
+        .get("MODELS")
+        .value
+        .split(',')
+        .map(str::trim)
+        .find(|w| !w.is_empty())
+        .map(str::to_owned);
     let chosen = match (first, &chosen.source) {
-        (Some(first), crate::source::Source::Profile { .. }) => crate::resolve::Resolved {
-            value: first,
-            ..chosen
-        },
+        (Some(first), crate::source::Source::Profile { .. }) => crate::resolve::Resolved { value: first, ..chosen },
         _ => chosen,
     };
     let profile = ProfileId::from_str(&chosen.value).map_err(|_| {

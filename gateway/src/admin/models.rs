@@ -13,9 +13,9 @@ use crate::app::Shared;
 use crate::groups::{SwapAnswer, Swapper};
 
 fn swapper(app: &Shared) -> Result<&std::sync::Arc<Swapper>, GatewayError> {
-    app.swapper
-        .as_ref()
-        .ok_or_else(|| GatewayError::NotFound("/admin/model: this gateway serves one model (set MODELS for several)".into()))
+    app.swapper.as_ref().ok_or_else(|| {
+        GatewayError::NotFound("/admin/model: this gateway serves one model (set MODELS for several)".into())
+    })
 }
 
 fn answer(status: StatusCode, body: Value) -> Response {
@@ -34,9 +34,11 @@ pub(crate) async fn show(State(app): State<Shared>) -> Result<Response, GatewayE
 
 /// The model an operator names: a served name, an alias, or a profile.
 fn named(app: &Shared, name: &str) -> Option<ModelId> {
-    app.models
-        .find(name)
-        .or_else(|| app.models.ids().find(|id| app.models.get(*id).profile().as_str() == name))
+    app.models.find(name).or_else(|| {
+        app.models
+            .ids()
+            .find(|id| app.models.get(*id).profile().as_str() == name)
+    })
 }
 
 /// `POST /admin/model {"model": NAME}`: 200 when it is loaded already, 202 when its swap began

@@ -14,11 +14,12 @@ use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::api::catalog::Catalog;
 use crate::api::encoding::json_text;
 use crate::api::error::GatewayError;
 use crate::api::family::Api;
 use crate::api::lax::lax_integer;
-use crate::api::models::{Catalog, ModelId};
+use crate::api::models::ModelId;
 use crate::api::normalize::{Normalized, ResumeSpec};
 use sparkgate_config::VllmRelease;
 

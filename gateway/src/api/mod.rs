@@ -7,6 +7,7 @@
 
 pub(crate) mod anthropic;
 pub(crate) mod body;
+pub(crate) mod catalog;
 pub(crate) mod encoding;
 pub(crate) mod error;
 pub(crate) mod family;

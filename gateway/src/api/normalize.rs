@@ -10,6 +10,7 @@ use sparkgate_config::{ProfileId, VllmRelease};
 use crate::api::error::GatewayError;
 use crate::api::family::Api;
 use crate::api::lax::{lax_bool, lax_integer};
+use crate::api::models::alias_matches;
 use crate::api::releases::Rule;
 use crate::observe::Repair;
 
@@ -592,17 +593,6 @@ fn drop_empty_tools(body: &mut Map<String, Value>) -> bool {
     }
     body.shift_remove("tools");
     true
-}
-
-/// Whether `model` is the alias `pattern`: an exact name, or a pattern with one `*` standing
-/// for any run of characters (`claude-*` takes every model name Claude Code sends).
-pub(crate) fn alias_matches(pattern: &str, model: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == model,
-        Some((head, tail)) => {
-            model.len() >= head.len() + tail.len() && model.starts_with(head) && model.ends_with(tail)
-        }
-    }
 }
 
 /// Merges `value` into `target`: objects merge key by key (recursively), anything else replaces.

@@ -190,7 +190,8 @@ impl Admission {
     /// meanwhile. Errors: `n` above capacity (400), queue full in entries or bytes (429),
     /// deadline passed (503). Dropping the future leaves the queue at once.
     pub async fn acquire(self: &Arc<Self>, n: u32, bytes: usize, client: &Client) -> Result<Permit, GatewayError> {
-        self.enter((n, bytes, ModelId::default()), Entry::New(client), None).await
+        self.enter((n, bytes, ModelId::default()), Entry::New(client), None)
+            .await
     }
 
     /// [`acquire`](Self::acquire) for a request that prefers a group: while that group is full
@@ -240,7 +241,12 @@ impl Admission {
 
     /// [`requeue`](Self::requeue) for a request of `model` (a stream cut by a swap waits for
     /// its model to be loaded again).
-    pub(crate) async fn requeue_for(self: &Arc<Self>, n: u32, bytes: usize, model: ModelId) -> Result<Permit, GatewayError> {
+    pub(crate) async fn requeue_for(
+        self: &Arc<Self>,
+        n: u32,
+        bytes: usize,
+        model: ModelId,
+    ) -> Result<Permit, GatewayError> {
         self.enter((n, bytes, model), Entry::Requeued, None).await
     }
 
@@ -274,18 +280,8 @@ impl Admission {
             id,
             armed: true,
         };
-        let wait = prefer.map(|p| p.wait);
-        let mut deadline = started + self.limits.timeout;
-        // Past the deadline, a waiter whose model was loaded since (or is not loaded yet: a
-        // swap is its wait) waits on; the queue's own timeout counts only its model's time.
-        while tokio::time::timeout_at(deadline, self.wait(id, &mut rx, wait)).await.is_err() {
-            let s = self.state.lock().expect("admission lock");
-            match s.deadline(id, self.limits.timeout) {
-                Some(d) if d <= Instant::now() => break,
-                Some(d) => deadline = d,
-                None => deadline = Instant::now() + self.limits.timeout,
-            }
-        }
+        self.wait_within_deadline(id, &mut rx, prefer.map(|p| p.wait), started)
+            .await;
         let mut s = self.state.lock().expect("admission lock");
         if let Some(Slot::Refused(why)) = s.waiters.get(&id).map(|w| &w.slot) {
             let (model, reason) = (why.0.clone(), why.1.clone());
@@ -322,6 +318,30 @@ impl Admission {
             },
             None => GatewayError::QueueTimeout { waited },
         })
+    }
+
+    /// Waits for waiter `id`'s grant until its QUEUE_TIMEOUT. Past the deadline, a waiter whose
+    /// model was loaded since (or is not loaded yet: a swap is its wait) waits on; the queue's
+    /// own timeout counts only its model's time.
+    async fn wait_within_deadline(
+        &self,
+        id: u64,
+        rx: &mut oneshot::Receiver<()>,
+        wait: Option<Duration>,
+        started: Instant,
+    ) {
+        let mut deadline = started + self.limits.timeout;
+        while tokio::time::timeout_at(deadline, self.wait(id, rx, wait))
+            .await
+            .is_err()
+        {
+            let s = self.state.lock().expect("admission lock");
+            match s.deadline(id, self.limits.timeout) {
+                Some(d) if d <= Instant::now() => break,
+                Some(d) => deadline = d,
+                None => deadline = Instant::now() + self.limits.timeout,
+            }
+        }
     }
 
     /// Waits for waiter `id`'s grant. One that prefers a group and let a slot go looks again

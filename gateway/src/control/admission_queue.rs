@@ -245,7 +245,6 @@ impl State {
     }
 }
 
-
 impl State {
     /// Loads the models of `mask` (a swap's end, or none while it runs); each newly loaded one's
     /// waiters' QUEUE_TIMEOUT runs from now.

@@ -520,12 +520,12 @@ fn a_model_not_loaded_waits_without_holding_up_the_loaded_ones_and_goes_first_wh
         let b = ModelId(1);
         let running = a.acquire(1, 10, &c()).await.unwrap();
         // A request for model 1 queues first, then one for model 0.
-        let for_b = tokio::spawn({
+        let for_b = sparkgate_task::spawn("test", {
             let a = a.clone();
             async move { a.acquire_for((1, 10, b), &c(), None).await }
         });
         tokio::task::yield_now().await;
-        let for_a = tokio::spawn({
+        let for_a = sparkgate_task::spawn("test", {
             let a = a.clone();
             async move { a.acquire_for((1, 10, M0), &c(), None).await }
         });
@@ -547,7 +547,7 @@ fn a_model_not_loaded_waits_without_holding_up_the_loaded_ones_and_goes_first_wh
 fn the_wait_for_a_swap_does_not_count_against_the_queue_timeout() {
     rt().block_on(async {
         let a = Admission::new(1, limits(10, 30));
-        let waiter = tokio::spawn({
+        let waiter = sparkgate_task::spawn("test", {
             let a = a.clone();
             async move { a.acquire_for((1, 10, ModelId(1)), &c(), None).await }
         });
@@ -570,14 +570,20 @@ fn a_failed_swap_answers_its_models_waiters_with_the_reason() {
         let waiters: Vec<_> = (0..3)
             .map(|_| {
                 let a = a.clone();
-                tokio::spawn(async move { a.acquire_for((1, 10, ModelId(1)), &c(), None).await })
+                sparkgate_task::spawn(
+                    "test",
+                    async move { a.acquire_for((1, 10, ModelId(1)), &c(), None).await },
+                )
             })
             .collect();
         tokio::task::yield_now().await;
         assert_eq!(a.refuse(ModelId(1), "GLM", "its ranks failed to start"), 3);
         for w in waiters {
             let e = w.await.unwrap().unwrap_err();
-            assert_eq!(e.to_string(), "the model `GLM` could not be loaded: its ranks failed to start; retry later");
+            assert_eq!(
+                e.to_string(),
+                "the model `GLM` could not be loaded: its ranks failed to start; retry later"
+            );
             assert_eq!(e.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
         }
         assert_eq!(a.snapshot().queued, 0, "the refused left the queue");

@@ -186,7 +186,13 @@ impl Groups {
     /// A group for an admitted request: the slot admission held for it, else the prefix's
     /// recent group when it has room, else the one with the most room (round-robin: the next
     /// with room). `None` only in the moment a group closes under an admitted request.
-    pub(crate) fn lease(&self, prefix: Option<u64>, held: Option<Reservation>, seqs: u32, model: ModelId) -> Option<Lease> {
+    pub(crate) fn lease(
+        &self,
+        prefix: Option<u64>,
+        held: Option<Reservation>,
+        seqs: u32,
+        model: ModelId,
+    ) -> Option<Lease> {
         if self.list.len() == 1 {
             return self.list[0].try_lease(seqs);
         }

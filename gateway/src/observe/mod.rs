@@ -104,8 +104,15 @@ pub(crate) fn metrics_handle() -> &'static PrometheusHandle {
         let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(OVERHEAD_SECONDS.into()), FINE_BUCKETS)
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(ABORT_FENCE_SECONDS.into()), FINE_BUCKETS))
-            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(models::MODEL_SWAP_SECONDS.into()), models::SWAP_BUCKETS))
-            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(models::MODEL_SWAP_WAIT_SECONDS.into()), models::SWAP_BUCKETS))
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(models::MODEL_SWAP_SECONDS.into()), models::SWAP_BUCKETS)
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(models::MODEL_SWAP_WAIT_SECONDS.into()),
+                    models::SWAP_BUCKETS,
+                )
+            })
             .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS))
             .expect("static buckets are valid")
             .install_recorder()

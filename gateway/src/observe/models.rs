@@ -10,7 +10,9 @@ pub(crate) const MODEL_SWAP_SECONDS: &str = "sparkgate_model_swap_seconds";
 pub(crate) const MODEL_SWAP_WAIT_SECONDS: &str = "sparkgate_model_swap_wait_seconds";
 
 /// Swaps take minutes on the pair (seconds on the simulator): buckets up to an hour.
-pub(crate) const SWAP_BUCKETS: &[f64] = &[0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0];
+pub(crate) const SWAP_BUCKETS: &[f64] = &[
+    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0,
+];
 
 pub(crate) fn describe() {
     describe_gauge!(MODEL_LOADED, "1 for the model whose ranks serve now (MODELS), 0 for the others; all 0 while a swap runs or after an idle unload.");

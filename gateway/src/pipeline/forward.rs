@@ -22,14 +22,22 @@ pub(super) async fn utility(
 ) -> Result<Response, GatewayError> {
     check_content_type(&parts.headers)?;
     let bytes = crate::api::body::read(body).await?;
-    let Prepared { forward, norm, .. } =
-        crate::api::body::prepare(&app.models, (app.groups.rules(), app.fallback_model()), Api::Utility, bytes).await?;
+    let Prepared { forward, norm, .. } = crate::api::body::prepare(
+        &app.models,
+        (app.groups.rules(), app.fallback_model()),
+        Api::Utility,
+        bytes,
+    )
+    .await?;
     // With MODELS a tokenizer runs with its model's ranks: another model's would answer wrong.
     if let Some(s) = app.swapper.as_ref().filter(|s| s.loaded() != Some(norm.model_id)) {
         let n = app.models.get(norm.model_id);
         let hint = match s.target() == Some(norm.model_id) {
             true => "it is being loaded".to_owned(),
-            false => format!("its tokenizer runs with its ranks: a generation for it loads it (or `sparkgate model {}`)", n.profile()),
+            false => format!(
+                "its tokenizer runs with its ranks: a generation for it loads it (or `sparkgate model {}`)",
+                n.profile()
+            ),
         };
         return Err(app.not_loaded(norm.model_id, hint));
     }
@@ -102,7 +110,8 @@ pub(super) fn models(app: &App, caller: &crate::control::clients::Caller) -> Res
             let mut card = card.clone();
             card["created"] = now.into();
             card["permission"][0]["created"] = now.into();
-            card["permission"][0]["id"] = format!("modelperm-{:016x}{:016x}", now ^ 0x9e37_79b9_7f4a_7c15, i as u64 + 1).into();
+            card["permission"][0]["id"] =
+                format!("modelperm-{:016x}{:016x}", now ^ 0x9e37_79b9_7f4a_7c15, i as u64 + 1).into();
             card
         })
         .collect();

@@ -98,7 +98,10 @@ fn model_allowed(ctx: &Ctx<'_>, model: crate::api::models::ModelId) -> Result<()
     if swapper.policy == sparkgate_config::SwapPolicy::Manual && elsewhere {
         return Err(app.not_loaded(
             model,
-            format!("SWAP_POLICY=manual: an operator loads it with `sparkgate model {}`", n.profile()),
+            format!(
+                "SWAP_POLICY=manual: an operator loads it with `sparkgate model {}`",
+                n.profile()
+            ),
         ));
     }
     Ok(())

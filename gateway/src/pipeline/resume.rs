@@ -259,7 +259,11 @@ impl Continuation {
                 Err(GatewayError::QueueTimeout { .. }) => continue,
                 Err(e) => return Err(e),
             };
-            if let Some(lease) = self.app.groups.lease(self.prefix, permit.take_reservation(), 1, self.model) {
+            if let Some(lease) = self
+                .app
+                .groups
+                .lease(self.prefix, permit.take_reservation(), 1, self.model)
+            {
                 return Ok(Held::new(lease, permit));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

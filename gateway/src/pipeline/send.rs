@@ -81,10 +81,12 @@ async fn attempt(
     tries: &mut Tries,
 ) -> Result<Attempt, GatewayError> {
     let app = ctx.app;
-    let Some(mut lease) = app
-        .groups
-        .lease(req.prefix, permit.take_reservation(), req.seqs.total(), req.norm.model_id)
-    else {
+    let Some(mut lease) = app.groups.lease(
+        req.prefix,
+        permit.take_reservation(),
+        req.seqs.total(),
+        req.norm.model_id,
+    ) else {
         return Ok(Attempt::Requeue);
     };
     let leased = Instant::now();

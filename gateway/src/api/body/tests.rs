@@ -42,7 +42,12 @@ fn greedy_messages_and_responses_streams_are_replayed_and_others_not() {
 
 #[test]
 fn raw_fields_pass_unchanged_and_normalised_ones_win() {
-    let n = one(crate::api::normalize::Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]));
+    let n = one(crate::api::normalize::Normalizer::new(
+        sparkgate_config::ProfileId::DeepSeekV41Flash,
+        "DS",
+        &[],
+        &[],
+    ));
     let body = br#"{"messages":[{"role":"user","content":"hi \u00e9"}],"model":null,"extra_body":{"messages":[],"top_k":3},"top_k":1}"#;
     let p = prepare_now(&n, OLD, Api::Chat, &Bytes::from_static(body)).unwrap();
     let out: Value = serde_json::from_slice(&p.forward).unwrap();
@@ -67,7 +72,12 @@ fn raw_fields_pass_unchanged_and_normalised_ones_win() {
 
 #[test]
 fn bad_bodies_are_refused_and_batches_count_conversations() {
-    let n = one(crate::api::normalize::Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]));
+    let n = one(crate::api::normalize::Normalizer::new(
+        sparkgate_config::ProfileId::DeepSeekV41Flash,
+        "DS",
+        &[],
+        &[],
+    ));
     for bad in [&b"[1]"[..], b"{\"a\":", b"\"x\""] {
         assert!(matches!(
             prepare_now(&n, OLD, Api::Chat, &Bytes::from_static(bad)),
@@ -93,7 +103,12 @@ fn bad_bodies_are_refused_and_batches_count_conversations() {
 
 #[test]
 fn a_body_normalisation_leaves_as_it_was_is_forwarded_as_sent_without_a_copy() {
-    let n = one(crate::api::normalize::Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]));
+    let n = one(crate::api::normalize::Normalizer::new(
+        sparkgate_config::ProfileId::DeepSeekV41Flash,
+        "DS",
+        &[],
+        &[],
+    ));
     let sent = Bytes::from_static(
         br#"{"model":"DS", "messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"x\u0079":1}"#,
     );
@@ -110,7 +125,12 @@ fn a_body_normalisation_leaves_as_it_was_is_forwarded_as_sent_without_a_copy() {
 
 #[test]
 fn a_repeated_key_is_forwarded_once_with_its_last_value() {
-    let n = one(crate::api::normalize::Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]));
+    let n = one(crate::api::normalize::Normalizer::new(
+        sparkgate_config::ProfileId::DeepSeekV41Flash,
+        "DS",
+        &[],
+        &[],
+    ));
     let body = Bytes::from_static(br#"{"model":"DS","top_k":1,"messages":[],"top_k":5,"model":"DS"}"#);
     let p = prepare_now(&n, OLD, Api::Chat, &body).unwrap();
     let text = std::str::from_utf8(&p.forward).unwrap();
@@ -135,7 +155,12 @@ fn a_completions_prompt_counts_its_prompts_as_vllm_reads_them() {
     for refused in ["[]", "3", "null", "{}", "[1.5]", "[true]"] {
         assert_eq!(count(refused), 1, "{refused}");
     }
-    let n = one(crate::api::normalize::Normalizer::new(sparkgate_config::ProfileId::DeepSeekV41Flash, "DS", &[], &[]));
+    let n = one(crate::api::normalize::Normalizer::new(
+        sparkgate_config::ProfileId::DeepSeekV41Flash,
+        "DS",
+        &[],
+        &[],
+    ));
     let body = Bytes::from_static(br#"{"prompt":["a","b","c","d"],"n":2}"#);
     let p = prepare_now(&n, OLD, Api::Completions, &body).unwrap();
     assert_eq!(p.norm.sequences.total(), 8);

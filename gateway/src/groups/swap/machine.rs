@@ -61,19 +61,36 @@ pub(crate) struct Swap {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Phase {
     /// `swap.to`'s ranks were asked to start; waiting for them to serve.
-    Loading { swap: Swap },
-    Serving { model: ModelId, since: Instant },
+    Loading {
+        swap: Swap,
+    },
+    Serving {
+        model: ModelId,
+        since: Instant,
+    },
     /// `swap.from` takes no new requests; its admitted ones finish until `until`.
-    Draining { swap: Swap, until: Instant },
+    Draining {
+        swap: Swap,
+        until: Instant,
+    },
     /// `swap.from`'s ranks were asked to stop.
-    Unloading { swap: Swap },
+    Unloading {
+        swap: Swap,
+    },
     /// Waiting for the nodes' memory to come back before `swap.to` starts.
-    Releasing { swap: Swap, until: Instant },
+    Releasing {
+        swap: Swap,
+        until: Instant,
+    },
     /// Nothing loaded (an idle unload): the next request loads its model.
-    Idle { since: Instant },
+    Idle {
+        since: Instant,
+    },
     /// An operator stopped the loaded model, or its supervisor gave up: nothing is swapped in
     /// until it serves again (an operator's start) or an operator names a model.
-    Halted { model: ModelId },
+    Halted {
+        model: ModelId,
+    },
 }
 
 /// A model's group as its supervisor publishes it.
@@ -180,7 +197,13 @@ impl Machine {
     /// The gateway's start: `default` is adopted serving (`ready`) or loading.
     pub(crate) fn new(settings: Settings, default: ModelId, ready: bool, now: Instant) -> (Machine, Vec<Action>) {
         let (phase, actions) = if ready {
-            (Phase::Serving { model: default, since: now }, vec![Action::Load(default.bit())])
+            (
+                Phase::Serving {
+                    model: default,
+                    since: now,
+                },
+                vec![Action::Load(default.bit())],
+            )
         } else {
             let swap = Swap {
                 from: None,
@@ -188,7 +211,13 @@ impl Machine {
                 trigger: Trigger::Start,
                 began: now,
             };
-            (Phase::Releasing { swap, until: now + settings.release_timeout }, vec![Action::Load(0), Action::ReadMemory])
+            (
+                Phase::Releasing {
+                    swap,
+                    until: now + settings.release_timeout,
+                },
+                vec![Action::Load(0), Action::ReadMemory],
+            )
         };
         let machine = Machine {
             phase,
@@ -213,7 +242,10 @@ impl Machine {
     /// The model a swap under way loads.
     pub(crate) fn target(&self) -> Option<ModelId> {
         match &self.phase {
-            Phase::Loading { swap } | Phase::Draining { swap, .. } | Phase::Unloading { swap } | Phase::Releasing { swap, .. } => swap.to,
+            Phase::Loading { swap }
+            | Phase::Draining { swap, .. }
+            | Phase::Unloading { swap }
+            | Phase::Releasing { swap, .. } => swap.to,
             _ => None,
         }
     }

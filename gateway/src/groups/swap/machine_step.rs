@@ -31,7 +31,9 @@ impl Machine {
                         self.phase = Phase::Idle { since: now };
                         vec![
                             Action::Unloaded(from, now.duration_since(self.last_work)),
-                            Action::Note(Some("no model loaded (IDLE_UNLOAD_S): the next request loads its model".into())),
+                            Action::Note(Some(
+                                "no model loaded (IDLE_UNLOAD_S): the next request loads its model".into(),
+                            )),
                         ]
                     }
                     Some(_) => {
@@ -71,7 +73,10 @@ impl Machine {
             _ => {}
         }
         let busy = seen.running > 0 || seen.waiting[model.index()].count > 0;
-        if let Some(to) = self.wanted(seen, Some(model)).filter(|_| self.settings.policy == SwapPolicy::OnDemand) {
+        if let Some(to) = self
+            .wanted(seen, Some(model))
+            .filter(|_| self.settings.policy == SwapPolicy::OnDemand)
+        {
             let held = !busy || now >= since + self.settings.dwell;
             let spaced = self.last_swap.is_none_or(|t| now >= t + self.settings.dwell);
             return if held && spaced {
@@ -103,7 +108,10 @@ impl Machine {
     /// swapped in on demand, so the requests waiting for the other models are answered now.
     fn halt(&mut self, model: ModelId) -> Vec<Action> {
         self.phase = Phase::Halted { model };
-        let why = format!("{} was stopped (by an operator, or its supervisor gave up); no swap runs until it is started", self.name(model));
+        let why = format!(
+            "{} was stopped (by an operator, or its supervisor gave up); no swap runs until it is started",
+            self.name(model)
+        );
         (0..self.settings.names.len())
             .map(|i| ModelId(i as u8))
             .filter(|m| *m != model)
@@ -256,7 +264,10 @@ impl Machine {
     fn released(&self, nodes: &[NodeMemory]) -> bool {
         let Some(before) = &self.baseline else { return true };
         before.iter().all(|b| {
-            let now = nodes.iter().find(|n| n.node == b.node).and_then(|n| n.mem_available_gib);
+            let now = nodes
+                .iter()
+                .find(|n| n.node == b.node)
+                .and_then(|n| n.mem_available_gib);
             match (b.mem_available_gib, now) {
                 (Some(b), Some(n)) => n >= b - self.settings.margin_gib,
                 // A node that cannot be read (or was not) does not hold the swap.

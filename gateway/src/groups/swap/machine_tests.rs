@@ -100,7 +100,10 @@ fn a_swap_drains_stops_confirms_the_memory_then_starts_the_other_model() {
     assert!(w.at(30).tick().is_empty());
     let actions = w.at(60).tick();
     assert!(began(&actions), "{actions:?}");
-    assert!(actions.contains(&Action::Load(0)) && actions.contains(&Action::Drain(A, true)), "{actions:?}");
+    assert!(
+        actions.contains(&Action::Load(0)) && actions.contains(&Action::Drain(A, true)),
+        "{actions:?}"
+    );
     // Admitted requests finish first.
     assert!(w.at(61).tick().is_empty());
     w.running = 0;
@@ -118,7 +121,9 @@ fn a_swap_drains_stops_confirms_the_memory_then_starts_the_other_model() {
     w.groups[1] = GroupIs::Ready;
     let actions = w.at(90).tick();
     assert_eq!(actions[..2], [Action::Load(B.bit()), Action::Note(None)]);
-    assert!(matches!(actions[2], Action::Done(s, d) if s.from == Some(A) && s.to == Some(B) && d == Duration::from_secs(30)));
+    assert!(
+        matches!(actions[2], Action::Done(s, d) if s.from == Some(A) && s.to == Some(B) && d == Duration::from_secs(30))
+    );
     assert_eq!(w.m.loaded(), Some(B));
 }
 
@@ -171,7 +176,10 @@ fn a_model_that_would_not_fit_is_refused_and_the_loaded_one_stays() {
     }]);
     w.wait(B, 2);
     let actions = w.at(1).tick();
-    assert!(matches!(&actions[0], Action::Refuse(m, why) if *m == B && why.contains("needs 111.5 GiB") && why.contains("head has 100.0 GiB")), "{actions:?}");
+    assert!(
+        matches!(&actions[0], Action::Refuse(m, why) if *m == B && why.contains("needs 111.5 GiB") && why.contains("head has 100.0 GiB")),
+        "{actions:?}"
+    );
     assert!(matches!(actions[1], Action::Failed(..)));
     assert_eq!(w.m.phase, Phase::Serving { model: A, since: w.t0 });
     assert!(matches!(w.ask(B).0, Answer::Refused(_)));
@@ -191,7 +199,10 @@ fn memory_that_does_not_come_back_starts_the_old_model_again() {
     w.at(3).tick();
     assert!(w.memory(50.0).is_empty());
     let actions = w.at(200).tick();
-    assert!(matches!(&actions[0], Action::Refuse(m, why) if *m == B && why.contains("did not come back")), "{actions:?}");
+    assert!(
+        matches!(&actions[0], Action::Refuse(m, why) if *m == B && why.contains("did not come back")),
+        "{actions:?}"
+    );
     assert_eq!(actions.last(), Some(&Action::Start(A)));
     w.groups[0] = GroupIs::Ready;
     let actions = w.at(210).tick();
@@ -227,7 +238,10 @@ fn an_idle_model_is_unloaded_and_the_next_request_loads_its_own() {
     });
     assert!(w.at(299).tick().is_empty());
     let actions = w.at(300).tick();
-    assert!(actions.contains(&Action::Drain(A, true)) && !began(&actions), "{actions:?}");
+    assert!(
+        actions.contains(&Action::Drain(A, true)) && !began(&actions),
+        "{actions:?}"
+    );
     assert_eq!(w.at(301).tick(), [Action::Stop(A), Action::Drain(A, false)]);
     w.groups[0] = GroupIs::Stopped;
     assert!(matches!(w.at(302).tick()[0], Action::Unloaded(m, _) if m == A));
@@ -245,7 +259,10 @@ fn a_stop_by_an_operator_halts_swaps_and_answers_the_other_models_waiters() {
     w.wait(B, 2);
     w.groups[0] = GroupIs::Stopped;
     let actions = w.at(5).tick();
-    assert!(matches!(&actions[..], [Action::Refuse(m, why)] if *m == B && why.contains("was stopped")), "{actions:?}");
+    assert!(
+        matches!(&actions[..], [Action::Refuse(m, why)] if *m == B && why.contains("was stopped")),
+        "{actions:?}"
+    );
     assert!(w.at(500).tick().is_empty(), "no swap while halted");
     // An operator's start serves A again.
     w.groups[0] = GroupIs::Ready;

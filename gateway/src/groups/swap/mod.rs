@@ -88,7 +88,10 @@ pub(crate) fn start(control: GatewayControl, groups: Arc<Groups>, models: &[Grou
                 Some(s.weights_gib_per_rank? + s.boot_margin_gib?)
             })
             .collect(),
-        names: models.iter().map(|m| m.config.serving.served_model_name.clone()).collect(),
+        names: models
+            .iter()
+            .map(|m| m.config.serving.served_model_name.clone())
+            .collect(),
     };
     let (asks, rx) = mpsc::channel(8);
     let swapper = Arc::new(Swapper {
@@ -119,7 +122,10 @@ struct Runner {
 
 impl Runner {
     fn supervisor(&self, m: ModelId) -> &SupervisorHandle {
-        self.groups.all()[m.index()].supervisor.as_ref().expect("a model's group is supervised")
+        self.groups.all()[m.index()]
+            .supervisor
+            .as_ref()
+            .expect("a model's group is supervised")
     }
 
     fn group_is(&self, m: ModelId) -> GroupIs {
@@ -207,7 +213,9 @@ impl Runner {
 
     fn load(&self, mask: u8) {
         self.control.admission().load(mask);
-        let loaded = (0..self.names.len() as u8).find(|i| mask & (1 << i) != 0).unwrap_or(NONE);
+        let loaded = (0..self.names.len() as u8)
+            .find(|i| mask & (1 << i) != 0)
+            .unwrap_or(NONE);
         self.swapper.loaded.store(loaded, Ordering::Relaxed);
         for (i, name) in self.names.iter().enumerate() {
             metrics::gauge!(observe::MODEL_LOADED, "model" => name.clone()).set(f64::from(u8::from(loaded == i as u8)));
