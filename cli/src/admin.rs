@@ -159,6 +159,7 @@ pub(super) enum Change {
     Stop,
     Start,
     Spec { mode: SpecMethod, force: bool },
+    Model { name: String },
 }
 
 /// Sends `change`, then (unless `--no-wait`) waits for its outcome, showing the phases.
@@ -193,6 +194,11 @@ pub(super) fn change(ep: &Endpoint, change: Change, wait: &WaitArgs) -> anyhow::
             Goal::Ready { after: epoch },
         ),
         Change::Stop => ("/admin/stop".to_owned(), Bytes::new(), Goal::Stopped),
+        Change::Model { name } => (
+            "/admin/model".to_owned(),
+            Bytes::from(serde_json::json!({ "model": name }).to_string()),
+            Goal::Model { name: name.clone() },
+        ),
         Change::Start => ("/admin/start".to_owned(), Bytes::new(), Goal::Ready { after: epoch }),
         Change::Spec { mode, force: f } => (
             format!("/admin/spec{}", force(*f)),
@@ -228,6 +234,15 @@ fn taken(change: &Change, status: u16, answer: &serde_json::Value) -> String {
         (_, 200) if answer["already_running"] == true => format!("already running ({state}); nothing changed"),
         (_, 200) if answer["already_stopped"] == true => "already stopped; nothing changed".to_owned(),
         (Change::Spec { mode, .. }, 200) => format!("already in mode {mode}; nothing changed"),
+        (Change::Model { .. }, 200) => format!(
+            "{} is loaded already; nothing changed",
+            answer["loaded"].as_str().unwrap_or("?")
+        ),
+        (Change::Model { .. }, _) => format!(
+            "swapping {} for {}; `sparkgate model` follows it",
+            answer["from"].as_str().unwrap_or("nothing"),
+            answer["to"].as_str().unwrap_or("?")
+        ),
         (Change::Restart { .. }, _) => format!(
             "restarting (drain up to {} s); `sparkgate status` follows it",
             answer["drain_timeout_s"].as_f64().unwrap_or(0.0)
@@ -236,6 +251,31 @@ fn taken(change: &Change, status: u16, answer: &serde_json::Value) -> String {
         (Change::Stop, _) => "stopping; `sparkgate status` follows it".to_owned(),
         (Change::Start, _) => "starting; `sparkgate status` follows it".to_owned(),
     }
+}
+
+/// `sparkgate model` without a name: every model, the loaded one, and the swap under way.
+pub(super) fn show_model(ep: &Endpoint) -> anyhow::Result<ExitCode> {
+    let v = get_json(ep, "/admin/model")?;
+    for m in v["models"].as_array().into_iter().flatten() {
+        println!(
+            "{} {:<26} {}",
+            if m["loaded"] == true { "*" } else { " " },
+            m["name"].as_str().unwrap_or("?"),
+            m["profile"].as_str().unwrap_or("?")
+        );
+    }
+    let swap = &v["swap"];
+    println!("phase     {} (SWAP_POLICY={})", swap["phase"].as_str().unwrap_or("?"), swap["policy"].as_str().unwrap_or("?"));
+    if let Some(s) = swap["swap"].as_object() {
+        println!(
+            "swap      {} → {} ({}, {} s so far)",
+            s["from"].as_str().unwrap_or("?"),
+            s["to"].as_str().unwrap_or("?"),
+            s["trigger"].as_str().unwrap_or("?"),
+            s["elapsed_s"]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `sparkgate spec` without a mode: the active mode and the profile's modes.

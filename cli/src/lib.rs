@@ -131,6 +131,15 @@ pub enum Command {
         #[command(flatten)]
         wait: wait::WaitArgs,
     },
+    /// Show the models (MODELS) and which is loaded; with NAME (a served name, an alias or a
+    /// profile), drain the loaded model, swap NAME in and wait until it serves.
+    Model {
+        #[command(flatten)]
+        target: admin::Target,
+        name: Option<String>,
+        #[command(flatten)]
+        wait: wait::WaitArgs,
+    },
     /// Stop the rank group (the gateway keeps answering, with 503); waits until it has stopped.
     Stop {
         #[command(flatten)]
@@ -276,6 +285,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         | Command::Usage { ref target, .. }
         | Command::Restart { ref target, .. }
         | Command::Spec { ref target, .. }
+        | Command::Model { ref target, .. }
         | Command::Stop { ref target, .. }
         | Command::Start { ref target, .. }
         | Command::Logs { ref target, .. }
@@ -375,6 +385,7 @@ fn admin_url(command: &Command) -> Option<String> {
         | Command::Usage { target, .. }
         | Command::Restart { target, .. }
         | Command::Spec { target, .. }
+        | Command::Model { target, .. }
         | Command::Stop { target, .. }
         | Command::Start { target, .. }
         | Command::Logs { target, .. }
@@ -397,6 +408,8 @@ fn admin_command(command: Command, ep: &admin::Endpoint) -> anyhow::Result<ExitC
             wait,
             ..
         } => admin::change(ep, Change::Spec { mode, force }, &wait),
+        Command::Model { name: None, .. } => admin::show_model(ep),
+        Command::Model { name: Some(name), wait, .. } => admin::change(ep, Change::Model { name }, &wait),
         Command::Stop { wait, .. } => admin::change(ep, Change::Stop, &wait),
         Command::Start { wait, .. } => admin::change(ep, Change::Start, &wait),
         Command::Logs {

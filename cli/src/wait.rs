@@ -36,11 +36,19 @@ pub(super) enum Goal {
     Stopped,
     /// A ready group in `mode`, newer than `after` (a mode switch).
     Mode { mode: SpecMethod, after: u64 },
+    /// The model `name` (as the operator named it) loaded and serving (a swap).
+    Model { name: String },
 }
 
 /// Where the group is, in an operator's words.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Phase {
+    /// A swap between models (MODELS) in one of its steps.
+    Swapping {
+        step: String,
+        from: String,
+        to: String,
+    },
     Draining {
         in_flight: u64,
     },
@@ -70,6 +78,7 @@ pub(super) enum Phase {
 impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Phase::Swapping { step, from, to } => write!(f, "swapping {from} for {to}: {step}"),
             Phase::Draining { in_flight } => write!(f, "draining: {in_flight} in flight"),
             Phase::Preparing(what) => write!(f, "preparing: {what}"),
             Phase::Stopping => f.write_str("stopping the ranks"),
@@ -109,6 +118,9 @@ struct RankSeen {
 
 /// The phase a `/admin/status` answer shows.
 pub(super) fn phase_of(status: &Value) -> Phase {
+    if let Some(phase) = swapping(status) {
+        return phase;
+    }
     let supervisor = &status["supervisor"];
     let (Ok(state), Ok(seen)) = (GroupState::deserialize(supervisor), Seen::deserialize(supervisor)) else {
         return Phase::ShuttingDown;
@@ -138,6 +150,24 @@ pub(super) fn phase_of(status: &Value) -> Phase {
     }
 }
 
+/// A swap's step, in an operator's words, while one runs (MODELS).
+fn swapping(status: &Value) -> Option<Phase> {
+    let swap = &status["swap"];
+    let step = match swap["phase"].as_str()? {
+        "draining" => format!("draining: {} in flight", status["admission"]["in_flight"].as_u64().unwrap_or(0)),
+        "unloading" => "stopping the loaded model's ranks".to_owned(),
+        "releasing" => "waiting for the nodes' memory to come back".to_owned(),
+        "loading" => "starting its ranks, loading".to_owned(),
+        _ => return None,
+    };
+    let name = |k: &str| swap["swap"][k].as_str().unwrap_or("nothing").to_owned();
+    Some(Phase::Swapping {
+        step,
+        from: name("from"),
+        to: name("to"),
+    })
+}
+
 /// Whether `status` ends the wait: `Some(Ok(()))` reached, `Some(Err(why))` it cannot be.
 pub(super) fn verdict(goal: &Goal, status: &Value) -> Option<Result<(), String>> {
     let phase = phase_of(status);
@@ -150,7 +180,30 @@ pub(super) fn verdict(goal: &Goal, status: &Value) -> Option<Result<(), String>>
             Some(Ok(()))
         }
         (Phase::Stopped | Phase::Failed { .. }, Goal::Stopped) => Some(Ok(())),
+        (Phase::Ready { .. }, Goal::Model { name }) => Some(model_loaded(status, name)),
+        (Phase::Failed { reason }, Goal::Model { .. }) => Some(Err(reason.clone())),
         _ => None,
+    }
+}
+
+/// Once no swap runs: whether the model loaded is the one asked for (a served name, an alias or
+/// a profile), else the swap failed and the old model serves.
+fn model_loaded(status: &Value, asked: &str) -> Result<(), String> {
+    let loaded = status["models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["loaded"] == true);
+    let Some(m) = loaded else {
+        return Err("no model is loaded".into());
+    };
+    let named = m["name"] == asked || m["profile"] == asked || m["aliases"].as_array().is_some_and(|a| a.iter().any(|x| x == asked));
+    match named {
+        true => Ok(()),
+        false => Err(format!(
+            "the swap to {asked} did not finish ({} serves; `sparkgate logs` and the swap_failed event say why)",
+            m["name"].as_str().unwrap_or("?")
+        )),
     }
 }
 
@@ -221,6 +274,9 @@ fn conclude(
         Some(Ok(())) => {
             let done = match (goal, phase_of(status)) {
                 (Goal::Stopped, _) => format!("stopped in {t:.1} s"),
+                (Goal::Model { name }, Phase::Ready { epoch, mode }) => {
+                    format!("{name} serves, in {t:.1} s: epoch {epoch}, mode {}", shown(mode))
+                }
                 (_, Phase::Ready { epoch, mode }) => format!("ready in {t:.1} s: epoch {epoch}, mode {}", shown(mode)),
                 (_, other) => format!("done in {t:.1} s: {other}"),
             };

@@ -151,23 +151,26 @@ impl Runner {
         self.publish(&machine);
         let mut tick = tokio::time::interval(TICK);
         loop {
-            let actions = tokio::select! {
+            let (actions, reply) = tokio::select! {
                 _ = tick.tick() => {
                     let waiting = self.control.admission().waiting();
                     let groups: Vec<GroupIs> = (0..self.names.len()).map(|i| self.group_is(ModelId(i as u8))).collect();
                     let seen = Seen { now: Instant::now(), waiting: &waiting, running: self.control.snapshot().in_use, groups: &groups };
-                    machine.step(Event::Tick(seen)).1
+                    (machine.step(Event::Tick(seen)).1, None)
                 }
                 Some((model, reply)) = asks.recv() => {
                     let (answer, actions) = machine.step(Event::Asked(model, Instant::now()));
-                    let _ = reply.send(answer.expect("an ask is answered"));
-                    actions
+                    (actions, Some((reply, answer.expect("an ask is answered"))))
                 }
-                Some(nodes) = self.memory.1.recv() => machine.step(Event::Memory(nodes, Instant::now())).1,
+                Some(nodes) = self.memory.1.recv() => (machine.step(Event::Memory(nodes, Instant::now())).1, None),
             };
             if !actions.is_empty() {
                 self.carry_out(actions).await;
                 self.publish(&machine);
+            }
+            // Answered once the swap it began shows: whoever waits on it reads its phase.
+            if let Some((reply, answer)) = reply {
+                let _ = reply.send(answer);
             }
         }
     }
