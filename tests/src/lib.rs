@@ -23,6 +23,7 @@ mod spec_replay;
 pub mod spec_split_eval;
 pub mod sse;
 pub mod supervised;
+pub mod swapload;
 pub mod test_gateway;
 pub mod tidy;
 pub mod warm;

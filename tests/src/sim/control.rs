@@ -3,7 +3,7 @@
 //!
 //! `POST /fault/crash` · `POST /fault/crash-after-requests?n=N` · `POST /fault/hang` ·
 //! `POST /fault/stream-error?after_tokens=N` · `POST /fault/refuse-connections` ·
-//! `POST /fault/clear` · `GET /state`
+//! `POST /fault/clear` · `GET /state` (running, waiting, the most held at once, …)
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
@@ -76,6 +76,7 @@ async fn state(State(c): State<Ctl>) -> Response {
     let body = json!({
         "running": m.running.load(SeqCst),
         "waiting": m.waiting.load(SeqCst),
+        "peak_in_flight": m.peak.load(SeqCst),
         "aborted": m.aborted(),
         "generation_tokens": m.generation_tokens_total(),
         "dead": c.engine.is_dead(),

@@ -190,6 +190,8 @@ impl Engine {
                 poison,
             });
             self.metrics.waiting.store(waiting.len() as u64, SeqCst);
+            let held = waiting.len() as u64 + self.metrics.running.load(SeqCst);
+            self.metrics.peak.fetch_max(held, SeqCst);
         }
         self.wake.notify_one();
         Ok(())

@@ -85,6 +85,9 @@ pub(crate) struct Metrics {
     spec_k: Option<u32>,
     pub(crate) running: AtomicU64,
     pub(crate) waiting: AtomicU64,
+    /// The most requests the engine held at once (running + waiting), for `/state`: what a test
+    /// holds the gateway's concurrency limit to.
+    pub(crate) peak: AtomicU64,
     prompt_tokens: AtomicU64,
     prefix_queries: AtomicU64,
     prefix_hits: AtomicU64,
@@ -111,6 +114,7 @@ impl Metrics {
             spec_k,
             running: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             prefix_queries: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
