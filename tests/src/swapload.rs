@@ -128,9 +128,9 @@ pub fn run(gw: &Gateway, control: u16, mix: &Mix) -> Outcome {
         std::thread::spawn(move || {
             let at = std::net::SocketAddr::from(([127, 0, 0, 1], control));
             while !stop.load(Ordering::Relaxed) {
-                if let Some(r) = crate::http::try_request(at, "GET", "/state", &[], b"") {
-                    let seen = serde_json::from_slice::<Value>(&r.body).ok().and_then(|v| v["peak_in_flight"].as_u64());
-                    peak.fetch_max(seen.unwrap_or(0), Ordering::Relaxed);
+                // Refused while no rank 0 runs (a swap): nothing to read then.
+                if let Some(seen) = state_peak(at) {
+                    peak.fetch_max(seen, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -144,8 +144,10 @@ pub fn run(gw: &Gateway, control: u16, mix: &Mix) -> Outcome {
                 let m = c % 2;
                 let model = [DEEPSEEK, GLM][m];
                 let mut n = c as u64;
+                let mut k = 0u64;
                 while Instant::now() < end {
-                    let stream = n % 2 == 0;
+                    let stream = k % 2 == 0;
+                    k += 1;
                     let t0 = Instant::now();
                     let r = one(gw_addr, model, n, stream);
                     let mut o = out.lock().expect("outcome");
@@ -170,6 +172,18 @@ pub fn run(gw: &Gateway, control: u16, mix: &Mix) -> Outcome {
     o.swaps = sum(gw, "sparkgate_model_swaps_total");
     o.resumed = sum(gw, "sparkgate_stream_resumes_total");
     o
+}
+
+/// rank 0's `peak_in_flight` from its control endpoint, when it answers.
+fn state_peak(at: std::net::SocketAddr) -> Option<u64> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&at, Duration::from_millis(200)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /state HTTP/1.1\r\nHost: sim\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let body = text.split("\r\n\r\n").nth(1)?;
+    serde_json::from_str::<Value>(body).ok()?["peak_in_flight"].as_u64()
 }
 
 /// A family's samples from `/metrics`, summed over labels.
