@@ -265,7 +265,11 @@ pub(super) fn show_model(ep: &Endpoint) -> anyhow::Result<ExitCode> {
         );
     }
     let swap = &v["swap"];
-    println!("phase     {} (SWAP_POLICY={})", swap["phase"].as_str().unwrap_or("?"), swap["policy"].as_str().unwrap_or("?"));
+    println!(
+        "phase     {} (SWAP_POLICY={})",
+        swap["phase"].as_str().unwrap_or("?"),
+        swap["policy"].as_str().unwrap_or("?")
+    );
     if let Some(s) = swap["swap"].as_object() {
         println!(
             "swap      {} → {} ({}, {} s so far)",

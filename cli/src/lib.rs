@@ -276,10 +276,19 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     for warning in config.warnings() {
         eprintln!("sparkgate: warning: {warning}");
     }
+    let models = match models_of(&config, &options) {
+        Ok(models) => models,
+        Err(err) => {
+            eprintln!("sparkgate: {err}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
     let output = match cli.command {
-        Command::Config { json: true, .. } => serde_json::to_string_pretty(&config.settings_json())? + "\n",
-        Command::Config { .. } => sparkgate_config::settings_table(&config),
-        Command::Plan { json, rank, .. } => render_plan(&config, json, rank)?,
+        Command::Config { json: true, .. } => each_model(&models, true, |c| {
+            Ok(serde_json::to_string_pretty(&c.settings_json())? + "\n")
+        })?,
+        Command::Config { .. } => each_model(&models, false, |c| Ok(sparkgate_config::settings_table(c)))?,
+        Command::Plan { json, rank, .. } => each_model(&models, json, |c| render_plan(c, json, rank))?,
         Command::Serve { .. } | Command::Demo { .. } => return serve_command(&cli.command, &config, &options, logs),
         Command::Status { ref target, .. }
         | Command::Usage { ref target, .. }
@@ -293,10 +302,54 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let ep = admin::Endpoint::of(&config, target);
             return admin_command(cli.command, &ep);
         }
-        other => return node_command(other, &config),
+        Command::Doctor { json } => return doctor::run(&models, json),
+        other => return node_command(other, &models),
     };
     emit(&output)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The models `config`/`plan` show: with MODELS each model's configuration, else the one.
+fn models_of(config: &Config, options: &LoadOptions) -> Result<Vec<(String, Config)>, sparkgate_config::ConfigError> {
+    if config.gateway.models.is_empty() {
+        return Ok(vec![(String::new(), config.clone())]);
+    }
+    Ok(Config::load_groups(options)?
+        .into_iter()
+        .map(|g| (g.name, g.config))
+        .collect())
+}
+
+/// `render` of each model: as it is for one model; with MODELS under a `# model NAME` line each
+/// (the first, the default, loaded at start), or as one JSON object by model.
+pub(crate) fn each_model(
+    models: &[(String, Config)],
+    json: bool,
+    mut render: impl FnMut(&Config) -> anyhow::Result<String>,
+) -> anyhow::Result<String> {
+    if let [(name, config)] = models {
+        if name.is_empty() {
+            return render(config);
+        }
+    }
+    if json {
+        let mut all = serde_json::Map::new();
+        for (name, config) in models {
+            all.insert(name.clone(), serde_json::from_str(&render(config)?)?);
+        }
+        return Ok(serde_json::to_string_pretty(&serde_json::json!({ "models": all }))? + "\n");
+    }
+    let mut out = String::new();
+    for (i, (name, config)) in models.iter().enumerate() {
+        let role = if i == 0 {
+            "the default, loaded at start"
+        } else {
+            "swapped in on demand"
+        };
+        out.push_str(&format!("{}# model {name} ({role})\n", if i == 0 { "" } else { "\n" }));
+        out.push_str(&render(config)?);
+    }
+    Ok(out)
 }
 
 /// `serve`'s flags, which win over the environment.
@@ -362,15 +415,29 @@ fn serve_command(
 
 /// The commands that prepare or measure the nodes: bench, download, sync, ship, pack, verify,
 /// smoke.
-fn node_command(command: Command, config: &Config) -> anyhow::Result<ExitCode> {
+/// The commands that prepare or measure the nodes; a preparation runs for each model (MODELS),
+/// the first failure ending it.
+fn node_command(command: Command, models: &[(String, Config)]) -> anyhow::Result<ExitCode> {
+    let config = &models[0].1;
+    let each = |run: &dyn Fn(&Config) -> anyhow::Result<ExitCode>| -> anyhow::Result<ExitCode> {
+        for (name, c) in models {
+            if !name.is_empty() {
+                println!("# model {name}");
+            }
+            let code = run(c)?;
+            if code != ExitCode::SUCCESS {
+                return Ok(code);
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    };
     match command {
         Command::Bench(args) => bench::run(config, args),
-        Command::Download { dry_run } => prepare::download(config, dry_run),
-        Command::Sync { force } => prepare::sync(config, force),
-        Command::Ship { mode } => prepare::ship(config, mode.as_deref()),
-        Command::Pack => prepare::pack(config),
-        Command::Verify => prepare::verify(config),
-        Command::Doctor { json } => doctor::run(config, json),
+        Command::Download { dry_run } => each(&|c| prepare::download(c, dry_run)),
+        Command::Sync { force } => each(&|c| prepare::sync(c, force)),
+        Command::Ship { mode } => each(&|c| prepare::ship(c, mode.as_deref())),
+        Command::Pack => each(&prepare::pack),
+        Command::Verify => each(&prepare::verify),
         Command::Smoke { url, timeout_s } => {
             smoke::run(config, url.as_deref(), std::time::Duration::from_secs(timeout_s))
         }
@@ -409,7 +476,9 @@ fn admin_command(command: Command, ep: &admin::Endpoint) -> anyhow::Result<ExitC
             ..
         } => admin::change(ep, Change::Spec { mode, force }, &wait),
         Command::Model { name: None, .. } => admin::show_model(ep),
-        Command::Model { name: Some(name), wait, .. } => admin::change(ep, Change::Model { name }, &wait),
+        Command::Model {
+            name: Some(name), wait, ..
+        } => admin::change(ep, Change::Model { name }, &wait),
         Command::Stop { wait, .. } => admin::change(ep, Change::Stop, &wait),
         Command::Start { wait, .. } => admin::change(ep, Change::Start, &wait),
         Command::Logs {

@@ -154,7 +154,10 @@ pub(super) fn phase_of(status: &Value) -> Phase {
 fn swapping(status: &Value) -> Option<Phase> {
     let swap = &status["swap"];
     let step = match swap["phase"].as_str()? {
-        "draining" => format!("draining: {} in flight", status["admission"]["in_flight"].as_u64().unwrap_or(0)),
+        "draining" => format!(
+            "draining: {} in flight",
+            status["admission"]["in_flight"].as_u64().unwrap_or(0)
+        ),
         "unloading" => "stopping the loaded model's ranks".to_owned(),
         "releasing" => "waiting for the nodes' memory to come back".to_owned(),
         "loading" => "starting its ranks, loading".to_owned(),
@@ -197,7 +200,9 @@ fn model_loaded(status: &Value, asked: &str) -> Result<(), String> {
     let Some(m) = loaded else {
         return Err("no model is loaded".into());
     };
-    let named = m["name"] == asked || m["profile"] == asked || m["aliases"].as_array().is_some_and(|a| a.iter().any(|x| x == asked));
+    let named = m["name"] == asked
+        || m["profile"] == asked
+        || m["aliases"].as_array().is_some_and(|a| a.iter().any(|x| x == asked));
     match named {
         true => Ok(()),
         false => Err(format!(

@@ -179,7 +179,8 @@ fn state_peak(at: std::net::SocketAddr) -> Option<u64> {
     use std::io::{Read as _, Write as _};
     let mut s = std::net::TcpStream::connect_timeout(&at, Duration::from_millis(200)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /state HTTP/1.1\r\nHost: sim\r\nConnection: close\r\n\r\n").ok()?;
+    s.write_all(b"GET /state HTTP/1.1\r\nHost: sim\r\nConnection: close\r\n\r\n")
+        .ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     let body = text.split("\r\n\r\n").nth(1)?;

@@ -58,22 +58,48 @@ fn alternating_clients_of_both_models_are_all_answered_within_the_cap() {
     let (gw, control) = swapload::start(SIM, &mix, &[]);
     let out = swapload::run(&gw, control, &mix);
     let answered: u64 = out.answered.iter().map(|(w, s)| w + s).sum();
-    assert!(out.failures.is_empty(), "{} failed of {}: {:?}", out.failures.len(), answered + out.failures.len() as u64, out.failures);
+    assert!(
+        out.failures.is_empty(),
+        "{} failed of {}: {:?}",
+        out.failures.len(),
+        answered + out.failures.len() as u64,
+        out.failures
+    );
     for (m, (whole, streams)) in out.answered.iter().enumerate() {
-        assert!(*whole > 0 && *streams > 0, "model {m} answered {whole} whole and {streams} streams");
+        assert!(
+            *whole > 0 && *streams > 0,
+            "model {m} answered {whole} whole and {streams} streams"
+        );
     }
-    assert!(out.peak <= swapload::MAX_NUM_SEQS && out.peak > 0, "rank 0 held {} at once", out.peak);
+    assert!(
+        out.peak <= swapload::MAX_NUM_SEQS && out.peak > 0,
+        "rank 0 held {} at once",
+        out.peak
+    );
     let bound = mix.duration.as_secs().div_ceil(mix.dwell_s) + 1;
-    assert!((2..=bound).contains(&out.swaps), "{} swaps in {:?} (dwell {} s)", out.swaps, mix.duration, mix.dwell_s);
+    assert!(
+        (2..=bound).contains(&out.swaps),
+        "{} swaps in {:?} (dwell {} s)",
+        out.swaps,
+        mix.duration,
+        mix.dwell_s
+    );
 }
 
 #[test]
 fn a_burst_for_the_other_model_is_served_after_one_swap_in_arrival_order() {
-    let mix = Mix { dwell_s: 600, ..quick() };
+    let mix = Mix {
+        dwell_s: 600,
+        ..quick()
+    };
     let (gw, _) = swapload::start(SIM, &mix, &[("SIM_SPEED", "1")]);
     // The loaded model has work: the burst waits behind it.
-    let mut long = Streaming::post_json(gw.addr, "/v1/chat/completions", &json!({"model": DEEPSEEK,
-        "messages": [{"role": "user", "content": "a long one"}], "max_tokens": 60, "stream": true}));
+    let mut long = Streaming::post_json(
+        gw.addr,
+        "/v1/chat/completions",
+        &json!({"model": DEEPSEEK,
+        "messages": [{"role": "user", "content": "a long one"}], "max_tokens": 60, "stream": true}),
+    );
     let t0 = Instant::now();
     let burst: Vec<_> = (0..20)
         .map(|i| {
@@ -91,7 +117,11 @@ fn a_burst_for_the_other_model_is_served_after_one_swap_in_arrival_order() {
             h
         })
         .collect();
-    assert_eq!(loaded(&gw), DEEPSEEK, "no swap while the loaded model works within its dwell");
+    assert_eq!(
+        loaded(&gw),
+        DEEPSEEK,
+        "no swap while the loaded model works within its dwell"
+    );
     long.read_all();
     let seen: Vec<(u16, Option<Duration>, bool)> = burst.into_iter().map(|h| h.join().unwrap()).collect();
     for (i, (status, _, done)) in seen.iter().enumerate() {
@@ -100,7 +130,11 @@ fn a_burst_for_the_other_model_is_served_after_one_swap_in_arrival_order() {
     // Two slots: each request's first byte comes no later than the one two places behind it.
     let firsts: Vec<Duration> = seen.iter().map(|s| s.1.expect("a first byte")).collect();
     for i in 0..firsts.len() - 2 {
-        assert!(firsts[i] <= firsts[i + 2], "request {i} started after request {}: {firsts:?}", i + 2);
+        assert!(
+            firsts[i] <= firsts[i + 2],
+            "request {i} started after request {}: {firsts:?}",
+            i + 2
+        );
     }
     assert_eq!(swapload::sum(&gw, "sparkgate_model_swaps_total"), 1);
     assert_eq!(loaded(&gw), GLM);
@@ -112,15 +146,32 @@ fn the_manual_policy_answers_the_other_model_503_until_an_operator_swaps() {
     let r = post_json(gw.addr, "/v1/chat/completions", &chat(GLM));
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.header("retry-after"), Some("30"));
-    assert!(r.text().contains("an operator loads it with `sparkgate model glm-5.3-flash`"), "{}", r.text());
+    assert!(
+        r.text()
+            .contains("an operator loads it with `sparkgate model glm-5.3-flash`"),
+        "{}",
+        r.text()
+    );
     // Anthropic's route answers in its own envelope.
-    let m = post_json(gw.addr, "/v1/messages", &json!({"model": GLM, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}));
-    assert_eq!((m.status, m.json()["type"].as_str()), (503, Some("error")), "{}", m.text());
+    let m = post_json(
+        gw.addr,
+        "/v1/messages",
+        &json!({"model": GLM, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(
+        (m.status, m.json()["type"].as_str()),
+        (503, Some("error")),
+        "{}",
+        m.text()
+    );
     assert_eq!(post_json(gw.addr, "/v1/chat/completions", &chat(DEEPSEEK)).status, 200);
     let a = ask_model(&gw, "glm-5.3-flash");
     assert_eq!(a.status, 202, "{}", a.text());
     serving(&gw, GLM);
-    assert_eq!(post_json(gw.addr, "/v1/chat/completions", &chat(GLM)).json()["model"], GLM);
+    assert_eq!(
+        post_json(gw.addr, "/v1/chat/completions", &chat(GLM)).json()["model"],
+        GLM
+    );
     assert_eq!(post_json(gw.addr, "/v1/chat/completions", &chat(DEEPSEEK)).status, 503);
     assert_eq!(ask_model(&gw, GLM).status, 200, "already loaded");
     assert_eq!(ask_model(&gw, "qwen").status, 400);
@@ -132,17 +183,54 @@ fn a_key_limited_to_one_model_is_refused_the_other_and_never_swaps() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("keys");
     std::fs::write(&file, "alice sk-alice models=glm-5.3-flash\nbob sk-bob\n").unwrap();
-    let (gw, _) = swapload::start(SIM, &quick(), &[("API_KEYS_FILE", &file.display().to_string()), ("SIM_SPEED", "instant")]);
+    let (gw, _) = swapload::start(
+        SIM,
+        &quick(),
+        &[("API_KEYS_FILE", &file.display().to_string()), ("SIM_SPEED", "instant")],
+    );
     let as_alice = |path: &str, body: &Value| {
-        request(gw.addr, "POST", path, &[("Authorization", "Bearer sk-alice"), ("Content-Type", "application/json")], body.to_string().as_bytes())
+        request(
+            gw.addr,
+            "POST",
+            path,
+            &[
+                ("Authorization", "Bearer sk-alice"),
+                ("Content-Type", "application/json"),
+            ],
+            body.to_string().as_bytes(),
+        )
     };
     let r = as_alice("/v1/chat/completions", &chat(DEEPSEEK));
     assert_eq!(r.status, 403, "{}", r.text());
-    assert!(r.text().contains("may not use the model `DeepSeek-v4.1-Flash-EXL3`"), "{}", r.text());
-    let m = as_alice("/v1/messages", &json!({"model": DEEPSEEK, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}));
-    assert_eq!((m.status, m.json()["error"]["type"].as_str()), (403, Some("permission_error")), "{}", m.text());
-    let listed = request(gw.addr, "GET", "/v1/models", &[("Authorization", "Bearer sk-alice")], b"").json();
-    let ids: Vec<&str> = listed["data"].as_array().unwrap().iter().filter_map(|m| m["id"].as_str()).collect();
+    assert!(
+        r.text().contains("may not use the model `DeepSeek-v4.1-Flash-EXL3`"),
+        "{}",
+        r.text()
+    );
+    let m = as_alice(
+        "/v1/messages",
+        &json!({"model": DEEPSEEK, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(
+        (m.status, m.json()["error"]["type"].as_str()),
+        (403, Some("permission_error")),
+        "{}",
+        m.text()
+    );
+    let listed = request(
+        gw.addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer sk-alice")],
+        b"",
+    )
+    .json();
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
     assert_eq!(ids, [GLM]);
     let all = request(gw.addr, "GET", "/v1/models", &[("Authorization", "Bearer sk-bob")], b"").json();
     assert_eq!(all["data"].as_array().unwrap().len(), 2);
@@ -160,7 +248,11 @@ fn ranks_that_fail_to_start_bring_the_old_model_back_and_answer_the_waiters_503(
     let dir = tempfile::tempdir().unwrap();
     let models = dir.path().join("models.env");
     std::fs::write(&models, "[glm-5.3-flash]\nVLLM_BIN=/bin/false\n").unwrap();
-    let (gw, _) = swapload::start(SIM, &quick(), &[("MODELS_FILE", &models.display().to_string()), ("SIM_SPEED", "instant")]);
+    let (gw, _) = swapload::start(
+        SIM,
+        &quick(),
+        &[("MODELS_FILE", &models.display().to_string()), ("SIM_SPEED", "instant")],
+    );
     let waiters: Vec<_> = (0..3)
         .map(|_| {
             let addr = gw.addr;
@@ -170,22 +262,36 @@ fn ranks_that_fail_to_start_bring_the_old_model_back_and_answer_the_waiters_503(
     for w in waiters {
         let r = w.join().unwrap();
         assert_eq!(r.status, 503, "{}", r.text());
-        assert!(r.text().contains("could not be loaded: its ranks failed to start"), "{}", r.text());
+        assert!(
+            r.text().contains("could not be loaded: its ranks failed to start"),
+            "{}",
+            r.text()
+        );
     }
     serving(&gw, DEEPSEEK);
-    assert_eq!(post_json(gw.addr, "/v1/chat/completions", &chat(DEEPSEEK)).json()["model"], DEEPSEEK);
+    assert_eq!(
+        post_json(gw.addr, "/v1/chat/completions", &chat(DEEPSEEK)).json()["model"],
+        DEEPSEEK
+    );
     assert!(gw.proc.has_line("swap_failed"), "the failure is an event");
 }
 
 #[test]
 fn a_swap_asked_during_a_restart_backoff_goes_through() {
-    let (gw, _) = swapload::start(SIM, &quick(), &[("RESTART_BACKOFF_INITIAL", "30"), ("SIM_SPEED", "instant")]);
+    let (gw, _) = swapload::start(
+        SIM,
+        &quick(),
+        &[("RESTART_BACKOFF_INITIAL", "30"), ("SIM_SPEED", "instant")],
+    );
     gw.signal_rank(0, "-KILL");
     gw.wait_status("backing off", |s| s["supervisor"]["state"] == "backoff");
     let a = ask_model(&gw, "glm-5.3-flash");
     assert_eq!(a.status, 202, "{}", a.text());
     serving(&gw, GLM);
-    assert_eq!(post_json(gw.addr, "/v1/chat/completions", &chat(GLM)).json()["model"], GLM);
+    assert_eq!(
+        post_json(gw.addr, "/v1/chat/completions", &chat(GLM)).json()["model"],
+        GLM
+    );
 }
 
 fn alive(pid: u32) -> bool {
@@ -201,7 +307,10 @@ fn a_gateway_killed_mid_swap_leaves_no_rank_and_the_next_loads_the_default() {
     let (mut gw, _) = swapload::start(SIM, &mix, &[("LOG_DIR", &log_dir), ("SIM_SPEED", "instant")]);
     assert_eq!(ask_model(&gw, "glm-5.3-flash").status, 202);
     let s = gw.wait_status("GLM's ranks loading", |s| {
-        s["swap"]["phase"] == "loading" && s["groups"][1]["supervisor"]["ranks"].as_array().is_some_and(|r| !r.is_empty())
+        s["swap"]["phase"] == "loading"
+            && s["groups"][1]["supervisor"]["ranks"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty())
     });
     let pids: Vec<u32> = s["groups"][1]["supervisor"]["ranks"]
         .as_array()
@@ -218,5 +327,8 @@ fn a_gateway_killed_mid_swap_leaves_no_rank_and_the_next_loads_the_default() {
     assert!(pids.iter().all(|p| !alive(*p)), "ranks left running: {pids:?}");
     let (next, _) = swapload::start(SIM, &quick(), &[("LOG_DIR", &log_dir), ("SIM_SPEED", "instant")]);
     serving(&next, DEEPSEEK);
-    assert_eq!(post_json(next.addr, "/v1/chat/completions", &chat(DEEPSEEK)).json()["model"], DEEPSEEK);
+    assert_eq!(
+        post_json(next.addr, "/v1/chat/completions", &chat(DEEPSEEK)).json()["model"],
+        DEEPSEEK
+    );
 }
