@@ -33,7 +33,13 @@ pub struct Mix {
     pub clients: usize,
     /// vllm-sim's SIM_LOAD_SECONDS: what a model's load costs.
     pub load_s: f64,
+    /// One more client per model sending streams longer than the drain: a swap cuts them, and
+    /// they are continued once their model is loaded again.
+    pub long_streams: bool,
 }
+
+/// A long stream's `max_tokens`: about 4 s at SIM_SPEED 4, longer than the drain.
+const LONG: u64 = 360;
 
 /// A gateway serving both models from one simulated pair; `control` is rank 0's control port.
 pub fn start(sim: &str, mix: &Mix, extra: &[(&str, &str)]) -> (Gateway, u16) {
@@ -74,20 +80,23 @@ pub struct Outcome {
     pub swaps: u64,
     /// `sparkgate_stream_resumes_total`.
     pub resumed: u64,
+    /// Long streams answered whole (counted in `answered` too).
+    pub long_answered: u64,
     /// Each answer's time from sent to last byte, by model.
     pub latencies: [Vec<Duration>; 2],
 }
 
-fn chat(model: &str, n: u64, stream: bool) -> Value {
+fn chat(model: &str, n: u64, stream: bool, long: bool) -> Value {
+    let max_tokens = if long { LONG } else { 24 + (n % 5) * 24 };
     json!({"model": model, "messages": [{"role": "user", "content": format!("turn {n}: tell me about tensor parallel decoding")}],
-           "max_tokens": 24 + (n % 5) * 24, "stream": stream, "temperature": 0,
+           "max_tokens": max_tokens, "stream": stream, "temperature": 0,
            "chat_template_kwargs": {"enable_thinking": false}})
 }
 
 /// One request, checked: a 200 whose `model` (every chunk's, for a stream) is the one asked
 /// for, a stream ending in `[DONE]` with no error event.
-fn one(addr: std::net::SocketAddr, model: &str, n: u64, stream: bool) -> Result<(), String> {
-    let body = chat(model, n, stream);
+fn one(addr: std::net::SocketAddr, model: &str, n: u64, (stream, long): (bool, bool)) -> Result<(), String> {
+    let body = chat(model, n, stream, long);
     let mut s = Streaming::post_json(addr, "/v1/chat/completions", &body);
     let status = s.status;
     let bytes = s.read_all();
@@ -137,8 +146,10 @@ pub fn run(gw: &Gateway, control: u16, mix: &Mix) -> Outcome {
         })
     };
     let end = Instant::now() + mix.duration;
-    let clients: Vec<_> = (0..2 * mix.clients)
+    let long_clients = if mix.long_streams { 2 } else { 0 };
+    let clients: Vec<_> = (0..2 * mix.clients + long_clients)
         .map(|c| {
+            let long = c >= 2 * mix.clients;
             let (gw_addr, out) = (gw.addr, out.clone());
             std::thread::spawn(move || {
                 let m = c % 2;
@@ -146,11 +157,14 @@ pub fn run(gw: &Gateway, control: u16, mix: &Mix) -> Outcome {
                 let mut n = c as u64;
                 let mut k = 0u64;
                 while Instant::now() < end {
-                    let stream = k % 2 == 0;
+                    let stream = long || k % 2 == 0;
                     k += 1;
                     let t0 = Instant::now();
-                    let r = one(gw_addr, model, n, stream);
+                    let r = one(gw_addr, model, n, (stream, long));
                     let mut o = out.lock().expect("outcome");
+                    if long {
+                        o.long_answered += u64::from(r.is_ok());
+                    }
                     match r {
                         Ok(()) if stream => o.answered[m].1 += 1,
                         Ok(()) => o.answered[m].0 += 1,

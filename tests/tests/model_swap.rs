@@ -22,6 +22,7 @@ fn quick() -> Mix {
         drain_s: 1,
         clients: 2,
         load_s: 0.5,
+        long_streams: true,
     }
 }
 
@@ -75,6 +76,13 @@ fn alternating_clients_of_both_models_are_all_answered_within_the_cap() {
         out.peak <= swapload::MAX_NUM_SEQS && out.peak > 0,
         "rank 0 held {} at once",
         out.peak
+    );
+    // Streams longer than the drain were cut by the swaps and continued after them, whole.
+    assert!(
+        out.resumed > 0 && out.long_answered > 0,
+        "resumed {}, long answered {}",
+        out.resumed,
+        out.long_answered
     );
     let bound = mix.duration.as_secs().div_ceil(mix.dwell_s) + 1;
     assert!(

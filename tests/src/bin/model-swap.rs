@@ -32,6 +32,7 @@ fn main() {
         drain_s: arg(&args, "--drain", 1.0) as u64,
         clients: arg(&args, "--clients", 2.0) as usize,
         load_s: arg(&args, "--load", 2.0),
+        long_streams: arg(&args, "--long", 1.0) > 0.0,
     };
     let sim = std::env::current_exe().expect("exe").with_file_name("vllm-sim");
     let (gw, control) = swapload::start(sim.to_str().expect("utf-8 path"), &mix, &[]);
@@ -54,10 +55,11 @@ fn main() {
     }
     let bound = mix.duration.as_secs().div_ceil(mix.dwell_s) + 1;
     println!(
-        "\nfailures {} · swaps {} (bound {bound}) · swap took {swap_s:.2} s on average ({swaps_timed} timed) · a request for the model not loaded waited {wait_s:.2} s on average ({waits}) · streams resumed {} · most requests rank 0 held at once {} (cap {})",
+        "\nfailures {} · swaps {} (bound {bound}) · swap took {swap_s:.2} s on average ({swaps_timed} timed) · a request for the model not loaded waited {wait_s:.2} s on average ({waits}) · streams cut by a drain and continued {} ({} long streams answered whole) · most requests rank 0 held at once {} (cap {})",
         out.failures.len(),
         out.swaps,
         out.resumed,
+        out.long_answered,
         out.peak,
         swapload::MAX_NUM_SEQS
     );
