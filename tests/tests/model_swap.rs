@@ -340,3 +340,42 @@ fn a_gateway_killed_mid_swap_leaves_no_rank_and_the_next_loads_the_default() {
         DEEPSEEK
     );
 }
+
+#[test]
+fn an_idle_model_is_unloaded_and_the_next_request_loads_its_own() {
+    let (gw, _) = swapload::start(SIM, &quick(), &[("IDLE_UNLOAD_S", "1"), ("SIM_SPEED", "instant")]);
+    let s = gw.wait_status("nothing loaded", |s| s["swap"]["phase"] == "idle");
+    assert_eq!(loaded(&gw), "none", "{s}");
+    assert_eq!(s["groups"][0]["supervisor"]["state"], "stopped");
+    assert!(gw.proc.has_line("model_unloaded"));
+    // The next request loads its model, whichever it is; it sees only delay.
+    let r = post_json(gw.addr, "/v1/chat/completions", &chat(GLM));
+    assert_eq!((r.status, r.json()["model"].as_str()), (200, Some(GLM)), "{}", r.text());
+}
+
+#[test]
+fn a_model_that_would_not_fit_is_refused_and_the_loaded_one_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models.env");
+    std::fs::write(
+        &models,
+        "[glm-5.3-flash]\nWEIGHTS_GIB_PER_RANK=4000\nBOOT_MARGIN_GIB=12\n",
+    )
+    .unwrap();
+    let (gw, _) = swapload::start(
+        SIM,
+        &quick(),
+        &[("MODELS_FILE", &models.display().to_string()), ("SIM_SPEED", "instant")],
+    );
+    let r = post_json(gw.addr, "/v1/chat/completions", &chat(GLM));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("needs 4012.0 GiB on each node"), "{}", r.text());
+    let a = ask_model(&gw, "glm-5.3-flash");
+    assert_eq!(a.status, 409, "{}", a.text());
+    assert_eq!(loaded(&gw), DEEPSEEK);
+    assert_eq!(
+        post_json(gw.addr, "/v1/chat/completions", &chat(DEEPSEEK)).json()["model"],
+        DEEPSEEK
+    );
+    assert_eq!(swapload::sum(&gw, "sparkgate_model_swaps_total"), 0);
+}
