@@ -38,8 +38,8 @@ pub struct Mix {
     pub long_streams: bool,
 }
 
-/// A long stream's `max_tokens`: about 4 s at SIM_SPEED 4, longer than the drain.
-const LONG: u64 = 360;
+/// A long stream's `max_tokens`: several seconds at SIM_SPEED 4, longer than the drain.
+const LONG: u64 = 1000;
 
 /// A gateway serving both models from one simulated pair; `control` is rank 0's control port.
 pub fn start(sim: &str, mix: &Mix, extra: &[(&str, &str)]) -> (Gateway, u16) {
