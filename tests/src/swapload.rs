@@ -39,7 +39,7 @@ pub struct Mix {
 }
 
 /// A long stream's `max_tokens`: several seconds at SIM_SPEED 4, longer than the drain.
-const LONG: u64 = 1000;
+const LONG: u64 = 600;
 
 /// A gateway serving both models from one simulated pair; `control` is rank 0's control port.
 pub fn start(sim: &str, mix: &Mix, extra: &[(&str, &str)]) -> (Gateway, u16) {
@@ -88,8 +88,9 @@ pub struct Outcome {
 
 fn chat(model: &str, n: u64, stream: bool, long: bool) -> Value {
     let max_tokens = if long { LONG } else { 24 + (n % 5) * 24 };
+    // A long one runs to its max_tokens (the simulated model would end its answer sooner).
     json!({"model": model, "messages": [{"role": "user", "content": format!("turn {n}: tell me about tensor parallel decoding")}],
-           "max_tokens": max_tokens, "stream": stream, "temperature": 0,
+           "max_tokens": max_tokens, "stream": stream, "temperature": 0, "ignore_eos": long,
            "chat_template_kwargs": {"enable_thinking": false}})
 }
 
