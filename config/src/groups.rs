@@ -12,7 +12,7 @@ use crate::dotenv::{Assignment, DotEnv};
 use crate::error::{ConfigError, InvalidValue};
 use crate::knobs;
 use crate::section::Group;
-use crate::sectioned::sections;
+use crate::sectioned;
 pub use crate::sectioned::{GroupConfig, SINGLE_GROUP};
 use crate::source::Source;
 
@@ -44,25 +44,12 @@ impl Config {
                 config: base,
             }]);
         };
-        let process = |name: &str| options.process_env.get(name).cloned();
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::EnvFileUnreadable {
-            path: path.clone(),
-            source,
-        })?;
-        let sections = sections(&path, &text, &process)?;
         let mut errors = Vec::new();
         let mut groups = Vec::new();
-        for (name, header, mut env) in sections {
-            errors.extend(refused(&name, &env));
+        for (name, header, mut env) in sectioned::read(options, &path)? {
+            errors.extend(sectioned::refused(&name, &env, refused));
             defaults(&base, &name, header, &mut env);
-            match Config::load_in(options, Some(&env)) {
-                Ok(config) => groups.push(GroupConfig { name, config }),
-                Err(ConfigError::Invalid(list)) => errors.extend(list.into_iter().map(|mut e| {
-                    e.name = format!("[{name}] {}", e.name);
-                    e
-                })),
-                Err(other) => return Err(other),
-            }
+            groups.extend(sectioned::load(options, &name, &env, &mut errors)?);
         }
         errors.extend(clashes(&groups));
         if errors.is_empty() {
@@ -73,29 +60,15 @@ impl Config {
     }
 }
 
-/// The section's variables that a group may not set, or that sparkgate does not know.
-fn refused(group: &str, env: &DotEnv) -> Vec<InvalidValue> {
-    env.assignments
-        .iter()
-        .filter_map(|a| {
-            let rule = match knobs::knob(&a.key) {
-                None => "is not a sparkgate variable".to_owned(),
-                Some(k) if k.group == Group::Gateway || k.group == Group::Secrets || SHARED.contains(&k.name) => {
-                    "must be the same for every group: set it outside GROUPS_FILE".to_owned()
-                }
-                Some(_) => return None,
-            };
-            Some(InvalidValue {
-                name: format!("[{group}] {}", a.key),
-                value: a.value.clone(),
-                source: Source::EnvFile {
-                    path: env.path.clone(),
-                    line: a.line,
-                },
-                rule,
-            })
-        })
-        .collect()
+/// Why a group's section may not set `a`: the variable is shared, or sparkgate does not know it.
+fn refused(a: &Assignment) -> Option<String> {
+    Some(match knobs::knob(&a.key) {
+        None => "is not a sparkgate variable".to_owned(),
+        Some(k) if k.group == Group::Gateway || k.group == Group::Secrets || SHARED.contains(&k.name) => {
+            "must be the same for every group: set it outside GROUPS_FILE".to_owned()
+        }
+        Some(_) => return None,
+    })
 }
 
 /// What a group gets unless its section says otherwise: its own log directory and container

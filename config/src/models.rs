@@ -5,15 +5,13 @@
 //! A setting whose default differs between the profiles must be set per model: set once for
 //! every model, an IMAGE or SERVED_MODEL_NAME would run one model with the other's.
 
-use std::path::PathBuf;
-
 use crate::config::{Config, LoadOptions};
 use crate::dotenv::{Assignment, DotEnv};
 use crate::error::{ConfigError, InvalidValue};
 use crate::knobs::{self, Def, Knob};
 use crate::profile::ProfileId;
 use crate::section::Group;
-use crate::sectioned::{sections, GroupConfig};
+use crate::sectioned::{self, GroupConfig};
 use crate::source::Source;
 
 /// Sections of the configuration reference whose per-profile defaults make a model what it is:
@@ -56,7 +54,7 @@ pub(crate) fn load(options: &LoadOptions, base: &Config) -> Result<Vec<GroupConf
         ));
     }
     let mut sections = match &base.gateway.models_file {
-        Some(path) => read_sections(options, path)?,
+        Some(path) => sectioned::read(options, path)?,
         None => Vec::new(),
     };
     for (name, line, _) in &sections {
@@ -78,7 +76,7 @@ pub(crate) fn load(options: &LoadOptions, base: &Config) -> Result<Vec<GroupConf
         let (header, mut env) = match at {
             Some(i) => {
                 let (_, header, env) = sections.swap_remove(i);
-                errors.extend(refused(profile.as_str(), &env));
+                errors.extend(sectioned::refused(profile.as_str(), &env, refused));
                 (header, env)
             }
             None => (0, DotEnv::empty(base.gateway.models_file.clone().unwrap_or_default())),
@@ -86,17 +84,7 @@ pub(crate) fn load(options: &LoadOptions, base: &Config) -> Result<Vec<GroupConf
         own_defaults(base, profile.as_str(), header, &mut env);
         let mut one = options.clone();
         one.profile = Some(profile.as_str().to_owned());
-        match Config::load_in(&one, Some(&env)) {
-            Ok(config) => models.push(GroupConfig {
-                name: profile.as_str().to_owned(),
-                config,
-            }),
-            Err(ConfigError::Invalid(list)) => errors.extend(list.into_iter().map(|mut e| {
-                e.name = format!("[{profile}] {}", e.name);
-                e
-            })),
-            Err(other) => return Err(other),
-        }
+        models.extend(sectioned::load(&one, profile.as_str(), &env, &mut errors)?);
     }
     errors.extend(clashing_names(&models));
     if errors.is_empty() {
@@ -104,15 +92,6 @@ pub(crate) fn load(options: &LoadOptions, base: &Config) -> Result<Vec<GroupConf
     } else {
         Err(ConfigError::Invalid(errors))
     }
-}
-
-fn read_sections(options: &LoadOptions, path: &PathBuf) -> Result<Vec<(String, usize, DotEnv)>, ConfigError> {
-    let process = |name: &str| options.process_env.get(name).cloned();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::EnvFileUnreadable {
-        path: path.clone(),
-        source,
-    })?;
-    sections(path, &text, &process)
 }
 
 fn words(models: &[ProfileId]) -> String {
@@ -154,36 +133,17 @@ fn shared_identity(base: &Config) -> Vec<InvalidValue> {
         .collect()
 }
 
-/// The section's variables a model may not set apart from the others, or that sparkgate does
-/// not know.
-fn refused(model: &str, env: &DotEnv) -> Vec<InvalidValue> {
-    env.assignments
-        .iter()
-        .filter_map(|a| {
-            let rule = match knobs::knob(&a.key) {
-                None => "is not a sparkgate variable".to_owned(),
-                Some(k) if SHARED.contains(&k.name) => {
-                    "is shared by every model: set it outside MODELS_FILE".to_owned()
-                }
-                Some(k)
-                    if (k.group == Group::Gateway && !PER_MODEL_GATEWAY.contains(&k.name))
-                        || k.group == Group::Secrets =>
-                {
-                    "is the gateway's, shared by every model: set it outside MODELS_FILE".to_owned()
-                }
-                Some(_) => return None,
-            };
-            Some(InvalidValue {
-                name: format!("[{model}] {}", a.key),
-                value: a.value.clone(),
-                source: Source::EnvFile {
-                    path: env.path.clone(),
-                    line: a.line,
-                },
-                rule,
-            })
-        })
-        .collect()
+/// Why a model's section may not set `a`: the gateway's and the shared settings, and what
+/// sparkgate does not know.
+fn refused(a: &Assignment) -> Option<String> {
+    Some(match knobs::knob(&a.key) {
+        None => "is not a sparkgate variable".to_owned(),
+        Some(k) if SHARED.contains(&k.name) => "is shared by every model: set it outside MODELS_FILE".to_owned(),
+        Some(k) if (k.group == Group::Gateway && !PER_MODEL_GATEWAY.contains(&k.name)) || k.group == Group::Secrets => {
+            "is the gateway's, shared by every model: set it outside MODELS_FILE".to_owned()
+        }
+        Some(_) => return None,
+    })
 }
 
 /// What a model gets unless its section says otherwise: its own log directory (epochs, rank

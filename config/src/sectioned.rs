@@ -3,9 +3,10 @@
 
 use std::path::Path;
 
-use crate::config::Config;
-use crate::dotenv::DotEnv;
-use crate::error::ConfigError;
+use crate::config::{Config, LoadOptions};
+use crate::dotenv::{Assignment, DotEnv};
+use crate::error::{ConfigError, InvalidValue};
+use crate::source::Source;
 
 /// One rank group: its name (the section's) and its whole configuration.
 #[derive(Debug, Clone)]
@@ -66,4 +67,56 @@ pub(crate) fn sections(
         out.push((name.clone(), start + 1, DotEnv::parse(path, &body, process)?));
     }
     Ok(out)
+}
+
+/// The file at `path` read as sections (`sections`), `$VAR`s from the process environment.
+pub(crate) fn read(options: &LoadOptions, path: &Path) -> Result<Vec<(String, usize, DotEnv)>, ConfigError> {
+    let process = |name: &str| options.process_env.get(name).cloned();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::EnvFileUnreadable {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    sections(path, &text, &process)
+}
+
+/// Section `name`'s assignments that `why` refuses (its reason), each named by the section.
+pub(crate) fn refused(name: &str, env: &DotEnv, why: impl Fn(&Assignment) -> Option<String>) -> Vec<InvalidValue> {
+    env.assignments
+        .iter()
+        .filter_map(|a| {
+            Some(InvalidValue {
+                name: format!("[{name}] {}", a.key),
+                value: a.value.clone(),
+                source: Source::EnvFile {
+                    path: env.path.clone(),
+                    line: a.line,
+                },
+                rule: why(a)?,
+            })
+        })
+        .collect()
+}
+
+/// Section `name`'s whole configuration (`env` the highest layer over `options`); its problems
+/// go to `errors`, named by the section.
+pub(crate) fn load(
+    options: &LoadOptions,
+    name: &str,
+    env: &DotEnv,
+    errors: &mut Vec<InvalidValue>,
+) -> Result<Option<GroupConfig>, ConfigError> {
+    match Config::load_in(options, Some(env)) {
+        Ok(config) => Ok(Some(GroupConfig {
+            name: name.to_owned(),
+            config,
+        })),
+        Err(ConfigError::Invalid(list)) => {
+            errors.extend(list.into_iter().map(|mut e| {
+                e.name = format!("[{name}] {}", e.name);
+                e
+            }));
+            Ok(None)
+        }
+        Err(other) => Err(other),
+    }
 }

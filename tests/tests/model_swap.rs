@@ -47,6 +47,19 @@ fn ask_model(gw: &Gateway, name: &str) -> sparkgate_tests::http::HttpResponse {
     post_json(gw.addr, "/admin/model", &json!({"model": name}))
 }
 
+/// A gateway of both models with `sections` as its MODELS_FILE (kept in the directory returned).
+fn with_models_file(sections: &str) -> (tempfile::TempDir, Gateway) {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models.env");
+    std::fs::write(&models, sections).unwrap();
+    let (gw, _) = swapload::start(
+        SIM,
+        &quick(),
+        &[("MODELS_FILE", &models.display().to_string()), ("SIM_SPEED", "instant")],
+    );
+    (dir, gw)
+}
+
 fn serving(gw: &Gateway, model: &str) {
     gw.wait_status(&format!("{model} serving"), |s| {
         s["swap"]["phase"] == "serving" && s["model"] == model && s["ready"] == true
@@ -253,14 +266,7 @@ fn a_key_limited_to_one_model_is_refused_the_other_and_never_swaps() {
 
 #[test]
 fn ranks_that_fail_to_start_bring_the_old_model_back_and_answer_the_waiters_503() {
-    let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models.env");
-    std::fs::write(&models, "[glm-5.3-flash]\nVLLM_BIN=/bin/false\n").unwrap();
-    let (gw, _) = swapload::start(
-        SIM,
-        &quick(),
-        &[("MODELS_FILE", &models.display().to_string()), ("SIM_SPEED", "instant")],
-    );
+    let (_dir, gw) = with_models_file("[glm-5.3-flash]\nVLLM_BIN=/bin/false\n");
     let waiters: Vec<_> = (0..3)
         .map(|_| {
             let addr = gw.addr;
@@ -355,18 +361,7 @@ fn an_idle_model_is_unloaded_and_the_next_request_loads_its_own() {
 
 #[test]
 fn a_model_that_would_not_fit_is_refused_and_the_loaded_one_keeps_serving() {
-    let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models.env");
-    std::fs::write(
-        &models,
-        "[glm-5.3-flash]\nWEIGHTS_GIB_PER_RANK=4000\nBOOT_MARGIN_GIB=12\n",
-    )
-    .unwrap();
-    let (gw, _) = swapload::start(
-        SIM,
-        &quick(),
-        &[("MODELS_FILE", &models.display().to_string()), ("SIM_SPEED", "instant")],
-    );
+    let (_dir, gw) = with_models_file("[glm-5.3-flash]\nWEIGHTS_GIB_PER_RANK=4000\nBOOT_MARGIN_GIB=12\n");
     let r = post_json(gw.addr, "/v1/chat/completions", &chat(GLM));
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("needs 4012.0 GiB on each node"), "{}", r.text());

@@ -7,14 +7,11 @@
 
 use std::time::Duration;
 
+use sparkgate_tests::harness::flag_value;
 use sparkgate_tests::swapload::{self, percentile, Mix};
 
 fn arg(args: &[String], name: &str, default: f64) -> f64 {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    flag_value(args, name).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// A histogram's mean from `/metrics` (`_sum` / `_count`).
