@@ -5,6 +5,8 @@
 //! conversation prefix within [`AFFINITY_TTL`], so vLLM's prefix cache is reused), else the
 //! least loaded — and holds it until its answer is sent. Each group's supervisor state is
 //! mirrored into its own view; a group that restarts or fails only takes its capacity away.
+//! With MODELS the groups are the models instead, one serving at a time (`swap`): a request
+//! leases its own model's group, and admission grants only the loaded model's requests.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
