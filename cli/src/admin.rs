@@ -146,7 +146,7 @@ pub(crate) fn refusal(status: u16, body: &[u8]) -> String {
     format!("{message}{hint} (HTTP {status})")
 }
 
-fn get_json(ep: &Endpoint, path: &str) -> anyhow::Result<serde_json::Value> {
+pub(super) fn get_json(ep: &Endpoint, path: &str) -> anyhow::Result<serde_json::Value> {
     let (status, body) = call(ep, "GET", path, Bytes::new(), false)?;
     anyhow::ensure!(status < 300, "{}", refusal(status, &body));
     Ok(serde_json::from_slice(&body)?)
@@ -253,35 +253,6 @@ fn taken(change: &Change, status: u16, answer: &serde_json::Value) -> String {
     }
 }
 
-/// `sparkgate model` without a name: every model, the loaded one, and the swap under way.
-pub(super) fn show_model(ep: &Endpoint) -> anyhow::Result<ExitCode> {
-    let v = get_json(ep, "/admin/model")?;
-    for m in v["models"].as_array().into_iter().flatten() {
-        println!(
-            "{} {:<26} {}",
-            if m["loaded"] == true { "*" } else { " " },
-            m["name"].as_str().unwrap_or("?"),
-            m["profile"].as_str().unwrap_or("?")
-        );
-    }
-    let swap = &v["swap"];
-    println!(
-        "phase     {} (SWAP_POLICY={})",
-        swap["phase"].as_str().unwrap_or("?"),
-        swap["policy"].as_str().unwrap_or("?")
-    );
-    if let Some(s) = swap["swap"].as_object() {
-        println!(
-            "swap      {} → {} ({}, {} s so far)",
-            s["from"].as_str().unwrap_or("?"),
-            s["to"].as_str().unwrap_or("?"),
-            s["trigger"].as_str().unwrap_or("?"),
-            s["elapsed_s"]
-        );
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 /// `sparkgate spec` without a mode: the active mode and the profile's modes.
 pub(super) fn show_spec(ep: &Endpoint) -> anyhow::Result<ExitCode> {
     let v = get_json(ep, "/admin/spec")?;
@@ -361,6 +332,7 @@ fn gateway_lines(v: &serde_json::Value) -> String {
     let mut out = String::new();
     let a = &v["admission"];
     let _ = writeln!(out, "model      {} ({})", text(&v["model"]), text(&v["profile"]));
+    out += &super::models::line(v);
     let ready = if v["ready"] == true { "ready" } else { "not ready" };
     let upstream = v["upstream"]["state"]
         .as_str()

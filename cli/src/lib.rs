@@ -8,6 +8,7 @@ mod bench;
 mod bench_request;
 mod diagnostics;
 mod doctor;
+mod models;
 mod prepare;
 mod serve;
 mod smoke;
@@ -475,7 +476,7 @@ fn admin_command(command: Command, ep: &admin::Endpoint) -> anyhow::Result<ExitC
             wait,
             ..
         } => admin::change(ep, Change::Spec { mode, force }, &wait),
-        Command::Model { name: None, .. } => admin::show_model(ep),
+        Command::Model { name: None, .. } => models::show(&admin::get_json(ep, "/admin/model")?),
         Command::Model {
             name: Some(name), wait, ..
         } => admin::change(ep, Change::Model { name }, &wait),
