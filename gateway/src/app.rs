@@ -11,6 +11,7 @@ use sparkgate_config::Config;
 use crate::api::catalog::Catalog;
 use crate::api::models::ModelId;
 use crate::api::normalize::Normalizer;
+use crate::api::openai::ModelCard;
 use crate::control::state::GatewayControl;
 use crate::control::storage::StoreSlot;
 use crate::groups::Groups;
@@ -31,9 +32,8 @@ pub(crate) struct App {
     pub(crate) request_timeout: Duration,
     /// How long a cut stream waits to be continued (RESUME_TIMEOUT; zero: not at all).
     pub(crate) resume_timeout: Duration,
-    /// Each model's `/v1/models` entry as vLLM writes it (its `created` and permission id are
-    /// filled in per answer).
-    pub(crate) model_cards: Vec<Value>,
+    /// Each model's `/v1/models` entry, in the catalog's order.
+    pub(crate) model_cards: Vec<ModelCard>,
     /// The profile's speculation modes (what `/admin/spec` may switch to).
     pub(crate) spec_modes: Vec<sparkgate_config::SpecMode>,
     pub(crate) spec_policy: Arc<crate::control::spec::ModePolicy>,
@@ -120,9 +120,8 @@ impl App {
     }
 }
 
-/// A model's `ModelCard` as vLLM's `/v1/models` lists it: `root` is the model path `vllm serve`
-/// is given.
-fn model_card(c: &Config) -> Value {
+/// A model's `/v1/models` entry: `root` is the model path `vllm serve` is given.
+fn model_card(c: &Config) -> ModelCard {
     let plan = c.plan();
     let cmd = plan.ranks.first().map(|r| r.container.cmd.clone()).unwrap_or_default();
     let root = cmd
@@ -131,16 +130,11 @@ fn model_card(c: &Config) -> Value {
         .nth(1)
         .cloned()
         .unwrap_or_default();
-    json!({
-        "id": c.serving.served_model_name, "object": "model", "created": 0, "owned_by": "vllm",
-        "root": root, "parent": null, "max_model_len": c.serving.max_model_len,
-        "permission": [{
-            "id": "", "object": "model_permission", "created": 0, "allow_create_engine": false,
-            "allow_sampling": true, "allow_logprobs": true, "allow_search_indices": false,
-            "allow_view": true, "allow_fine_tuning": false, "organization": "*", "group": null,
-            "is_blocking": false
-        }]
-    })
+    ModelCard {
+        id: c.serving.served_model_name.clone(),
+        root,
+        max_model_len: c.serving.max_model_len,
+    }
 }
 
 impl App {
@@ -163,8 +157,9 @@ impl App {
         }
     }
 
-    /// Every model in `/admin/status`: its name, profile, and whether it is the loaded one.
-    fn models_json(&self) -> Value {
+    /// Every model in `/admin/status` and `/admin/model`: its name, profile, and whether it is
+    /// the loaded one.
+    pub(crate) fn models_json(&self) -> Value {
         let loaded = self.swapper.as_ref().map_or(Some(ModelId::default()), |s| s.loaded());
         let list: Vec<Value> = self
             .models

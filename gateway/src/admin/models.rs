@@ -8,7 +8,6 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use crate::api::error::GatewayError;
-use crate::api::models::ModelId;
 use crate::app::Shared;
 use crate::groups::{SwapAnswer, Swapper};
 
@@ -25,20 +24,10 @@ fn answer(status: StatusCode, body: Value) -> Response {
 /// `GET /admin/model`: every model, the loaded one, the swap under way.
 pub(crate) async fn show(State(app): State<Shared>) -> Result<Response, GatewayError> {
     let s = swapper(&app)?;
-    let status = crate::app::status_json(&app);
     Ok(answer(
         StatusCode::OK,
-        json!({"models": status["models"], "swap": s.status_json()}),
+        json!({"models": app.models_json(), "swap": s.status_json()}),
     ))
-}
-
-/// The model an operator names: a served name, an alias, or a profile.
-fn named(app: &Shared, name: &str) -> Option<ModelId> {
-    app.models.find(name).or_else(|| {
-        app.models
-            .ids()
-            .find(|id| app.models.get(*id).profile().as_str() == name)
-    })
 }
 
 /// `POST /admin/model {"model": NAME}`: 200 when it is loaded already, 202 when its swap began
@@ -50,7 +39,7 @@ pub(crate) async fn swap(State(app): State<Shared>, body: Bytes) -> Result<Respo
     let Some(name) = asked.get("model").and_then(Value::as_str) else {
         return Err(GatewayError::bad_request("the body must be {\"model\": NAME}", "model"));
     };
-    let Some(id) = named(&app, name) else {
+    let Some(id) = app.models.named(name) else {
         let mut known = app.models.valid();
         known.extend(app.models.ids().map(|id| app.models.get(id).profile().to_string()));
         return Err(GatewayError::bad_request(

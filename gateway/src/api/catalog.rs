@@ -35,7 +35,7 @@ impl Catalog {
     }
 
     pub(crate) fn ids(&self) -> impl Iterator<Item = ModelId> + '_ {
-        (0..self.models.len()).map(|i| ModelId(i as u8))
+        ModelId::all(self.models.len())
     }
 
     /// The model a served name or alias means (`None`: no model's).
@@ -47,6 +47,18 @@ impl Catalog {
                 .position(|n| n.aliases().iter().any(|a| alias_matches(a, name)))
         };
         exact.or_else(alias).map(|i| ModelId(i as u8))
+    }
+
+    /// The model an operator names: a served name, an alias, or a profile.
+    pub(crate) fn named(&self, name: &str) -> Option<ModelId> {
+        self.find(name)
+            .or_else(|| self.ids().find(|id| self.get(*id).profile().as_str() == name))
+    }
+
+    /// Whether a key's `models=` list (served names or profiles) allows model `id`.
+    pub(crate) fn allows(&self, list: &[String], id: ModelId) -> bool {
+        let n = self.get(id);
+        list.iter().any(|a| a == n.served() || a == n.profile().as_str())
     }
 
     /// Which model `body` names: its served name, else the first model whose alias matches;

@@ -16,6 +16,11 @@ impl ModelId {
     pub(crate) fn index(self) -> usize {
         usize::from(self.0)
     }
+
+    /// The first `n` models, in order.
+    pub(crate) fn all(n: usize) -> impl Iterator<Item = ModelId> {
+        (0..n.min(MAX_MODELS)).map(|i| ModelId(i as u8))
+    }
 }
 
 /// The most models one gateway serves (admission keeps them as bits of one byte).

@@ -98,24 +98,13 @@ pub(super) fn models(app: &App, caller: &crate::control::clients::Caller) -> Res
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let allowed = caller.key.as_ref().and_then(|k| k.settings.models.as_ref());
-    let data: Vec<serde_json::Value> = app
-        .model_cards
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| {
-            let n = app.models.get(crate::api::models::ModelId(*i as u8));
-            allowed.is_none_or(|a| a.iter().any(|m| m == n.served() || m == n.profile().as_str()))
-        })
-        .map(|(i, card)| {
-            let mut card = card.clone();
-            card["created"] = now.into();
-            card["permission"][0]["created"] = now.into();
-            card["permission"][0]["id"] =
-                format!("modelperm-{:016x}{:016x}", now ^ 0x9e37_79b9_7f4a_7c15, i as u64 + 1).into();
-            card
-        })
-        .collect();
-    let body = serde_json::json!({"object": "list", "data": data}).to_string();
+    let cards = app
+        .models
+        .ids()
+        .zip(&app.model_cards)
+        .filter(|(id, _)| allowed.is_none_or(|a| app.models.allows(a, *id)))
+        .map(|(_, card)| card);
+    let body = crate::api::openai::model_list(cards, now).to_string();
     Response::builder()
         .header(axum::http::header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))

@@ -85,7 +85,7 @@ fn model_allowed(ctx: &Ctx<'_>, model: crate::api::models::ModelId) -> Result<()
     let app = ctx.app;
     let n = app.models.get(model);
     if let Some(allowed) = ctx.caller.key.as_ref().and_then(|k| k.settings.models.as_ref()) {
-        if !allowed.iter().any(|a| a == n.served() || a == n.profile().as_str()) {
+        if !app.models.allows(allowed, model) {
             return Err(GatewayError::ModelForbidden {
                 model: n.served().to_owned(),
                 allowed: allowed.join(", "),

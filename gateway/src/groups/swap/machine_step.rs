@@ -112,8 +112,7 @@ impl Machine {
             "{} was stopped (by an operator, or its supervisor gave up); no swap runs until it is started",
             self.name(model)
         );
-        (0..self.settings.names.len())
-            .map(|i| ModelId(i as u8))
+        ModelId::all(self.settings.names.len())
             .filter(|m| *m != model)
             .map(|m| Action::Refuse(m, why.clone()))
             .collect()
@@ -121,8 +120,7 @@ impl Machine {
 
     /// The model other than `loaded` whose oldest request has waited longest.
     fn wanted(&self, seen: Seen<'_>, loaded: Option<ModelId>) -> Option<ModelId> {
-        (0..self.settings.names.len())
-            .map(|i| ModelId(i as u8))
+        ModelId::all(self.settings.names.len())
             .filter(|m| Some(*m) != loaded)
             .filter_map(|m| Some((seen.waiting[m.index()].oldest?, m)))
             .min()

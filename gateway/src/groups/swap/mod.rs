@@ -154,7 +154,7 @@ impl Runner {
             let (actions, reply) = tokio::select! {
                 _ = tick.tick() => {
                     let waiting = self.control.admission().waiting();
-                    let groups: Vec<GroupIs> = (0..self.names.len()).map(|i| self.group_is(ModelId(i as u8))).collect();
+                    let groups: Vec<GroupIs> = ModelId::all(self.names.len()).map(|m| self.group_is(m)).collect();
                     let seen = Seen { now: Instant::now(), waiting: &waiting, running: self.control.snapshot().in_use, groups: &groups };
                     (machine.step(Event::Tick(seen)).1, None)
                 }
