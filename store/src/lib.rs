@@ -149,6 +149,15 @@ impl Backend {
         }
     }
 
+    /// Runs `statement` once for each parameter list, all in one transaction: every row is on
+    /// disk, or none is.
+    async fn execute_all(&self, statement: &'static str, params: Vec<Vec<Param>>) -> Result<(), StoreError> {
+        match self {
+            Backend::Sqlite(b) => b.execute_all(statement, params).await,
+            Backend::Postgres(b) => b.execute_all(statement, params).await,
+        }
+    }
+
     /// The rows of a query whose columns are all text but the `ints` ones (by index).
     async fn query(
         &self,

@@ -61,6 +61,17 @@ impl Postgres {
         client.execute(statement, &refs).await.map_err(backend)
     }
 
+    pub(crate) async fn execute_all(&self, statement: &'static str, params: Vec<Vec<Param>>) -> Result<(), StoreError> {
+        let mut guard = self.client().await?;
+        let client = guard.as_mut().expect("connected");
+        let tx = client.transaction().await.map_err(backend)?;
+        let prepared = tx.prepare(statement).await.map_err(backend)?;
+        for p in &params {
+            tx.execute(&prepared, &refs(p)).await.map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+
     pub(crate) async fn query(
         &self,
         statement: &'static str,

@@ -81,6 +81,21 @@ impl Sqlite {
         .await
     }
 
+    pub(crate) async fn execute_all(&self, statement: &'static str, params: Vec<Vec<Param>>) -> Result<(), StoreError> {
+        self.blocking(move |c| {
+            // One transaction: one WAL commit (one fsync) for the whole batch.
+            let tx = c.unchecked_transaction()?;
+            {
+                let mut stmt = tx.prepare_cached(statement)?;
+                for p in &params {
+                    stmt.execute(params_from_iter(p.iter()))?;
+                }
+            }
+            tx.commit()
+        })
+        .await
+    }
+
     pub(crate) async fn query(
         &self,
         statement: &'static str,

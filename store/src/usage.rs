@@ -170,20 +170,54 @@ static SINCE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// Tokens by key and minute since `$1`.
+const BY_MINUTE: &str = "SELECT key, minute, CAST(SUM(prompt + completion) AS BIGINT) FROM sparkgate_usage
+    WHERE minute >= $1 GROUP BY key, minute ORDER BY key, minute";
+
+/// `ADD`'s parameters for a request's counts at `at` (seconds).
+fn add_params(at: i64, who: &UsageKey, usage: &Usage) -> Vec<Param> {
+    let mut params = vec![
+        Param::Int(at - at.rem_euclid(60)),
+        Param::Text(who.key.clone()),
+        Param::Text(who.model.clone()),
+        Param::Text(who.route.clone()),
+    ];
+    params.extend(usage.counts().iter().map(|c| Param::Int(*c as i64)));
+    params
+}
+
 /// The rows' integer columns (every one after key, model, route).
 static INTS: LazyLock<Vec<usize>> = LazyLock::new(|| (3..3 + COUNTS).collect());
 
 impl Store {
     /// Adds `usage` to `who`'s row for the minute holding `at` (seconds).
     pub async fn add_usage(&self, at: i64, who: &UsageKey, usage: &Usage) -> Result<(), StoreError> {
-        let mut params = vec![
-            Param::Int(at - at.rem_euclid(60)),
-            Param::Text(who.key.clone()),
-            Param::Text(who.model.clone()),
-            Param::Text(who.route.clone()),
-        ];
-        params.extend(usage.counts().iter().map(|c| Param::Int(*c as i64)));
-        self.0.backend.execute(ADD.as_str(), params).await.map(drop)
+        self.0
+            .backend
+            .execute(ADD.as_str(), add_params(at, who, usage))
+            .await
+            .map(drop)
+    }
+
+    /// Adds each row's counts to its minute's row (`at` in seconds), all in one transaction: a
+    /// batch is durable whole when this returns, or not at all.
+    pub async fn add_usage_all(&self, rows: &[(i64, UsageKey, Usage)]) -> Result<(), StoreError> {
+        let params = rows
+            .iter()
+            .map(|(at, who, usage)| add_params(*at, who, usage))
+            .collect();
+        self.0.backend.execute_all(ADD.as_str(), params).await
+    }
+
+    /// Tokens (prompt + completion) each key used, by minute, since `since` (seconds; rounded
+    /// down to its minute): what the quotas' sliding windows are rebuilt from at a start.
+    pub async fn tokens_by_minute(&self, since: i64) -> Result<Vec<(String, i64, u64)>, StoreError> {
+        let params = vec![Param::Int(since - since.rem_euclid(60))];
+        let rows = self.0.backend.query(BY_MINUTE, params, &[1, 2]).await?;
+        Ok(rows
+            .iter()
+            .map(|row| (text(&row[0]), int(&row[1]), int(&row[2]).max(0) as u64))
+            .collect())
     }
 
     /// Usage since `since` (seconds; rounded down to its minute), by key, model and route, of

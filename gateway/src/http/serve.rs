@@ -206,16 +206,16 @@ fn background(app: &Shared, edge: &Edge) {
     });
 }
 
-/// Counts what each key used today before this start into its day quota (from the store).
+/// Rebuilds each key's quota windows from the store's per-minute usage of the last day.
 async fn seed_quotas(app: &Shared) {
     let now = crate::control::ledger::now_secs();
-    match app.ledger.since(now - now.rem_euclid(86_400), None).await {
+    match app.ledger.tokens_by_minute(now - 86_400 - 60).await {
         Ok(rows) => {
-            for (who, used) in rows {
-                app.quotas.seed(&who.key, used.prompt + used.completion, now);
+            for (key, minute, tokens) in rows {
+                app.quotas.seed(&key, minute, tokens, now);
             }
         }
-        Err(e) => tracing::warn!(error = %e, "today's usage not read: day quotas count from now"),
+        Err(e) => tracing::warn!(error = %e, "the last day's usage not read: quotas count from now"),
     }
 }
 

@@ -9,6 +9,7 @@ pub(crate) const KEY_QUEUE_WAIT_SECONDS: &str = "sparkgate_key_queue_wait_second
 pub(crate) const KEY_QUOTA_REFUSALS: &str = "sparkgate_key_quota_refusals_total";
 pub(crate) const KEY_RELOADS: &str = "sparkgate_key_reloads_total";
 pub(crate) const USAGE_WRITE_FAILURES: &str = "sparkgate_usage_write_failures_total";
+pub(crate) const USAGE_COMMIT_TIMEOUTS: &str = "sparkgate_usage_commit_timeouts_total";
 
 pub(super) fn describe() {
     describe_counter!(
@@ -35,6 +36,10 @@ pub(super) fn describe() {
     describe_counter!(
         USAGE_WRITE_FAILURES,
         "Writes of per-key usage to the store that failed (kept and tried again)."
+    );
+    describe_counter!(
+        USAGE_COMMIT_TIMEOUTS,
+        "Answers that ended before their usage was durable in the store (the store could not be written within 5 s)."
     );
 }
 

@@ -21,7 +21,7 @@ use crate::control::clients::Caller;
 use crate::control::fairq::Client;
 use crate::control::inflight::{Listed, Sending};
 use crate::control::keys::KeyInfo;
-use crate::control::ledger::{now_secs, ANONYMOUS};
+use crate::control::ledger::{now_secs, Committed, ANONYMOUS};
 use crate::control::quota::Hold;
 use crate::observe::otel::RequestTrace;
 use crate::observe::{self, TraceStage};
@@ -258,8 +258,9 @@ impl Account {
         self.streamed
     }
 
-    /// Closes the account with vLLM's usage and how the request ended.
-    pub(crate) fn close(mut self, usage: &observe::Usage, ending: Ending) {
+    /// Closes the account with vLLM's usage and how the request ended; the ticket says when its
+    /// usage is durable (the answer's end waits for it).
+    pub(crate) fn close(mut self, usage: &observe::Usage, ending: Ending) -> Committed {
         let ending = if self.refused && self.hold.is_none() {
             Ending::Refused
         } else {
@@ -305,7 +306,7 @@ impl Account {
             model: self.model.as_deref().unwrap_or("-").to_owned(),
             route: self.route.to_owned(),
         };
-        self.app.ledger.add(who, counted);
+        self.app.ledger.add(who, counted)
     }
 }
 

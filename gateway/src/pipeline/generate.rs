@@ -1,6 +1,7 @@
 //! A generation from its head to its answer: the stages in order (`prepare` → `admit` →
 //! `send` → `respond`), then its outcome written once — a stream's line is the relay's when it
-//! ends; a whole answer's or a refusal's is written here — with the request metrics.
+//! ends; a whole answer's or a refusal's is written here, its usage durable before its head
+//! goes out — with the request metrics.
 
 use axum::response::Response;
 use metrics::counter;
@@ -21,7 +22,7 @@ pub(super) async fn generate(mut ctx: Ctx<'_>, body: impl RequestBody) -> Respon
     let mut account = Some(Account::open(ctx.shared, &ctx.caller, ctx.route.label).traced(trace));
     let result = stages(&ctx, &mut account, body).await;
     ctx.pending.answered();
-    finish(&ctx, account, result)
+    finish(&ctx, account, result).await
 }
 
 /// The stages; a stream takes the account with it (the relay closes it when the stream ends).
@@ -37,8 +38,9 @@ async fn stages(ctx: &Ctx<'_>, account: &mut Option<Account>, body: impl Request
     respond(ctx, req, sent, account).await
 }
 
-/// The answer's log line and metrics, by how the stages ended.
-fn finish(ctx: &Ctx<'_>, account: Option<Account>, result: Result<Reply, GatewayError>) -> Response {
+/// The answer's log line and metrics, by how the stages ended; a whole answer (or a refusal)
+/// leaves once its usage is durable.
+async fn finish(ctx: &Ctx<'_>, account: Option<Account>, result: Result<Reply, GatewayError>) -> Response {
     let label = ctx.route.label;
     let (resp, whole) = match result {
         // A stream's line is written by the relay when the stream ends.
@@ -65,10 +67,10 @@ fn finish(ctx: &Ctx<'_>, account: Option<Account>, result: Result<Reply, Gateway
             )
         }
     };
-    let elapsed = ctx.started().elapsed();
     if let (Some(account), Some((usage, _, outcome))) = (account, &whole) {
-        account.close(usage, Ending::of(outcome));
+        account.close(usage, Ending::of(outcome)).durable().await;
     }
+    let elapsed = ctx.started().elapsed();
     if let Some((usage, model, outcome)) = whole {
         observe::generation_done(&observe::Finished {
             request_id: ctx.request_id,

@@ -104,8 +104,8 @@ enum Woke {
     Continued(Option<Result<Bytes, GatewayError>>),
     /// A stream waiting for its continuation is due an SSE comment.
     KeepAlive,
-    /// The stored answer's final event, once written.
-    Stored(Bytes),
+    /// The final event, once the answer is stored and its usage durable.
+    Final(Bytes),
 }
 
 pub(crate) struct Relay {
@@ -141,8 +141,9 @@ pub(crate) struct Relay {
     dispatch: Option<resume::Dispatch>,
     /// The cut being continued: what the stream ends with if the continuation fails.
     cut_error: Option<GatewayError>,
-    /// The final event's store write under way (`RelayCtx::stored`).
-    storing: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Bytes> + Send>>>,
+    /// The final event, held while the answer is stored (`RelayCtx::stored`) and its usage made
+    /// durable (`hold_final`).
+    gate: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Bytes> + Send>>>,
 }
 
 /// Where the literal `needle` first is in `hay`. Each needle's searcher is built once: building
@@ -305,11 +306,8 @@ impl Relay {
                 .unwrap_or(p)
         });
         let Some(payload) = payload else {
-            let last = self.on_named_event(&event);
-            if let Some(plan) = last.then(|| self.ctx.stored.take()).flatten() {
-                // The answer is stored before its last event goes out.
-                self.storing = Some(Box::pin(super::chain::persist_event(plan, event)));
-                return;
+            if self.on_named_event(&event) {
+                return self.hold_final(event);
             }
             self.out.push_back(event);
             return;
@@ -319,8 +317,7 @@ impl Relay {
             for h in std::mem::take(&mut self.held) {
                 self.out.push_back(Bytes::from(h));
             }
-            self.out.push_back(event);
-            return;
+            return self.hold_final(event);
         }
         if payload.starts_with(b"{\"error\"") {
             counter!(observe::STREAM_ERRORS, "reason" => StreamEnd::UpstreamErrorEvent.label()).increment(1);
@@ -351,8 +348,30 @@ impl Relay {
         self.out.push_back(event);
     }
 
+    /// The answer's final event (`[DONE]`, `message_stop`, a Responses answer's last): its
+    /// account is closed now and the event held until its usage is durable — a stored Responses
+    /// answer written first — so an answer a client received whole is counted whatever happens
+    /// to the gateway next.
+    fn hold_final(&mut self, event: Bytes) {
+        let committed = self.close_account();
+        let stored = self.ctx.stored.take();
+        if stored.is_none() && committed.is_now() {
+            self.out.push_back(event);
+            return;
+        }
+        self.gate = Some(Box::pin(async move {
+            let event = match stored {
+                Some(plan) => super::chain::persist_event(plan, event).await,
+                None => event,
+            };
+            committed.durable().await;
+            event
+        }));
+    }
+
     /// `event: …` frames (Responses, Anthropic): the final usage, the end, upstream errors.
-    /// Whether it is a Responses answer's final event (`response.completed` or `.incomplete`).
+    /// Whether it is the answer's final event (`response.completed` or `.incomplete`,
+    /// `message_stop`).
     fn on_named_event(&mut self, event: &[u8]) -> bool {
         let data = || -> Value {
             event
@@ -370,6 +389,7 @@ impl Relay {
             self.usage.update(observe::Usage::of(&data()["usage"]));
         } else if contains!(event, b"event: message_stop") {
             self.saw_done = true;
+            return true;
         } else if event.starts_with(b"event: error") {
             counter!(observe::STREAM_ERRORS, "reason" => StreamEnd::UpstreamErrorEvent.label()).increment(1);
             self.outcome = StreamEnd::UpstreamErrorEvent.label();
@@ -405,10 +425,10 @@ impl Relay {
     /// Polls the upstream body, then the gateway's shutdown, then the stream's deadline (the
     /// timer is re-armed lazily when it fires before the deadline moved by the last token).
     fn poll_woke(&mut self, cx: &mut Context<'_>) -> Poll<Woke> {
-        if let Some(storing) = self.storing.as_mut() {
-            let event = ready!(storing.as_mut().poll(cx));
-            self.storing = None;
-            return Poll::Ready(Woke::Stored(event));
+        if let Some(gate) = self.gate.as_mut() {
+            let event = ready!(gate.as_mut().poll(cx));
+            self.gate = None;
+            return Poll::Ready(Woke::Final(event));
         }
         if let Some((feed, keep_alive)) = self.feed.as_mut() {
             if let Poll::Ready(next) = feed.poll_recv(cx) {
@@ -484,7 +504,7 @@ impl Relay {
                 }
                 self.done = true;
             }
-            Woke::Stored(event) => self.out.push_back(event),
+            Woke::Final(event) => self.out.push_back(event),
             Woke::KeepAlive => {
                 self.out.push_back(Bytes::from_static(b": keep-alive\n\n"));
                 if let Some((_, timer)) = self.feed.as_mut() {
@@ -555,7 +575,7 @@ impl Relay {
             resumes: 0,
             dispatch: None,
             cut_error: None,
-            storing: None,
+            gate: None,
         }
     }
 }
