@@ -165,6 +165,11 @@ pub struct RealVllm {
 const START: Duration = Duration::from_secs(240);
 
 impl RealVllm {
+    /// The model directory the fixture generated (its trained `tokenizer.json`, config, template).
+    pub fn model_dir(&self) -> PathBuf {
+        self._work.path().join("model")
+    }
+
     /// `release` serving `profile` with its default plan's rank-0 argv.
     pub fn start(release: VllmRelease, profile: ProfileId) -> RealVllm {
         RealVllm::start_with(release, profile, &plan_argv(profile, None), &[])

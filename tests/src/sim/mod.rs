@@ -7,6 +7,7 @@ mod api;
 mod args;
 mod changes;
 mod control;
+mod count;
 mod counting;
 mod engine;
 mod faults;

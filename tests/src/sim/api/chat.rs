@@ -18,7 +18,7 @@ use crate::sim::changes::{exclude_null, since, Change};
 use crate::sim::parser::ParserConfig;
 use crate::sim::structured::Constraint;
 use crate::sim::text::{self, ToolCall};
-use crate::sim::{model, prompt, vocab};
+use crate::sim::{count, model, prompt, vocab};
 
 /// The echoed `X-Request-Id` (only with `--enable-request-id-headers`, as vLLM).
 pub(crate) fn with_request_id(app: &App, id: &str, mut resp: Response) -> Response {
@@ -150,6 +150,9 @@ pub(crate) struct Rendered {
     pub(crate) messages: Vec<Value>,
     /// The prompt's text.
     pub(crate) prompt: String,
+    /// The prompt's ids as the real frontend counts them (`sim::count`): its length is the
+    /// prompt's token count, its blocks the prefix cache's key.
+    pub(crate) counted: Vec<u32>,
     pub(crate) prompt_tokens: usize,
     pub(crate) rendering: text::Rendering,
     pub(crate) opening: Opening,
@@ -189,12 +192,20 @@ pub(crate) fn render_checked(app: &App, req: &Map<String, Value>) -> Result<Rend
         &rendering,
         app.template,
     );
-    let prompt_tokens = vocab::count_tokens(&prompt);
+    let counted = count::chat_prompt_ids(
+        app.template,
+        &messages,
+        tools.as_deref(),
+        &rendering,
+        opening == Opening::Generation,
+    );
+    let prompt_tokens = counted.len();
     request::check_prompt_length(app, prompt_tokens)?;
     request::routed_experts_start(req, prompt_tokens)?;
     Ok(Rendered {
         messages,
         prompt,
+        counted,
         prompt_tokens,
         rendering,
         opening,
@@ -227,7 +238,7 @@ pub(crate) fn prepare(app: &App, headers: &HeaderMap, req: Map<String, Value>) -
         })
         .collect();
     let request_id = request::request_id(headers, &req);
-    let job = Job::start(app, &[&r.prompt], choices)?;
+    let job = Job::start_tokens(app, std::slice::from_ref(&r.counted), &[&r.prompt], choices)?;
     let ctx = Ctx::new(app, &req, &r.messages, request_id, r.stream, &r.prompt, r.prompt_tokens);
     Ok((job, ctx))
 }

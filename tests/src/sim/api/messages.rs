@@ -15,7 +15,7 @@ use super::chat;
 use super::generate::{Job, Step};
 use super::{json_response, request, schema, ApiError, App, Shared};
 use crate::sim::changes::{since, Change};
-use crate::sim::{prompt, vocab};
+use crate::sim::count;
 
 /// Anthropic's finish names.
 fn stop_reason(finish: &str, stop: Option<&String>) -> &'static str {
@@ -41,30 +41,66 @@ fn block_text(content: Option<&Value>) -> String {
     }
 }
 
-/// One Anthropic message as chat messages (tool results become tool messages).
+/// A text block's text, unless empty or Claude Code's billing header (which vLLM strips from
+/// system text).
+fn system_text(b: &Value) -> Option<&str> {
+    let text = b.get("text").and_then(Value::as_str).filter(|t| !t.is_empty())?;
+    (b.get("type").and_then(Value::as_str) == Some("text") && !text.starts_with("x-anthropic-billing-header"))
+        .then_some(text)
+}
+
+/// The system prompt as vLLM joins it: a string, or its text blocks run together.
+fn system_prompt(system: Option<&Value>) -> String {
+    match system {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => blocks.iter().filter_map(system_text).collect(),
+        _ => String::new(),
+    }
+}
+
+/// One Anthropic message as chat messages, as vLLM's `_convert_messages` makes them: tool
+/// results become tool messages, thinking the turn's `reasoning`, one text block the content
+/// string and several a list of text parts.
 fn convert_message(m: &Value, out: &mut Vec<Value>) {
     let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
     let blocks = m.get("content").and_then(Value::as_array).cloned().unwrap_or_default();
-    for b in blocks
-        .iter()
-        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
-    {
+    let kind = |b: &Value, t: &str| b.get("type").and_then(Value::as_str) == Some(t);
+    for b in blocks.iter().filter(|b| kind(b, "tool_result")) {
         let id = b.get("tool_use_id").cloned().unwrap_or(Value::Null);
         out.push(json!({"role": "tool", "tool_call_id": id, "content": block_text(b.get("content"))}));
     }
     let calls: Vec<Value> = blocks
         .iter()
-        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
+        .filter(|b| kind(b, "tool_use"))
         .map(|b| {
             let args = b.get("input").cloned().unwrap_or_else(|| json!({})).to_string();
             json!({"id": b.get("id"), "type": "function", "function": {"name": b.get("name"), "arguments": args}})
         })
         .collect();
-    let text = block_text(m.get("content"));
-    if !text.is_empty() || !calls.is_empty() || blocks.is_empty() {
-        let mut msg = json!({"role": role, "content": text});
+    let texts: Vec<&Value> = blocks
+        .iter()
+        .filter(|b| kind(b, "text") && b.get("text").and_then(Value::as_str).is_some_and(|t| !t.is_empty()))
+        .collect();
+    let reasoning: Vec<&str> = blocks
+        .iter()
+        .filter(|b| kind(b, "thinking"))
+        .filter_map(|b| b.get("thinking").and_then(Value::as_str))
+        .collect();
+    let content = match texts.as_slice() {
+        [] => json!(""),
+        [one] => json!(one["text"]),
+        many => json!(many
+            .iter()
+            .map(|b| json!({"type": "text", "text": b["text"]}))
+            .collect::<Vec<_>>()),
+    };
+    if !texts.is_empty() || !calls.is_empty() || !reasoning.is_empty() || blocks.is_empty() {
+        let mut msg = json!({"role": role, "content": if blocks.is_empty() { m["content"].clone() } else { content }});
         if !calls.is_empty() {
             msg["tool_calls"] = Value::Array(calls);
+        }
+        if !reasoning.is_empty() {
+            msg["reasoning"] = json!(reasoning.concat());
         }
         out.push(msg);
     }
@@ -73,7 +109,7 @@ fn convert_message(m: &Value, out: &mut Vec<Value>) {
 /// The chat request vLLM derives from a Messages request.
 pub(crate) fn to_chat(req: &Map<String, Value>) -> Map<String, Value> {
     let mut messages = Vec::new();
-    let system = block_text(req.get("system"));
+    let system = system_prompt(req.get("system"));
     if !system.is_empty() {
         messages.push(json!({"role": "system", "content": system}));
     }
@@ -363,10 +399,10 @@ pub(crate) async fn count_tokens(
         return Ok(e.into_anthropic());
     }
     // The prompt the chat route renders for it.
-    let (rendering, _) = chat::rendering_of(&app, &chat, &messages, &kwargs);
+    let (rendering, opening) = chat::rendering_of(&app, &chat, &messages, &kwargs);
     let tools = chat.get("tools").and_then(Value::as_array).map(Vec::as_slice);
-    let prompt = prompt::render(&messages, tools, chat.get("tool_choice"), &rendering, app.template);
-    let n = vocab::count_tokens(&prompt);
+    let generation = opening == chat::Opening::Generation;
+    let n = count::chat_prompt_ids(app.template, &messages, tools, &rendering, generation).len();
     // 0.33 rendered the count as a chat request, with the context limit; 0.34 counts past it.
     if !since(Change::CountTokensOverContext) {
         if let Err(e) = request::check_prompt_length(&app, n) {

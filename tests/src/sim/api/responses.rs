@@ -15,7 +15,7 @@ use super::generate::{ChoicePlan, Job, Step};
 use super::request::{self, invalid};
 use super::{internal_error, json_response, ApiError, App, Shared};
 use crate::sim::structured::Constraint;
-use crate::sim::{model, prompt, vocab};
+use crate::sim::{count, model, prompt, vocab};
 
 /// Responses `input` (plus `instructions`) as chat messages.
 fn messages(req: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
@@ -51,6 +51,14 @@ fn messages(req: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
         }
     }
     Ok(out)
+}
+
+/// A Responses function tool as the chat tool vLLM renders (`name`, `description` and
+/// `parameters` under `function`).
+fn chat_tool(t: &Value) -> Value {
+    let mut function = t.as_object().cloned().unwrap_or_default();
+    function.remove("type");
+    json!({"type": "function", "function": function})
 }
 
 struct Turn {
@@ -272,7 +280,9 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         &rendering,
         app.template,
     );
-    let prompt_tokens = vocab::count_tokens(&prompt);
+    let chat_tools: Option<Vec<Value>> = tools.as_ref().map(|t| t.iter().map(chat_tool).collect());
+    let counted = count::chat_prompt_ids(app.template, &msgs, chat_tools.as_deref(), &rendering, true);
+    let prompt_tokens = counted.len();
     request::check_prompt_length(&app, prompt_tokens)?;
     let budget =
         (app.args.max_model_len as usize - prompt_tokens).min(max_output_tokens.map_or(usize::MAX, |m| m as usize));
@@ -287,7 +297,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     );
     let plan = ChoicePlan::new(planned, budget, ignore_eos, 0, cfg);
     let request_id = request::request_id(&headers, &req);
-    let job = Job::start(&app, &[&prompt], vec![plan])?;
+    let job = Job::start_tokens(&app, &[counted], &[&prompt], vec![plan])?;
     let max_output_tokens = max_output_tokens.unwrap_or(app.args.max_model_len.saturating_sub(prompt_tokens as u64));
     let turn = Turn::new(&app, &req, &request_id, tools.as_deref(), max_output_tokens);
     if !stream {
