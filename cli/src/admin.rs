@@ -353,6 +353,7 @@ fn gateway_lines(v: &serde_json::Value) -> String {
     }
     out += &vllm_lines(&v["vllm"]);
     out += &store_line(&v["store"]);
+    out += &super::quarantine::status_line(v);
     out
 }
 

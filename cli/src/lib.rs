@@ -10,6 +10,7 @@ mod diagnostics;
 mod doctor;
 mod models;
 mod prepare;
+mod quarantine;
 mod serve;
 mod smoke;
 mod top;
@@ -105,6 +106,14 @@ pub enum Command {
         /// Print the raw JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// The request bodies refused as poisonous (they crashed the engine); `release ID` lets one
+    /// run again.
+    Quarantine {
+        #[command(flatten)]
+        target: admin::Target,
+        #[command(subcommand)]
+        action: Option<quarantine::Action>,
     },
     /// Drain, then restart the rank group in a new epoch; waits until it is ready again.
     Restart {
@@ -293,6 +302,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve { .. } | Command::Demo { .. } => return serve_command(&cli.command, &config, &options, logs),
         Command::Status { ref target, .. }
         | Command::Usage { ref target, .. }
+        | Command::Quarantine { ref target, .. }
         | Command::Restart { ref target, .. }
         | Command::Spec { ref target, .. }
         | Command::Model { ref target, .. }
@@ -451,6 +461,7 @@ fn admin_url(command: &Command) -> Option<String> {
     match command {
         Command::Status { target, .. }
         | Command::Usage { target, .. }
+        | Command::Quarantine { target, .. }
         | Command::Restart { target, .. }
         | Command::Spec { target, .. }
         | Command::Model { target, .. }
@@ -468,6 +479,7 @@ fn admin_command(command: Command, ep: &admin::Endpoint) -> anyhow::Result<ExitC
     match command {
         Command::Status { json, .. } => admin::status(ep, json),
         Command::Usage { window, key, json, .. } => usage::run(ep, &window, key.as_deref(), json),
+        Command::Quarantine { action, .. } => quarantine::run(ep, action),
         Command::Restart { force, group, wait, .. } => admin::change(ep, Change::Restart { force, group }, &wait),
         Command::Spec { mode: None, .. } => admin::show_spec(ep),
         Command::Spec {

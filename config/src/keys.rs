@@ -75,6 +75,17 @@ pub struct KeySettings {
     pub max_sequences: Option<u32>,
     /// The models it may use (MODELS), by served name or profile; `None`: every model.
     pub models: Option<Vec<String>>,
+    /// Its requests' class for INTERACTIVE_RESERVE; `None`: by each prompt's size.
+    pub class: Option<RequestClass>,
+}
+
+/// A key's class for the interactive reserve (docs/keys.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestClass {
+    /// Never held back, whatever its prompt's size.
+    Interactive,
+    /// Always held back from the reserved slots, whatever its prompt's size.
+    Batch,
 }
 
 /// One line of API_KEYS_FILE.
@@ -94,7 +105,7 @@ pub struct KeysFileError(pub Vec<String>);
 type SetFn = fn(&mut KeySettings, &str) -> Result<(), String>;
 
 /// The settings a line may give, each with how its value is read.
-const SETTINGS: [(&str, SetFn); 6] = [
+const SETTINGS: [(&str, SetFn); 7] = [
     ("weight", |s, v| {
         s.weight = Some(bounded(v, 1, 1000)? as u32);
         Ok(())
@@ -126,6 +137,14 @@ const SETTINGS: [(&str, SetFn); 6] = [
             return Err("must name at least one model (served names or profiles, comma-separated)".to_owned());
         }
         s.models = Some(names);
+        Ok(())
+    }),
+    ("class", |s, v| {
+        s.class = Some(match v {
+            "interactive" => RequestClass::Interactive,
+            "batch" => RequestClass::Batch,
+            _ => return Err("must be interactive or batch".to_owned()),
+        });
         Ok(())
     }),
 ];

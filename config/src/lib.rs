@@ -39,7 +39,7 @@ pub use config::{
 };
 pub use error::{ConfigError, InvalidValue};
 pub use groups::{GroupConfig, SINGLE_GROUP};
-pub use keys::{parse_keys_file, valid_name, ApiKey, KeyEntry, KeySettings, KeyText, KeysFileError};
+pub use keys::{parse_keys_file, valid_name, ApiKey, KeyEntry, KeySettings, KeyText, KeysFileError, RequestClass};
 pub use plan::{labels, ContainerSpec, LaunchPlan, Mount, NodeRole, RankPlan, Ulimit};
 pub use profile::{ProfileId, ReasoningFacts};
 pub use reference::{reference_markdown, settings_table};
@@ -49,5 +49,5 @@ pub use spec::{
     default_max_num_seqs, seeded_throughput, Basis, SpecMethod, SpecMode, ThroughputPoint, ThroughputTable,
 };
 pub use swap::{Swap, SwapPolicy};
-pub use tenancy::{FairCharge, KeyQuota, OtlpProtocol, QuotaMode, Tenancy, Tracing};
+pub use tenancy::{FairCharge, KeyQuota, OtlpProtocol, QuotaMode, Reserve, Tenancy, Tracing};
 pub use vllm::{Fit, UpstreamVersion, VllmRelease};

@@ -53,6 +53,24 @@ pub struct Tenancy {
     pub fair_charge: FairCharge,
     /// SESSION_HEADER, lower-cased; `None` when empty.
     pub session_header: Option<String>,
+    /// INTERACTIVE_RESERVE and its companions.
+    pub reserve: Reserve,
+    /// QUARANTINE_TTL.
+    pub quarantine_ttl: std::time::Duration,
+}
+
+/// The interactive reserve (docs/keys.md): slots long requests leave free while others are
+/// active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserve {
+    /// INTERACTIVE_RESERVE as set (admission bounds it by MAX_NUM_SEQS - 1).
+    pub slots: u32,
+    /// LONG_PROMPT_TOKENS.
+    pub long_prompt_tokens: u64,
+    /// INTERACTIVE_ACTIVE_S.
+    pub active: std::time::Duration,
+    /// LONG_MAX_WAIT_S.
+    pub max_wait: std::time::Duration,
 }
 
 /// OpenTelemetry tracing (OTEL_EXPORTER_OTLP_*), on when an endpoint is set.

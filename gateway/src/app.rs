@@ -99,7 +99,7 @@ impl App {
             resume_timeout: g.resume_timeout,
             model_cards: models.iter().map(|c| model_card(c)).collect(),
             spec_modes: config.speculation.modes.clone(),
-            quarantine: Arc::default(),
+            quarantine: Arc::new(crate::quarantine::Quarantine::new(t.quarantine_ttl, store.clone())),
             warm: crate::groups::Warm::new(g.warm_replay_bytes),
             ledger: crate::control::ledger::Ledger::new(store.clone()),
             store,
@@ -191,5 +191,6 @@ pub(crate) fn status_json(app: &App) -> Value {
         "admission": {"open": !snap.paused, "capacity": snap.capacity, "in_flight": snap.in_use, "queued": snap.queued},
         "groups": app.groups.status_json(),
         "store": app.store.as_ref().map(|s| s.status_json()),
+        "quarantine": app.quarantine.list(),
     })
 }

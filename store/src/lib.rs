@@ -1,14 +1,17 @@
 //! The gateway's persistent state (docs/store.md): stored Responses, each owned by the API key
-//! that made it, and usage per key (`usage`, docs/keys.md), kept in one SQLite file (embedded, the default) or in PostgreSQL (several
+//! that made it, usage per key (`usage`, docs/keys.md), quarantined request bodies
+//! (`quarantine`), kept in one SQLite file (embedded, the default) or in PostgreSQL (several
 //! gateways sharing conversations), with a TTL and a size cap that evict the oldest first. The
 //! same statements run on both backends (`sql`); each backend only runs them (`sqlite`,
 //! `postgres`).
 
 mod postgres;
+mod quarantine;
 mod sql;
 mod sqlite;
 mod usage;
 
+pub use quarantine::{Quarantined, Verdict};
 pub use usage::{Usage, UsageKey, WAIT_BOUNDS_MS};
 
 use std::path::PathBuf;

@@ -16,9 +16,12 @@ pub(crate) const SCHEMA: [&str; 2] = [
     "CREATE INDEX IF NOT EXISTS sparkgate_responses_stored_at ON sparkgate_responses (stored_at)",
 ];
 
-/// Every statement of the schema: the responses' table and index, then the usage table.
+/// Every statement of the schema: the responses' table and index, the usage table, then the
+/// quarantine's.
 pub(crate) fn schema() -> impl Iterator<Item = &'static str> {
-    SCHEMA.into_iter().chain([crate::usage::SCHEMA.as_str()])
+    SCHEMA
+        .into_iter()
+        .chain([crate::usage::SCHEMA.as_str(), crate::quarantine::SCHEMA])
 }
 
 /// A record written, or rewritten by its owner; another owner's id is left alone (no row).

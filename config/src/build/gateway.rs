@@ -6,7 +6,7 @@ use crate::config::Gateway;
 use crate::keys::ApiKey;
 use crate::rule;
 use crate::secret::Secret;
-use crate::tenancy::{KeyQuota, Tenancy, Tracing};
+use crate::tenancy::{KeyQuota, Reserve, Tenancy, Tracing};
 
 impl Builder<'_> {
     pub(super) fn gateway(&mut self) -> Gateway {
@@ -92,6 +92,13 @@ impl Builder<'_> {
                 .opt_text("SESSION_HEADER")
                 .map(|h| h.trim().to_ascii_lowercase())
                 .filter(|h| !h.is_empty()),
+            reserve: Reserve {
+                slots: self.num("INTERACTIVE_RESERVE"),
+                long_prompt_tokens: self.num("LONG_PROMPT_TOKENS"),
+                active: self.seconds("INTERACTIVE_ACTIVE_S"),
+                max_wait: self.seconds("LONG_MAX_WAIT_S"),
+            },
+            quarantine_ttl: self.seconds("QUARANTINE_TTL"),
         }
     }
 

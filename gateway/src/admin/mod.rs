@@ -1,9 +1,11 @@
 //! The gateway's own routes: health, readiness and metrics (`probes`) and the operator's
-//! `/admin/*` (`ops`; per-key usage: `usage`; diagnostics bundles: `diagnostics`), behind one axum router (`routes`).
+//! `/admin/*` (`ops`; per-key usage: `usage`; diagnostics bundles: `diagnostics`; poisonous
+//! bodies: `quarantine`), behind one axum router (`routes`).
 
 mod diagnostics;
 mod models;
 pub(crate) mod ops;
 mod probes;
+mod quarantine;
 pub(crate) mod routes;
 mod usage;

@@ -28,6 +28,8 @@ pub(crate) fn own_routes(app: Shared) -> Router {
         .route("/admin/model", get(super::models::show).post(super::models::swap))
         .route("/admin/usage", get(super::usage::usage))
         .route("/admin/diagnostics", get(super::diagnostics::diagnostics))
+        .route("/admin/quarantine", get(super::quarantine::list))
+        .route("/admin/quarantine/{id}/release", post(super::quarantine::release))
         .fallback(|req: Request| async move { GatewayError::NotFound(req.uri().path().to_owned()) })
         .method_not_allowed_fallback(|| async { GatewayError::MethodNotAllowed })
         .with_state(app)

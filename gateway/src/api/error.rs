@@ -119,8 +119,12 @@ pub enum GatewayError {
     /// and why the continuation failed.
     #[error("{cut}; the answer could not be continued: {detail}")]
     ResumeFailed { cut: Box<GatewayError>, detail: String },
-    #[error("request_crashed_engine: {} (request id {request_id})", if *at_arrival { "two requests with this body were quarantined for losing the model's engine; it is refused for an hour" } else { "the model's engine was lost under this request (twice, or at once while it ran alone); it is not sent again" })]
-    RequestCrashedEngine { request_id: String, at_arrival: bool },
+    #[error("request_crashed_engine: {} (request id {request_id})", match refused { Some(id) => format!("two requests with this body were quarantined for losing the model's engine; it is refused until QUARANTINE_TTL passes or an operator runs `sparkgate quarantine release {id}`"), None => "the model's engine was lost under this request (twice, or at once while it ran alone); it is not sent again".to_owned() })]
+    RequestCrashedEngine {
+        request_id: String,
+        /// Refused at arrival: the quarantined body's id.
+        refused: Option<String>,
+    },
     #[error("the gateway is shutting down; retry later")]
     ShuttingDown,
     #[error("the gateway shut down: the request was still running after DRAIN_TIMEOUT={}s", drain.as_secs())]

@@ -90,6 +90,11 @@ pub async fn serve(
         seed_quotas(&app).await;
         observe::usage::known(&keys.names(), config.gateway.tenancy.quota_mode);
     }
+    // A body refused before a restart is refused from the first request on.
+    if let Err(e) = app.quarantine.sync().await {
+        tracing::warn!(error = %e, "the quarantine's record not read from the store: bodies refused before are not refused until it is");
+    }
+    sync_quarantine(&app);
     let edge = Arc::new(Edge::new(config, keys));
     watch_upstreams(&app, upstreams, groups);
     background(&app, &edge);
@@ -202,6 +207,26 @@ fn background(app: &Shared, edge: &Edge) {
         loop {
             tick.tick().await;
             sampled.sample_rate();
+        }
+    });
+}
+
+/// Reads the quarantine's record from the store every `SYNC_EVERY` (other gateways' verdicts
+/// and releases, expiries).
+fn sync_quarantine(app: &Shared) {
+    let q = app.quarantine.clone();
+    sparkgate_task::spawn("quarantine-sync", async move {
+        let mut failing = false;
+        loop {
+            tokio::time::sleep(crate::quarantine::SYNC_EVERY).await;
+            match q.sync().await {
+                Ok(()) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "the quarantine's record not read from the store; kept as it was");
+                }
+                Err(_) => {}
+            }
         }
     });
 }

@@ -25,7 +25,12 @@ pub(super) async fn until_closed<T>(app: &App, work: impl std::future::Future<Ou
 
 /// The end of a quarantined request (logged and counted where it is decided: `Suspect`, or
 /// here at arrival).
-pub(super) fn quarantined(request_id: &str, caller: &Caller, stage: Stage) -> GatewayError {
+pub(super) fn quarantined(request_id: &str, caller: &Caller, refused: Option<String>) -> GatewayError {
+    let stage = if refused.is_some() {
+        Stage::Arrival
+    } else {
+        Stage::Dispatch
+    };
     if stage == Stage::Arrival {
         counter!(observe::QUARANTINED, "stage" => stage.label()).increment(1);
         sparkgate_events::Event::PoisonRefused {
@@ -36,7 +41,7 @@ pub(super) fn quarantined(request_id: &str, caller: &Caller, stage: Stage) -> Ga
     }
     GatewayError::RequestCrashedEngine {
         request_id: request_id.to_owned(),
-        at_arrival: stage == Stage::Arrival,
+        refused,
     }
 }
 

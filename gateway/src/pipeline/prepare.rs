@@ -11,7 +11,6 @@ use crate::api::body::{check_content_type, RequestBody};
 use crate::api::error::GatewayError;
 use crate::control::state::UpstreamState;
 use crate::observe;
-use crate::quarantine::Stage;
 
 pub(super) async fn prepare(
     ctx: &Ctx<'_>,
@@ -41,8 +40,8 @@ pub(super) async fn prepare(
         _ => {}
     }
     // A body quarantined twice (under two requests) is refused before it reaches a rank.
-    if app.quarantine.refuses(&forward) {
-        return Err(quarantined(ctx.request_id, &ctx.caller, Stage::Arrival));
+    if let Some(refused) = app.quarantine.refuses(&forward) {
+        return Err(quarantined(ctx.request_id, &ctx.caller, Some(refused)));
     }
     let (forward, stored) = match (ctx.api, &app.store) {
         (crate::api::family::Api::Responses, Some(slot)) => super::chain::resolve(ctx, slot, forward).await?,

@@ -238,12 +238,12 @@ impl Continuation {
             return Ok(None);
         };
         let template = suspect.again(suspect.strikes, suspect.dispatched.clone());
-        let (verdict, strikes) = suspect.judge(cause);
-        if verdict == Verdict::Quarantined {
+        let (verdict, strikes) = suspect.judge(cause).await;
+        if matches!(verdict, Verdict::Quarantined(_)) {
             counter!(observe::RESUME_FAILURES, "reason" => ResumeFailure::Quarantined.label()).increment(1);
             return Err(GatewayError::RequestCrashedEngine {
                 request_id: self.request_id.clone(),
-                at_arrival: false,
+                refused: None,
             });
         }
         Ok(Some((template, strikes)))

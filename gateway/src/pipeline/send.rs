@@ -15,7 +15,7 @@ use super::hold::Held;
 use crate::api::error::GatewayError;
 use crate::control::admission::Permit;
 use crate::groups::{Group, Lease, Lost};
-use crate::quarantine::{Dispatched, Stage, Suspect, Verdict, PROBATION_FROM};
+use crate::quarantine::{Dispatched, Suspect, Verdict, PROBATION_FROM};
 use crate::upstream::UpstreamError;
 
 /// What one try came to.
@@ -159,9 +159,9 @@ async fn unanswered(
     // vLLM held it when the group failed: a suspect, or a poison request. A group stopped on
     // purpose says nothing of the requests it held.
     if let (Some(Lost::Failed(cause)), false) = (lost, never_reached) {
-        let (verdict, strikes) = suspect(ctx, req, tries.strikes, dispatched).judge(cause);
-        if verdict == Verdict::Quarantined {
-            return Err(quarantined(ctx.request_id, &ctx.caller, Stage::Dispatch));
+        let (verdict, strikes) = suspect(ctx, req, tries.strikes, dispatched).judge(cause).await;
+        if matches!(verdict, Verdict::Quarantined(_)) {
+            return Err(quarantined(ctx.request_id, &ctx.caller, None));
         }
         tries.strikes = strikes;
     }
