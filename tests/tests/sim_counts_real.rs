@@ -58,6 +58,15 @@ fn cases(model: &str) -> Vec<(&'static str, &'static str, Value, &'static str)> 
     ]);
     let anthropic = json!({"model": model, "max_tokens": 4, "system": [{"type": "text", "text": "You are terse. "},
         {"type": "text", "text": "Answer in English."}], "tools": [anthropic_tool()], "messages": anthropic_messages});
+    let continued = json!([{"role": "user", "content": "What does the scheduler do?"},
+        {"role": "assistant", "content": "The scheduler"}]);
+    let thought = json!({"model": model, "max_tokens": 4, "system": "Be brief.", "messages": [
+        {"role": "user", "content": "What is a hash map?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "The user asks about hash maps.", "signature": "s"},
+            {"type": "text", "text": "A map from keys to values."}]},
+        {"role": "user", "content": "And collisions?"}]});
+    let mut thought_tools = thought.clone();
+    thought_tools["tools"] = json!([anthropic_tool()]);
     let one_tool =
         json!({"model": model, "messages": [{"role": "user", "content": "Hello"}], "tools": [anthropic_tool()]});
     vec![
@@ -102,6 +111,36 @@ fn cases(model: &str) -> Vec<(&'static str, &'static str, Value, &'static str)> 
                 json!({"chat_template_kwargs": {"enable_thinking": false, "thinking": false}}),
             ),
             "prompt_tokens",
+        ),
+        (
+            "chat continued",
+            "/v1/chat/completions",
+            chat(
+                continued,
+                json!({"continue_final_message": true, "add_generation_prompt": false}),
+            ),
+            "prompt_tokens",
+        ),
+        (
+            "chat no generation prompt",
+            "/v1/chat/completions",
+            chat(
+                json!([{"role": "user", "content": "Hi"}]),
+                json!({"add_generation_prompt": false}),
+            ),
+            "prompt_tokens",
+        ),
+        (
+            "messages thinking history",
+            "/v1/messages",
+            thought.clone(),
+            "input_tokens",
+        ),
+        (
+            "count_tokens thinking history with tools",
+            "/v1/messages/count_tokens",
+            thought_tools,
+            "input_tokens",
         ),
         (
             "messages tools multi-turn",

@@ -15,10 +15,11 @@ use super::schema;
 use super::validate;
 use super::{ApiError, App};
 use crate::sim::changes::{exclude_null, since, Change};
+use crate::sim::count::ChatPrompt;
 use crate::sim::parser::ParserConfig;
 use crate::sim::structured::Constraint;
 use crate::sim::text::{self, ToolCall};
-use crate::sim::{count, model, prompt, vocab};
+use crate::sim::{model, prompt, vocab};
 
 /// The echoed `X-Request-Id` (only with `--enable-request-id-headers`, as vLLM).
 pub(crate) fn with_request_id(app: &App, id: &str, mut resp: Response) -> Response {
@@ -192,13 +193,15 @@ pub(crate) fn render_checked(app: &App, req: &Map<String, Value>) -> Result<Rend
         &rendering,
         app.template,
     );
-    let counted = count::chat_prompt_ids(
-        app.template,
-        &messages,
-        tools.as_deref(),
-        &rendering,
-        opening == Opening::Generation,
-    );
+    let (add_generation_prompt, continue_final) = ChatPrompt::endings(req);
+    let counted = ChatPrompt {
+        messages: &messages,
+        tools: tools.as_deref(),
+        rendering: &app.template.render(&kwargs),
+        add_generation_prompt,
+        continue_final,
+    }
+    .ids(app.template);
     let prompt_tokens = counted.len();
     request::check_prompt_length(app, prompt_tokens)?;
     request::routed_experts_start(req, prompt_tokens)?;

@@ -15,7 +15,7 @@ use super::chat;
 use super::generate::{Job, Step};
 use super::{json_response, request, schema, ApiError, App, Shared};
 use crate::sim::changes::{since, Change};
-use crate::sim::count;
+use crate::sim::count::ChatPrompt;
 
 /// Anthropic's finish names.
 fn stop_reason(finish: &str, stop: Option<&String>) -> &'static str {
@@ -399,10 +399,16 @@ pub(crate) async fn count_tokens(
         return Ok(e.into_anthropic());
     }
     // The prompt the chat route renders for it.
-    let (rendering, opening) = chat::rendering_of(&app, &chat, &messages, &kwargs);
-    let tools = chat.get("tools").and_then(Value::as_array).map(Vec::as_slice);
-    let generation = opening == chat::Opening::Generation;
-    let n = count::chat_prompt_ids(app.template, &messages, tools, &rendering, generation).len();
+    let (add_generation_prompt, continue_final) = ChatPrompt::endings(&chat);
+    let n = ChatPrompt {
+        messages: &messages,
+        tools: chat.get("tools").and_then(Value::as_array).map(Vec::as_slice),
+        rendering: &app.template.render(&kwargs),
+        add_generation_prompt,
+        continue_final,
+    }
+    .ids(app.template)
+    .len();
     // 0.33 rendered the count as a chat request, with the context limit; 0.34 counts past it.
     if !since(Change::CountTokensOverContext) {
         if let Err(e) = request::check_prompt_length(&app, n) {

@@ -14,8 +14,9 @@ use super::chat::{now_secs, sse_response, with_request_id};
 use super::generate::{ChoicePlan, Job, Step};
 use super::request::{self, invalid};
 use super::{internal_error, json_response, ApiError, App, Shared};
+use crate::sim::count::ChatPrompt;
 use crate::sim::structured::Constraint;
-use crate::sim::{count, model, prompt, vocab};
+use crate::sim::{model, prompt, vocab};
 
 /// Responses `input` (plus `instructions`) as chat messages.
 fn messages(req: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
@@ -281,7 +282,14 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         app.template,
     );
     let chat_tools: Option<Vec<Value>> = tools.as_ref().map(|t| t.iter().map(chat_tool).collect());
-    let counted = count::chat_prompt_ids(app.template, &msgs, chat_tools.as_deref(), &rendering, true);
+    let counted = ChatPrompt {
+        messages: &msgs,
+        tools: chat_tools.as_deref(),
+        rendering: &rendering,
+        add_generation_prompt: true,
+        continue_final: false,
+    }
+    .ids(app.template);
     let prompt_tokens = counted.len();
     request::check_prompt_length(&app, prompt_tokens)?;
     let budget =

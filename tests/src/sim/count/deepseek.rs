@@ -6,6 +6,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{py_json, Conversation};
+use crate::sim::changes::{since, Change};
 
 const BOS: &str = "<｜begin▁of▁sentence｜>";
 const EOS: &str = "<｜end▁of▁sentence｜>";
@@ -19,8 +20,25 @@ const TOOLS_TEMPLATE: &str = include_str!("deepseek_tools.txt");
 
 type Msg = Map<String, Value>;
 
+/// How the encoder ends a prompt: 0.33's knows neither switch (a generation header follows
+/// a final user turn); 0.34's takes `add_generation_prompt` and `continue_final_message`.
+#[derive(Clone, Copy)]
+struct Ending {
+    generation_prompt: bool,
+    continue_final: bool,
+    /// 0.34's rules (a final assistant message also gets a header, unless continued).
+    v034: bool,
+}
+
 /// The encoded prompt of `c` (`drop_thinking` on, as vLLM's default).
 pub(super) fn render(c: &Conversation) -> String {
+    let v034 = since(Change::DeepSeekContinueFinalMessage);
+    let continue_final = v034 && c.continue_final;
+    let ending = Ending {
+        generation_prompt: !v034 || (c.add_generation_prompt && !continue_final),
+        continue_final,
+        v034,
+    };
     let mut messages: Vec<Msg> = c.messages.iter().map(normalize).collect();
     if !c.tools.is_empty() {
         let at = match messages.iter().position(|m| role(m) == "system") {
@@ -43,7 +61,7 @@ pub(super) fn render(c: &Conversation) -> String {
     }
     let mut out = String::from(BOS);
     for i in 0..messages.len() {
-        out.push_str(&render_message(i, &messages, c.effort.as_deref(), drop));
+        out.push_str(&render_message(i, &messages, c.effort.as_deref(), drop, ending));
     }
     out
 }
@@ -153,8 +171,10 @@ fn drop_thinking_messages(messages: Vec<Msg>) -> Vec<Msg> {
 }
 
 /// `render_message` for message `index`.
-fn render_message(index: usize, messages: &[Msg], effort: Option<&str>, drop: bool) -> String {
+fn render_message(index: usize, messages: &[Msg], effort: Option<&str>, drop: bool, ending: Ending) -> String {
     let m = &messages[index];
+    let is_last = index + 1 == messages.len();
+    let open_end = is_last && ending.continue_final;
     let last_user = last_user_index(messages).map_or(-1, |i| i as i64);
     let effort_line = match effort {
         Some(budget) if index == 0 => format!(
@@ -196,21 +216,31 @@ fn render_message(index: usize, messages: &[Msg], effort: Option<&str>, drop: bo
         }
         "assistant" => {
             let thinking = effort.is_some() && (!drop || index as i64 > last_user);
+            let (reasoning, content, calls) = (text(m, "reasoning_content"), text(m, "content"), tool_calls(m));
             if thinking {
-                out.push_str(text(m, "reasoning_content"));
-                out.push_str("</think>");
+                out.push_str(reasoning);
+                // A continued turn that has only reasoning so far stays inside it.
+                if !(open_end && !reasoning.is_empty() && content.is_empty() && calls.is_empty()) {
+                    out.push_str("</think>");
+                }
             }
-            out.push_str(text(m, "content"));
-            out.push_str(&tool_calls(m));
-            out.push_str(EOS);
+            out.push_str(content);
+            out.push_str(&calls);
+            if !open_end {
+                out.push_str(EOS);
+            }
         }
         _ => {}
+    }
+    if is_last && !ending.generation_prompt {
+        return out;
     }
     let next_role = messages.get(index + 1).map(role);
     if next_role.is_some_and(|r| r != "assistant" && r != "latest_reminder") {
         return out;
     }
-    if matches!(role(m), "user" | "developer") || (role(m) == "system" && index > 0) {
+    let final_answer = ending.v034 && is_last && role(m) == "assistant" && !open_end;
+    if matches!(role(m), "user" | "developer") || (role(m) == "system" && index > 0) || final_answer {
         out.push_str(ASSISTANT);
         let open = effort.is_some() && (!drop || index as i64 >= last_user);
         out.push_str(if open { "<think>" } else { "</think>" });

@@ -23,7 +23,7 @@ pub(super) fn render(c: &Conversation) -> String {
     for m in &c.messages {
         message(m, &mut out);
     }
-    if c.generation_prompt {
+    if c.add_generation_prompt {
         if let Some(label) = &c.effort {
             out.push_str("<|system|>\nReasoning Effort: ");
             out.push_str(label);
@@ -31,7 +31,28 @@ pub(super) fn render(c: &Conversation) -> String {
         out.push_str("<|assistant|>");
         out.push_str(if c.effort.is_some() { "<think>" } else { "</think>" });
     }
+    if c.continue_final {
+        continued(&mut out, c.messages.last());
+    }
     out
+}
+
+/// transformers' `continue_final_message`: the render cut right after the final message's
+/// text (its leading whitespace kept where the render kept it, its trailing cut).
+fn continued(out: &mut String, last: Option<&Value>) {
+    let text = match last.and_then(|m| m.get("content")) {
+        Some(Value::Array(parts)) => parts.iter().rev().find_map(|p| p["text"].as_str()).unwrap_or_default(),
+        Some(Value::String(s)) => s.as_str(),
+        _ => "",
+    };
+    let Some(at) = out.rfind(text.trim()) else { return };
+    let kept = text.trim_start();
+    let end = if out[at..].starts_with(kept) {
+        at + kept.len()
+    } else {
+        at + text.trim().len()
+    };
+    out.truncate(end);
 }
 
 /// One message of vLLM's conversation (content a string: the template's format is "string").

@@ -18,32 +18,49 @@ pub(crate) struct Conversation {
     messages: Vec<Value>,
     /// The tools as `ChatCompletionToolsParam.model_dump()` writes them.
     tools: Vec<Value>,
-    /// The effort label rendered when thinking (`None`: not thinking).
+    /// The effort label rendered when the template thinks (`None`: it does not).
     effort: Option<String>,
-    /// Whether the prompt ends in the assistant's generation prompt.
-    generation_prompt: bool,
+    /// `add_generation_prompt` and `continue_final_message` as the request gave them.
+    add_generation_prompt: bool,
+    continue_final: bool,
 }
 
-/// The prompt token ids of a chat request: `messages` with `tools` offered, rendered as
-/// `rendering` says (thinking, effort) and ending in a generation prompt or not.
-pub(crate) fn chat_prompt_ids(
-    template: Template,
-    messages: &[Value],
-    tools: Option<&[Value]>,
-    rendering: &Rendering,
-    generation_prompt: bool,
-) -> Vec<u32> {
-    let c = Conversation {
-        messages: messages.to_vec(),
-        tools: tools.unwrap_or_default().iter().map(dumped_tool).collect(),
-        effort: rendering.thinking.then(|| rendering.effort_label.clone()),
-        generation_prompt,
-    };
-    let text = match template {
-        Template::Glm => glm::render(&c),
-        Template::DeepSeek => deepseek::render(&c),
-    };
-    tokenizer(template).encode(&text)
+/// A chat request's prompt, as the renderer receives it.
+pub(crate) struct ChatPrompt<'a> {
+    pub(crate) messages: &'a [Value],
+    pub(crate) tools: Option<&'a [Value]>,
+    /// What the template makes of the request's kwargs (thinking and effort), whatever the
+    /// prompt's ending.
+    pub(crate) rendering: &'a Rendering,
+    pub(crate) add_generation_prompt: bool,
+    pub(crate) continue_final: bool,
+}
+
+impl ChatPrompt<'_> {
+    /// The request's `add_generation_prompt` (default on) and `continue_final_message`.
+    pub(crate) fn endings(req: &Map<String, Value>) -> (bool, bool) {
+        let flag = |k: &str, default: bool| req.get(k).and_then(Value::as_bool).unwrap_or(default);
+        (
+            flag("add_generation_prompt", true),
+            flag("continue_final_message", false),
+        )
+    }
+
+    /// The prompt's token ids as the real frontend counts them.
+    pub(crate) fn ids(&self, template: Template) -> Vec<u32> {
+        let c = Conversation {
+            messages: self.messages.to_vec(),
+            tools: self.tools.unwrap_or_default().iter().map(dumped_tool).collect(),
+            effort: self.rendering.thinking.then(|| self.rendering.effort_label.clone()),
+            add_generation_prompt: self.add_generation_prompt,
+            continue_final: self.continue_final,
+        };
+        let text = match template {
+            Template::Glm => glm::render(&c),
+            Template::DeepSeek => deepseek::render(&c),
+        };
+        tokenizer(template).encode(&text)
+    }
 }
 
 /// The fixture's tokenizer of the profile (its `tokenizer.json`, committed beside the fixture).
