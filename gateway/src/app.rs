@@ -52,6 +52,8 @@ pub(crate) struct App {
     pub(crate) quotas: crate::control::quota::Quotas,
     /// What the fair queue charges (FAIR_CHARGE).
     pub(crate) fair_charge: sparkgate_config::FairCharge,
+    /// LONG_PROMPT_TOKENS: a prompt estimated above it is a long request (the reserve).
+    pub(crate) long_prompt_tokens: u64,
     /// The header that names a conversation for routing (SESSION_HEADER).
     pub(crate) session_header: Option<axum::http::HeaderName>,
     /// The generations sent and not finished (listed in diagnostics bundles).
@@ -105,6 +107,7 @@ impl App {
             store,
             quotas: crate::control::quota::Quotas::new(t.quota, t.quota_mode),
             fair_charge: t.fair_charge,
+            long_prompt_tokens: t.reserve.long_prompt_tokens,
             in_flight: Arc::default(),
             session_header: t
                 .session_header

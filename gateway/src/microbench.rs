@@ -230,6 +230,12 @@ fn admission(iters: u64) {
     // As a supervised gateway runs: the memory guard on (the default knob) with a reading.
     admission.guard_memory(3600);
     admission.observe_memory(Some(4 << 30));
+    // And the interactive reserve on (its defaults): a request that is not long is seen.
+    admission.reserve_for_interactive(crate::control::reserve::Rule {
+        slots: 1,
+        active: Duration::from_secs(10),
+        max_wait: Duration::from_secs(30),
+    });
     let client = crate::control::fairq::Client::new("bench", 1);
     let mut cx = Context::from_waker(Waker::noop());
     counted(iters, || {

@@ -10,7 +10,8 @@
 //! whose prompt's prefill would take a node under the memory line (`memory`) is passed over the
 //! same way until the memory is back; held past `MEMORY_PATIENCE`, it holds the queue for itself
 //! if the memory of the prefills now running would let it in (so a stream of short prompts
-//! cannot starve a long one).
+//! cannot starve a long one). Long requests leave the interactive reserve's slots free while
+//! other clients are active (`reserve`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -68,6 +69,8 @@ pub struct Permit {
     n: u32,
     reservation: Option<Reservation>,
     need: u64,
+    /// Who it is for (`Client::id`) and whether it is long (the interactive reserve).
+    who: (u64, bool),
 }
 
 impl Permit {
@@ -86,7 +89,11 @@ impl Permit {
     pub(crate) fn prefilled(&mut self) {
         let need = std::mem::take(&mut self.need);
         if need > 0 {
-            self.admission.state.lock().expect("admission lock").release(0, need);
+            self.admission
+                .state
+                .lock()
+                .expect("admission lock")
+                .release((0, need), (0, false));
         }
     }
 }
@@ -99,7 +106,7 @@ impl Drop for Permit {
             .state
             .lock()
             .expect("admission lock")
-            .release(self.n, self.need);
+            .release((self.n, self.need), self.who);
     }
 }
 
@@ -124,7 +131,7 @@ impl Drop for Queued<'_> {
                     s.order.remove(w.place);
                     s.queued_bytes -= w.bytes;
                 }
-                Slot::Granted => s.release(w.n, w.need),
+                Slot::Granted => s.release((w.n, w.need), (w.client, w.long)),
             }
         }
     }
@@ -168,6 +175,7 @@ impl Admission {
                     since[0] = Some(Instant::now());
                     since
                 },
+                reserve: crate::control::reserve::Reserve::default(),
             }),
             limits,
         })
@@ -176,6 +184,21 @@ impl Admission {
     /// Guards memory: a prompt's prefill takes `per_token` bytes per prompt token (0: no guard).
     pub fn guard_memory(&self, per_token: u64) {
         self.state.lock().expect("admission lock").memory = MemoryGuard::new(per_token);
+    }
+
+    /// Holds `rule.slots` back from long requests while others are active (INTERACTIVE_RESERVE;
+    /// 0: off), their activity on the coarse clock.
+    pub(crate) fn reserve_for_interactive(&self, rule: crate::control::reserve::Rule) {
+        let coarse = crate::control::reserve::Clock::Coarse;
+        self.state.lock().expect("admission lock").reserve.set(rule, coarse);
+    }
+
+    /// [`reserve_for_interactive`](Self::reserve_for_interactive) on the runtime's clock (tests
+    /// in virtual time).
+    #[cfg(test)]
+    pub(crate) fn reserve_on_runtime_clock(&self, rule: crate::control::reserve::Rule) {
+        let clock = crate::control::reserve::Clock::Runtime;
+        self.state.lock().expect("admission lock").reserve.set(rule, clock);
     }
 
     /// A new reading of the open groups' memory: bytes above the line on their tightest node
@@ -229,6 +252,7 @@ impl Admission {
             n,
             reservation: None,
             need,
+            who: (0, false),
         })
     }
 
@@ -256,6 +280,10 @@ impl Admission {
         entry: Entry<'_>,
         prefer: Option<Preference>,
     ) -> Result<Permit, GatewayError> {
+        let who = match entry {
+            Entry::New(c) => (c.id(), c.long),
+            Entry::Requeued => (0, false),
+        };
         let (id, mut rx) =
             match self
                 .state
@@ -269,6 +297,7 @@ impl Admission {
                         n,
                         reservation,
                         need,
+                        who,
                     });
                 }
                 Arrival::Queued(id, rx) => (id, rx),
@@ -298,6 +327,7 @@ impl Admission {
                 n,
                 reservation: w.reservation,
                 need: w.need,
+                who,
             });
         }
         let closed = s.closed;
@@ -344,10 +374,20 @@ impl Admission {
         }
     }
 
-    /// Waits for waiter `id`'s grant. One that prefers a group and let a slot go looks again
+    /// Waits for waiter `id`'s grant. A long request the interactive reserve holds back looks
+    /// again when the reserve could let it in without a release (its LONG_MAX_WAIT_S, or nobody
+    /// else active any more). One that prefers a group and let a slot go looks again
     /// when its `wait` runs out and dispatches the queue, as no release may come to do it (it now
     /// takes any group's slot); until it has let one go it looks every `wait`.
     async fn wait(&self, id: u64, rx: &mut oneshot::Receiver<()>, wait: Option<Duration>) {
+        loop {
+            let recheck = self.state.lock().expect("admission lock").recheck_long(id);
+            let Some(at) = recheck else { break };
+            tokio::select! {
+                _ = &mut *rx => return,
+                () = tokio::time::sleep_until(at) => self.state.lock().expect("admission lock").dispatch(),
+            }
+        }
         let Some(wait) = wait else {
             let _ = rx.await;
             return;
@@ -436,3 +476,7 @@ impl Admission {
 #[cfg(test)]
 #[path = "admission_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "admission_reserve_tests.rs"]
+mod reserve_tests;

@@ -1,9 +1,11 @@
 //! Admission's queue: the waiters, the order they are granted in (`dispatch`), and where an
 //! arriving request stands. A waiter is granted only while its model is loaded (MODELS; the
-//! only model always is), passed over otherwise without holding up those behind it.
+//! only model always is), passed over otherwise without holding up those behind it; a long
+//! request held by the interactive reserve (`reserve`) is passed over the same way.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -14,6 +16,7 @@ use crate::api::models::{ModelId, MAX_MODELS};
 use crate::control::fairq::{FairQueue, Place};
 use crate::control::memory::{MemoryGuard, Short};
 use crate::control::prefer::{reserve, Preference, Reservation};
+use crate::control::reserve::Reserve;
 
 #[derive(Debug, PartialEq)]
 pub(super) enum Slot {
@@ -44,6 +47,9 @@ pub(super) struct Waiter {
     pub(super) need: u64,
     /// When the memory guard first held it, and by how much it fell short the last time.
     pub(super) memory_held: Option<(Instant, Short)>,
+    /// Who it is for (`Client::id`), and whether it is long (the interactive reserve).
+    pub(super) client: u64,
+    pub(super) long: bool,
 }
 
 impl Waiter {
@@ -93,6 +99,7 @@ pub(super) struct State {
     /// Since when each loaded model is (a waiter's QUEUE_TIMEOUT runs from then: the wait for
     /// a swap is not the queue's).
     pub(super) loaded_since: [Option<Instant>; MAX_MODELS],
+    pub(super) reserve: Reserve,
 }
 
 impl State {
@@ -119,6 +126,17 @@ impl State {
             if self.in_use + w.n > self.capacity {
                 break;
             }
+            if w.long
+                && !self.reserve.admits(
+                    (w.client, w.n),
+                    self.capacity,
+                    w.arrived,
+                    *now.get_or_insert_with(Instant::now),
+                )
+            {
+                passed = Some(place);
+                continue;
+            }
             if w.defers(&mut now) {
                 passed = Some(place);
                 continue;
@@ -141,6 +159,9 @@ impl State {
             }
             self.order.admit(place);
             self.in_use += w.n;
+            if w.long {
+                self.reserve.take(w.n);
+            }
             self.memory.take(w.need);
             self.queued_bytes -= w.bytes;
             w.slot = Slot::Granted;
@@ -184,10 +205,19 @@ impl State {
         // One whose preferred group is full queues; its wait starts when dispatch lets a slot go.
         let full = prefer.as_ref().is_some_and(|p| p.home.full());
         let need = self.memory.need(bytes);
-        if self.free_now(n, need, model) && !full {
+        let (client, long) = match entry {
+            Entry::New(c) => (c.id(), c.long),
+            Entry::Requeued => (0, false),
+        };
+        let mut now = None;
+        let reserved = self.held_back((client, n, long), entry, &mut now);
+        if self.free_now(n, need, model) && !full && !reserved {
             // Nobody waits: there is no order to take a place in.
             self.in_use += n;
             self.memory.take(need);
+            if long {
+                self.reserve.take(n);
+            }
             return Ok(Arrival::Granted(reserve(prefer.as_ref()), need));
         }
         let place = match entry {
@@ -214,11 +244,13 @@ impl State {
             wake: Some(tx),
             prefer: prefer.clone(),
             model,
-            arrived: Instant::now(),
+            arrived: now.unwrap_or_else(Instant::now),
             passed_at: None,
             reservation: None,
             need,
             memory_held: None,
+            client,
+            long,
         };
         self.waiters.insert(id, waiter);
         self.order.push(place, id);
@@ -238,9 +270,32 @@ impl State {
             && self.memory.fits(need).is_ok()
     }
 
-    pub(super) fn release(&mut self, n: u32, need: u64) {
+    /// The interactive reserve at an arrival: told of a new request that is not long (its coarse
+    /// clock), or asked whether a long one is held back (the clock read).
+    fn held_back(&mut self, (client, n, long): (u64, u32, bool), entry: Entry<'_>, now: &mut Option<Instant>) -> bool {
+        if !self.reserve.on() {
+            return false;
+        }
+        if long {
+            let t = *now.get_or_insert_with(Instant::now);
+            return !self.reserve.admits((client, n), self.capacity, t, t);
+        }
+        if matches!(entry, Entry::New(_)) {
+            self.reserve.saw(client);
+        }
+        false
+    }
+
+    /// `n` slots and `need` bytes given back by a request of `client`, long or not.
+    pub(super) fn release(&mut self, (n, need): (u32, u64), (client, long): (u64, bool)) {
         self.in_use -= n;
         self.memory.give(need);
+        if long {
+            self.reserve.give(n);
+        } else if n > 0 {
+            // A request that ended keeps its client active for INTERACTIVE_ACTIVE_S.
+            self.reserve.saw(client);
+        }
         self.dispatch();
     }
 }
@@ -276,6 +331,16 @@ impl State {
             }
         }
         refused
+    }
+
+    /// When a waiting long request should be looked at again without a release (`None`: it is
+    /// not long, granted, or the reserve is off).
+    pub(super) fn recheck_long(&self, id: u64) -> Option<Instant> {
+        let w = self.waiters.get(&id).filter(|w| w.long && w.slot == Slot::Waiting)?;
+        let now = Instant::now();
+        let at = self.reserve.recheck_at(w.client, w.arrived, now)?;
+        // Never a busy loop: at least a few milliseconds apart.
+        Some(at.max(now + Duration::from_millis(5)))
     }
 
     /// When waiter `id`'s QUEUE_TIMEOUT ends: `timeout` after its arrival or after its model

@@ -52,6 +52,8 @@ pub struct Client {
     /// FAIR_CHARGE=tokens: the tokens the request is charged at admission (its prompt's
     /// estimate); 0: charged by its sequences.
     tokens: u64,
+    /// A long request for the interactive reserve (`reserve`).
+    pub(crate) long: bool,
 }
 
 impl Client {
@@ -66,6 +68,7 @@ impl Client {
             weight: weight.max(1),
             priority: 0,
             tokens: 0,
+            long: false,
         }
     }
 
@@ -80,6 +83,16 @@ impl Client {
     /// The same client, for a request of `priority`.
     pub(crate) fn at(self, priority: i64) -> Client {
         Client { priority, ..self }
+    }
+
+    /// The same client, its request long (or not) for the interactive reserve.
+    pub(crate) fn long(self, long: bool) -> Client {
+        Client { long, ..self }
+    }
+
+    /// Who it is (its name's hash).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 }
 

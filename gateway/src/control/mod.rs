@@ -12,6 +12,7 @@ pub(crate) mod ledger;
 pub(crate) mod memory;
 mod prefer;
 pub(crate) mod quota;
+pub(crate) mod reserve;
 pub(crate) mod spec;
 pub(crate) mod state;
 pub(crate) mod storage;

@@ -66,6 +66,14 @@ pub async fn serve(
     let groups = Arc::new(Groups::of(config, &upstreams));
     crate::groups::seed(&control, &groups);
     control.admission().guard_memory(config.gateway.prefill_bytes_per_token);
+    let reserve = config.gateway.tenancy.reserve;
+    control
+        .admission()
+        .reserve_for_interactive(crate::control::reserve::Rule {
+            slots: reserve.slots,
+            active: reserve.active,
+            max_wait: reserve.max_wait,
+        });
     // MODELS: one group per model, swapped by the swap runner.
     let models: Vec<sparkgate_config::GroupConfig> = match &upstreams {
         Upstreams::Supervised(list) if groups.models() => list.iter().map(|(g, _)| g.clone()).collect(),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
 
-use sparkgate_config::{FairCharge, QuotaMode};
+use sparkgate_config::{FairCharge, QuotaMode, RequestClass};
 use sparkgate_store::UsageKey;
 
 use crate::api::error::GatewayError;
@@ -195,12 +195,19 @@ impl Account {
     }
 
     /// The queue's client for this request, charged its prompt's estimate when the queue
-    /// charges tokens.
+    /// charges tokens, and long or not for the interactive reserve: its key's `class=`, else
+    /// its prompt's estimate against LONG_PROMPT_TOKENS.
     pub(crate) fn client(&self, client: Client) -> Client {
-        match self.app.fair_charge {
+        let client = match self.app.fair_charge {
             FairCharge::Tokens => client.costing(self.estimate),
             FairCharge::Sequences => client,
-        }
+        };
+        let long = match self.key.as_ref().and_then(|k| k.settings.class) {
+            Some(RequestClass::Batch) => true,
+            Some(RequestClass::Interactive) => false,
+            None => self.estimate > self.app.long_prompt_tokens,
+        };
+        client.long(long)
     }
 
     /// Admitted after `waited` in the queue as `client`.
