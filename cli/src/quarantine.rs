@@ -97,8 +97,9 @@ pub(super) fn status_line(v: &Value) -> String {
         .iter()
         .filter(|e| e["quarantines"].as_u64().unwrap_or(0) >= 2)
         .count();
+    let bodies = if entries.len() == 1 { "body" } else { "bodies" };
     format!(
-        "quarantine {} bodies ({refused} refused at arrival) · `sparkgate quarantine` lists them\n",
+        "quarantine {} {bodies} ({refused} refused at arrival) · `sparkgate quarantine` lists them\n",
         entries.len()
     )
 }

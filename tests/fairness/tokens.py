@@ -1,12 +1,15 @@
 """The load of tests/fairness/tokens.sh: a heavy client keeps two requests with 100k-token
 prompts in flight while three chat clients each send short streamed chats one after another;
 prints the chat clients' time to first token percentiles and the heavy client's throughput. Each
-client names itself with `x-sparkgate-client` (its fair-queue share)."""
+client names itself with `x-sparkgate-client` (its fair-queue share). Arguments: port, model,
+seconds, the run's label, and how many requests the heavy client keeps in flight (2; 0: none)."""
 import asyncio, json, sys, time
 
 import httpx
 
-port, model, seconds, charge = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
+port, model, seconds, label = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
+# Requests the heavy client keeps in flight (0: the chats alone).
+heavies = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 URL = f"http://127.0.0.1:{port}/v1/chat/completions"
 # About 100 000 prompt tokens (" the" is one token of vllm-sim's vocabulary).
 LONG = "the " * 100_000
@@ -50,12 +53,13 @@ async def main():
     async with httpx.AsyncClient(limits=limits) as client:
         until = time.monotonic() + seconds
         prompts, ttfts = [], []
-        tasks = [asyncio.create_task(heavy(client, until, prompts)) for _ in range(2)]
-        await asyncio.sleep(0.5)
+        tasks = [asyncio.create_task(heavy(client, until, prompts)) for _ in range(heavies)]
+        if heavies:
+            await asyncio.sleep(0.5)
         tasks += [asyncio.create_task(chat(client, f"chat-{i}", until, ttfts)) for i in range(3)]
         await asyncio.gather(*tasks)
     print(json.dumps({
-        "fair_charge": charge, "seconds": seconds,
+        "run": label, "seconds": seconds,
         "chats": len(ttfts), "chat_ttft_p50_s": round(pct(ttfts, 0.5), 3), "chat_ttft_p95_s": round(pct(ttfts, 0.95), 3),
         "heavy_requests": len(prompts), "heavy_prompt_tokens_per_s": round(sum(prompts) / seconds),
     }))

@@ -189,3 +189,87 @@ fn a_poison_stream_is_ended_and_its_body_refused_afterwards() {
     assert_eq!(restarts(&gw), 2, "refused at arrival: no third crash");
     assert_eq!(post(&gw, "/v1/chat/completions", &chat("hello", 4)).status, 200);
 }
+
+/// `sparkgate quarantine …` against `gw`: its exit status and output.
+fn quarantine_cli(gw: &Gateway, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(sparkgate_tests::test_gateway::sparkgate_bin(SIM))
+        .arg("quarantine")
+        .args(args)
+        .args(["--url", &format!("http://{}", gw.addr)])
+        .env("HEAD_IP", "127.0.0.1")
+        .env("WORKER_IP", "127.0.0.2")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_refused_body_stays_refused_after_a_restart_until_an_operator_releases_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("state.sqlite").display().to_string();
+    let gw = gateway(&[("STORE_URL", &store)]);
+    let poison = chat(&format!("{MARK} remember me"), 8);
+    assert_crashed_engine(&post(&gw, "/v1/chat/completions", &poison));
+    wait_serving(&gw, 2);
+    assert_crashed_engine(&post(&gw, "/v1/chat/completions", &poison));
+    wait_serving(&gw, 3);
+    let listed = request(gw.addr, "GET", "/admin/quarantine", &[], b"").json();
+    let entry = &listed["quarantine"][0];
+    let id = entry["id"].as_str().expect("an id").to_owned();
+    assert_eq!(entry["quarantines"], 2, "{listed}");
+    let key = entry["key"].as_str().unwrap_or_default();
+    assert!(key.starts_with("key-") && !listed.to_string().contains(KEY), "the key's name, never the key: {listed}");
+    assert!(entry["reason"].as_str().unwrap().contains("crashed"), "{listed}");
+    assert_eq!(gw.status()["quarantine"][0]["id"], id.as_str(), "in /admin/status too");
+    gw.proc.terminate();
+    drop(gw);
+    // A new gateway on the same store, its ranks healthy: the body is refused from the store.
+    let again = TestGateway::builder(SIM)
+        .envs(&[("API_KEYS", KEY), ("STORE_URL", &store)])
+        .start();
+    let refused = post(&again, "/v1/chat/completions", &poison);
+    assert_crashed_engine(&refused);
+    assert!(refused.text().contains(&format!("sparkgate quarantine release {id}")), "{}", refused.text());
+    assert_eq!(restarts(&again), 0, "refused at arrival: nothing reached a rank");
+    let (ok, table) = quarantine_cli(&again, &["list"]);
+    assert!(ok && table.contains(&id) && table.contains("refused"), "{table}");
+    let status = std::process::Command::new(sparkgate_tests::test_gateway::sparkgate_bin(SIM))
+        .args(["status", "--url", &format!("http://{}", again.addr)])
+        .env("HEAD_IP", "127.0.0.1")
+        .env("WORKER_IP", "127.0.0.2")
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(status.contains("quarantine 1 body (1 refused at arrival)"), "{status}");
+    let (ok, said) = quarantine_cli(&again, &["release", &id]);
+    assert!(ok, "{said}");
+    assert_eq!(post(&again, "/v1/chat/completions", &poison).status, 200, "released: it runs");
+    let (ok, said) = quarantine_cli(&again, &["release", &id]);
+    assert!(!ok && said.contains("no body quarantined under this id"), "{said}");
+    let (ok, said) = quarantine_cli(&again, &["release", "not-an-id"]);
+    assert!(!ok && said.contains("16 hex digits"), "{said}");
+}
+
+#[test]
+fn gateways_sharing_a_postgres_store_refuse_the_same_body_and_share_a_release() {
+    let pg = sparkgate_tests::postgres::Postgres::start();
+    let url = pg.database("quarantine");
+    let a = gateway(&[("STORE_URL", &url)]);
+    let b = TestGateway::builder(SIM)
+        .envs(&[("API_KEYS", KEY), ("STORE_URL", &url)])
+        .start();
+    let poison = chat(&format!("{MARK} shared"), 8);
+    assert_crashed_engine(&post(&a, "/v1/chat/completions", &poison));
+    wait_serving(&a, 2);
+    assert_crashed_engine(&post(&a, "/v1/chat/completions", &poison));
+    // B reads the record again on each listing (and every 2 s on its own).
+    let listed = request(b.addr, "GET", "/admin/quarantine", &[], b"").json();
+    let id = listed["quarantine"][0]["id"].as_str().unwrap_or_else(|| panic!("{listed}")).to_owned();
+    assert_crashed_engine(&post(&b, "/v1/chat/completions", &poison));
+    assert_eq!(restarts(&b), 0, "B refused it at arrival");
+    let r = request(b.addr, "POST", &format!("/admin/quarantine/{id}/release"), &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let listed = request(a.addr, "GET", "/admin/quarantine", &[], b"").json();
+    assert_eq!(listed["quarantine"], serde_json::json!([]), "A sees B's release");
+}

@@ -2,7 +2,8 @@
 //! file and a real PostgreSQL server (Debian's, started per test): a record read back only by
 //! its owner, another owner's id never overwritten, deletes, the TTL and the size cap evicting
 //! the oldest first, what one handle wrote read by another (a restarted gateway, or a
-//! second gateway on the same database), and per-key usage rows summed by minute, window and key.
+//! second gateway on the same database), per-key usage rows summed by minute, window and key
+//! (one at a time, or a batch in one transaction), and quarantined request bodies.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -156,6 +157,57 @@ async fn usage(at: &Location, now: &Arc<AtomicI64>) {
     assert_eq!(later.len(), 1, "only the later minute, only alice: {later:?}");
     assert_eq!(later[0].0, who("alice", "messages"));
     assert!(store.usage_since(6_180, None).await.unwrap().is_empty());
+    // A batch in one transaction adds to the same rows; tokens by key and minute rebuild quotas.
+    let batch = [
+        (6_010, who("alice", "chat"), one(4, 4, 0)),
+        (6_190, who("bob", "chat"), one(1, 2, 0)),
+    ];
+    store.add_usage_all(&batch).await.unwrap();
+    let minutes = other.tokens_by_minute(6_000).await.unwrap();
+    assert_eq!(
+        minutes,
+        vec![
+            ("alice".to_owned(), 6_000, 31 + 13 + 8),
+            ("alice".to_owned(), 6_120, 5),
+            ("bob".to_owned(), 6_120, 150),
+            ("bob".to_owned(), 6_180, 3),
+        ]
+    );
+    assert_eq!(other.tokens_by_minute(6_150).await.unwrap().len(), 3, "from 6_120 on");
+    quarantine(at, now).await;
+}
+
+/// Quarantined bodies: verdicts counted under one id, the latest first, seen by another handle,
+/// expired past their TTL (and counted from one again), released.
+async fn quarantine(at: &Location, now: &Arc<AtomicI64>) {
+    use sparkgate_store::Verdict;
+    let store = open(at, Retention::default(), now).await;
+    let other = open(at, Retention::default(), now).await;
+    let v = |id, request_id| Verdict {
+        id,
+        reason: "crashed alone",
+        key: "alice",
+        request_id,
+        ttl: 100,
+    };
+    now.store(10_000, Ordering::SeqCst);
+    store.quarantine(v("00000000000000aa", "r1")).await.unwrap();
+    now.store(10_050, Ordering::SeqCst);
+    other.quarantine(v("00000000000000aa", "r2")).await.unwrap();
+    store.quarantine(v("00000000000000bb", "r3")).await.unwrap();
+    let listed = other.quarantined().await.unwrap();
+    let ids: Vec<(&str, u64)> = listed.iter().map(|q| (q.id.as_str(), q.quarantines)).collect();
+    assert_eq!(ids, [("00000000000000aa", 2), ("00000000000000bb", 1)], "{listed:?}");
+    let aa = &listed[0];
+    assert_eq!((aa.first_at, aa.last_at, aa.expires_at, aa.request_id.as_str()), (10_000, 10_050, 10_150, "r2"));
+    now.store(10_150, Ordering::SeqCst);
+    assert!(store.quarantined().await.unwrap().is_empty(), "expired past its TTL");
+    store.quarantine(v("00000000000000aa", "r4")).await.unwrap();
+    assert_eq!(store.quarantined().await.unwrap()[0].quarantines, 1, "an expired body starts again");
+    assert_eq!(store.expire_quarantine().await.unwrap(), 1, "bb's row removed");
+    assert!(other.release("00000000000000aa").await.unwrap());
+    assert!(!other.release("00000000000000aa").await.unwrap(), "released once");
+    assert!(store.quarantined().await.unwrap().is_empty());
 }
 
 #[test]

@@ -26,6 +26,7 @@ pub(crate) struct Rule {
 /// an uncontended permit (BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) enum Clock {
+    #[cfg_attr(not(test), allow(dead_code))]
     Runtime,
     #[default]
     Coarse,
@@ -35,8 +36,9 @@ pub(crate) enum Clock {
 static COARSE: OnceLock<(std::time::Instant, AtomicU64)> = OnceLock::new();
 const COARSE_TICK: Duration = Duration::from_millis(50);
 
-fn coarse_now() -> Instant {
-    let (start, ms) = COARSE.get_or_init(|| {
+/// The coarse clock's start and its milliseconds since, started with its thread.
+fn coarse() -> &'static (std::time::Instant, AtomicU64) {
+    COARSE.get_or_init(|| {
         let _ = std::thread::Builder::new()
             .name("sparkgate-clock".into())
             .spawn(|| loop {
@@ -46,29 +48,37 @@ fn coarse_now() -> Instant {
                 }
             });
         (std::time::Instant::now(), AtomicU64::new(0))
-    });
-    Instant::from_std(*start + Duration::from_millis(ms.load(Ordering::Relaxed)))
+    })
 }
 
 impl Clock {
-    fn now(self) -> Instant {
+    /// Where its milliseconds count from.
+    fn base(self) -> Instant {
         match self {
             Clock::Runtime => Instant::now(),
-            Clock::Coarse => coarse_now(),
+            Clock::Coarse => Instant::from_std(coarse().0),
+        }
+    }
+
+    /// Milliseconds since `base`.
+    fn ms(self, base: Instant) -> u64 {
+        match self {
+            Clock::Runtime => base.elapsed().as_millis() as u64,
+            Clock::Coarse => coarse().1.load(Ordering::Relaxed),
         }
     }
 }
 
-/// The two latest clients active (not long): the latest, and the latest other than it — all
-/// "is anyone but C active?" needs.
+/// The two latest clients active (not long), each with when (ms since the clock's base): the
+/// latest, and the latest other than it — all "is anyone but C active?" needs.
 #[derive(Debug, Default, Clone, Copy)]
 struct Recent {
-    latest: Option<(u64, Instant)>,
-    other: Option<(u64, Instant)>,
+    latest: Option<(u64, u64)>,
+    other: Option<(u64, u64)>,
 }
 
 impl Recent {
-    fn saw(&mut self, client: u64, at: Instant) {
+    fn saw(&mut self, client: u64, at: u64) {
         match self.latest {
             Some((c, _)) if c == client => {}
             previous => self.other = previous,
@@ -77,7 +87,7 @@ impl Recent {
     }
 
     /// When the latest client other than `client` was active.
-    fn besides(&self, client: u64) -> Option<Instant> {
+    fn besides(&self, client: u64) -> Option<u64> {
         match self.latest {
             Some((c, at)) if c != client => Some(at),
             _ => self.other.map(|(_, at)| at),
@@ -90,6 +100,8 @@ impl Recent {
 pub(crate) struct Reserve {
     rule: Option<Rule>,
     clock: Clock,
+    /// Where the clock's milliseconds count from.
+    base: Option<Instant>,
     /// Slots held by long requests.
     long_in_use: u32,
     recent: Recent,
@@ -100,6 +112,7 @@ impl Reserve {
     pub(crate) fn set(&mut self, rule: Rule, clock: Clock) {
         self.rule = (rule.slots > 0).then_some(rule);
         self.clock = clock;
+        self.base = Some(clock.base());
     }
 
     /// Whether the reserve is on at all (the only question an uncontended short request asks).
@@ -109,14 +122,15 @@ impl Reserve {
 
     /// A request of `client` that is not long arrived or ended now.
     pub(crate) fn saw(&mut self, client: u64) {
-        if self.rule.is_some() {
-            self.recent.saw(client, self.clock.now());
+        if let (Some(_), Some(base)) = (self.rule, self.base) {
+            self.recent.saw(client, self.clock.ms(base));
         }
     }
 
     /// Until when another client than `client` counts as active (`None`: none does at `now`).
     fn others_active_until(&self, client: u64, now: Instant) -> Option<Instant> {
-        let until = self.recent.besides(client)? + self.rule?.active;
+        let at = self.base? + Duration::from_millis(self.recent.besides(client)?);
+        let until = at + self.rule?.active;
         (until > now).then_some(until)
     }
 
@@ -240,8 +254,9 @@ mod tests {
 
     #[test]
     fn the_coarse_clock_moves() {
-        let first = coarse_now();
+        let base = Clock::Coarse.base();
+        let first = Clock::Coarse.ms(base);
         std::thread::sleep(Duration::from_millis(120));
-        assert!(coarse_now() > first, "its thread advances it");
+        assert!(Clock::Coarse.ms(base) > first, "its thread advances it");
     }
 }
