@@ -1,7 +1,8 @@
 //! vllm-sim counts a prompt's tokens as the real frontend does: the same requests — tools, system
 //! prompts, multi-turn conversations with tool calls and results, efforts — sent to the reference
 //! fixture (vLLM's own frontend, both releases and profiles) and to vllm-sim give equal
-//! `usage.prompt_tokens` (chat), `usage.input_tokens` (Messages, Responses) and `count_tokens`.
+//! `usage.prompt_tokens` (chat), `usage.input_tokens` (Messages, Responses), `count_tokens`,
+//! `/tokenize`'s count and as many `prompt_token_ids`.
 //! The tokenizer the simulator counts with is the fixture's, checked here against the one the
 //! fixture trains at start.
 
@@ -85,7 +86,7 @@ fn cases(model: &str) -> Vec<(&'static str, &'static str, Value, &'static str)> 
         (
             "chat tools multi-turn",
             "/v1/chat/completions",
-            chat(multi_turn, json!({"tools": [weather_tool()]})),
+            chat(multi_turn.clone(), json!({"tools": [weather_tool()]})),
             "prompt_tokens",
         ),
         (
@@ -111,6 +112,23 @@ fn cases(model: &str) -> Vec<(&'static str, &'static str, Value, &'static str)> 
                 json!({"chat_template_kwargs": {"enable_thinking": false, "thinking": false}}),
             ),
             "prompt_tokens",
+        ),
+        (
+            "chat prompt_token_ids",
+            "/v1/chat/completions",
+            chat(
+                with_tool_round(),
+                json!({"tools": [weather_tool()], "return_token_ids": true}),
+            ),
+            "prompt_token_ids",
+        ),
+        (
+            "tokenize messages",
+            "/tokenize",
+            // (not the tool round: vLLM's DeepSeek /tokenize fails to copy a message's
+            // `tool_calls` or content parts, a 400 the simulator does not model)
+            json!({"model": model, "messages": multi_turn.clone(), "tools": [weather_tool()]}),
+            "count",
         ),
         (
             "chat continued",
@@ -179,12 +197,12 @@ fn counted(addr: std::net::SocketAddr, path: &str, body: &Value, field: &str) ->
         body.to_string().as_bytes(),
     );
     let v = r.json();
-    let n = if path.ends_with("count_tokens") {
-        &v[field]
-    } else {
-        &v["usage"][field]
+    let n = match field {
+        "prompt_token_ids" => v[field].as_array().map(|ids| ids.len() as u64),
+        _ if path.ends_with("count_tokens") || path == "/tokenize" => v[field].as_u64(),
+        _ => v["usage"][field].as_u64(),
     };
-    n.as_u64().ok_or_else(|| format!("{} {}", r.status, r.text()))
+    n.ok_or_else(|| format!("{} {}", r.status, r.text()))
 }
 
 #[test]

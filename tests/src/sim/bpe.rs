@@ -2,7 +2,8 @@
 //! added tokens cut out first (leftmost, longest), the rest split by the GPT-2 byte-level
 //! pre-tokenizer, each piece's bytes mapped to their printable characters and merged by the
 //! trained merges' ranks. The tokenizer files are the ones `tests/realvllm/model_dir.py` trains
-//! (committed copies; `tests/sim_counts_real.rs` checks them against a fixture's).
+//! (committed copies; `tests/sim_counts_real.rs` checks them against a fixture's). The counts
+//! (`count/`) use the profile's; the simulator's prompt ids (`vocab.rs`) GLM's pieces.
 
 use std::collections::HashMap;
 
@@ -18,6 +19,20 @@ pub(crate) struct Bpe {
     added: Vec<(String, u32)>,
     /// Byte → its printable stand-in (GPT-2's `bytes_to_unicode`).
     byte_chars: [char; 256],
+    /// Id → its token's bytes (added tokens as their text).
+    pieces: Vec<Vec<u8>>,
+}
+
+/// The GLM fixture's tokenizer.
+pub(crate) fn glm() -> &'static Bpe {
+    static GLM: std::sync::OnceLock<Bpe> = std::sync::OnceLock::new();
+    GLM.get_or_init(|| Bpe::from_json(include_str!("../../realvllm/tokenizers/glm.json")))
+}
+
+/// The DeepSeek fixture's tokenizer.
+pub(crate) fn deepseek() -> &'static Bpe {
+    static DEEPSEEK: std::sync::OnceLock<Bpe> = std::sync::OnceLock::new();
+    DEEPSEEK.get_or_init(|| Bpe::from_json(include_str!("../../realvllm/tokenizers/deepseek.json")))
 }
 
 impl Bpe {
@@ -49,12 +64,25 @@ impl Bpe {
             .map(|a| (a["content"].as_str().expect("content").to_owned(), id(&a["id"])))
             .collect();
         added.sort_by_key(|(s, _)| std::cmp::Reverse(s.len()));
+        let byte_chars = byte_chars();
+        let pieces = pieces(&vocab, &added, &byte_chars);
         Bpe {
             vocab,
             ranks,
             added,
-            byte_chars: byte_chars(),
+            byte_chars,
+            pieces,
         }
+    }
+
+    /// How many ids it has.
+    pub(crate) fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// The bytes id `id` stands for.
+    pub(crate) fn piece(&self, id: u32) -> Option<&[u8]> {
+        self.pieces.get(id as usize).map(Vec::as_slice)
     }
 
     /// The ids of `text`, as `tokenizer.encode(text, add_special_tokens=False)` gives them.
@@ -86,7 +114,8 @@ impl Bpe {
             .min_by_key(|(at, _, _)| *at)
     }
 
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
+    /// The ids of `text` without looking for added tokens.
+    pub(crate) fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
         for piece in pre_tokenize(text) {
             let symbols: Vec<String> = piece.bytes().map(|b| self.byte_chars[b as usize].to_string()).collect();
             for s in self.merge(symbols) {
@@ -108,6 +137,24 @@ impl Bpe {
             symbols[i].push_str(&right);
         }
     }
+}
+
+/// Each id's bytes: a vocabulary token's characters mapped back to their bytes.
+fn pieces(vocab: &HashMap<String, u32>, added: &[(String, u32)], byte_chars: &[char; 256]) -> Vec<Vec<u8>> {
+    let byte_of: HashMap<char, u8> = (0..=255u8).map(|b| (byte_chars[b as usize], b)).collect();
+    let top = vocab
+        .values()
+        .chain(added.iter().map(|(_, id)| id))
+        .max()
+        .map_or(0, |m| *m as usize + 1);
+    let mut out = vec![Vec::new(); top];
+    for (token, id) in vocab {
+        out[*id as usize] = token.chars().filter_map(|c| byte_of.get(&c).copied()).collect();
+    }
+    for (token, id) in added {
+        out[*id as usize] = token.as_bytes().to_vec();
+    }
+    out
 }
 
 /// GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the rest for 256 + n.

@@ -5,6 +5,7 @@
 
 mod api;
 mod args;
+mod bpe;
 mod changes;
 mod control;
 mod count;

@@ -272,14 +272,11 @@ pub(crate) fn detokenize(ids: &[u64]) -> Option<String> {
     let v = vocab();
     let mut bytes = Vec::new();
     for &id in ids {
-        if id < u64::from(BYTE_IDS) {
-            bytes.push(id as u8);
-        } else {
-            bytes.extend(
-                v.entries
-                    .get(usize::try_from(id - u64::from(BYTE_IDS)).ok()?)?
-                    .as_bytes(),
-            );
+        let id = u32::try_from(id).ok().filter(|id| *id < vocab_size())?;
+        match raw_bytes(id) {
+            Some(b) => bytes.extend(b),
+            None if id == pad_id() => {}
+            None => bytes.extend(v.entries.get((id - BYTE_IDS) as usize)?.as_bytes()),
         }
     }
     Some(String::from_utf8_lossy(&bytes).into_owned())
@@ -315,9 +312,60 @@ pub(crate) fn assistant_id() -> u32 {
     marker("<|assistant|>")
 }
 
-/// How many ids the tokenizer has (bytes included).
-pub(crate) fn vocab_size() -> u32 {
+/// The first id of a chat prompt's text pieces: after the vocabulary, the GLM fixture
+/// tokenizer's ids (`bpe.rs`), then the padding id.
+fn pieces_base() -> u32 {
     BYTE_IDS + vocab().entries.len() as u32
+}
+
+/// The padding id a chat prompt's ids start with (it stands for no text).
+fn pad_id() -> u32 {
+    pieces_base() + super::bpe::glm().len() as u32
+}
+
+/// How many ids the tokenizer has (bytes, words, markers, prompt pieces and padding).
+pub(crate) fn vocab_size() -> u32 {
+    pad_id() + 1
+}
+
+/// A chat prompt's ids, `len` of them when its text takes no more: the markers as the
+/// vocabulary's ids, the text between them as the real tokenizer's pieces, and padding in
+/// front for the framing the real render has and the simulator's does not. So a prompt shows
+/// as many ids as the real frontend counts, and reads back (`text_of`) as its text.
+pub(crate) fn prompt_ids(text: &str, len: usize) -> Vec<u32> {
+    let (v, base) = (vocab(), pieces_base());
+    let mut ids = Vec::new();
+    let mut pieces = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let next = SPECIALS
+            .iter()
+            .chain(LATE_SPECIALS)
+            .filter_map(|s| rest.find(*s).map(|at| (at, *s)))
+            .min_by_key(|(at, s)| (*at, std::cmp::Reverse(s.len())));
+        let (plain, marker) = match next {
+            Some((at, s)) => (&rest[..at], Some(s)),
+            None => (rest, None),
+        };
+        pieces.clear();
+        super::bpe::glm().encode_plain(plain, &mut pieces);
+        ids.extend(pieces.iter().map(|p| base + p));
+        let Some(marker) = marker else { break };
+        ids.push(v.index[marker]);
+        rest = &rest[plain.len() + marker.len()..];
+    }
+    let pad = len.saturating_sub(ids.len());
+    std::iter::repeat_n(pad_id(), pad).chain(ids).collect()
+}
+
+/// The bytes of an id below the vocabulary's words or among the prompt's pieces (`None`: a
+/// word or marker, or padding).
+fn raw_bytes(id: u32) -> Option<Vec<u8>> {
+    if id < BYTE_IDS {
+        return Some(vec![id as u8]);
+    }
+    let piece = id.checked_sub(pieces_base())?;
+    super::bpe::glm().piece(piece).map(<[u8]>::to_vec)
 }
 
 /// Each id's text, as an incremental detokenizer releases it: a run of byte ids that is not
@@ -329,8 +377,8 @@ pub(crate) fn piece_texts(ids: &[u32]) -> (Vec<String>, usize) {
     let mut texts = Vec::with_capacity(ids.len());
     let (mut pending, mut waiting) = (Vec::new(), 0);
     for &id in ids {
-        if id < BYTE_IDS {
-            pending.push(id as u8);
+        if let Some(bytes) = raw_bytes(id) {
+            pending.extend(bytes);
             match std::str::from_utf8(&pending) {
                 Ok(s) => {
                     texts.push(s.to_owned());
@@ -338,7 +386,7 @@ pub(crate) fn piece_texts(ids: &[u32]) -> (Vec<String>, usize) {
                     waiting = 0;
                 }
                 // Incomplete at its end: wait for the rest of the character.
-                Err(e) if e.error_len().is_none() && pending.len() < 4 => {
+                Err(e) if e.error_len().is_none() && pending.len() - e.valid_up_to() < 4 => {
                     texts.push(String::new());
                     waiting += 1;
                 }
@@ -369,6 +417,26 @@ pub(crate) fn text_of(ids: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chat_prompts_ids_read_back_as_its_text_at_the_counted_length() {
+        let text = "<|tools|>{\"tools\": []}<|user|>Ünïcode 日本語 and the gateway<|assistant|><think>";
+        let natural = prompt_ids(text, 0);
+        assert_eq!(text_of(&natural), text);
+        let padded = prompt_ids(text, natural.len() + 7);
+        assert_eq!(padded.len(), natural.len() + 7);
+        assert_eq!(text_of(&padded), text);
+        assert_eq!(
+            detokenize(&padded.iter().map(|i| u64::from(*i)).collect::<Vec<_>>()).as_deref(),
+            Some(text)
+        );
+        assert!(padded.iter().all(|id| *id < vocab_size()));
+        assert_eq!(
+            padded[padded.len() - 2..],
+            [assistant_id(), think_id()],
+            "the markers are the vocabulary's"
+        );
+    }
 
     #[test]
     fn tokenizer_round_trips_and_counts() {

@@ -355,7 +355,7 @@ impl Ctx {
                 Some(p) if !p.is_null() => Value::Array(vec![Value::Null; prompt_tokens]),
                 _ => Value::Null,
             },
-            prompt_ids: flag("return_token_ids").then(|| json!(vocab::tokenize(prompt))),
+            prompt_ids: flag("return_token_ids").then(|| json!(vocab::prompt_ids(prompt, prompt_tokens))),
         }
     }
 }

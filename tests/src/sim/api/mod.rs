@@ -28,6 +28,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::args::ServeArgs;
+use super::count::ChatPrompt;
 use super::engine::Engine;
 use super::metrics::Metrics;
 use super::text::Template;
@@ -289,14 +290,25 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
     let mut req = request::json_object(&headers, &body)?;
     schema::check_body("/tokenize", &mut req)?;
     request::check_model(&app, &req)?;
-    let text = match (req.get("prompt"), req.get("messages")) {
-        (Some(Value::String(p)), _) => p.clone(),
+    let tokens = match (req.get("prompt"), req.get("messages")) {
+        (Some(Value::String(p)), _) => vocab::tokenize(p),
         (_, Some(Value::Array(messages))) => {
             let rendering = app
                 .template
                 .render(&request::template_kwargs(&app, &req).unwrap_or_default());
             let tools = req.get("tools").and_then(Value::as_array).map(Vec::as_slice);
-            prompt::render(messages, tools, req.get("tool_choice"), &rendering, app.template)
+            let text = prompt::render(messages, tools, req.get("tool_choice"), &rendering, app.template);
+            // Counted as the chat route counts the same conversation.
+            let (add_generation_prompt, continue_final) = ChatPrompt::endings(&req);
+            let counted = ChatPrompt {
+                messages,
+                tools,
+                rendering: &rendering,
+                add_generation_prompt,
+                continue_final,
+            }
+            .ids(app.template);
+            vocab::prompt_ids(&text, counted.len())
         }
         // The body is a union of the prompt and the chat forms: both report their field.
         _ => {
@@ -306,7 +318,6 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
             ]))
         }
     };
-    let tokens = vocab::tokenize(&text);
     let strs = match req.get("return_token_strs") {
         Some(Value::Bool(true)) => json!(tokens
             .iter()

@@ -4,12 +4,12 @@
 //! and ids (`prompt.rs`, `vocab.rs`) still carry what its model reads; these ids are what it
 //! counts, prefills and caches.
 
-mod bpe;
 mod deepseek;
 mod glm;
 
 use serde_json::{json, Map, Value};
 
+use super::bpe::{self, Bpe};
 use super::text::{Rendering, Template};
 
 /// A chat request as vLLM hands it to the renderer.
@@ -64,15 +64,10 @@ impl ChatPrompt<'_> {
 }
 
 /// The fixture's tokenizer of the profile (its `tokenizer.json`, committed beside the fixture).
-fn tokenizer(template: Template) -> &'static bpe::Bpe {
-    use std::sync::OnceLock;
-    static GLM: OnceLock<bpe::Bpe> = OnceLock::new();
-    static DEEPSEEK: OnceLock<bpe::Bpe> = OnceLock::new();
+fn tokenizer(template: Template) -> &'static Bpe {
     match template {
-        Template::Glm => GLM.get_or_init(|| bpe::Bpe::from_json(include_str!("../../../realvllm/tokenizers/glm.json"))),
-        Template::DeepSeek => {
-            DEEPSEEK.get_or_init(|| bpe::Bpe::from_json(include_str!("../../../realvllm/tokenizers/deepseek.json")))
-        }
+        Template::Glm => bpe::glm(),
+        Template::DeepSeek => bpe::deepseek(),
     }
 }
 

@@ -75,7 +75,7 @@ fn render_chat(app: &App, headers: &HeaderMap, req: &Map<String, Value>) -> Resu
         return Err(beam_search());
     }
     let r = chat::render_checked(app, req)?;
-    let ids = vocab::tokenize(&r.prompt);
+    let ids = vocab::prompt_ids(&r.prompt, r.prompt_tokens);
     let stream = r.stream.stream;
     let so = structured_outputs(app, req);
     let sampling = sampling_params(req, r.budget(app), stream, true, so);
