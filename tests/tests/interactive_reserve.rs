@@ -43,7 +43,13 @@ fn pair(max_wait_s: &str) -> (Sim, Gateway) {
 /// A chat completion sent as client `who` (`x-sparkgate-client`).
 fn post_as(addr: std::net::SocketAddr, who: &str, body: &Value) -> HttpResponse {
     let headers = [("Content-Type", "application/json"), ("x-sparkgate-client", who)];
-    request(addr, "POST", "/v1/chat/completions", &headers, body.to_string().as_bytes())
+    request(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        body.to_string().as_bytes(),
+    )
 }
 
 fn long_in_background(gw: &Gateway) -> thread::JoinHandle<u16> {

@@ -200,7 +200,11 @@ fn quarantine_cli(gw: &Gateway, args: &[&str]) -> (bool, String) {
         .env("WORKER_IP", "127.0.0.2")
         .output()
         .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.success(), text)
 }
 
@@ -219,7 +223,10 @@ fn a_refused_body_stays_refused_after_a_restart_until_an_operator_releases_it() 
     let id = entry["id"].as_str().expect("an id").to_owned();
     assert_eq!(entry["quarantines"], 2, "{listed}");
     let key = entry["key"].as_str().unwrap_or_default();
-    assert!(key.starts_with("key-") && !listed.to_string().contains(KEY), "the key's name, never the key: {listed}");
+    assert!(
+        key.starts_with("key-") && !listed.to_string().contains(KEY),
+        "the key's name, never the key: {listed}"
+    );
     assert!(entry["reason"].as_str().unwrap().contains("crashed"), "{listed}");
     assert_eq!(gw.status()["quarantine"][0]["id"], id.as_str(), "in /admin/status too");
     gw.proc.terminate();
@@ -230,7 +237,11 @@ fn a_refused_body_stays_refused_after_a_restart_until_an_operator_releases_it() 
         .start();
     let refused = post(&again, "/v1/chat/completions", &poison);
     assert_crashed_engine(&refused);
-    assert!(refused.text().contains(&format!("sparkgate quarantine release {id}")), "{}", refused.text());
+    assert!(
+        refused.text().contains(&format!("sparkgate quarantine release {id}")),
+        "{}",
+        refused.text()
+    );
     assert_eq!(restarts(&again), 0, "refused at arrival: nothing reached a rank");
     let (ok, table) = quarantine_cli(&again, &["list"]);
     assert!(ok && table.contains(&id) && table.contains("refused"), "{table}");
@@ -244,7 +255,11 @@ fn a_refused_body_stays_refused_after_a_restart_until_an_operator_releases_it() 
     assert!(status.contains("quarantine 1 body (1 refused at arrival)"), "{status}");
     let (ok, said) = quarantine_cli(&again, &["release", &id]);
     assert!(ok, "{said}");
-    assert_eq!(post(&again, "/v1/chat/completions", &poison).status, 200, "released: it runs");
+    assert_eq!(
+        post(&again, "/v1/chat/completions", &poison).status,
+        200,
+        "released: it runs"
+    );
     let (ok, said) = quarantine_cli(&again, &["release", &id]);
     assert!(!ok && said.contains("no body quarantined under this id"), "{said}");
     let (ok, said) = quarantine_cli(&again, &["release", "not-an-id"]);
@@ -265,7 +280,10 @@ fn gateways_sharing_a_postgres_store_refuse_the_same_body_and_share_a_release() 
     assert_crashed_engine(&post(&a, "/v1/chat/completions", &poison));
     // B reads the record again on each listing (and every 2 s on its own).
     let listed = request(b.addr, "GET", "/admin/quarantine", &[], b"").json();
-    let id = listed["quarantine"][0]["id"].as_str().unwrap_or_else(|| panic!("{listed}")).to_owned();
+    let id = listed["quarantine"][0]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .to_owned();
     assert_crashed_engine(&post(&b, "/v1/chat/completions", &poison));
     assert_eq!(restarts(&b), 0, "B refused it at arrival");
     let r = request(b.addr, "POST", &format!("/admin/quarantine/{id}/release"), &[], b"");

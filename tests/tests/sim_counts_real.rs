@@ -2,7 +2,7 @@
 //! prompts, multi-turn conversations with tool calls and results, efforts — sent to the reference
 //! fixture (vLLM's own frontend, both releases and profiles) and to vllm-sim give equal
 //! `usage.prompt_tokens` (chat), `usage.input_tokens` (Messages, Responses), `count_tokens`,
-//! `/tokenize`'s count and as many `prompt_token_ids`.
+//! `/tokenize`'s count and as many `prompt_token_ids`; completions count their prompt text alike.
 //! The tokenizer the simulator counts with is the fixture's, checked here against the one the
 //! fixture trains at start.
 
@@ -13,6 +13,9 @@ use sparkgate_tests::http::request;
 use sparkgate_tests::realvllm::{fixture_profile, plan_argv, test_config, RealVllm};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
+
+/// Text in and out of the fixture tokenizer's corpus, with a character of several bytes.
+const PROSE: &str = "The scheduler admits requests in arrival order; zyxwv qqq — unseen words, 日本.";
 
 fn weather_tool() -> Value {
     json!({"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city.",
@@ -128,6 +131,18 @@ fn cases(model: &str) -> Vec<(&'static str, &'static str, Value, &'static str)> 
             // (not the tool round: vLLM's DeepSeek /tokenize fails to copy a message's
             // `tool_calls` or content parts, a 400 the simulator does not model)
             json!({"model": model, "messages": multi_turn.clone(), "tools": [weather_tool()]}),
+            "count",
+        ),
+        (
+            "completions",
+            "/v1/completions",
+            json!({"model": model, "prompt": PROSE, "max_tokens": 4}),
+            "prompt_tokens",
+        ),
+        (
+            "tokenize prompt",
+            "/tokenize",
+            json!({"model": model, "prompt": PROSE}),
             "count",
         ),
         (

@@ -199,11 +199,18 @@ async fn quarantine(at: &Location, now: &Arc<AtomicI64>) {
     let ids: Vec<(&str, u64)> = listed.iter().map(|q| (q.id.as_str(), q.quarantines)).collect();
     assert_eq!(ids, [("00000000000000aa", 2), ("00000000000000bb", 1)], "{listed:?}");
     let aa = &listed[0];
-    assert_eq!((aa.first_at, aa.last_at, aa.expires_at, aa.request_id.as_str()), (10_000, 10_050, 10_150, "r2"));
+    assert_eq!(
+        (aa.first_at, aa.last_at, aa.expires_at, aa.request_id.as_str()),
+        (10_000, 10_050, 10_150, "r2")
+    );
     now.store(10_150, Ordering::SeqCst);
     assert!(store.quarantined().await.unwrap().is_empty(), "expired past its TTL");
     store.quarantine(v("00000000000000aa", "r4")).await.unwrap();
-    assert_eq!(store.quarantined().await.unwrap()[0].quarantines, 1, "an expired body starts again");
+    assert_eq!(
+        store.quarantined().await.unwrap()[0].quarantines,
+        1,
+        "an expired body starts again"
+    );
     assert_eq!(store.expire_quarantine().await.unwrap(), 1, "bb's row removed");
     assert!(other.release("00000000000000aa").await.unwrap());
     assert!(!other.release("00000000000000aa").await.unwrap(), "released once");

@@ -27,18 +27,28 @@ const KEYS: [(&str, &str); 3] = [
 ];
 const PROBE: (&str, &str) = ("probe", "sk-probe-0004");
 const REQUESTS: usize = 1000;
-/// The gateway is SIGKILLed once this many answers were received whole, then again.
-const KILLS: [usize; 2] = [300, 650];
-const ROUTES: [&str; 4] = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"];
+/// The gateway is SIGKILLed the moment a client has received this many answers whole (by that
+/// client's thread, so the last answer's row had no time to be written later).
+const KILLS: [usize; 5] = [150, 300, 450, 600, 750];
+const ROUTES: [&str; 4] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+];
 
 /// Route `r`'s request, the same every time (its usage is too).
 fn body(r: usize, stream: bool) -> Value {
     let text = "Say something short about durable usage records.";
     match r {
-        0 => json!({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 8, "stream": stream}),
+        0 => {
+            json!({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 8, "stream": stream})
+        }
         1 => json!({"model": MODEL, "prompt": text, "max_tokens": 8, "stream": stream}),
         2 => json!({"model": MODEL, "input": text, "max_output_tokens": 16, "stream": stream}),
-        _ => json!({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": text}], "stream": stream}),
+        _ => {
+            json!({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": text}], "stream": stream})
+        }
     }
 }
 
@@ -57,7 +67,15 @@ fn sent(addr: SocketAddr, key: &str, r: usize, stream: bool) -> bool {
         }
         let mut s = Streaming::open(addr, "POST", ROUTES[r], &headers, b.as_bytes());
         let text = String::from_utf8_lossy(&s.read_all()).into_owned();
-        s.status == 200 && ["data: [DONE]", "event: message_stop", "event: response.completed"].iter().any(|end| text.contains(end))
+        s.status == 200
+            && [
+                "data: [DONE]",
+                "event: message_stop",
+                "event: response.completed",
+                "event: response.incomplete",
+            ]
+            .iter()
+            .any(|end| text.contains(end))
     });
     // A kill mid-answer ends the client's thread with a read error: not received whole.
     attempt.join().unwrap_or(false)
@@ -80,9 +98,18 @@ fn usage(addr: SocketAddr) -> Value {
 
 /// The row of `key` on route `r`: requests, prompt and completion tokens.
 fn row(u: &Value, key: &str, r: usize) -> [u64; 3] {
-    u["rows"].as_array().unwrap().iter().filter(|x| x["key"] == key && x["route"] == label(r)).fold([0; 3], |acc, x| {
-        [acc[0] + x["requests"].as_u64().unwrap(), acc[1] + x["prompt"].as_u64().unwrap(), acc[2] + x["completion"].as_u64().unwrap()]
-    })
+    u["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["key"] == key && x["route"] == label(r))
+        .fold([0; 3], |acc, x| {
+            [
+                acc[0] + x["requests"].as_u64().unwrap(),
+                acc[1] + x["prompt"].as_u64().unwrap(),
+                acc[2] + x["completion"].as_u64().unwrap(),
+            ]
+        })
 }
 
 /// Counts by (key, route): received whole, and cut by a kill.
@@ -101,9 +128,13 @@ fn run_with_kills(store: &str) {
     let unit: Vec<[u64; 3]> = (0..ROUTES.len()).map(|r| row(&probe, PROBE.0, r)).collect();
     for (r, u) in unit.iter().enumerate() {
         assert_eq!(u[0], 2, "{}: {probe:#}", ROUTES[r]);
-        assert!(u[1] % 2 == 0 && u[2] % 2 == 0, "a route's usage is the same streamed or whole: {probe:#}");
+        assert!(
+            u[1] % 2 == 0 && u[2] % 2 == 0,
+            "a route's usage is the same streamed or whole: {probe:#}"
+        );
     }
     let addr = Arc::new(Mutex::new(gw.addr));
+    let gw = Mutex::new(gw);
     let (next, whole) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let tally: Mutex<Tally> = Mutex::default();
     std::thread::scope(|s| {
@@ -114,39 +145,55 @@ fn run_with_kills(store: &str) {
                     return;
                 }
                 let (k, r, stream) = (i % 3, (i / 3) % 4, i % 2 == 1);
-                let at = *addr.lock().unwrap();
+                // Nobody listening (between a kill and the next gateway): sent again, not cut.
+                let at = loop {
+                    let at = *addr.lock().unwrap();
+                    if std::net::TcpStream::connect(at).is_ok() {
+                        break at;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                };
                 let ok = sent(at, KEYS[k].1, r, stream);
-                let mut t = tally.lock().unwrap();
-                let e = t.entry((k, r)).or_default();
-                if ok {
-                    e.0 += 1;
-                    whole.fetch_add(1, Ordering::SeqCst);
-                } else {
-                    e.1 += 1;
+                {
+                    let mut t = tally.lock().unwrap();
+                    let e = t.entry((k, r)).or_default();
+                    if ok {
+                        e.0 += 1;
+                    } else {
+                        e.1 += 1;
+                    }
+                }
+                if ok && KILLS.contains(&(whole.fetch_add(1, Ordering::SeqCst) + 1)) {
+                    let mut gw = gw.lock().unwrap();
+                    gw.proc.kill();
+                    *gw = start(store, sim.addr());
+                    *addr.lock().unwrap() = gw.addr;
                 }
             });
         }
-        for kill_at in KILLS {
-            while whole.load(Ordering::SeqCst) < kill_at {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            gw.proc.kill();
-            gw = start(store, sim.addr());
-            *addr.lock().unwrap() = gw.addr;
-        }
     });
+    let gw = gw.into_inner().unwrap();
+    assert!(
+        whole.load(Ordering::SeqCst) > KILLS[KILLS.len() - 1],
+        "every kill happened"
+    );
     let u = usage(gw.addr);
     let tally = tally.into_inner().unwrap();
-    let cut: u64 = tally.values().map(|(_, c)| c).sum();
-    assert!(cut > 0 || KILLS.is_empty(), "the kills cut answers in flight");
     for (k, (name, _)) in KEYS.iter().enumerate() {
         for (r, one) in unit.iter().enumerate() {
             let (received, cut) = tally.get(&(k, r)).copied().unwrap_or_default();
             let [requests, prompt, completion] = row(&u, name, r);
-            let what = format!("{name} {}: {received} received whole, {cut} cut, {requests} in the store", ROUTES[r]);
+            let what = format!(
+                "{name} {}: {received} received whole, {cut} cut, {requests} in the store",
+                ROUTES[r]
+            );
             assert!(requests >= received, "usage lost: {what}");
             assert!(requests <= received + cut, "usage counted twice: {what}");
-            assert_eq!((prompt, completion), (requests * one[1] / 2, requests * one[2] / 2), "tokens: {what}");
+            assert_eq!(
+                (prompt, completion),
+                (requests * one[1] / 2, requests * one[2] / 2),
+                "tokens: {what}"
+            );
         }
     }
 }

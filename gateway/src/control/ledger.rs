@@ -5,11 +5,13 @@
 //! The request path waits on its ticket before its answer's last byte (a whole answer before its
 //! head, a stream before its final event), so a gateway killed at any moment loses no usage of
 //! an answer a client received whole. A write that fails is kept and tried again; its tickets
-//! wait for it (their waiters give up at `COMMIT_WAIT`). A `flush` returns once everything handed
+//! wait for it (their waiters give up at `COMMIT_WAIT`), and while writes fail new answers do not
+//! wait at all. A `flush` returns once everything handed
 //! over before it is written — `/admin/usage` flushes before it reads, and the gateway flushes
 //! before it exits.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -75,6 +77,9 @@ pub(crate) struct Ledger {
     slot: Option<Arc<StoreSlot>>,
     /// The writer's queue, started with the first record.
     tx: OnceLock<mpsc::UnboundedSender<Msg>>,
+    /// The writer's last write failed: answers do not wait for their usage until one succeeds
+    /// (a store that is down must not add COMMIT_WAIT to every answer).
+    failing: Arc<AtomicBool>,
 }
 
 pub(crate) fn now_secs() -> i64 {
@@ -88,6 +93,7 @@ impl Ledger {
         Ledger {
             slot,
             tx: OnceLock::new(),
+            failing: Arc::default(),
         }
     }
 
@@ -95,7 +101,7 @@ impl Ledger {
         let slot = self.slot.clone()?;
         Some(self.tx.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            sparkgate_task::spawn("usage-writer", write(slot, rx));
+            sparkgate_task::spawn("usage-writer", write(slot, rx, self.failing.clone()));
             tx
         }))
     }
@@ -113,10 +119,14 @@ impl Ledger {
             usage: Box::new(usage),
             done,
         };
-        match tx.send(msg) {
-            Ok(()) => Committed(Some(durable)),
-            Err(_) => Committed::now(),
+        if tx.send(msg).is_err() {
+            return Committed::now();
         }
+        if self.failing.load(Ordering::Relaxed) {
+            metrics::counter!(crate::observe::usage::USAGE_COMMIT_TIMEOUTS).increment(1);
+            return Committed::now();
+        }
+        Committed(Some(durable))
     }
 
     /// Returns once every record added before it is written (or its write failed).
@@ -175,7 +185,7 @@ impl Pending {
 
 /// The writer: takes what arrived together, writes it in one transaction, answers its tickets
 /// and the flushes among it.
-async fn write(slot: Arc<StoreSlot>, mut rx: mpsc::UnboundedReceiver<Msg>) {
+async fn write(slot: Arc<StoreSlot>, mut rx: mpsc::UnboundedReceiver<Msg>, failing: Arc<AtomicBool>) {
     let mut pending = Pending::default();
     while let Some(first) = rx.recv().await {
         pending.take(first);
@@ -185,12 +195,14 @@ async fn write(slot: Arc<StoreSlot>, mut rx: mpsc::UnboundedReceiver<Msg>) {
         loop {
             match write_batch(&slot, &pending.batch).await {
                 Ok(()) => {
+                    failing.store(false, Ordering::Relaxed);
                     pending.batch.clear();
                     for done in pending.tickets.drain(..) {
                         let _ = done.send(());
                     }
                 }
                 Err(e) => {
+                    failing.store(true, Ordering::Relaxed);
                     metrics::counter!(crate::observe::usage::USAGE_WRITE_FAILURES).increment(1);
                     tracing::warn!(error = %e, rows = pending.batch.len(), "usage not written yet; kept to try again");
                 }

@@ -39,7 +39,7 @@ pub(super) fn describe() {
     );
     describe_counter!(
         USAGE_COMMIT_TIMEOUTS,
-        "Answers that ended before their usage was durable in the store (the store could not be written within 5 s)."
+        "Answers that ended before their usage was durable in the store: it could not be written within 5 s, or its writes were failing (the usage stays queued and is written once the store is back)."
     );
 }
 
