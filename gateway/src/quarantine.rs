@@ -118,12 +118,23 @@ pub(crate) const PROBATION_FROM: u32 = 2;
 /// Quarantine verdicts under one body from which it is refused at arrival.
 const REFUSED_FROM: u64 = 2;
 
-/// The bodies on record, each with when it was last recorded in records made (the oldest is
-/// forgotten first).
+/// One body on record.
+#[derive(Debug)]
+struct Kept {
+    entry: Entry,
+    /// When it was last recorded, in records made (the oldest is forgotten first).
+    made: u64,
+    /// Its last verdict's write to the store: not done yet, or done as the `writes`-th.
+    written: Option<u64>,
+}
+
+/// The bodies on record.
 #[derive(Debug, Default)]
 struct Records {
-    by_body: HashMap<u64, (Entry, u64)>,
+    by_body: HashMap<u64, Kept>,
     made: u64,
+    /// Verdicts written to the store so far: a read that began before a write may miss it.
+    writes: u64,
 }
 
 /// The gateway's record of quarantined bodies.
@@ -160,7 +171,7 @@ impl Quarantine {
             return None;
         }
         let records = self.records.lock().expect("quarantine");
-        let (e, _) = records.by_body.get(&fingerprint(body))?;
+        let e = &records.by_body.get(&fingerprint(body))?.entry;
         (e.quarantines >= REFUSED_FROM && e.expires_at > now_secs()).then(|| e.id.clone())
     }
 
@@ -170,34 +181,31 @@ impl Quarantine {
         let now = now_secs();
         let mut guard = self.records.lock().expect("quarantine");
         let records = &mut *guard;
-        records.by_body.retain(|_, (e, _)| e.expires_at > now);
+        records.by_body.retain(|_, k| k.entry.expires_at > now);
         if records.by_body.len() >= MAX_RECORDS && !records.by_body.contains_key(&print) {
-            let oldest = records
-                .by_body
-                .iter()
-                .min_by_key(|(_, (_, made))| *made)
-                .map(|(k, _)| *k);
+            let oldest = records.by_body.iter().min_by_key(|(_, k)| k.made).map(|(k, _)| *k);
             if let Some(oldest) = oldest {
                 records.by_body.remove(&oldest);
             }
         }
         records.made += 1;
-        let (e, made) = records.by_body.entry(print).or_insert_with(|| {
-            (
-                Entry {
-                    id: format!("{print:016x}"),
-                    quarantines: 0,
-                    reason: String::new(),
-                    key: String::new(),
-                    request_id: String::new(),
-                    first_at: now,
-                    last_at: now,
-                    expires_at: now,
-                },
-                0,
-            )
+        let made = records.made;
+        let kept = records.by_body.entry(print).or_insert_with(|| Kept {
+            entry: Entry {
+                id: format!("{print:016x}"),
+                quarantines: 0,
+                reason: String::new(),
+                key: String::new(),
+                request_id: String::new(),
+                first_at: now,
+                last_at: now,
+                expires_at: now,
+            },
+            made,
+            written: None,
         });
-        *made = records.made;
+        (kept.made, kept.written) = (made, None);
+        let e = &mut kept.entry;
         e.quarantines += 1;
         (e.reason, e.key, e.request_id) = (reason.text().to_owned(), key.to_owned(), request_id.to_owned());
         (e.last_at, e.expires_at) = (now, now + self.ttl);
@@ -222,11 +230,21 @@ impl Quarantine {
             store.quarantine(v).await.map_err(|e| e.to_string())
         };
         let failed = match tokio::time::timeout(WRITE_WAIT, write).await {
-            Ok(Ok(())) => return,
+            Ok(Ok(())) => return self.written(&entry.id),
             Ok(Err(e)) => e,
             Err(_) => "no answer within 5 s".to_owned(),
         };
         tracing::warn!(id = %entry.id, error = %failed, "quarantine not written to the store: only this gateway refuses the body, until it restarts");
+    }
+
+    /// Body `id`'s last verdict is in the store.
+    fn written(&self, id: &str) {
+        let mut guard = self.records.lock().expect("quarantine");
+        let records = &mut *guard;
+        records.writes += 1;
+        if let Some(k) = records.by_body.values_mut().find(|k| k.entry.id == id) {
+            k.written = Some(records.writes);
+        }
     }
 
     /// The bodies on record, the latest verdict first.
@@ -236,7 +254,7 @@ impl Quarantine {
         let mut all: Vec<Entry> = records
             .by_body
             .values()
-            .map(|(e, _)| e)
+            .map(|k| &k.entry)
             .filter(|e| e.expires_at > now)
             .cloned()
             .collect();
@@ -244,37 +262,45 @@ impl Quarantine {
         all
     }
 
-    /// Replaces the record by the store's (`read_at`: when the read began; a verdict recorded
-    /// here since is kept).
-    fn replace(&self, stored: Vec<Entry>, read_at: i64) {
+    /// Replaces the record by the store's, read once `writes` verdicts were written: a verdict
+    /// of this gateway's not written before the read began is kept.
+    fn replace(&self, stored: Vec<Entry>, writes: u64) {
         let mut records = self.records.lock().expect("quarantine");
         // The store lists the latest first: the order made here counts up to the newest.
-        let mut fresh: HashMap<u64, (Entry, u64)> = stored
+        let mut fresh: HashMap<u64, Kept> = stored
             .into_iter()
             .rev()
             .filter_map(|e| u64::from_str_radix(&e.id, 16).ok().map(|p| (p, e)))
             .enumerate()
-            .map(|(i, (p, e))| (p, (e, i as u64)))
+            .map(|(i, (p, entry))| {
+                let kept = Kept {
+                    entry,
+                    made: i as u64,
+                    written: Some(0),
+                };
+                (p, kept)
+            })
             .collect();
         let base = fresh.len() as u64;
-        for (print, (e, made)) in records.by_body.drain() {
-            if e.last_at >= read_at {
-                fresh.entry(print).or_insert((e, base + made));
+        for (print, mut k) in records.by_body.drain() {
+            if k.written.is_none_or(|w| w > writes) {
+                k.made += base;
+                fresh.insert(print, k);
             }
         }
         self.any.store(!fresh.is_empty(), Ordering::Relaxed);
-        records.made = base + records.made;
+        records.made += base;
         records.by_body = fresh;
     }
 
     /// Reads the record from the store (other gateways' verdicts, releases, expiries).
     pub(crate) async fn sync(&self) -> Result<(), String> {
         let Some(slot) = &self.store else { return Ok(()) };
-        let read_at = now_secs();
+        let writes = self.records.lock().expect("quarantine").writes;
         let store = slot.get().await.map_err(|e| e.to_string())?;
         store.expire_quarantine().await.map_err(|e| e.to_string())?;
         let stored = store.quarantined().await.map_err(|e| e.to_string())?;
-        self.replace(stored, read_at);
+        self.replace(stored, writes);
         Ok(())
     }
 
@@ -283,7 +309,7 @@ impl Quarantine {
         let here = {
             let mut records = self.records.lock().expect("quarantine");
             let before = records.by_body.len();
-            records.by_body.retain(|_, (e, _)| e.id != id);
+            records.by_body.retain(|_, k| k.entry.id != id);
             records.by_body.len() < before
         };
         let stored = match &self.store {
@@ -512,27 +538,39 @@ mod tests {
     }
 
     #[test]
-    fn the_store_is_the_record_a_verdict_made_since_the_read_kept_and_a_release_forgets() {
+    fn the_store_is_the_record_a_verdict_not_yet_written_is_kept_and_a_release_forgets() {
         let q = Quarantine::new(Duration::from_secs(3_600), None);
         q.remember(b"a", Reason::CrashedAlone, "alice", "r1");
         q.remember(b"a", Reason::LostThrice, "alice", "r2");
+        let id_a = format!("{:016x}", fingerprint(b"a"));
+        q.written(&id_a);
         let mut other = q.list();
         assert_eq!(other.len(), 1);
         assert_eq!((other[0].quarantines, other[0].request_id.as_str()), (2, "r2"));
-        assert_eq!(other[0].id, format!("{:016x}", fingerprint(b"a")));
-        // Another gateway's store: its own body, and ours gone (released there).
+        assert_eq!(other[0].id, id_a);
+        // The store, read after a's write: another gateway's body, and a gone (released there).
         other[0].id = format!("{:016x}", fingerprint(b"b"));
-        q.replace(other, now_secs() + 10);
+        q.replace(other, 1);
         assert!(q.refuses(b"b").is_some(), "another gateway's verdicts refuse here");
         assert!(q.refuses(b"a").is_none(), "released in the store: released here");
         q.remember(b"c", Reason::CrashedAlone, "bob", "r3");
-        q.replace(Vec::new(), now_secs() - 1);
-        assert_eq!(q.len(), 1, "a verdict made after the read began is kept");
+        q.replace(Vec::new(), 1);
+        assert!(
+            q.list().iter().any(|e| e.key == "bob"),
+            "a verdict not yet written is kept"
+        );
+        q.written(&format!("{:016x}", fingerprint(b"c")));
+        q.replace(Vec::new(), 1);
+        assert_eq!(q.len(), 1, "a read begun before its write does not drop it");
+        q.replace(Vec::new(), 2);
+        assert_eq!(q.len(), 0, "a read after its write: released elsewhere");
+        q.remember(b"d", Reason::CrashedAlone, "bob", "r4");
         let mut expired = q.list();
         expired[0].expires_at = now_secs() - 1;
-        q.replace(expired, now_secs() + 10);
+        q.written(&expired[0].id);
+        q.replace(expired, 3);
         assert!(q.list().is_empty(), "an expired body is not listed");
-        assert!(q.refuses(b"c").is_none());
+        assert!(q.refuses(b"d").is_none());
     }
 
     #[test]
