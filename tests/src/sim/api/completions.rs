@@ -14,7 +14,7 @@ use super::{bad_request, before, logprobs, schema, validate, App};
 use super::{internal_error, json_response, ApiError, Shared};
 use crate::sim::changes::{exclude_null, Change};
 use crate::sim::parser::ParserConfig;
-use crate::sim::{model, vocab};
+use crate::sim::{count, model, vocab};
 
 /// The completion renderer's refusals (renderers/online_renderer.py, renderers/embed_utils.py):
 /// a suffix where the model renders no fill-in-the-middle, and prompt embeddings (the server
@@ -88,6 +88,8 @@ fn renderer_checks(app: &App, req: &serde_json::Map<String, Value>) -> Result<()
 pub(crate) struct Checked {
     pub(crate) req: serde_json::Map<String, Value>,
     pub(crate) prompts: Vec<String>,
+    /// Each prompt's ids: as given, or a text's as the real frontend counts it (`prompt_ids`).
+    pub(crate) ids: Vec<Vec<u32>>,
     pub(crate) stream: request::StreamOptions,
     /// `max_tokens`, 16 when not given.
     pub(crate) max_tokens: usize,
@@ -116,12 +118,14 @@ pub(crate) fn checked(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Che
     request::empty_decoder_prompt(&req)?;
     let stream = request::stream_options(app, &req)?;
     let max_tokens = request::max_tokens(app, &req, &["max_tokens"])?.unwrap_or(16) as usize;
-    let lengths: Vec<usize> = prompts.iter().map(|p| vocab::count_tokens(p)).collect();
+    let ids = prompt_ids(app, &req);
+    let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
     request::check_prompt_length(app, lengths.iter().copied().max().unwrap_or(0))?;
     request::routed_experts_start(&req, lengths.iter().copied().min().unwrap_or(0))?;
     Ok(Checked {
         req,
         prompts,
+        ids,
         stream,
         max_tokens,
     })
@@ -131,6 +135,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
     let Checked {
         req,
         prompts,
+        ids,
         stream,
         max_tokens,
     } = checked(&app, &headers, &body)?;
@@ -146,7 +151,7 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         .collect();
     let request_id = request::request_id(&headers, &req);
     let texts: Vec<&str> = prompts.iter().map(String::as_str).collect();
-    let job = Job::start(&app, &texts, choices)?;
+    let job = Job::start_tokens(&app, &ids, &texts, choices)?;
     let reply = Reply {
         id: format!("cmpl-{request_id}"),
         model: app.args.served_name().to_owned(),
@@ -156,13 +161,32 @@ pub(crate) async fn handle(State(app): State<Shared>, headers: HeaderMap, body: 
         beam_search: req.get("use_beam_search") == Some(&Value::Bool(true)),
         prompt_logprobs: req.get("prompt_logprobs").is_some_and(|p| !p.is_null()),
         prompt_ids: (req.get("return_token_ids") == Some(&Value::Bool(true)))
-            .then(|| prompts.iter().map(|p| json!(vocab::tokenize(p))).collect()),
+            .then(|| ids.iter().map(|i| json!(i)).collect()),
     };
     if !stream.stream {
         return whole(&app, job, &reply, &request_id).await;
     }
     let frames = frames(app.clone(), job, reply, stream.include_usage);
     Ok(sse_response(&app, &request_id, frames))
+}
+
+/// Each prompt's ids: token ids as given; a text's as the real frontend counts them (the
+/// fixture's tokenizer), shown as [`vocab::prompt_ids`] (reading back as the text).
+fn prompt_ids(app: &App, req: &serde_json::Map<String, Value>) -> Vec<Vec<u32>> {
+    let given = |ids: &[Value]| ids.iter().filter_map(Value::as_u64).map(|i| i as u32).collect();
+    let text = |p: &str| vocab::prompt_ids(p, count::text_ids(app.template, p).len());
+    match req.get("prompt") {
+        Some(Value::String(p)) => vec![text(p)],
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => vec![given(a)],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|p| match p {
+                Value::Array(ids) => given(ids),
+                other => text(other.as_str().unwrap_or_default()),
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The prompts: one string or a list of them, none empty.

@@ -184,16 +184,10 @@ pub(crate) enum Step {
 }
 
 impl Job {
-    /// Submits every choice of the rendered `prompts`, each prefilled but for what the prefix
-    /// cache holds. Refusals become vLLM's responses: 500 when the engine is dead, 503 when
-    /// `--max-num-queued-reqs` is reached.
-    pub(crate) fn start(app: &App, prompts: &[&str], choices: Vec<ChoicePlan>) -> Result<Job, ApiError> {
-        // Tokenised once: its length is the prompt's token count, its blocks the cache's key.
-        let tokens: Vec<Vec<u32>> = prompts.iter().map(|p| vocab::tokenize(p)).collect();
-        Job::start_tokens(app, &tokens, prompts, choices)
-    }
-
-    /// [`Job::start`] for prompts given as token ids (`texts` their text, for the poison check).
+    /// Submits every choice of the prompts given as token ids (`texts` their text, for the
+    /// poison check), each prefilled but for what the prefix cache holds: the ids' number is
+    /// the prompt's token count, their blocks the cache's key. Refusals become vLLM's
+    /// responses: 500 when the engine is dead, 503 when `--max-num-queued-reqs` is reached.
     pub(crate) fn start_tokens(
         app: &App,
         tokens: &[Vec<u32>],

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::args::ServeArgs;
-use super::count::ChatPrompt;
+use super::count::{self, ChatPrompt};
 use super::engine::Engine;
 use super::metrics::Metrics;
 use super::text::Template;
@@ -291,7 +291,7 @@ async fn tokenize(State(app): State<Shared>, headers: HeaderMap, body: Bytes) ->
     schema::check_body("/tokenize", &mut req)?;
     request::check_model(&app, &req)?;
     let tokens = match (req.get("prompt"), req.get("messages")) {
-        (Some(Value::String(p)), _) => vocab::tokenize(p),
+        (Some(Value::String(p)), _) => vocab::prompt_ids(p, count::text_ids(app.template, p).len()),
         (_, Some(Value::Array(messages))) => {
             let rendering = app
                 .template

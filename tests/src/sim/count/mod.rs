@@ -63,6 +63,11 @@ impl ChatPrompt<'_> {
     }
 }
 
+/// The ids of a completion prompt's `text`, as the real frontend tokenizes it.
+pub(crate) fn text_ids(template: Template, text: &str) -> Vec<u32> {
+    tokenizer(template).encode(text)
+}
+
 /// The fixture's tokenizer of the profile (its `tokenizer.json`, committed beside the fixture).
 fn tokenizer(template: Template) -> &'static Bpe {
     match template {

@@ -48,15 +48,14 @@ pub(crate) async fn completions(
     let base = format!("cmpl-{}", request::request_id(&headers, &c.req));
     let many = c.prompts.len() > 1;
     let list: Vec<Value> = c
-        .prompts
+        .ids
         .iter()
         .enumerate()
-        .map(|(i, p)| {
-            let ids = vocab::tokenize(p);
+        .map(|(i, ids)| {
             let room = (app.args.max_model_len as usize).saturating_sub(ids.len());
             let sampling = sampling_params(&c.req, c.max_tokens.min(room), c.stream.stream, false, None);
             let id = if many { format!("{base}-{i}") } else { base.clone() };
-            let mut g = generate_request(&c.req, id, &ids, sampling, c.stream.stream);
+            let mut g = generate_request(&c.req, id, ids, sampling, c.stream.stream);
             g["stream_options"] = stream_options(&c.req, c.stream.stream);
             g
         })
