@@ -97,9 +97,80 @@ fn a_key_over_its_tokens_per_minute_is_refused_in_each_familys_envelope_until_th
     assert_eq!(
         chat(&gw, "sk-quota-alice").status,
         200,
-        "served again in the next minute"
+        "served again once the window slid past its first request"
     );
     gw.proc.wait_for("quota: refused");
+}
+
+/// Waits until the wall clock is 48 to 51 s into a minute.
+fn late_in_a_minute() {
+    loop {
+        let s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 60;
+        if (48..52).contains(&s) {
+            return;
+        }
+        std::thread::sleep(Duration::from_secs((108 - s) % 60));
+    }
+}
+
+#[test]
+fn a_key_sending_across_a_minute_boundary_never_spends_more_than_its_quota_in_sixty_seconds() {
+    let sim = Sim::start(SIM, DS, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keys");
+    std::fs::write(&file, "carol sk-quota-carol tokens_per_minute=1000\n").unwrap();
+    let gw = TestGateway::builder(SIM)
+        .upstream(sim.addr())
+        .env("API_KEYS_FILE", &file.display().to_string())
+        .env("STORE_URL", &dir.path().join("state.sqlite").display().to_string())
+        .start();
+    let b = json!({"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 100});
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Authorization", "Bearer sk-quota-carol"),
+    ];
+    late_in_a_minute();
+    // Twenty seconds across the minute's end, a request every 100 ms: all of it within one
+    // sliding minute, so all of it within the quota (a wall-clock minute would allow it twice).
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let (mut served, mut refused, mut tokens) = (0, 0, 0);
+    while std::time::Instant::now() < until {
+        let r = request(
+            gw.addr,
+            "POST",
+            "/v1/chat/completions",
+            &headers,
+            b.to_string().as_bytes(),
+        );
+        match r.status {
+            200 => {
+                let u = &r.json()["usage"];
+                served += 1;
+                tokens += u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap();
+            }
+            429 => {
+                refused += 1;
+                let retry: u64 = r.header("retry-after").expect("Retry-After").parse().unwrap();
+                assert!((1..=61).contains(&retry), "{retry}");
+            }
+            other => panic!("{other}: {}", r.text()),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(served > 0 && refused > 0, "{served} served, {refused} refused");
+    // The usage rows (the store's, by minute: both minutes of the run) say the same.
+    let rows = request(gw.addr, "GET", "/admin/usage?window=hour&key=carol", &[], b"").json();
+    let t = &rows["total"];
+    let stored = t["prompt"].as_u64().unwrap() + t["completion"].as_u64().unwrap();
+    assert_eq!(stored, tokens, "{rows}");
+    assert!(
+        tokens <= 1_000,
+        "{tokens} tokens within 60 s ({served} served, {refused} refused)"
+    );
 }
 
 #[test]
