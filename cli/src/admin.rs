@@ -353,8 +353,25 @@ fn gateway_lines(v: &serde_json::Value) -> String {
     }
     out += &vllm_lines(&v["vllm"]);
     out += &store_line(&v["store"]);
-    out += &super::quarantine::status_line(v);
+    out += &quarantine_line(v);
     out
+}
+
+/// `sparkgate status`'s line, when any body is quarantined.
+fn quarantine_line(v: &serde_json::Value) -> String {
+    let entries = v["quarantine"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if entries.is_empty() {
+        return String::new();
+    }
+    let refused = entries
+        .iter()
+        .filter(|e| e["quarantines"].as_u64().unwrap_or(0) >= 2)
+        .count();
+    let bodies = if entries.len() == 1 { "body" } else { "bodies" };
+    format!(
+        "quarantine {} {bodies} ({refused} refused at arrival) · `sparkgate quarantine` lists them\n",
+        entries.len()
+    )
 }
 
 /// The response store: where, and what the last sweep found.
@@ -585,5 +602,20 @@ mod tests {
         let v = json!({"vllm": {"version": null, "rules": "0.33.0"}});
         assert_eq!(vllm_lines(&v["vllm"]), "vllm       not reported yet · rules 0.33.0\n");
         assert_eq!(vllm_lines(&json!(null)), "", "an older gateway's status has no vllm");
+    }
+}
+
+#[cfg(test)]
+mod quarantine_line_tests {
+    use serde_json::json;
+
+    #[test]
+    fn the_status_line_counts_the_bodies_and_the_refused() {
+        let two = json!({"quarantine": [{"quarantines": 2}, {"quarantines": 1}]});
+        assert_eq!(
+            super::quarantine_line(&two),
+            "quarantine 2 bodies (1 refused at arrival) · `sparkgate quarantine` lists them\n"
+        );
+        assert_eq!(super::quarantine_line(&json!({"quarantine": []})), "");
     }
 }

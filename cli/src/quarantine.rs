@@ -1,6 +1,6 @@
 //! `sparkgate quarantine [list|release ID]`: the request bodies refused as poisonous, from the
 //! gateway's `/admin/quarantine` (the store's record: every gateway sharing it refuses them),
-//! and an operator's release of one; its line in `sparkgate status`.
+//! and an operator's release of one.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -87,23 +87,6 @@ pub(super) fn table(list: &Value, now: i64) -> String {
     out
 }
 
-/// `sparkgate status`'s line, when any body is quarantined.
-pub(super) fn status_line(v: &Value) -> String {
-    let entries = v["quarantine"].as_array().map(Vec::as_slice).unwrap_or_default();
-    if entries.is_empty() {
-        return String::new();
-    }
-    let refused = entries
-        .iter()
-        .filter(|e| e["quarantines"].as_u64().unwrap_or(0) >= 2)
-        .count();
-    let bodies = if entries.len() == 1 { "body" } else { "bodies" };
-    format!(
-        "quarantine {} {bodies} ({refused} refused at arrival) · `sparkgate quarantine` lists them\n",
-        entries.len()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,10 +111,5 @@ mod tests {
         );
         assert!(lines[2].contains("watched") && lines[2].contains("bob"), "{t}");
         assert_eq!(table(&json!([]), 0), "no request body is quarantined\n");
-        assert_eq!(
-            status_line(&json!({"quarantine": list})),
-            "quarantine 2 bodies (1 refused at arrival) · `sparkgate quarantine` lists them\n"
-        );
-        assert_eq!(status_line(&json!({"quarantine": []})), "");
     }
 }

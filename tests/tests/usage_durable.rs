@@ -117,11 +117,11 @@ type Tally = HashMap<(usize, usize), (u64, u64)>;
 
 fn run_with_kills(store: &str) {
     let sim = Sim::start(SIM, DS, &[("SIM_SPEED", "100")]);
-    let mut gw = start(store, sim.addr());
+    let gw = start(store, sim.addr());
     // One request of each route and kind under the probe key: the one-request usage.
-    for r in 0..ROUTES.len() {
+    for (r, route) in ROUTES.iter().enumerate() {
         for stream in [false, true] {
-            assert!(sent(gw.addr, PROBE.1, r, stream), "probe {} stream={stream}", ROUTES[r]);
+            assert!(sent(gw.addr, PROBE.1, r, stream), "probe {} stream={stream}", route);
         }
     }
     let probe = usage(gw.addr);
