@@ -61,6 +61,7 @@ async def main():
     print(json.dumps({
         "run": label, "seconds": seconds,
         "chats": len(ttfts), "chat_ttft_p50_s": round(pct(ttfts, 0.5), 3), "chat_ttft_p95_s": round(pct(ttfts, 0.95), 3),
+        "chat_ttft_p99_s": round(pct(ttfts, 0.99), 3), "chat_ttft_max_s": round(max(ttfts, default=float("nan")), 3),
         "heavy_requests": len(prompts), "heavy_prompt_tokens_per_s": round(sum(prompts) / seconds),
     }))
 
