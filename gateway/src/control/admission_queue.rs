@@ -106,19 +106,6 @@ impl State {
     /// Grants waiters in the queue's order while they fit (a large head blocks: nobody
     /// overtakes it); a waiter holding out for its full preferred group is passed over.
     pub(super) fn dispatch(&mut self) {
-        self.walk(false);
-    }
-
-    /// A long request's slot came free: a long waiter within the reserve's bounds takes it
-    /// before the queue's order is walked, so a long client's pipeline keeps the slots it had
-    /// (the chats keep the reserve and whatever they hold).
-    fn dispatch_longs_first(&mut self) {
-        self.walk(true);
-        self.walk(false);
-    }
-
-    /// Grants waiters in the queue's order (only the long ones with `longs_only`).
-    fn walk(&mut self, longs_only: bool) {
         // Nobody queued (most releases): nothing to walk, not even the order's first entry.
         if self.order.is_empty() {
             return;
@@ -132,7 +119,7 @@ impl State {
             };
             let w = self.waiters.get_mut(&id).expect("queued ids have waiters");
             // Its model is not loaded: it waits for the swap, and does not block those behind.
-            if self.loaded & w.model.bit() == 0 || (longs_only && !w.long) {
+            if self.loaded & w.model.bit() == 0 {
                 passed = Some(place);
                 continue;
             }
@@ -305,11 +292,7 @@ impl State {
         self.memory.give(need);
         if long {
             self.reserve.give(n);
-            if self.reserve.on() {
-                return self.dispatch_longs_first();
-            }
-        }
-        if n > 0 {
+        } else if n > 0 {
             // A request that ended keeps its client active for INTERACTIVE_ACTIVE_S.
             self.reserve.saw(client);
         }

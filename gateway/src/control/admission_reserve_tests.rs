@@ -132,30 +132,3 @@ fn a_chat_never_waits_behind_a_long_request_held_by_the_reserve() {
         assert!(c.is_ok_and(|p| p.is_ok()), "the chat passes the held long request");
     });
 }
-
-#[test]
-fn a_long_requests_slot_goes_to_the_next_long_request_before_the_waiting_chats() {
-    rt().block_on(async {
-        let a = admission();
-        let first = a.acquire(1, 10, &heavy()).await.unwrap();
-        let c1 = a.acquire(1, 10, &chat()).await.unwrap();
-        let second = long_waiter(&a);
-        tokio::task::yield_now().await;
-        let c2 = {
-            let a = a.clone();
-            sparkgate_task::spawn("test", async move { a.acquire(1, 10, &chat()).await.unwrap() })
-        };
-        tokio::task::yield_now().await;
-        assert_eq!(a.snapshot().queued, 2, "a long request and a chat wait");
-        drop(first);
-        let _second = second.await.unwrap();
-        assert_eq!(
-            a.snapshot().queued,
-            1,
-            "the long client kept its slot; the chat waits for the chats'"
-        );
-        drop(c1);
-        let _c2 = c2.await.unwrap();
-        assert_eq!(a.snapshot().in_use, 2);
-    });
-}

@@ -25,6 +25,9 @@ pub struct ServeArgs {
     pub max_num_seqs: u32,
     /// Prompt tokens one engine step prefills at most (vLLM's chunked prefill).
     pub max_num_batched_tokens: u64,
+    /// `--long-prefill-token-threshold`: one prompt's share of a step at most, while another
+    /// request runs or waits (0: none).
+    pub long_prefill_token_threshold: u64,
     pub max_model_len: u64,
     pub speculative: Option<SpecConfig>,
     pub api_keys: Vec<String>,
@@ -318,6 +321,10 @@ impl Given {
                 .and_then(|v| human_int(&v))
                 .unwrap_or(8192)
                 .max(1),
+            long_prefill_token_threshold: self
+                .one("long-prefill-token-threshold")
+                .and_then(|v| human_int(&v))
+                .unwrap_or(0),
             max_model_len: self.one("max-model-len").and_then(|v| human_int(&v)).unwrap_or(131_072),
             speculative,
             api_keys: self.api_keys(),

@@ -41,6 +41,9 @@ pub(crate) struct Pacing {
     pub(crate) prefill_tps: f64,
     /// Prompt tokens prefilled per step at most (`--max-num-batched-tokens`).
     pub(crate) prefill_chunk: usize,
+    /// One prompt's prefill per step at most while another request runs or waits
+    /// (`--long-prefill-token-threshold`; 0: none), as vLLM V1's scheduler caps it.
+    pub(crate) prefill_cap: usize,
     /// Per-position acceptance probabilities of the speculation mode (empty: none).
     pub(crate) acceptance: Vec<f64>,
 }
@@ -281,11 +284,19 @@ impl Engine {
 
     /// Chunked prefill, oldest first, up to the step's budget; returns the tokens prefilled. A
     /// sequence samples its first token in the step that finishes its prompt; until then it
-    /// takes part without output.
+    /// takes part without output. With a threshold, each prompt takes at most that much of the
+    /// step while another request runs or waits (vLLM V1: a long prefill then leaves room for a
+    /// short prompt beside it; alone it takes the whole budget).
     fn prefill(&self, running: &mut [Seq]) -> usize {
         let (mut budget, mut prefill) = (self.pacing.prefill_chunk, 0);
+        let others = running.len() > 1 || !self.waiting.lock().expect("queue lock").is_empty();
+        let cap = match self.pacing.prefill_cap {
+            0 => usize::MAX,
+            _ if !others => usize::MAX,
+            cap => cap,
+        };
         for seq in running.iter_mut().filter(|s| s.prefill_left > 0) {
-            let take = seq.prefill_left.min(budget);
+            let take = seq.prefill_left.min(budget).min(cap);
             seq.prefill_left -= take;
             budget -= take;
             prefill += take;

@@ -338,6 +338,7 @@ fn pacing(args: &ServeArgs, profile: ProfileId) -> engine::Pacing {
         table,
         speed,
         prefill_chunk: args.max_num_batched_tokens as usize,
+        prefill_cap: args.long_prefill_token_threshold as usize,
         prefill_tps: if profile == ProfileId::Glm53Flash {
             1500.0
         } else {
