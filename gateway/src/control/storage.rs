@@ -1,10 +1,11 @@
-//! The response store's slot (STORE_URL, docs/store.md): the store opened when a request first
-//! needs it, and what its last sweep found.
+//! The store's slot (STORE_URL, docs/store.md): the store opened at the start (the quarantine's
+//! record is read from it) or, if it could not be then, when a request first needs it, and what
+//! its last sweep found.
 
 use serde_json::{json, Value};
 
-/// The response store, opened when a request first needs it: a gateway whose clients never use
-/// the Responses API's state creates no file and needs no database.
+/// The store, opened at the start or when a request first needs it (tried again by each): a
+/// gateway whose store is down at its start still serves.
 #[derive(Debug)]
 pub(crate) struct StoreSlot {
     at: sparkgate_store::Location,
