@@ -1,6 +1,7 @@
 //! Admission with the interactive reserve: long requests alone take every slot, leave one while
 //! another client is active, and wait at most LONG_MAX_WAIT_S; the cap is never passed.
 
+use super::tests::rt;
 use super::*;
 use crate::control::reserve::Rule;
 
@@ -10,14 +11,6 @@ fn limits() -> QueueLimits {
         bytes: 1 << 20,
         timeout: Duration::from_secs(600),
     }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
 }
 
 /// Capacity 2, one slot held back, active for 10 s, long requests wait at most 30 s.

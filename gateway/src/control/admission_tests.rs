@@ -20,7 +20,8 @@ fn limits(depth: usize, timeout_s: u64) -> QueueLimits {
     }
 }
 
-fn rt() -> tokio::runtime::Runtime {
+/// A runtime in virtual time (the reserve's tests use it too).
+pub(super) fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
