@@ -156,6 +156,17 @@ pub(super) enum Entry<'a> {
     Requeued,
 }
 
+impl Entry<'_> {
+    /// Who it is for (`Client::id`) and whether it is long (the interactive reserve); a requeued
+    /// request is nobody's and never long.
+    pub(super) fn who(self) -> (u64, bool) {
+        match self {
+            Entry::New(c) => (c.id(), c.long),
+            Entry::Requeued => (0, false),
+        }
+    }
+}
+
 impl Admission {
     pub fn new(capacity: u32, limits: QueueLimits) -> Arc<Self> {
         Arc::new(Self {
@@ -280,10 +291,7 @@ impl Admission {
         entry: Entry<'_>,
         prefer: Option<Preference>,
     ) -> Result<Permit, GatewayError> {
-        let who = match entry {
-            Entry::New(c) => (c.id(), c.long),
-            Entry::Requeued => (0, false),
-        };
+        let who = entry.who();
         let (id, mut rx) =
             match self
                 .state

@@ -205,10 +205,7 @@ impl State {
         // One whose preferred group is full queues; its wait starts when dispatch lets a slot go.
         let full = prefer.as_ref().is_some_and(|p| p.home.full());
         let need = self.memory.need(bytes);
-        let (client, long) = match entry {
-            Entry::New(c) => (c.id(), c.long),
-            Entry::Requeued => (0, false),
-        };
+        let (client, long) = entry.who();
         let mut now = None;
         let reserved = self.held_back((client, n, long), entry, &mut now);
         if self.free_now(n, need, model) && !full && !reserved {
