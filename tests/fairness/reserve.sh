@@ -16,8 +16,9 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 model=DeepSeek-v4.1-Flash-EXL3
 # label:INTERACTIVE_RESERVE:heavy requests in flight:LONG_PREFILL_TOKEN_THRESHOLD (0: none)
+# [:LONG_MAX_WAIT_S (the gateway's default when left out)]
 for run in ${RUNS:-chats-alone:0:0:0 today:0:2:0 reserve:1:2:0 threshold:0:2:768 reserve+threshold:1:2:768}; do
-  IFS=: read -r label reserve heavies threshold <<<"$run"
+  IFS=: read -r label reserve heavies threshold max_wait <<<"$run"
   sim_port=$(free_port)
   SIM_SPEED=20 target/release/vllm-sim serve /model --served-model-name "$model" --max-num-seqs 2 \
     --max-model-len 200000 --max-num-batched-tokens 1024 --long-prefill-token-threshold "$threshold" \
@@ -30,7 +31,7 @@ for run in ${RUNS:-chats-alone:0:0:0 today:0:2:0 reserve:1:2:0 threshold:0:2:768
   port=$(free_port)
   PROFILE=deepseek-v4.1-flash SERVED_MODEL_NAME="$model" MAX_NUM_SEQS=2 INTERACTIVE_RESERVE="$reserve" \
     DEPLOY_DIR="$work" STORE_URL="$work/state.$label.sqlite" MAX_BODY_BYTES=67108864 \
-    target/release/sparkgate serve --upstream "http://127.0.0.1:$sim_port" --port "$port" >"$work/gw.$label.log" 2>&1 &
+    env ${max_wait:+LONG_MAX_WAIT_S=$max_wait} target/release/sparkgate serve --upstream "http://127.0.0.1:$sim_port" --port "$port" >"$work/gw.$label.log" 2>&1 &
   pid=$!
   until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
     kill -0 "$pid" 2>/dev/null || { echo "sparkgate exited:"; cat "$work/gw.$label.log"; exit 1; }

@@ -43,7 +43,8 @@ fn sdks_read_the_usage_their_keys_are_charged_and_raise_their_rate_limit_errors(
         let r = &got[refused];
         assert_eq!(r["status"], 429, "{sdk}: {got}");
         let retry: u64 = r["retry_after"].as_str().unwrap().parse().unwrap();
-        assert!((1..=60).contains(&retry), "{sdk}: {got}");
+        // The sliding minute lets a request's tokens go 61 s after the second it began in.
+        assert!((1..=61).contains(&retry), "{sdk}: {got}");
     }
     assert_eq!(got["anthropic_refused"]["type"], "rate_limit_error");
     for (name, sdk) in [("sdk-openai", "openai"), ("sdk-anthropic", "anthropic")] {
