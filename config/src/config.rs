@@ -520,6 +520,8 @@ pub struct Gateway {
     pub resume_timeout: Duration,
     /// WARM_REPLAY_BYTES: recent conversations' requests kept to warm a restarted group; 0: off.
     pub warm_replay_bytes: usize,
+    /// CONSOLE_SESSION_S: how long a console sign-in lasts.
+    pub console_session: Duration,
     /// STORE_URL: where stored Responses live (a SQLite path or a PostgreSQL URL; a secret,
     /// since a URL may hold a password).
     pub store_url: Secret,

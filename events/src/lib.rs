@@ -7,10 +7,12 @@
 //! quarantined, a rank that would not stop, a handler's panic) ERROR. A stall logs when it
 //! starts (WARN), every `STALL_EVERY` while it lasts and when it ends (INFO): `Stall`.
 
+mod recent;
 mod stall;
 
 use std::fmt;
 
+pub use recent::{recent, Recorded, KEPT};
 pub use stall::{Stall, STALL_EVERY};
 
 /// How loud an event is.
@@ -206,6 +208,7 @@ impl Event {
         } else {
             text
         };
+        recent::record(self, &text);
         match self.level() {
             Level::Info => tracing::info!(event, "{text}"),
             Level::Warn => tracing::warn!(event, "{text}"),

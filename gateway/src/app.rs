@@ -58,6 +58,9 @@ pub(crate) struct App {
     pub(crate) session_header: Option<axum::http::HeaderName>,
     /// The generations sent and not finished (listed in diagnostics bundles).
     pub(crate) in_flight: Arc<crate::control::inflight::InFlight>,
+    /// Every setting with its source, secrets redacted (`/admin/config`; `sparkgate config
+    /// --json`'s object), of each model served.
+    pub(crate) settings: Value,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -109,6 +112,11 @@ impl App {
             fair_charge: t.fair_charge,
             long_prompt_tokens: t.reserve.long_prompt_tokens,
             in_flight: Arc::default(),
+            settings: if models.len() == 1 {
+                config.settings_json()
+            } else {
+                Value::Array(models.iter().map(|c| c.settings_json()).collect())
+            },
             session_header: t
                 .session_header
                 .as_deref()
@@ -180,6 +188,9 @@ pub(crate) fn status_json(app: &App) -> Value {
     let snap = app.control.snapshot();
     let upstream = app.control.upstream();
     let current = app.models.get(app.fallback_model());
+    // The longest any waiter has queued, whichever model it waits for.
+    let oldest = app.control.admission().waiting().iter().filter_map(|w| w.oldest).min();
+    let oldest_wait_s = oldest.map(|t| (t.elapsed().as_secs_f64() * 10.0).round() / 10.0);
     json!({
         "ready": app.control.is_ready(),
         "upstream": upstream,
@@ -191,7 +202,7 @@ pub(crate) fn status_json(app: &App) -> Value {
         "mode": app.control.mode(),
         "vllm": app.groups.vllm_json(),
         "tokens_per_s": (app.control.tokens_per_s() * 10.0).round() / 10.0,
-        "admission": {"open": !snap.paused, "capacity": snap.capacity, "in_flight": snap.in_use, "queued": snap.queued},
+        "admission": {"open": !snap.paused, "capacity": snap.capacity, "in_flight": snap.in_use, "queued": snap.queued, "oldest_wait_s": oldest_wait_s},
         "groups": app.groups.status_json(),
         "store": app.store.as_ref().map(|s| s.status_json()),
         "quarantine": app.quarantine.list(),

@@ -5,7 +5,8 @@
 //! rank 0, its wire, its metrics) → `groups` (rank groups, leases, the abort fence) → `quarantine`
 //! (poison requests) → `app`
 //! (the shared state) → `pipeline` (a request's stages) → `admin` (the gateway's own routes) →
-//! `http` (the connection loop, the edge steps, `serve`).
+//! `console` (the web console over them) → `http` (the connection loop, the edge steps,
+//! `serve`).
 
 mod observe;
 
@@ -24,6 +25,8 @@ mod app;
 mod pipeline;
 
 mod admin;
+
+mod console;
 
 mod http;
 

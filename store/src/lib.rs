@@ -12,7 +12,7 @@ mod sqlite;
 mod usage;
 
 pub use quarantine::{Quarantined, Verdict};
-pub use usage::{Usage, UsageKey, WAIT_BOUNDS_MS};
+pub use usage::{SeriesPoint, Usage, UsageKey, WAIT_BOUNDS_MS};
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -174,6 +174,23 @@ static SINCE: LazyLock<String> = LazyLock::new(|| {
 const BY_MINUTE: &str = "SELECT key, minute, CAST(SUM(prompt + completion) AS BIGINT) FROM sparkgate_usage
     WHERE minute >= $1 GROUP BY key, minute ORDER BY key, minute";
 
+/// Prompt and completion tokens and requests by key and bucket: minutes since `$1`, bucketed by
+/// `$2` seconds from `$1`; `$3` a key name or ''.
+const SERIES: &str = "SELECT key, $1 + ((minute - $1) / $2) * $2 AS bucket, CAST(SUM(prompt) AS BIGINT),
+    CAST(SUM(completion) AS BIGINT), CAST(SUM(requests) AS BIGINT) FROM sparkgate_usage
+    WHERE minute >= $1 AND ($3 = '' OR key = $3) GROUP BY key, bucket ORDER BY key, bucket";
+
+/// One key's use in one bucket of a series (`Store::usage_series`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeriesPoint {
+    pub key: String,
+    /// The bucket's start (seconds).
+    pub at: i64,
+    pub prompt: u64,
+    pub completion: u64,
+    pub requests: u64,
+}
+
 /// `ADD`'s parameters for a request's counts at `at` (seconds).
 fn add_params(at: i64, who: &UsageKey, usage: &Usage) -> Vec<Param> {
     let mut params = vec![
@@ -238,6 +255,29 @@ impl Store {
                 };
                 let counts: Vec<u64> = row[3..].iter().map(|v| int(v).max(0) as u64).collect();
                 (who, Usage::from_counts(&counts))
+            })
+            .collect())
+    }
+
+    /// Each key's prompt and completion tokens and requests in buckets of `step` seconds (a
+    /// multiple of 60) from `since` (rounded down to its minute), of one key or (`None`) all:
+    /// the console's charts. Buckets nobody used are left out.
+    pub async fn usage_series(&self, since: i64, step: i64, key: Option<&str>) -> Result<Vec<SeriesPoint>, StoreError> {
+        let since = since - since.rem_euclid(60);
+        let params = vec![
+            Param::Int(since),
+            Param::Int(step.max(60)),
+            Param::Text(key.unwrap_or_default().to_owned()),
+        ];
+        let rows = self.0.backend.query(SERIES, params, &[1, 2, 3, 4]).await?;
+        Ok(rows
+            .iter()
+            .map(|row| SeriesPoint {
+                key: text(&row[0]),
+                at: int(&row[1]),
+                prompt: int(&row[2]).max(0) as u64,
+                completion: int(&row[3]).max(0) as u64,
+                requests: int(&row[4]).max(0) as u64,
             })
             .collect())
     }

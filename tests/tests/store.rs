@@ -174,6 +174,27 @@ async fn usage(at: &Location, now: &Arc<AtomicI64>) {
         ]
     );
     assert_eq!(other.tokens_by_minute(6_150).await.unwrap().len(), 3, "from 6_120 on");
+    // The console's series: buckets of two minutes from 6_000 (6_180 falls in 6_120's).
+    let point = |key: &str, at, (prompt, completion, requests)| sparkgate_store::SeriesPoint {
+        key: key.into(),
+        at,
+        prompt,
+        completion,
+        requests,
+    };
+    assert_eq!(
+        other.usage_series(6_000, 120, None).await.unwrap(),
+        vec![
+            point("alice", 6_000, (35, 17, 4)),
+            point("alice", 6_120, (3, 2, 1)),
+            point("bob", 6_120, (101, 52, 2)),
+        ]
+    );
+    assert_eq!(
+        other.usage_series(6_030, 60, Some("bob")).await.unwrap().len(),
+        2,
+        "bob only"
+    );
     quarantine(at, now).await;
 }
 

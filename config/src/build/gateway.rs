@@ -43,6 +43,7 @@ impl Builder<'_> {
             stream_idle_timeout: self.seconds("STREAM_IDLE_TIMEOUT"),
             resume_timeout: self.seconds("RESUME_TIMEOUT"),
             warm_replay_bytes: self.num("WARM_REPLAY_BYTES"),
+            console_session: self.seconds("CONSOLE_SESSION_S"),
             store_url: crate::secret::Secret::new(self.text("STORE_URL")),
             store_ttl: self.seconds("STORE_TTL"),
             store_max_bytes: self.num("STORE_MAX_BYTES"),

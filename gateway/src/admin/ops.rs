@@ -49,11 +49,20 @@ fn accepted(body: serde_json::Value) -> Response {
 }
 
 pub(crate) async fn status(State(app): State<Shared>) -> Response {
-    let mut body = status_json(&app);
-    if let Some(s) = &current(&app).supervisor {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        status_body(&app).to_string(),
+    )
+        .into_response()
+}
+
+/// `/admin/status`'s body: the gateway's state and the operated group's supervisor.
+pub(crate) fn status_body(app: &Shared) -> serde_json::Value {
+    let mut body = status_json(app);
+    if let Some(s) = &current(app).supervisor {
         body["supervisor"] = serde_json::to_value(s.status()).unwrap_or_default();
     }
-    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    body
 }
 
 /// The group `?group=NAME` names, if any; an unknown name is refused with the known ones.

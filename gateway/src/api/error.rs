@@ -39,6 +39,13 @@ pub enum GatewayError {
     AdminUnauthorized,
     #[error("{0}")]
     Forbidden(&'static str),
+    /// The console's sign-in or session (`control::sessions`): a wrong token, a cookie that
+    /// names no live session.
+    #[error("{0}")]
+    SignIn(&'static str),
+    /// Too many failed sign-ins (or admin tokens) from one address.
+    #[error("too many failed sign-ins from this address; retry in {}s", retry_after.as_secs().max(1))]
+    SignInThrottled { retry_after: Duration },
     #[error("rate limit of {limit} requests per minute reached; retry in {}s", retry_after.as_secs().max(1))]
     RateLimited { limit: u32, retry_after: Duration },
     #[error("this API key's {limit} quota ({quota}) is used up; retry in {}s", retry_after.as_secs().max(1))]
@@ -163,9 +170,12 @@ impl GatewayError {
             }
             GatewayError::StoreFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::Unauthorized | GatewayError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
+            GatewayError::Unauthorized | GatewayError::AdminUnauthorized | GatewayError::SignIn(_) => {
+                StatusCode::UNAUTHORIZED
+            }
             GatewayError::Forbidden(_) | GatewayError::ModelForbidden { .. } => StatusCode::FORBIDDEN,
             GatewayError::RateLimited { .. }
+            | GatewayError::SignInThrottled { .. }
             | GatewayError::QuotaExceeded { .. }
             | GatewayError::QueueFull { .. }
             | GatewayError::QueueBytesFull { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -225,9 +235,9 @@ impl GatewayError {
     /// at or under 120 s, which the OpenAI SDK honours.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            GatewayError::RateLimited { retry_after, .. } | GatewayError::QuotaExceeded { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            GatewayError::RateLimited { retry_after, .. }
+            | GatewayError::QuotaExceeded { retry_after, .. }
+            | GatewayError::SignInThrottled { retry_after } => Some(*retry_after),
             GatewayError::QueueFull { .. } | GatewayError::QueueBytesFull { .. } => Some(Duration::from_secs(2)),
             GatewayError::TooManyConnections { .. } => Some(Duration::from_secs(1)),
             GatewayError::ShuttingDown | GatewayError::DrainTimeout { .. } => Some(Duration::from_secs(5)),
@@ -434,6 +444,16 @@ mod tests {
             (GatewayError::Unauthorized, 401, "Unauthorized", None, None),
             (GatewayError::AdminUnauthorized, 401, "Unauthorized", None, None),
             (GatewayError::Forbidden("no"), 403, "Forbidden", None, None),
+            (GatewayError::SignIn("no"), 401, "Unauthorized", None, None),
+            (
+                GatewayError::SignInThrottled {
+                    retry_after: Duration::from_secs(7),
+                },
+                429,
+                "Too Many Requests",
+                None,
+                Some("7"),
+            ),
             (
                 GatewayError::RateLimited {
                     limit: 1,

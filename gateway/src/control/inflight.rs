@@ -1,6 +1,7 @@
 //! The generations sent to a group and not finished yet, as a diagnostics bundle lists them
-//! (`in-flight.tsv`): request id, the key's name, route, group, the prompt's estimate and the
-//! events streamed so far, and for how long — never a body or a key. An entry is made when the
+//! (`in-flight.tsv`) and `/admin/requests` shows them (the console): request id, the key's name,
+//! route, group, the prompt's estimate, the events streamed so far, how often the stream was
+//! continued after a cut, and for how long — never a body or a key. An entry is made when the
 //! request is sent and leaves when its account closes (or is dropped).
 
 use std::collections::HashMap;
@@ -8,6 +9,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use serde_json::{json, Value};
 
 /// One request in flight.
 #[derive(Debug)]
@@ -18,6 +21,8 @@ pub(crate) struct Entry {
     group: String,
     prompt_estimate: u64,
     streamed: AtomicU32,
+    /// Continued after a cut (RESUME_TIMEOUT).
+    resumed: AtomicU32,
     since: Instant,
 }
 
@@ -50,6 +55,11 @@ impl Listed {
     pub(crate) fn streamed(&self) {
         self.entry.streamed.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Its stream was cut and is being continued.
+    pub(crate) fn resumed(&self) {
+        self.entry.resumed.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Drop for Listed {
@@ -68,6 +78,7 @@ impl InFlight {
             group: s.group.to_owned(),
             prompt_estimate: s.prompt_estimate,
             streamed: AtomicU32::new(0),
+            resumed: AtomicU32::new(0),
             since: Instant::now(),
         });
         self.entries.lock().expect("in-flight lock").insert(id, entry.clone());
@@ -78,10 +89,36 @@ impl InFlight {
         }
     }
 
-    /// The list as a tab-separated table, oldest first.
-    pub(crate) fn report(&self) -> String {
+    fn oldest_first(&self) -> Vec<Arc<Entry>> {
         let mut entries: Vec<Arc<Entry>> = self.entries.lock().expect("in-flight lock").values().cloned().collect();
         entries.sort_by_key(|e| e.since);
+        entries
+    }
+
+    /// The list as JSON objects, oldest first (`/admin/requests`).
+    pub(crate) fn json(&self) -> Value {
+        let rows: Vec<Value> = self
+            .oldest_first()
+            .iter()
+            .map(|e| {
+                json!({
+                    "request_id": e.request_id,
+                    "key": e.key,
+                    "route": e.route,
+                    "group": e.group,
+                    "prompt_tokens_estimate": e.prompt_estimate,
+                    "streamed_events": e.streamed.load(Ordering::Relaxed),
+                    "resumed": e.resumed.load(Ordering::Relaxed),
+                    "elapsed_s": (e.since.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+                })
+            })
+            .collect();
+        Value::Array(rows)
+    }
+
+    /// The list as a tab-separated table, oldest first.
+    pub(crate) fn report(&self) -> String {
+        let entries = self.oldest_first();
         let mut out = String::from("request_id\tkey\troute\tgroup\tprompt_tokens_estimate\tstreamed_events\tage_s\n");
         for e in entries {
             let _ = writeln!(
@@ -116,6 +153,13 @@ mod tests {
         });
         listed.streamed();
         listed.streamed();
+        listed.resumed();
+        let rows = board.json();
+        assert_eq!(rows[0]["key"], "alice");
+        assert_eq!(
+            (rows[0]["streamed_events"].as_u64(), rows[0]["resumed"].as_u64()),
+            (Some(2), Some(1))
+        );
         let report = board.report();
         let row = report.lines().nth(1).expect("one row");
         assert!(row.starts_with("chatcmpl-1\talice\tchat\tmain\t12\t2\t"), "{report}");

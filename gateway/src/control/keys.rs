@@ -128,6 +128,11 @@ impl KeyRing {
         self.current().iter().map(|k| k.name.clone()).collect()
     }
 
+    /// Every key as the gateway knows it (names and settings; never a key).
+    pub(crate) fn infos(&self) -> Arc<Vec<KeyInfo>> {
+        self.current()
+    }
+
     fn current(&self) -> Arc<Vec<KeyInfo>> {
         self.keys.read().expect("keys lock").clone()
     }

@@ -150,6 +150,22 @@ impl Ledger {
             .map_err(|e| GatewayError::StoreFailed(e.to_string()))
     }
 
+    /// Each key's use in buckets of `step` seconds since `since`, of `key` or everyone, with
+    /// everything finished until now written first (the console's charts).
+    pub(crate) async fn series(
+        &self,
+        (since, step): (i64, i64),
+        key: Option<&str>,
+    ) -> Result<Vec<sparkgate_store::SeriesPoint>, GatewayError> {
+        let Some(slot) = &self.slot else { return Ok(Vec::new()) };
+        self.flush().await;
+        let store = slot.get().await?;
+        store
+            .usage_series(since, step, key)
+            .await
+            .map_err(|e| GatewayError::StoreFailed(e.to_string()))
+    }
+
     /// Tokens by key and minute since `since` (seconds), from the store.
     pub(crate) async fn tokens_by_minute(&self, since: i64) -> Result<Vec<(String, i64, u64)>, GatewayError> {
         let Some(slot) = &self.slot else { return Ok(Vec::new()) };

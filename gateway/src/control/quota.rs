@@ -213,6 +213,28 @@ impl Quotas {
         (Some(hold), refusal)
     }
 
+    /// Each quota `key` is under (not 0) with what its window holds at `now`: (the limit's
+    /// name, the quota, tokens or sequences used) — the console's quota table.
+    pub(crate) fn standing(&self, key: &KeyInfo, now: i64) -> Vec<(&'static str, u64, u64)> {
+        let limits = self.limits(key);
+        let mut keys = self.keys.lock().expect("quota lock");
+        let (minute, day, seqs) = match keys.get_mut(&key.name) {
+            Some(w) => {
+                w.roll(now);
+                (w.minute.used, w.day.used, u64::from(w.sequences))
+            }
+            None => (0, 0, 0),
+        };
+        [
+            ("tokens_per_minute", limits.tokens_per_minute, minute),
+            ("tokens_per_day", limits.tokens_per_day, day),
+            ("max_sequences", u64::from(limits.max_sequences), seqs),
+        ]
+        .into_iter()
+        .filter(|(_, quota, _)| *quota > 0)
+        .collect()
+    }
+
     /// Replaces a reservation by what the request really used; its sequences are free again.
     pub(crate) fn settle(&self, hold: Hold, used: u64) {
         let mut keys = self.keys.lock().expect("quota lock");

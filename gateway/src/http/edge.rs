@@ -1,7 +1,8 @@
 //! The edge's own checks, as steps of the tower stack (`stack.rs`): authentication — API keys
 //! as `Authorization: Bearer` or `x-api-key`, found in the key ring (`control::keys`: SHA-256
-//! digests compared in constant time), the admin token on `/admin/*` — and the per-key rate
-//! limit (governor), keyed by the key's name. A refusal
+//! digests compared in constant time), the admin token or an operator's console session
+//! (`control::sessions`) on `/admin/*`, with a same-origin check on whatever a browser could
+//! send across sites — and the per-key rate limit (governor), keyed by the key's name. A refusal
 //! is answered in the route's envelope by the step layer.
 
 use std::num::NonZeroU32;
@@ -19,14 +20,15 @@ use super::step::{Seen, Step};
 use crate::api::error::GatewayError;
 use crate::api::routes::Route;
 use crate::control::keys::KeyRing;
+use crate::control::sessions::{AdminDigest, Role, Sessions};
 
 /// What the edge steps know: the keys and the limiter, from the configuration.
 #[derive(Debug)]
 pub(crate) struct Edge {
     /// API_KEYS and API_KEYS_FILE (`control::keys`), reloaded in place.
     pub(crate) keys: Arc<KeyRing>,
-    /// ADMIN_TOKEN as it is compared: its SHA-256 digest (`KeyDigest`).
-    admin_token: Option<KeyDigest>,
+    /// The console's sessions, and ADMIN_TOKEN as it is compared (its SHA-256 digest).
+    pub(crate) sessions: Arc<Sessions>,
     /// `/metrics` answers without an API key (METRICS_PUBLIC).
     metrics_public: bool,
     pub(crate) limiter: Option<Arc<Limiter>>,
@@ -36,9 +38,10 @@ impl Edge {
     /// No keys and no limit (tests).
     #[cfg(test)]
     pub(crate) fn empty() -> Edge {
+        let keys = Arc::new(KeyRing::none());
         Edge {
-            keys: Arc::new(KeyRing::none()),
-            admin_token: None,
+            sessions: Arc::new(Sessions::new(std::time::Duration::from_secs(60), None, keys.clone())),
+            keys,
             metrics_public: false,
             limiter: None,
         }
@@ -46,29 +49,13 @@ impl Edge {
 
     pub(crate) fn new(config: &sparkgate_config::Config, keys: Arc<KeyRing>) -> Edge {
         let g = &config.gateway;
+        let admin = config.secrets.admin_token.as_ref().map(|t| AdminDigest::of(t.expose()));
         Edge {
+            sessions: Arc::new(Sessions::new(g.console_session, admin, keys.clone())),
             keys,
-            admin_token: config.secrets.admin_token.as_ref().map(|t| KeyDigest::of(t.expose())),
             metrics_public: g.metrics_public,
             limiter: g.rate_limit_rpm.map(|rpm| Limiter::new(rpm, g.rate_limit_burst)),
         }
-    }
-}
-
-/// A key's SHA-256: keys are compared as digests of one length, in constant time (`subtle`),
-/// so neither a key's length nor where a guess first differs shows in the time taken.
-struct KeyDigest([u8; 32]);
-
-impl KeyDigest {
-    fn of(key: &str) -> KeyDigest {
-        use sha2::Digest as _;
-        KeyDigest(sha2::Sha256::digest(key.as_bytes()).into())
-    }
-}
-
-impl std::fmt::Debug for KeyDigest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KeyDigest(<redacted>)")
     }
 }
 
@@ -92,15 +79,86 @@ fn guarded(edge: &Edge, route: Option<&Route>, path: &str) -> bool {
     }
 }
 
-fn matches_any(token: Option<&str>, keys: &[KeyDigest]) -> bool {
-    use subtle::ConstantTimeEq as _;
-    let Some(token) = token else { return false };
-    let presented = KeyDigest::of(token);
-    // Compared with every key, so the time taken does not reveal which one matched.
-    let hit = keys
-        .iter()
-        .fold(subtle::Choice::from(0), |hit, k| hit | k.0.ct_eq(&presented.0));
-    hit.into()
+/// Query parameters that would carry a credential in a URL (logs, history, Referer).
+const CREDENTIAL_PARAMS: [&str; 5] = ["token", "admin_token", "access_token", "api_key", "apikey"];
+
+/// Where a browser says a request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// `Sec-Fetch-Site: same-origin`, or an `Origin` whose host is the request's `Host`.
+    Same,
+    /// Another site's page sent it.
+    Cross,
+    /// Neither header: not a browser's fetch (curl, the CLI).
+    Unsaid,
+}
+
+fn origin(headers: &HeaderMap) -> Origin {
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    match header("sec-fetch-site") {
+        Some("same-origin") => return Origin::Same,
+        Some("none") | None => {}
+        Some(_) => return Origin::Cross,
+    }
+    match (header("origin"), header("host")) {
+        (None, _) => Origin::Unsaid,
+        (Some(o), Some(host)) if o.split_once("://").is_some_and(|(_, h)| h == host) => Origin::Same,
+        (Some(_), _) => Origin::Cross,
+    }
+}
+
+/// `/admin/*` and `/console/*`: no credential in the URL; nothing a browser sends from another
+/// site changes anything; `/admin` needs the admin token or an operator's session cookie
+/// (loopback peers need neither when ADMIN_TOKEN is not set), and a cookie's change must say it
+/// came from the console's own page. The console's handlers check their own sessions.
+fn guard_operator_paths<B>(edge: &Edge, req: &Request<B>, peer: std::net::SocketAddr) -> Result<(), GatewayError> {
+    let query = req.uri().query().unwrap_or("");
+    if query
+        .split('&')
+        .filter_map(|p| p.split('=').next())
+        .any(|name| CREDENTIAL_PARAMS.iter().any(|c| c.eq_ignore_ascii_case(name)))
+    {
+        return Err(GatewayError::bad_request(
+            "a credential is never taken from a URL (it would be kept in logs and history): send it in the Authorization header, or sign in at /console",
+            "token",
+        ));
+    }
+    let changes = !matches!(
+        *req.method(),
+        hyper::Method::GET | hyper::Method::HEAD | hyper::Method::OPTIONS
+    );
+    let from = origin(req.headers());
+    if changes && from == Origin::Cross {
+        return Err(GatewayError::Forbidden(
+            "a request another site's page sent may not change anything here (Origin / Sec-Fetch-Site)",
+        ));
+    }
+    if !req.uri().path().starts_with("/admin") {
+        return Ok(());
+    }
+    let sessions = &edge.sessions;
+    match (sessions.admin(), presented_key(req.headers())) {
+        (Some(admin), Some(token)) if admin.matches(token) => return Ok(()),
+        (_, Some(_)) if sessions.admin().is_some() => {
+            sessions.throttled(peer.ip())?;
+            return Err(sessions.failed(peer.ip(), GatewayError::AdminUnauthorized));
+        }
+        (None, _) if peer.ip().is_loopback() => return Ok(()),
+        _ => {}
+    }
+    match crate::control::sessions::cookie(req.headers()).and_then(|id| sessions.find(id)) {
+        Some(Role::Operator) if changes && from != Origin::Same => Err(GatewayError::Forbidden(
+            "a change made with the console's cookie must come from its page (Origin or Sec-Fetch-Site: same-origin)",
+        )),
+        Some(Role::Operator) => Ok(()),
+        Some(Role::Member(_)) => Err(GatewayError::Forbidden(
+            "a team member's console session (signed in with an API key) may not use /admin",
+        )),
+        None if sessions.admin().is_some() => Err(GatewayError::AdminUnauthorized),
+        None => Err(GatewayError::Forbidden(
+            "/admin answers only loopback clients when ADMIN_TOKEN is not set",
+        )),
+    }
 }
 
 /// Checks API keys on the routes that reach the model or its tokenizer and on `/metrics`
@@ -124,19 +182,8 @@ impl Step for Authenticate {
             // The rate limiter, the quotas and the fair queue key on its name: it is validated.
             key = Some(found);
         }
-        if path.starts_with("/admin") {
-            match &edge.admin_token {
-                Some(token) if !matches_any(presented_key(headers), std::slice::from_ref(token)) => {
-                    return Err(GatewayError::AdminUnauthorized);
-                }
-                Some(_) => {}
-                None if !peer.ip().is_loopback() => {
-                    return Err(GatewayError::Forbidden(
-                        "/admin answers only loopback clients when ADMIN_TOKEN is not set",
-                    ));
-                }
-                None => {}
-            }
+        if path.starts_with("/admin") || path.starts_with("/console") {
+            guard_operator_paths(edge, req, peer)?;
         }
         if let Some(seen) = Seen::of_mut(req) {
             seen.key = key;

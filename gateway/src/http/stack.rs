@@ -9,12 +9,14 @@
 //!    its request id) and the connection, and the gateway, keep serving;
 //! 4. `Routing` (ours) — the path made canonical and matched against the route table once;
 //! 5. `AccessLog` (ours) — one line per response that is not a generation's;
-//! 6. `Authenticate` (ours) — API keys and the admin token;
+//! 6. `Authenticate` (ours) — API keys, the admin token or an operator's console session on
+//!    `/admin`, no credential in a `/admin` or `/console` URL, no cross-site change;
 //! 7. `RateLimit` (ours, governor) — per validated key, else per client address;
 //! 8. `AdmissionGate` (ours) — a generation arriving while the gateway shuts down is answered
 //!    503 before its body is read;
 //! 9. `BodyGuardLayer` (ours) — MAX_BODY_BYTES, BODY_TIMEOUT and BODY_MIN_RATE on the body;
-//! 10. `Handler` — an upstream route's handler (`pipeline::upstream_route`) or the admin router.
+//! 10. `Handler` — an upstream route's handler (`pipeline::upstream_route`), or the admin router
+//!     merged with the console's (`console`: its own security headers on every answer).
 //!
 //! A step's refusal is answered in the route's own envelope (`step::StepLayer`) and passes back
 //! out through the layers above it (logged, its id echoed).
@@ -71,7 +73,8 @@ where
 
 /// The whole stack over `app`, with the edge's keys and limiter and the body's limits.
 pub(crate) fn stack(app: Shared, edge: Arc<Edge>, limits: BodyLimits) -> impl Stack<Incoming> {
-    layers(app.clone(), edge, limits, Handler::new(app))
+    let sessions = edge.sessions.clone();
+    layers(app.clone(), edge, limits, Handler::new(app, sessions))
 }
 
 /// The layers, in their order, around `inner` (the handler; a test's own service in tests).
@@ -141,8 +144,8 @@ pub(crate) struct Handler {
 }
 
 impl Handler {
-    fn new(app: Shared) -> Handler {
-        let own = crate::admin::routes::own_routes(app.clone());
+    fn new(app: Shared, sessions: Arc<crate::control::sessions::Sessions>) -> Handler {
+        let own = crate::admin::routes::own_routes(app.clone()).merge(crate::console::routes(app.clone(), sessions));
         Handler { app, own }
     }
 }
@@ -162,7 +165,14 @@ impl tower::Service<Request<Guarded<Incoming>>> for Handler {
     fn call(&mut self, mut req: Request<Guarded<Incoming>>) -> Self::Future {
         use tower::ServiceExt as _;
         let seen = req.extensions_mut().remove::<Seen>();
-        let Some((route, seen)) = seen.and_then(|s| Some((s.route?, s))) else {
+        let Some((route, seen)) = seen.and_then(|s| match s.route {
+            Some(route) => Some((route, s)),
+            None => {
+                // The gateway's own routes read their peer as axum's `ConnectInfo` (sign-in).
+                req.extensions_mut().insert(axum::extract::ConnectInfo(s.peer));
+                None
+            }
+        }) else {
             return Box::pin(self.own.clone().oneshot(req.map(Body::new)));
         };
         let caller = Caller {

@@ -143,6 +143,9 @@ impl Account {
     /// The stream was cut by its group's loss; `continued` ends the resume span.
     pub(crate) fn cut(&mut self) {
         self.cut.get_or_insert_with(Instant::now);
+        if let Some(l) = &self.listed {
+            l.resumed();
+        }
     }
 
     pub(crate) fn continued(&mut self) {
