@@ -98,7 +98,8 @@ def stream_through_restart(client, result):
 
 
 def operator(d):
-    wait = WebDriverWait(d, 60)
+    # Generous: the suite runs beside other tests on two cores.
+    wait = WebDriverWait(d, 120)
     # A wrong token first: the page says so.
     sign_in(d, "not-the-token", wait)
     wait.until(lambda d: text(d, "signin-error") != "")
@@ -119,7 +120,7 @@ def operator(d):
     wait.until(lambda d: get("/admin/requests", cookie=cookie["value"])[1]["in_flight"])
     tab(d, "actions")
     phases, outcome = act(d, wait, "act-restart")
-    t.join(60)
+    t.join(120)
     out["restart"] = {"phases": phases, "outcome": outcome, "stream": streamed}
     shot(d, "actions")
     # The speculation mode, switched from the page.
@@ -162,7 +163,7 @@ def operator(d):
 
 
 def member(d):
-    wait = WebDriverWait(d, 30)
+    wait = WebDriverWait(d, 120)
     sign_in(d, MEMBER, wait)
     wait.until(lambda d: text(d, "state") == "ready")
     visible = [b.get_attribute("data-view") for b in d.find_elements(By.CSS_SELECTOR, "#tabs button") if b.is_displayed()]
@@ -182,6 +183,15 @@ try:
     operator(d)
     d.delete_all_cookies()
     member(d)
+except Exception:
+    # What was seen so far, and the page the step failed on, for the test's message.
+    import sys
+    import traceback
+    traceback.print_exc()
+    print(json.dumps(out), file=sys.stderr)
+    shot(d, "failed")
+    print(d.find_element(By.TAG_NAME, "body").text, file=sys.stderr)
+    raise
 finally:
     d.quit()
 print(json.dumps(out))
