@@ -147,7 +147,22 @@ def operator(d):
     tab(d, "events")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#events tbody tr"))
     out["events"] = [tr.find_elements(By.TAG_NAME, "td")[2].text for tr in d.find_elements(By.CSS_SELECTOR, "#events tbody tr")]
+    # An unplanned restart: rank 0 killed; its warning links the diagnostics bundle.
+    status = get("/console/api/status", cookie=cookie["value"])[1]
+    rank0 = next(r for r in status["supervisor"]["ranks"] if r["rank"] == 0)
+    os.kill(rank0["pid"], 9)
+    Select(d.find_element(By.ID, "level")).select_by_value("warn")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#events tbody tr a"))
+    rows = d.find_elements(By.CSS_SELECTOR, "#events tbody tr")
+    link = d.find_element(By.CSS_SELECTOR, "#events tbody tr a").get_attribute("href")
+    req = urllib.request.Request(link, headers={"Cookie": f"sparkgate_console={cookie['value']}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        bundle = r.read().decode()
+    out["unplanned"] = {"levels": sorted({tr.find_elements(By.TAG_NAME, "td")[1].text for tr in rows}),
+                        "first": rows[0].find_elements(By.TAG_NAME, "td")[2].text,
+                        "bundle_files": bundle.count("==> ")}
     shot(d, "events")
+    wait.until(lambda d: get("/console/api/status", cookie=cookie["value"])[1]["ready"])
     tab(d, "requests")
     shot(d, "requests")
     tab(d, "settings")
@@ -165,7 +180,7 @@ def operator(d):
 def member(d):
     wait = WebDriverWait(d, 120)
     sign_in(d, MEMBER, wait)
-    wait.until(lambda d: text(d, "state") == "ready")
+    wait.until(lambda d: text(d, "state") == "ready" and len(d.find_elements(By.CSS_SELECTOR, "#ranks tbody tr")) == 2)
     visible = [b.get_attribute("data-view") for b in d.find_elements(By.CSS_SELECTOR, "#tabs button") if b.is_displayed()]
     tab(d, "usage")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#usage tbody tr"))

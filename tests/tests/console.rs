@@ -2,7 +2,8 @@
 //! driven by selenium through Debian's chromedriver (`tests/python/console_browser.py`) —
 //! against the demo: an operator signs in, sees the group ready with both ranks, restarts it
 //! while a client's stream runs, switches the speculation mode, reads a key's usage chart after
-//! 100 of its requests and signs out; a team member sees only its own key and no action. Then
+//! 100 of its requests, follows an unplanned restart's event to its diagnostics bundle and signs
+//! out; a team member sees only its own key and no action. Then
 //! over plain HTTP, what must be refused: wrong tokens (throttled), expired and forged cookies,
 //! cross-site changes, credentials in a URL, a member's cookie on `/admin`, anything but the
 //! page and its files without a sign-in. Screenshots of each view are written under
@@ -148,6 +149,16 @@ fn operator_saw(got: &Value) {
         events.contains(&"operator_asked") && events.contains(&"state_changed"),
         "{events:?}"
     );
+    let unplanned = &got["unplanned"];
+    assert_eq!(unplanned["first"], "group_lost", "{unplanned}");
+    assert!(
+        !unplanned["levels"].as_array().unwrap().iter().any(|l| l == "INFO"),
+        "filtered to warn: {unplanned}"
+    );
+    assert!(
+        unplanned["bundle_files"].as_u64().unwrap() > 0,
+        "the bundle downloads: {unplanned}"
+    );
     assert!(got["settings_rows"].as_u64().unwrap() > 20, "{got}");
     assert_eq!(got["admin_token_in_page"], false, "the settings redact ADMIN_TOKEN");
     assert_eq!(got["after_sign_out"]["admin"], 401, "{got}");
@@ -249,6 +260,17 @@ fn bad_credentials_cookies_origins_and_urls_are_refused_clearly() {
     // A member's cookie: the console's own routes, never /admin.
     let member = session_of(&login(&gw, "sk-console-bob", Some(&origin)));
     assert_eq!(get("/console/api/session", &member).json()["key"], "bob");
+    let status = get("/console/api/status", &member).json();
+    assert_eq!(status["supervisor"]["ranks"].as_array().unwrap().len(), 2, "{status}");
+    for private in ["upstream_url", "store", "quarantine"] {
+        assert!(
+            status.get(private).is_none(),
+            "a member does not see {private}: {status}"
+        );
+    }
+    assert!(status["supervisor"]["ranks"][0].get("log").is_none(), "{status}");
+    let operator_view = get("/console/api/status", &operator).json();
+    assert!(operator_view["upstream_url"].is_string() && operator_view["supervisor"]["ranks"][0]["log"].is_string());
     let r = get("/admin/usage", &member);
     assert_eq!(r.status, 403, "{}", r.text());
     // Expired: CONSOLE_SESSION_S=1, and the session is checked on every request.

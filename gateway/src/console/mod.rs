@@ -107,22 +107,36 @@ async fn session(State(c): Ctx, headers: HeaderMap) -> Result<Response, GatewayE
 }
 
 /// `GET /console/api/status`: `/admin/status`, without what only an operator sees (the
-/// upstream's address, the store, the quarantine's key names) for a member.
+/// upstream's address, the store, the quarantine's key names, the ranks' log paths) for a member.
 async fn status(State(c): Ctx, headers: HeaderMap) -> Result<Response, GatewayError> {
     let role = signed_in(&c, &headers)?;
     let mut body = crate::admin::ops::status_body(&c.app);
-    if let (Role::Member(_), Some(obj)) = (&role, body.as_object_mut()) {
-        for private in ["upstream_url", "store", "quarantine", "supervisor"] {
-            obj.remove(private);
-        }
-        if let Some(groups) = obj.get_mut("groups").and_then(Value::as_array_mut) {
-            for g in groups.iter_mut().filter_map(Value::as_object_mut) {
-                g.remove("upstream_url");
-                g.remove("supervisor");
-            }
-        }
+    if let Role::Member(_) = role {
+        for_member(&mut body);
     }
     Ok(json_response(StatusCode::OK, &body))
+}
+
+fn for_member(body: &mut Value) {
+    fn no_logs(supervisor: Option<&mut Value>) {
+        let ranks = supervisor
+            .and_then(|s| s.get_mut("ranks"))
+            .and_then(Value::as_array_mut);
+        for r in ranks.into_iter().flatten().filter_map(Value::as_object_mut) {
+            r.remove("log");
+        }
+    }
+    let Some(obj) = body.as_object_mut() else { return };
+    for private in ["upstream_url", "store", "quarantine"] {
+        obj.remove(private);
+    }
+    no_logs(obj.get_mut("supervisor"));
+    if let Some(groups) = obj.get_mut("groups").and_then(Value::as_array_mut) {
+        for g in groups.iter_mut().filter_map(Value::as_object_mut) {
+            g.remove("upstream_url");
+            no_logs(g.get_mut("supervisor"));
+        }
+    }
 }
 
 /// `GET /console/api/usage`: `/admin/usage`'s answer; a member's `key` is always its own.

@@ -19,6 +19,8 @@ pub(crate) struct Entry {
     key: String,
     route: &'static str,
     group: String,
+    /// The model the request named (after aliases).
+    model: String,
     prompt_estimate: u64,
     streamed: AtomicU32,
     /// Continued after a cut (RESUME_TIMEOUT).
@@ -39,6 +41,7 @@ pub(crate) struct Sending<'a> {
     pub(crate) key: &'a str,
     pub(crate) route: &'static str,
     pub(crate) group: &'a str,
+    pub(crate) model: &'a str,
     pub(crate) prompt_estimate: u64,
 }
 
@@ -76,6 +79,7 @@ impl InFlight {
             key: s.key.to_owned(),
             route: s.route,
             group: s.group.to_owned(),
+            model: s.model.to_owned(),
             prompt_estimate: s.prompt_estimate,
             streamed: AtomicU32::new(0),
             resumed: AtomicU32::new(0),
@@ -106,6 +110,7 @@ impl InFlight {
                     "key": e.key,
                     "route": e.route,
                     "group": e.group,
+                    "model": e.model,
                     "prompt_tokens_estimate": e.prompt_estimate,
                     "streamed_events": e.streamed.load(Ordering::Relaxed),
                     "resumed": e.resumed.load(Ordering::Relaxed),
@@ -149,6 +154,7 @@ mod tests {
             key: "alice",
             route: "chat",
             group: "main",
+            model: "m",
             prompt_estimate: 12,
         });
         listed.streamed();

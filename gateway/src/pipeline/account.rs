@@ -229,6 +229,7 @@ impl Account {
             key: self.name(),
             route: self.route,
             group,
+            model: self.model.as_deref().unwrap_or("-"),
             prompt_estimate: self.estimate,
         }));
         if self.trace.is_some() {

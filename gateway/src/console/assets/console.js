@@ -85,11 +85,20 @@
     const st = typeof sup.state === "object" ? sup.state : { state: sup.state };
     return st.state;
   }
+  // Each supervised group: the status's own `supervisor` (one group, or the operated model's),
+  // else each group's (GROUPS_FILE).
+  function groupsOf(s) {
+    if (s.supervisor) return [{ name: (s.groups && s.groups[0] && s.groups[0].name) || "main", sup: s.supervisor }];
+    return (s.groups || []).filter((g) => g.supervisor).map((g) => ({ name: g.name, sup: g.supervisor }));
+  }
   async function overview() {
     const s = await call("/console/api/status");
-    const sup = s.supervisor || {};
-    const phase = phaseOf(s);
-    $("state").textContent = phase; $("state").className = `big state-${phase}`;
+    const groups = groupsOf(s);
+    const sup = groups.length ? groups[0].sup : {};
+    const phase = groups.length > 1
+      ? groups.map((g) => `${g.name}: ${phaseOf({ supervisor: g.sup })}`).join(" · ")
+      : phaseOf(s);
+    $("state").textContent = phase; $("state").className = `big state-${phaseOf(s)}`;
     $("epoch").textContent = sup.epoch === undefined ? "–" : sup.epoch;
     $("mode").textContent = s.mode || "–";
     $("since").textContent = ago(sup.state_since_unix);
@@ -99,8 +108,9 @@
     $("queued").textContent = s.admission.queued;
     $("oldest").textContent = s.admission.oldest_wait_s === null ? "–" : `${s.admission.oldest_wait_s} s`;
     $("tps-out").textContent = fmt(s.tokens_per_s);
-    fill("ranks", sup.ranks || [], (tr, r) => {
-      cell(tr, r.rank); cell(tr, r.node); cell(tr, r.container || (r.pid ? `pid ${r.pid}` : null));
+    const ranks = groups.flatMap((g) => (g.sup.ranks || []).map((r) => [g.name, r]));
+    fill("ranks", ranks, (tr, [name, r]) => {
+      cell(tr, name); cell(tr, r.rank); cell(tr, r.node); cell(tr, r.container || (r.pid ? `pid ${r.pid}` : null));
       cell(tr, r.running ? "running" : "stopped");
     });
     const gpus = new Map((sup.gpus || []).map((n) => [n.node, n.gpus]));
@@ -191,7 +201,7 @@
     const r = await call("/admin/requests");
     $("req-queued").textContent = r.queue.queued;
     fill("requests", r.in_flight, (tr, q) => {
-      cell(tr, q.key); cell(tr, q.route); cell(tr, q.group); cell(tr, `${q.elapsed_s} s`);
+      cell(tr, q.key); cell(tr, q.route); cell(tr, q.model); cell(tr, q.group); cell(tr, `${q.elapsed_s} s`);
       cell(tr, q.streamed_events); cell(tr, q.resumed > 0 ? `yes (${q.resumed})` : "no"); cell(tr, q.request_id);
     });
   }
