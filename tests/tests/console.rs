@@ -248,6 +248,24 @@ fn bad_credentials_cookies_origins_and_urls_are_refused_clearly() {
     // Another site's page may not sign in or change anything.
     assert_eq!(login(&gw, ADMIN, Some("http://evil.example")).status, 403);
     let operator = session_of(&login(&gw, ADMIN, Some(&origin)));
+    // Over HTTPS (a proxy in front says so) the cookie is Secure; over plain HTTP it cannot be.
+    let body = serde_json::json!({ "token": ADMIN }).to_string();
+    let https = request(
+        gw.addr,
+        "POST",
+        "/console/login",
+        &[("x-forwarded-proto", "https")],
+        body.as_bytes(),
+    );
+    assert!(
+        https.header("set-cookie").unwrap().ends_with("; Secure"),
+        "{:?}",
+        https.headers
+    );
+    assert!(!login(&gw, ADMIN, Some(&origin))
+        .header("set-cookie")
+        .unwrap()
+        .contains("Secure"));
     let cross = [("cookie", operator.as_str()), ("sec-fetch-site", "cross-site")];
     let r = request(gw.addr, "POST", "/admin/stop", &cross, b"");
     assert_eq!(r.status, 403, "{}", r.text());

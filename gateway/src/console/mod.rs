@@ -70,6 +70,7 @@ fn who(role: &Role) -> Value {
 async fn login(
     State(c): Ctx,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, GatewayError> {
     let token = serde_json::from_slice::<Value>(&body)
@@ -78,14 +79,26 @@ async fn login(
         .ok_or_else(|| GatewayError::bad_request("the sign-in body is {\"token\": \"…\"}", "token"))?;
     let (id, role) = c.sessions.sign_in(token.trim(), peer.ip())?;
     let ttl = c.sessions.ttl().as_secs();
-    // HttpOnly: no script reads it; SameSite=Strict: no other site's page sends it.
-    let set = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={ttl}");
+    // HttpOnly: no script reads it; SameSite=Strict: no other site's page sends it; Secure
+    // when the browser reached the console over HTTPS (a TLS-terminating proxy in front says
+    // so), so it never travels in clear text afterwards.
+    let secure = if over_https(&headers) { "; Secure" } else { "" };
+    let set = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={ttl}{secure}");
     let mut body = who(&role);
     body["expires_in_s"] = json!(ttl);
     let mut resp = json_response(StatusCode::OK, &body);
     resp.headers_mut()
         .insert(header::SET_COOKIE, HeaderValue::from_str(&set).expect("ascii"));
     Ok(resp)
+}
+
+/// Whether the browser's side of the connection is HTTPS: a proxy in front says so in
+/// `X-Forwarded-Proto` (a client that claims it over plain HTTP only loses its own cookie).
+fn over_https(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"))
 }
 
 /// `POST /console/logout`: the session ends and the cookie is cleared.
