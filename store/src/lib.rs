@@ -152,8 +152,9 @@ impl Backend {
         }
     }
 
-    /// Runs `statement` once for each parameter list, all in one transaction: every row is on
-    /// disk, or none is.
+    /// Runs `statement` once for each parameter list, all in one transaction: every row is
+    /// committed, or none is (SQLite: in the WAL, safe from the gateway's crash; PostgreSQL: its
+    /// commit).
     async fn execute_all(&self, statement: &'static str, params: Vec<Vec<Param>>) -> Result<(), StoreError> {
         match self {
             Backend::Sqlite(b) => b.execute_all(statement, params).await,

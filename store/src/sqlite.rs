@@ -1,6 +1,11 @@
-//! The embedded backend: one SQLite file in WAL mode with `synchronous=FULL` (a write is on disk
-//! when it returns, so a response stored before its last byte survives a SIGKILL), one
-//! connection behind a lock, each statement run on the blocking pool.
+//! The embedded backend: one SQLite file in WAL mode, each statement run on the blocking pool.
+//! Responses go through a connection with `synchronous=FULL` (a write is on disk when it
+//! returns, power loss included). Usage batches (`execute_all`) go through a second connection
+//! with `synchronous=NORMAL`: a commit is in the WAL file, in the kernel's hands, when it
+//! returns — it survives a SIGKILL of the gateway, which is what a usage row must outlive before
+//! its answer ends — without an fsync per batch, which cost every request a disk flush (about
+//! 0.4 ms; BENCHMARKS.md). At a power loss the usage of the last seconds, not yet written out by
+//! the kernel or a checkpoint, can be lost.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -11,6 +16,8 @@ use crate::{sql, Param, StoreError};
 
 pub(crate) struct Sqlite {
     conn: Arc<Mutex<Connection>>,
+    /// Usage batches' connection (`synchronous=NORMAL`).
+    usage: Arc<Mutex<Connection>>,
 }
 
 impl rusqlite::ToSql for Param {
@@ -26,6 +33,30 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+/// A connection to `path` in WAL mode at `synchronous` (FULL or NORMAL).
+fn connect(path: &Path, synchronous: &str) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", synchronous)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(conn)
+}
+
+/// Runs `f` on `conn` on the blocking pool.
+async fn on<T: Send + 'static>(
+    conn: Arc<Mutex<Connection>>,
+    f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(move || {
+        let conn = conn
+            .lock()
+            .map_err(|_| backend("the store's connection lock was poisoned"))?;
+        f(&conn).map_err(backend)
+    })
+    .await
+    .map_err(backend)?
+}
+
 impl Sqlite {
     pub(crate) async fn open(path: &Path) -> Result<Sqlite, StoreError> {
         let path = path.to_owned();
@@ -38,22 +69,20 @@ impl Sqlite {
         }
         let opened = {
             let path = path.clone();
-            tokio::task::spawn_blocking(move || -> rusqlite::Result<Connection> {
-                let conn = Connection::open(&path)?;
-                conn.pragma_update(None, "journal_mode", "WAL")?;
-                conn.pragma_update(None, "synchronous", "FULL")?;
-                conn.busy_timeout(std::time::Duration::from_secs(5))?;
+            tokio::task::spawn_blocking(move || -> rusqlite::Result<(Connection, Connection)> {
+                let conn = connect(&path, "FULL")?;
                 for statement in sql::schema() {
                     conn.execute(statement, [])?;
                 }
-                Ok(conn)
+                Ok((conn, connect(&path, "NORMAL")?))
             })
             .await
             .map_err(|e| failed(e.to_string()))?
         };
-        let conn = opened.map_err(|e| failed(e.to_string()))?;
+        let (conn, usage) = opened.map_err(|e| failed(e.to_string()))?;
         Ok(Sqlite {
             conn: Arc::new(Mutex::new(conn)),
+            usage: Arc::new(Mutex::new(usage)),
         })
     }
 
@@ -61,15 +90,7 @@ impl Sqlite {
         &self,
         f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let conn = conn
-                .lock()
-                .map_err(|_| backend("the store's connection lock was poisoned"))?;
-            f(&conn).map_err(backend)
-        })
-        .await
-        .map_err(backend)?
+        on(self.conn.clone(), f).await
     }
 
     pub(crate) async fn execute(&self, statement: &'static str, params: Vec<Param>) -> Result<u64, StoreError> {
@@ -82,8 +103,8 @@ impl Sqlite {
     }
 
     pub(crate) async fn execute_all(&self, statement: &'static str, params: Vec<Vec<Param>>) -> Result<(), StoreError> {
-        self.blocking(move |c| {
-            // One transaction: one WAL commit (one fsync) for the whole batch.
+        on(self.usage.clone(), move |c| {
+            // One transaction: one WAL commit for the whole batch.
             let tx = c.unchecked_transaction()?;
             {
                 let mut stmt = tx.prepare_cached(statement)?;
