@@ -40,6 +40,21 @@ def text(d, id_):
     return d.find_element(By.ID, id_).text
 
 
+def rows(d, table):
+    """A table's body as lists of cell texts, read in one script: the page re-renders its tables
+    as it polls, so elements found one call may be gone the next."""
+    return d.execute_script(
+        "return [...document.querySelectorAll('#' + arguments[0] + ' tbody tr')]"
+        ".map(tr => [...tr.cells].map(td => td.textContent))", table)
+
+
+def chart(d):
+    """The usage chart's totals (its <svg>'s data attributes), or None before it is drawn."""
+    return d.execute_script(
+        "const s = document.querySelector('#chart svg');"
+        "return s ? {prompt: +s.dataset.prompt, completion: +s.dataset.completion, requests: +s.dataset.requests} : null")
+
+
 def shot(d, name):
     d.save_screenshot(os.path.join(SHOTS, f"{name}.png"))
 
@@ -106,8 +121,8 @@ def operator(d):
     out["wrong_token_message"] = text(d, "signin-error")
     shot(d, "signin")
     sign_in(d, ADMIN, wait)
-    wait.until(lambda d: text(d, "state") == "ready" and len(d.find_elements(By.CSS_SELECTOR, "#ranks tbody tr")) == 2)
-    out["overview"] = {"state": text(d, "state"), "ranks": [tr.text for tr in d.find_elements(By.CSS_SELECTOR, "#ranks tbody tr")],
+    wait.until(lambda d: text(d, "state") == "ready" and len(rows(d, "ranks")) == 2)
+    out["overview"] = {"state": text(d, "state"), "ranks": [" ".join(r) for r in rows(d, "ranks")],
                        "who": text(d, "who")}
     shot(d, "overview")
     cookie = d.get_cookie("sparkgate_console")
@@ -137,37 +152,39 @@ def operator(d):
     for i in range(100):
         alice.chat.completions.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": f"Say {i}."}])
     tab(d, "usage")
-    wait.until(lambda d: len(Select(d.find_element(By.ID, "usage-key")).options) > 1)
-    Select(d.find_element(By.ID, "usage-key")).select_by_value("alice")
-    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#chart svg").get_attribute("data-requests") == "100")
-    svg = d.find_element(By.CSS_SELECTOR, "#chart svg")
-    out["chart"] = {k: int(svg.get_attribute(f"data-{k}")) for k in ("prompt", "completion", "requests")}
+    wait.until(lambda d: d.execute_script("return document.getElementById('usage-key').options.length") > 1)
+    # The key list is rebuilt at each refresh: chosen in one script, then its change announced.
+    d.execute_script("const s = document.getElementById('usage-key'); s.value = 'alice';"
+                     "s.dispatchEvent(new Event('change'))")
+    wait.until(lambda d: (chart(d) or {}).get("requests") == 100)
+    out["chart"] = chart(d)
     out["csv_is_data"] = d.find_element(By.ID, "csv").get_attribute("href").startswith("data:text/csv")
     shot(d, "usage")
     tab(d, "events")
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#events tbody tr"))
-    out["events"] = [tr.find_elements(By.TAG_NAME, "td")[2].text for tr in d.find_elements(By.CSS_SELECTOR, "#events tbody tr")]
+    wait.until(lambda d: rows(d, "events"))
+    out["events"] = [r[2] for r in rows(d, "events")]
     # An unplanned restart: rank 0 killed; its warning links the diagnostics bundle.
     status = get("/console/api/status", cookie=cookie["value"])[1]
     rank0 = next(r for r in status["supervisor"]["ranks"] if r["rank"] == 0)
     os.kill(rank0["pid"], 9)
     Select(d.find_element(By.ID, "level")).select_by_value("warn")
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#events tbody tr a"))
-    rows = d.find_elements(By.CSS_SELECTOR, "#events tbody tr")
-    link = d.find_element(By.CSS_SELECTOR, "#events tbody tr a").get_attribute("href")
+    link_of = "const a = document.querySelector('#events tbody tr a'); return a ? a.href : null"
+    wait.until(lambda d: d.execute_script(link_of))
+    link = d.execute_script(link_of)
+    seen = rows(d, "events")
     req = urllib.request.Request(link, headers={"Cookie": f"sparkgate_console={cookie['value']}"})
     with urllib.request.urlopen(req, timeout=30) as r:
         bundle = r.read().decode()
-    out["unplanned"] = {"levels": sorted({tr.find_elements(By.TAG_NAME, "td")[1].text for tr in rows}),
-                        "first": rows[0].find_elements(By.TAG_NAME, "td")[2].text,
+    out["unplanned"] = {"levels": sorted({r[1] for r in seen}),
+                        "first": seen[0][2],
                         "bundle_files": bundle.count("==> ")}
     shot(d, "events")
     wait.until(lambda d: get("/console/api/status", cookie=cookie["value"])[1]["ready"])
     tab(d, "requests")
     shot(d, "requests")
     tab(d, "settings")
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#settings tbody tr"))
-    out["settings_rows"] = len(d.find_elements(By.CSS_SELECTOR, "#settings tbody tr"))
+    wait.until(lambda d: rows(d, "settings"))
+    out["settings_rows"] = len(rows(d, "settings"))
     out["admin_token_in_page"] = ADMIN in d.page_source
     shot(d, "settings")
     # Sign out: the cookie the browser held no longer opens anything.
@@ -180,11 +197,11 @@ def operator(d):
 def member(d):
     wait = WebDriverWait(d, 120)
     sign_in(d, MEMBER, wait)
-    wait.until(lambda d: text(d, "state") == "ready" and len(d.find_elements(By.CSS_SELECTOR, "#ranks tbody tr")) == 2)
+    wait.until(lambda d: text(d, "state") == "ready" and len(rows(d, "ranks")) == 2)
     visible = [b.get_attribute("data-view") for b in d.find_elements(By.CSS_SELECTOR, "#tabs button") if b.is_displayed()]
     tab(d, "usage")
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#usage tbody tr"))
-    keys = [tr.find_elements(By.TAG_NAME, "td")[0].text for tr in d.find_elements(By.CSS_SELECTOR, "#usage tbody tr")]
+    wait.until(lambda d: rows(d, "usage"))
+    keys = [r[0] for r in rows(d, "usage")]
     shot(d, "member-usage")
     cookie = d.get_cookie("sparkgate_console")["value"]
     out["member"] = {"who": text(d, "who"), "tabs": visible, "usage_keys": keys,
