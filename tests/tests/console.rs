@@ -102,6 +102,11 @@ fn an_operator_and_a_team_member_use_the_console_in_a_real_browser() {
     }
 }
 
+/// A JSON array of strings, as strings.
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect()
+}
+
 fn operator_saw(got: &Value) {
     assert!(
         got["wrong_token_message"]
@@ -120,12 +125,7 @@ fn operator_saw(got: &Value) {
         restart["outcome"].as_str().unwrap().starts_with("ready in "),
         "{restart}"
     );
-    let phases: Vec<&str> = restart["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p.as_str().unwrap())
-        .collect();
+    let phases = strings(&restart["phases"]);
     // The phases on the way: the drain, the restart, the start, then ready in the next epoch.
     assert!(phases.len() >= 2, "the phases were shown: {phases:?}");
     assert!(!phases[0].starts_with("ready"), "{phases:?}");
@@ -139,12 +139,7 @@ fn operator_saw(got: &Value) {
     assert_eq!(spec["now"], spec["to"], "{spec}");
     assert_ne!(spec["from"], spec["to"]);
     assert_eq!(got["csv_is_data"], true);
-    let events: Vec<&str> = got["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_str().unwrap())
-        .collect();
+    let events = strings(&got["events"]);
     assert!(
         events.contains(&"operator_asked") && events.contains(&"state_changed"),
         "{events:?}"

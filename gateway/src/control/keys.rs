@@ -36,7 +36,8 @@ impl KeyInfo {
     }
 }
 
-fn sha256(key: &str) -> [u8; 32] {
+/// A key's (or token's, or session id's) SHA-256: what is kept and compared instead of it.
+pub(crate) fn sha256(key: &str) -> [u8; 32] {
     sha2::Sha256::digest(key.as_bytes()).into()
 }
 

@@ -10,9 +10,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sha2::Digest as _;
-
-use super::keys::KeyRing;
+use super::keys::{sha256, KeyRing};
 use crate::api::error::GatewayError;
 
 /// The cookie's name.
@@ -43,13 +41,12 @@ pub(crate) struct AdminDigest([u8; 32]);
 
 impl AdminDigest {
     pub(crate) fn of(token: &str) -> AdminDigest {
-        AdminDigest(sha2::Sha256::digest(token.as_bytes()).into())
+        AdminDigest(sha256(token))
     }
 
     pub(crate) fn matches(&self, presented: &str) -> bool {
         use subtle::ConstantTimeEq as _;
-        let presented: [u8; 32] = sha2::Sha256::digest(presented.as_bytes()).into();
-        self.0.ct_eq(&presented).into()
+        self.0.ct_eq(&sha256(presented)).into()
     }
 }
 
@@ -148,14 +145,14 @@ impl Sessions {
         };
         let mut live = self.live.lock().expect("sessions lock");
         live.retain(|_, s| s.expires > Instant::now());
-        live.insert(digest(&id), session);
+        live.insert(sha256(&id), session);
         Ok((id, role))
     }
 
     /// Who the session `id` is, while it lives (and, for a member, while its key does).
     pub(crate) fn find(&self, id: &str) -> Option<Role> {
         let mut live = self.live.lock().expect("sessions lock");
-        let d = digest(id);
+        let d = sha256(id);
         let s = live.get(&d)?;
         let gone = match &s.role {
             Role::Member(name) => !self.keys.names().contains(name),
@@ -170,12 +167,8 @@ impl Sessions {
 
     /// Ends the session `id` (sign-out).
     pub(crate) fn end(&self, id: &str) {
-        self.live.lock().expect("sessions lock").remove(&digest(id));
+        self.live.lock().expect("sessions lock").remove(&sha256(id));
     }
-}
-
-fn digest(id: &str) -> [u8; 32] {
-    sha2::Sha256::digest(id.as_bytes()).into()
 }
 
 /// 32 bytes from the kernel's generator, as hex: a session id nobody can guess.
