@@ -550,6 +550,8 @@ pub struct Gateway {
     pub tenancy: Tenancy,
     /// `None`: no tracing.
     pub tracing: Option<Tracing>,
+    /// `None`: plain HTTP.
+    pub tls: Option<crate::tenancy::TlsFiles>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

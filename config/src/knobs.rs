@@ -405,6 +405,9 @@ pub(crate) static KNOBS: &[Knob] = &[
     k("DRAIN_TIMEOUT", Gateway, V("60"), "Seconds in-flight requests may finish on shutdown or before a restart.").rule(Int(0, 86_400)),
     k("WORKER_THREADS", Gateway, V("1"), "Threads serving HTTP and supervising: 1 runs everything on one thread (tokio's current-thread scheduler, the least added latency and CPU per request, BENCHMARKS.md); N > 1 is a multi-threaded runtime of N workers, 0 one per CPU core. Raise it only for more throughput than one core gives.").rule(Int(0, 1024)),
     k("LOG_FORMAT", Gateway, V("text"), "Access and event log format.").rule(OneOf(LogFormat::WORDS)),
+    k("TLS_CERT", Gateway, V(""), "A PEM certificate chain (the server's certificate first): with TLS_KEY, the gateway serves HTTPS on PORT (rustls; HTTP/1.1 and h2 by ALPN) instead of plain HTTP; relative to DEPLOY_DIR. Read again on SIGHUP and when it changes, without dropping a connection; one that does not load keeps the previous one (docs/operations.md). Empty: plain HTTP."),
+    k("TLS_KEY", Gateway, V(""), "The PEM private key (PKCS#8, PKCS#1 or SEC1) of TLS_CERT's certificate; relative to DEPLOY_DIR."),
+    k("TLS_CLIENT_CA", Gateway, V(""), "PEM certificates of the authorities whose client certificates the gateway accepts (mutual TLS): a client without one is refused in the handshake. Needs TLS_CERT. Empty: no client certificate asked for."),
     // === Secrets ===
     k("HF_TOKEN", Secrets, V(""), "Hugging Face token for downloads.").secret(),
     k("GHCR_USER", Secrets, V("MiaAI-Lab"), "GHCR user for image pulls."),

@@ -49,5 +49,5 @@ pub use spec::{
     default_max_num_seqs, seeded_throughput, Basis, SpecMethod, SpecMode, ThroughputPoint, ThroughputTable,
 };
 pub use swap::{Swap, SwapPolicy};
-pub use tenancy::{FairCharge, KeyQuota, OtlpProtocol, QuotaMode, Reserve, Tenancy, Tracing};
+pub use tenancy::{FairCharge, KeyQuota, OtlpProtocol, QuotaMode, Reserve, Tenancy, TlsFiles, Tracing};
 pub use vllm::{Fit, UpstreamVersion, VllmRelease};

@@ -73,6 +73,16 @@ pub struct Reserve {
     pub max_wait: std::time::Duration,
 }
 
+/// HTTPS on the gateway's port (TLS_CERT, TLS_KEY, TLS_CLIENT_CA), each resolved against
+/// DEPLOY_DIR; their content is read by the gateway (a certificate can change while it runs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    /// Client certificates are required, signed by one of these authorities (mutual TLS).
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
 /// OpenTelemetry tracing (OTEL_EXPORTER_OTLP_*), on when an endpoint is set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tracing {

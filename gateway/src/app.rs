@@ -17,6 +17,14 @@ use crate::control::storage::StoreSlot;
 use crate::groups::Groups;
 
 /// Everything the handlers share.
+/// How a request reached the gateway: plain HTTP, or HTTPS on the gateway's own TLS (TLS_CERT).
+/// The connection loop puts it on every request; the console's sign-in reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scheme {
+    Http,
+    Https,
+}
+
 #[derive(Debug)]
 pub(crate) struct App {
     /// Every model served (one without MODELS), each with its normaliser.

@@ -53,6 +53,8 @@ pub(crate) struct Setup {
     /// Set once the group has begun (adopted, cleared or started).
     pub(crate) begun: watch::Sender<bool>,
     pub(crate) limits: Limits,
+    /// Liveness pings (systemd's watchdog): each is answered from the actor's own loop.
+    pub(crate) pings: mpsc::Receiver<oneshot::Sender<()>>,
 }
 
 #[derive(Debug)]
@@ -261,6 +263,11 @@ impl Actor {
                         (Event::Asked(Command::Shutdown), None)
                     }
                 },
+                Some(pong) = self.setup.pings.recv() => {
+                    frozen_for_a_test().await;
+                    let _ = pong.send(());
+                    continue;
+                }
                 Some(report) = self.reports.recv() => match report {
                     Report::Spawned => {
                         self.record();
@@ -301,7 +308,20 @@ impl Actor {
             actions.extend(next);
         }
     }
+}
 
+/// A test hook: while the file SPARKGATE_TEST_FREEZE_FILE names exists, a ping stops the actor
+/// for good, as a wedged actor would stop (the watchdog tests; unset, this is one env lookup).
+async fn frozen_for_a_test() {
+    if let Some(file) = std::env::var_os("SPARKGATE_TEST_FREEZE_FILE") {
+        if std::path::Path::new(&file).exists() {
+            tracing::warn!("SPARKGATE_TEST_FREEZE_FILE exists: the supervisor's actor stops here (a test hook)");
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Actor {
     /// The exit that tells why the group was lost (`exits::telling`): an exit that looks like a
     /// crash, from a serving group, waits up to `exits::DECIDING` for the rest of its epoch's ranks. Another epoch's
     /// exit met meanwhile goes back to the queue.

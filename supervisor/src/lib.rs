@@ -192,6 +192,7 @@ pub struct SupervisorHandle {
     log_dir: std::path::PathBuf,
     nodes: std::sync::Arc<memory::Nodes>,
     begun: watch::Receiver<bool>,
+    pings: mpsc::Sender<oneshot::Sender<()>>,
 }
 
 impl SupervisorHandle {
@@ -243,6 +244,7 @@ impl SupervisorHandle {
         let machine = machine::Machine::new(mode, backoff, docker && !s.stop_ranks_on_exit);
         let in_flight = diagnostics::InFlightSlot::default();
         let (begun_tx, begun) = watch::channel(false);
+        let (pings, pings_rx) = mpsc::channel(1);
         let setup = actor::Setup {
             config: std::sync::Arc::new(config.clone()),
             group: group.to_owned(),
@@ -256,6 +258,7 @@ impl SupervisorHandle {
                 progress_timeout: s.progress_timeout,
                 stall_timeout: s.stall_timeout,
             },
+            pings: pings_rx,
         };
         let (status_tx, status_rx) = watch::channel(Status::fresh(
             GroupState::Stopped,
@@ -274,7 +277,19 @@ impl SupervisorHandle {
             log_dir: s.log_dir.clone(),
             nodes,
             begun,
+            pings,
         })
+    }
+
+    /// Whether the supervisor's actor answers a ping within `within` (systemd's watchdog). An
+    /// actor carrying out a stop answers once the stop is done; one that is wedged never does.
+    pub async fn alive(&self, within: std::time::Duration) -> bool {
+        let (pong, answered) = oneshot::channel();
+        let asked = tokio::time::timeout(within, async {
+            self.pings.send(pong).await.ok()?;
+            answered.await.ok()
+        });
+        matches!(asked.await, Ok(Some(())))
     }
 
     /// Returns once the supervisor has begun: what an earlier gateway left is adopted or

@@ -65,6 +65,41 @@ impl Builder<'_> {
                 protocol: self.choice("OTEL_EXPORTER_OTLP_PROTOCOL"),
                 service_name: self.text("OTEL_SERVICE_NAME"),
             }),
+            tls: self.tls(),
+        }
+    }
+
+    /// TLS_CERT with TLS_KEY, or neither; TLS_CLIENT_CA only with them. Whether the files hold
+    /// a usable certificate is the gateway's to say (it reads them again on a reload).
+    fn tls(&mut self) -> Option<crate::tenancy::TlsFiles> {
+        let path = |b: &Self, name| {
+            b.opt_text(name)
+                .map(|f| std::path::Path::new(&b.r.layers.deploy_dir).join(f))
+        };
+        let (cert, key, client_ca) = (
+            path(self, "TLS_CERT"),
+            path(self, "TLS_KEY"),
+            path(self, "TLS_CLIENT_CA"),
+        );
+        match (cert, key) {
+            (Some(cert), Some(key)) => Some(crate::tenancy::TlsFiles { cert, key, client_ca }),
+            (Some(_), None) => {
+                self.fail("TLS_CERT", "needs TLS_KEY, the certificate's private key");
+                None
+            }
+            (None, Some(_)) => {
+                self.fail("TLS_KEY", "needs TLS_CERT, the certificate it is the key of");
+                None
+            }
+            (None, None) => {
+                if client_ca.is_some() {
+                    self.fail(
+                        "TLS_CLIENT_CA",
+                        "needs TLS_CERT and TLS_KEY: client certificates are asked for in a TLS handshake",
+                    );
+                }
+                None
+            }
         }
     }
 

@@ -109,6 +109,9 @@ pub enum GatewayError {
     BodyTimeout { after: Duration, received: usize },
     #[error("the request head did not arrive within {}s (HEADER_READ_TIMEOUT)", after.as_secs())]
     HeaderTimeout { after: Duration },
+    /// Plain HTTP sent to the port while it serves HTTPS (TLS_CERT).
+    #[error("this port serves HTTPS (TLS): send the request to https:// instead of http://")]
+    PlainHttpToTls,
     #[error("the gateway has {max} connections open (MAX_CONNECTIONS); retry later")]
     TooManyConnections { max: usize },
     #[error("no response from the model within {}s (FIRST_TOKEN_TIMEOUT); the request was aborted", after.as_secs())]
@@ -190,6 +193,7 @@ impl GatewayError {
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::Conflict(_) => StatusCode::CONFLICT,
             GatewayError::UnparseableHttp { status } => *status,
+            GatewayError::PlainHttpToTls => StatusCode::BAD_REQUEST,
             GatewayError::HeaderTimeout { .. } | GatewayError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::TooManyConnections { .. }
             | GatewayError::ShuttingDown

@@ -70,6 +70,7 @@ fn who(role: &Role) -> Value {
 async fn login(
     State(c): Ctx,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    scheme: Option<axum::Extension<crate::app::Scheme>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, GatewayError> {
@@ -80,9 +81,10 @@ async fn login(
     let (id, role) = c.sessions.sign_in(token.trim(), peer.ip())?;
     let ttl = c.sessions.ttl().as_secs();
     // HttpOnly: no script reads it; SameSite=Strict: no other site's page sends it; Secure
-    // when the browser reached the console over HTTPS (a TLS-terminating proxy in front says
-    // so), so it never travels in clear text afterwards.
-    let secure = if over_https(&headers) { "; Secure" } else { "" };
+    // when the browser reached the console over HTTPS (the gateway's own TLS, or a
+    // TLS-terminating proxy in front that says so), so it never travels in clear text afterwards.
+    let tls = scheme.is_some_and(|s| s.0 == crate::app::Scheme::Https);
+    let secure = if tls || over_https(&headers) { "; Secure" } else { "" };
     let set = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={ttl}{secure}");
     let mut body = who(&role);
     body["expires_in_s"] = json!(ttl);

@@ -105,7 +105,8 @@ mod tests {
             (long.as_str(), false),
         ] {
             let mut req = Request::builder().header(X_REQUEST_ID, given).body(()).unwrap();
-            req.extensions_mut().insert(Seen::arrived(([127, 0, 0, 1], 1).into()));
+            req.extensions_mut()
+                .insert(Seen::arrived(([127, 0, 0, 1], 1).into(), crate::app::Scheme::Http));
             let id = RequestIds.on_request(&mut req).unwrap();
             assert_eq!(id == given, kept, "{given:?}");
             assert_eq!(Seen::of(&req).unwrap().id, id, "the handlers see the same id");

@@ -12,7 +12,9 @@ use sparkgate_events::Event;
 use tokio::net::TcpListener;
 
 use super::edge::Edge;
-use super::listen::{ListenConfig, ShutdownHooks};
+use super::listen::{Front, ListenConfig, ShutdownHooks};
+use super::systemd;
+use super::tls::Tls;
 use crate::admin::ops as admin;
 use crate::api::body::BodyLimits;
 use crate::app::{App, Shared};
@@ -60,6 +62,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     observe::metrics_handle();
+    // A certificate that cannot serve stops the start here, with the reason.
+    let tls = match &config.gateway.tls {
+        Some(files) => Some(Arc::new(Tls::load(files).map_err(std::io::Error::other)?)),
+        None => None,
+    };
     if let Some(t) = &config.gateway.tracing {
         observe::otel::init(t).map_err(|e| std::io::Error::other(format!("OTEL_EXPORTER_OTLP_ENDPOINT: {e}")))?;
     }
@@ -93,7 +100,7 @@ pub async fn serve(
         sup.report_in_flight(Arc::new(move || board.report()));
     }
     let keys = Arc::new(KeyRing::new(config).map_err(std::io::Error::other)?);
-    watch_keys(&keys, config.gateway.tenancy.quota_mode);
+    super::reload::watch(keys.clone(), tls.clone(), config.gateway.tenancy.quota_mode);
     if keys.required() {
         seed_quotas(&app).await;
         observe::usage::known(&keys.names(), config.gateway.tenancy.quota_mode);
@@ -104,6 +111,7 @@ pub async fn serve(
     }
     sync_quarantine(&app);
     let edge = Arc::new(Edge::new(config, keys));
+    systemd::start(supervised_names(&upstreams));
     watch_upstreams(&app, upstreams, groups);
     background(&app, &edge);
     let cfg = ListenConfig {
@@ -113,7 +121,10 @@ pub async fn serve(
     };
     let (drain, close) = (control.clone(), control);
     let hooks = ShutdownHooks {
-        draining: Box::new(move || drain.begin_drain()),
+        draining: Box::new(move || {
+            systemd::stopping();
+            drain.begin_drain()
+        }),
         closing: Box::new(move || close.close()),
     };
     let limits = BodyLimits {
@@ -122,7 +133,21 @@ pub async fn serve(
         min_rate: config.gateway.body_min_rate,
     };
     let kept = app.clone();
-    super::listen::run(super::stack::stack(app, edge, limits), listener, cfg, shutdown, hooks).await;
+    let front = match tls {
+        Some(tls) => {
+            super::reload::log_loaded(&tls, "loaded");
+            Front::Tls(tls)
+        }
+        None => Front::Plain,
+    };
+    super::listen::run(
+        super::stack::stack(app, edge, limits),
+        (listener, front),
+        cfg,
+        shutdown,
+        hooks,
+    )
+    .await;
     // Every finished generation's usage is in the store before the gateway exits.
     kept.ledger.flush().await;
     // And every generation's spans are sent (the exporter blocks its caller).
@@ -252,34 +277,12 @@ async fn seed_quotas(app: &Shared) {
     }
 }
 
-/// Reads the keys again on SIGHUP and when API_KEYS_FILE changes (looked at every 2 s). A file
-/// that does not parse keeps the keys in place and says why; nothing is dropped either way.
-fn watch_keys(keys: &Arc<KeyRing>, mode: sparkgate_config::QuotaMode) {
-    let keys = keys.clone();
-    sparkgate_task::spawn("keys-reload", async move {
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        let mut tick = tokio::time::interval(Duration::from_secs(2));
-        loop {
-            let why = tokio::select! {
-                Some(()) = async { hup.as_mut()?.recv().await } => "SIGHUP",
-                _ = tick.tick() => {
-                    if !keys.file_changed() { continue }
-                    "API_KEYS_FILE changed"
-                }
-            };
-            match keys.reload() {
-                Ok(n) => {
-                    metrics::counter!(observe::KEY_RELOADS, "outcome" => "loaded").increment(1);
-                    observe::usage::known(&keys.names(), mode);
-                    tracing::info!(keys = n, names = ?keys.names(), why, "API keys reloaded");
-                }
-                Err(e) => {
-                    metrics::counter!(observe::KEY_RELOADS, "outcome" => "refused").increment(1);
-                    tracing::error!(error = %e, why, "API keys not reloaded: the previous keys stay");
-                }
-            }
-        }
-    });
+/// Each supervised group's name and handle (none in gateway-only mode), for systemd's status.
+fn supervised_names(upstreams: &Upstreams) -> Vec<(String, sparkgate_supervisor::SupervisorHandle)> {
+    match upstreams {
+        Upstreams::Supervised(list) => list.iter().map(|(g, h)| (g.name.clone(), h.clone())).collect(),
+        Upstreams::Probe => Vec::new(),
+    }
 }
 
 /// The address a listener ended up on (for logs when PORT is 0).

@@ -170,6 +170,7 @@ impl tower::Service<Request<Guarded<Incoming>>> for Handler {
             None => {
                 // The gateway's own routes read their peer as axum's `ConnectInfo` (sign-in).
                 req.extensions_mut().insert(axum::extract::ConnectInfo(s.peer));
+                req.extensions_mut().insert(s.scheme);
                 None
             }
         }) else {
@@ -255,7 +256,8 @@ mod tests {
             let mut req = Request::post(path)
                 .body(http_body_util::Full::new(bytes::Bytes::from("{}")))
                 .unwrap();
-            req.extensions_mut().insert(Seen::arrived(([127, 0, 0, 1], 1).into()));
+            req.extensions_mut()
+                .insert(Seen::arrived(([127, 0, 0, 1], 1).into(), crate::app::Scheme::Http));
             req
         };
         let resp = svc.clone().oneshot(post("/v1/completions")).await.unwrap();

@@ -27,16 +27,19 @@ pub(crate) struct Seen {
     pub(crate) id: axum::http::HeaderValue,
     pub(crate) route: Option<&'static Route>,
     pub(crate) key: Option<crate::control::keys::KeyInfo>,
+    /// Plain HTTP or the gateway's own TLS.
+    pub(crate) scheme: crate::app::Scheme,
 }
 
 impl Seen {
     /// A request as it arrives from `peer`.
-    pub(crate) fn arrived(peer: SocketAddr) -> Seen {
+    pub(crate) fn arrived(peer: SocketAddr, scheme: crate::app::Scheme) -> Seen {
         Seen {
             peer,
             id: axum::http::HeaderValue::from_static("-"),
             route: None,
             key: None,
+            scheme,
         }
     }
 

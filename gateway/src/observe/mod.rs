@@ -51,6 +51,9 @@ pub(crate) const SUSPECTS: &str = "sparkgate_poison_suspects_total";
 pub(crate) const QUARANTINED: &str = "sparkgate_quarantined_requests_total";
 pub(crate) const ABORT_FENCE_SECONDS: &str = "sparkgate_abort_fence_seconds";
 pub(crate) const CLIENT_GONE: &str = "sparkgate_client_gone_total";
+pub(crate) const TLS_HANDSHAKE_FAILURES: &str = "sparkgate_tls_handshake_failures_total";
+pub(crate) const TLS_RELOADS: &str = "sparkgate_tls_reloads_total";
+pub(crate) const TLS_NOT_AFTER: &str = "sparkgate_tls_certificate_not_after_seconds";
 pub(crate) use models::{MODEL_LOADED, MODEL_SWAPS, MODEL_SWAP_FAILURES, MODEL_SWAP_SECONDS, MODEL_SWAP_WAIT_SECONDS};
 
 /// Rendered at each scrape from the groups' state (`Groups::upstream_info`), not recorded.
@@ -211,6 +214,18 @@ fn describe() {
 
 /// The rank groups' families: routing, openness, load, warm replays.
 fn describe_groups() {
+    describe_counter!(
+        TLS_HANDSHAKE_FAILURES,
+        "TLS handshakes (TLS_CERT) that failed or did not finish within HEADER_READ_TIMEOUT: a client that does not trust the certificate, has no client certificate under TLS_CLIENT_CA, or speaks no common version."
+    );
+    describe_counter!(
+        TLS_RELOADS,
+        "Reads of TLS_CERT/TLS_KEY/TLS_CLIENT_CA after the start (SIGHUP, or a file changed), by outcome: loaded, or refused (the previous certificate keeps serving)."
+    );
+    describe_gauge!(
+        TLS_NOT_AFTER,
+        "When the serving certificate expires (its notAfter, Unix seconds); absent without TLS."
+    );
     describe_counter!(
         WARM_REPLAYS,
         "Recent conversations' requests replayed into a restarted rank group's prefix cache (WARM_REPLAY_BYTES), by outcome: warmed or failed."
