@@ -7,9 +7,6 @@ use std::process::ExitCode;
 use bytes::Bytes;
 use clap::Args;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use sparkgate_config::{Config, SpecMethod};
 
 use super::wait::{Goal, WaitArgs};
@@ -44,7 +41,7 @@ impl Endpoint {
     pub(super) fn of(config: &Config, target: &Target) -> Endpoint {
         let (base, from) = match &target.url {
             Some(url) => (url.clone(), Chosen::Url),
-            None => (format!("http://127.0.0.1:{}", config.ports.public), Chosen::Port),
+            None => (super::https::local_base(config), Chosen::Port),
         };
         Endpoint {
             base: base.trim_end_matches('/').to_owned(),
@@ -91,8 +88,7 @@ pub(crate) fn call(
     let url = format!("{}{path}", ep.base);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        let client: Client<HttpConnector, Full<Bytes>> =
-            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+        let client = super::https::client()?;
         let mut req = hyper::Request::builder().method(method).uri(&url);
         if let Some(t) = &ep.token {
             req = req.header("authorization", format!("Bearer {t}"));
@@ -101,11 +97,7 @@ pub(crate) fn call(
             req = req.header("content-type", "application/json");
         }
         let resp = client.request(req.body(Full::new(body))?).await.map_err(|e| {
-            let why = if e.is_connect() {
-                "nothing is listening there"
-            } else {
-                "the connection failed"
-            };
+            let why = super::https::why_not(&e);
             let fix = match ep.from {
                 Chosen::Url => "check the URL given with --url",
                 Chosen::Port => {

@@ -10,9 +10,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Args;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde_json::{json, Value};
 use sparkgate_config::Config;
@@ -86,7 +83,7 @@ pub(super) fn run(config: &Config, args: BenchArgs) -> anyhow::Result<ExitCode> 
     let base = args
         .url
         .clone()
-        .unwrap_or_else(|| format!("http://127.0.0.1:{}/v1", config.ports.public))
+        .unwrap_or_else(|| format!("{}/v1", super::https::local_base(config)))
         .trim_end_matches('/')
         .to_owned();
     if base.starts_with("https://") {
@@ -111,9 +108,7 @@ pub(super) fn run(config: &Config, args: BenchArgs) -> anyhow::Result<ExitCode> 
 type Results = Vec<(Phase, u32, Vec<Vec<RequestResult>>)>;
 
 async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::Result<ExitCode> {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+    let client: HttpClient = super::https::client()?;
     let model = match &args.model {
         Some(m) => m.clone(),
         None => first_model(&client, base, api_key.as_deref()).await?,

@@ -8,12 +8,10 @@ use clap::ValueEnum;
 use eventsource_stream::Eventsource as _;
 use futures_util::StreamExt as _;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use serde::Serialize;
 use serde_json::Value;
 
-pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub(crate) use super::https::HttpClient;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]

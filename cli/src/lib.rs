@@ -8,6 +8,7 @@ mod bench;
 mod bench_request;
 mod diagnostics;
 mod doctor;
+mod https;
 mod models;
 mod prepare;
 mod quarantine;
@@ -42,6 +43,10 @@ pub struct SourceArgs {
     /// Deployment profile: deepseek-v4.1-flash or glm-5.3-flash [default: PROFILE, else deepseek-v4.1-flash].
     #[arg(long, global = true, value_name = "PROFILE")]
     pub profile: Option<String>,
+    /// PEM certificate(s) to trust for a gateway served over HTTPS (TLS_CERT) [default: the
+    /// system's roots].
+    #[arg(long, global = true, value_name = "FILE", env = "SPARKGATE_CACERT")]
+    pub cacert: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -258,6 +263,7 @@ pub enum Command {
 pub const EXIT_CONFIG: u8 = 64;
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    https::set_cacert(cli.source.cacert.clone());
     if let Command::Config { reference: true, .. } = cli.command {
         emit(&sparkgate_config::reference_markdown())?;
         return Ok(ExitCode::SUCCESS);

@@ -78,7 +78,8 @@ async fn run_gateway(config: &Config, groups: Vec<GroupConfig>, run: Mode) -> an
         supervised = !supervised.is_empty(),
         groups = supervised.len().max(1),
         max_num_seqs = mode.max_num_seqs,
-        "sparkgate listening on http://{local}"
+        "sparkgate listening on {}://{local}",
+        if config.gateway.tls.is_some() { "https" } else { "http" }
     );
     if let Mode::Demo(logs) = &run {
         demo_banner(config, logs, local);

@@ -6,9 +6,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use sparkgate_config::Config;
 
@@ -18,7 +15,7 @@ const ANSWER: &str = "323";
 pub(super) fn run(config: &Config, url: Option<&str>, timeout: Duration) -> anyhow::Result<ExitCode> {
     let base = url
         .map(str::to_owned)
-        .unwrap_or_else(|| format!("http://127.0.0.1:{}", config.ports.public))
+        .unwrap_or_else(|| super::https::local_base(config))
         .trim_end_matches('/')
         .to_owned();
     let endpoint = format!("{base}/v1/chat/completions");
@@ -36,8 +33,7 @@ pub(super) fn run(config: &Config, url: Option<&str>, timeout: Duration) -> anyh
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let started = Instant::now();
     let outcome = runtime.block_on(async {
-        let client: Client<HttpConnector, Full<Bytes>> =
-            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+        let client = super::https::client()?;
         let mut req = hyper::Request::post(&endpoint).header("content-type", "application/json");
         if let Some(k) = &api_key {
             req = req.header("authorization", format!("Bearer {k}"));

@@ -1,0 +1,101 @@
+//! The CLI's one HTTP client, for every command that talks to a gateway: plain HTTP, or HTTPS
+//! verified against `--cacert` (SPARKGATE_CACERT) when given, else the system's roots. A gateway
+//! with TLS_CERT is addressed as `https://127.0.0.1:PORT` by default (its certificate must name
+//! 127.0.0.1, or pass `--url` with the name it has).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::CertificateDer;
+use sparkgate_config::Config;
+
+pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// `--cacert`, set once from the command line.
+static CACERT: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+pub(crate) fn set_cacert(path: Option<PathBuf>) {
+    let _ = CACERT.set(path);
+}
+
+/// The gateway's base URL on this machine, by its configuration.
+pub(crate) fn local_base(config: &Config) -> String {
+    let scheme = if config.gateway.tls.is_some() { "https" } else { "http" };
+    format!("{scheme}://127.0.0.1:{}", config.ports.public)
+}
+
+/// The roots a gateway's certificate is checked against.
+fn roots(cacert: Option<&Path>) -> anyhow::Result<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    match cacert {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| anyhow::anyhow!("--cacert {}: {e}", path.display()))?;
+            for cert in CertificateDer::pem_slice_iter(&pem) {
+                let cert = cert.map_err(|e| anyhow::anyhow!("--cacert {}: {e}", path.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| anyhow::anyhow!("--cacert {}: {e}", path.display()))?;
+            }
+            anyhow::ensure!(
+                !roots.is_empty(),
+                "--cacert {}: holds no PEM certificate",
+                path.display()
+            );
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                tracing::debug!(errors = ?found.errors, "no system root certificates found");
+            }
+        }
+    }
+    Ok(roots)
+}
+
+/// A client for `http://` and `https://` URLs alike (TCP_NODELAY on).
+pub(crate) fn client() -> anyhow::Result<HttpClient> {
+    let cacert = CACERT.get().and_then(|c| c.as_deref());
+    // ring, as the gateway's own TLS (gateway/src/http/tls.rs says why).
+    #[allow(deprecated)]
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| anyhow::anyhow!("TLS: {e}"))?
+        .with_root_certificates(roots(cacert)?)
+        .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new()).build(connector))
+}
+
+/// Why a request found no gateway, in words: the innermost cause of a failed TLS handshake
+/// (an untrusted or mismatched certificate names itself), else whether anything listens.
+pub(crate) fn why_not(e: &hyper_util::client::legacy::Error) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
+    let text = cause.to_string();
+    let tls = ["certificate", "tls", "handshake", "alert", "peer"]
+        .iter()
+        .any(|w| text.to_ascii_lowercase().contains(w));
+    match (tls, e.is_connect()) {
+        (true, _) => format!("the TLS handshake failed: {text}; trust the gateway's certificate with --cacert FILE"),
+        (false, true) => format!("nothing is listening there: {text}"),
+        (false, false) => format!("the connection failed: {text}"),
+    }
+}
