@@ -9,6 +9,7 @@ mod bench_request;
 mod diagnostics;
 mod doctor;
 mod https;
+mod install;
 mod models;
 mod prepare;
 mod quarantine;
@@ -245,6 +246,11 @@ pub enum Command {
         #[arg(long, default_value_t = 300)]
         timeout_s: u64,
     },
+    /// Write and enable the systemd unit `sparkgate.service` that runs `sparkgate serve` with
+    /// this env file (root, on the head node); a re-run updates it and names what changed.
+    Install(install::InstallArgs),
+    /// Stop and disable `sparkgate.service` and remove its unit.
+    Uninstall(install::InstallArgs),
     /// Print each rank's container and `vllm serve` command line as you could paste them.
     Plan {
         /// Print the plan as JSON (container specs, argv, labels).
@@ -267,6 +273,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Config { reference: true, .. } = cli.command {
         emit(&sparkgate_config::reference_markdown())?;
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Uninstall(args) = &cli.command {
+        return install::uninstall(args);
     }
     // An operator command given --url talks to that gateway: no serving configuration needed.
     if let Some(url) = admin_url(&cli.command) {
@@ -320,6 +329,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             return admin_command(cli.command, &ep);
         }
         Command::Doctor { json } => return doctor::run(&models, json),
+        Command::Install(ref args) => return install::install(&config, args),
         other => return node_command(other, &models),
     };
     emit(&output)?;

@@ -80,7 +80,25 @@ impl Shared {
 
 /// The `tracing_subscriber` writer: hands out one `Line` per event.
 #[derive(Debug, Clone)]
-pub(crate) struct LogWriter(Arc<Shared>);
+pub(crate) struct LogWriter(Arc<Shared>, Priorities);
+
+/// Whether each line starts with its syslog priority (`<4>` for a warning), which journald
+/// reads off a service's stderr and strips (`journalctl -p warning`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Priorities {
+    None,
+    Syslog,
+}
+
+/// The syslog priority of a level (RFC 5424: 3 error, 4 warning, 6 informational, 7 debug).
+fn priority(level: tracing::Level) -> &'static [u8] {
+    match level {
+        tracing::Level::ERROR => b"<3>",
+        tracing::Level::WARN => b"<4>",
+        tracing::Level::INFO => b"<6>",
+        tracing::Level::DEBUG | tracing::Level::TRACE => b"<7>",
+    }
+}
 
 /// Dropped at the end of `main`: writes what is still buffered.
 #[derive(Debug)]
@@ -94,7 +112,7 @@ impl Drop for LogGuard {
 
 /// Starts the writer thread over `out` (stderr in the binary). The thread lives as long as
 /// the process (the global subscriber keeps the buffer).
-pub(crate) fn start(out: impl Write + Send + 'static) -> (LogWriter, LogGuard) {
+pub(crate) fn start(out: impl Write + Send + 'static, priorities: Priorities) -> (LogWriter, LogGuard) {
     let shared = Arc::new(Shared {
         buf: Mutex::new(Vec::with_capacity(64 * 1024)),
         out: Mutex::new(Box::new(out)),
@@ -120,7 +138,7 @@ pub(crate) fn start(out: impl Write + Send + 'static) -> (LogWriter, LogGuard) {
         })
         .expect("spawn the log writer thread");
     let _ = shared.thread.set(thread.thread().clone());
-    (LogWriter(shared.clone()), LogGuard(shared))
+    (LogWriter(shared.clone(), priorities), LogGuard(shared))
 }
 
 /// One event's bytes, appended to the buffer when the formatter is done with it.
@@ -156,6 +174,14 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
             to: self.0.clone(),
         }
     }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Line {
+        let mut line = self.make_writer();
+        if self.1 == Priorities::Syslog {
+            line.buf.extend_from_slice(priority(*meta.level()));
+        }
+        line
+    }
 }
 
 #[cfg(test)]
@@ -189,7 +215,7 @@ mod tests {
     #[test]
     fn every_line_is_written_in_order_by_the_time_the_guard_is_dropped() {
         let sink = Sink::default();
-        let (w, guard) = start(sink.clone());
+        let (w, guard) = start(sink.clone(), Priorities::None);
         for i in 0..1000 {
             log(&w, &format!("line {i}\n"));
         }
@@ -202,7 +228,7 @@ mod tests {
     #[test]
     fn a_blocked_stderr_drops_lines_instead_of_blocking_the_logger_and_says_how_many() {
         let sink = Sink::default();
-        let (w, guard) = start(sink.clone());
+        let (w, guard) = start(sink.clone(), Priorities::None);
         let held = sink.gate.lock().unwrap();
         // The writer blocks in its first write, holding at most one buffer's worth; the buffer
         // fills to its cap again; the rest is dropped — at least 500 lines.

@@ -5,6 +5,7 @@
 
 mod labels;
 pub(crate) mod lifecycle;
+mod journal;
 mod logline;
 pub(crate) mod logwriter;
 pub(crate) mod models;
@@ -378,7 +379,7 @@ pub fn init_logging(format: sparkgate_config::LogFormat) -> crate::observe::logw
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SPARKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let (writer, guard) = crate::observe::logwriter::start(std::io::stderr());
+    let (writer, guard) = crate::observe::logwriter::start(std::io::stderr(), journal::priorities());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
