@@ -125,8 +125,14 @@ WantedBy=multi-user.target
 
 /// The lines that differ between the unit installed and the new one, as `-old` / `+new`.
 fn changes(old: &str, new: &str) -> Vec<String> {
-    let gone = old.lines().filter(|l| !new.lines().any(|n| n == *l)).map(|l| format!("-{l}"));
-    let came = new.lines().filter(|l| !old.lines().any(|o| o == *l)).map(|l| format!("+{l}"));
+    let gone = old
+        .lines()
+        .filter(|l| !new.lines().any(|n| n == *l))
+        .map(|l| format!("-{l}"));
+    let came = new
+        .lines()
+        .filter(|l| !old.lines().any(|o| o == *l))
+        .map(|l| format!("+{l}"));
     gone.chain(came).collect()
 }
 
@@ -168,7 +174,9 @@ pub(super) fn install(config: &Config, args: &InstallArgs) -> anyhow::Result<Exi
     if !args.no_enable {
         systemctl(&["daemon-reload"])?;
         systemctl(&["enable", UNIT])?;
-        println!("enabled; start it with `systemctl start sparkgate` (a changed unit takes effect at its next restart)");
+        println!(
+            "enabled; start it with `systemctl start sparkgate` (a changed unit takes effect at its next restart)"
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

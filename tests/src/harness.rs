@@ -196,7 +196,7 @@ impl Drop for Proc {
 /// The address in a log line: the first `http://ADDR`, else the last word
 /// (`Starting vLLM server on http://127.0.0.1:43861`, `… listening on 127.0.0.1:29501`).
 pub fn addr_in(line: &str) -> SocketAddr {
-    let word = match line.split_once("http://") {
+    let word = match line.split_once("https://").or_else(|| line.split_once("http://")) {
         Some((_, rest)) => rest.split_whitespace().next().unwrap_or(rest),
         None => line.split_whitespace().last().unwrap_or(line),
     };
@@ -333,7 +333,7 @@ impl Gateway {
 
     /// The gateway `proc` runs, once its log says where it listens.
     pub fn listening(proc: Proc) -> Gateway {
-        let addr = addr_in(&proc.wait_for("sparkgate listening on http://"));
+        let addr = addr_in(&proc.wait_for("sparkgate listening on "));
         Gateway { proc, addr }
     }
 

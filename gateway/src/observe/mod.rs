@@ -3,9 +3,9 @@
 //! the gateway's. `logline` writes a log line, `logwriter` writes lines from a thread of its own,
 //! `otel` exports traces, `usage` counts by API key name.
 
+mod journal;
 mod labels;
 pub(crate) mod lifecycle;
-mod journal;
 mod logline;
 pub(crate) mod logwriter;
 pub(crate) mod models;
