@@ -202,7 +202,10 @@ fn real_clients_speak_https_and_a_rotation_loses_no_stream() {
     );
     let got: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(got["openai"], "323", "{got}");
-    assert!(["end_turn", "max_tokens"].contains(&got["anthropic"].as_str().unwrap()), "{got}");
+    assert!(
+        ["end_turn", "max_tokens"].contains(&got["anthropic"].as_str().unwrap()),
+        "{got}"
+    );
     assert!(got["untrusted"].as_str().unwrap().starts_with("refused"), "{got}");
     let streams = got["streams"].as_array().unwrap();
     assert_eq!(streams.len(), 20);

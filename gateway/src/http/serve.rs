@@ -63,24 +63,20 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     observe::metrics_handle();
     // A certificate that cannot serve stops the start here, with the reason.
-    let tls = match &config.gateway.tls {
-        Some(files) => Some(Arc::new(Tls::load(files).map_err(std::io::Error::other)?)),
-        None => None,
-    };
+    let tls = config
+        .gateway
+        .tls
+        .as_ref()
+        .map(Tls::load)
+        .transpose()
+        .map_err(std::io::Error::other)?
+        .map(Arc::new);
     if let Some(t) = &config.gateway.tracing {
         observe::otel::init(t).map_err(|e| std::io::Error::other(format!("OTEL_EXPORTER_OTLP_ENDPOINT: {e}")))?;
     }
     let groups = Arc::new(Groups::of(config, &upstreams));
     crate::groups::seed(&control, &groups);
-    control.admission().guard_memory(config.gateway.prefill_bytes_per_token);
-    let reserve = config.gateway.tenancy.reserve;
-    control
-        .admission()
-        .reserve_for_interactive(crate::control::reserve::Rule {
-            slots: reserve.slots,
-            active: reserve.active,
-            max_wait: reserve.max_wait,
-        });
+    admission_rules(&control, config);
     // MODELS: one group per model, swapped by the swap runner.
     let models: Vec<sparkgate_config::GroupConfig> = match &upstreams {
         Upstreams::Supervised(list) if groups.models() => list.iter().map(|(g, _)| g.clone()).collect(),
@@ -114,32 +110,13 @@ pub async fn serve(
     systemd::start(supervised_names(&upstreams));
     watch_upstreams(&app, upstreams, groups);
     background(&app, &edge);
-    let cfg = ListenConfig {
-        header_read_timeout: config.gateway.header_read_timeout,
-        drain_timeout: config.gateway.drain_timeout,
-        max_connections: config.gateway.max_connections,
-    };
-    let (drain, close) = (control.clone(), control);
-    let hooks = ShutdownHooks {
-        draining: Box::new(move || {
-            systemd::stopping();
-            drain.begin_drain()
-        }),
-        closing: Box::new(move || close.close()),
-    };
-    let limits = BodyLimits {
-        max: config.gateway.max_body_bytes,
-        timeout: config.gateway.body_timeout,
-        min_rate: config.gateway.body_min_rate,
-    };
+    let (cfg, limits) = connection_limits(config);
+    let hooks = shutdown_hooks(control);
     let kept = app.clone();
-    let front = match tls {
-        Some(tls) => {
-            super::reload::log_loaded(&tls, "loaded");
-            Front::Tls(tls)
-        }
-        None => Front::Plain,
-    };
+    let front = tls.map_or(Front::Plain, |tls| {
+        super::reload::log_loaded(&tls, "loaded");
+        Front::Tls(tls)
+    });
     super::listen::run(
         super::stack::stack(app, edge, limits),
         (listener, front),
@@ -274,6 +251,47 @@ async fn seed_quotas(app: &Shared) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "the last day's usage not read: quotas count from now"),
+    }
+}
+
+/// The memory guard and the interactive reserve, as the configuration sets them.
+fn admission_rules(control: &GatewayControl, config: &Config) {
+    control.admission().guard_memory(config.gateway.prefill_bytes_per_token);
+    let reserve = config.gateway.tenancy.reserve;
+    control
+        .admission()
+        .reserve_for_interactive(crate::control::reserve::Rule {
+            slots: reserve.slots,
+            active: reserve.active,
+            max_wait: reserve.max_wait,
+        });
+}
+
+/// The connection loop's and the request bodies' limits.
+fn connection_limits(config: &Config) -> (ListenConfig, BodyLimits) {
+    let g = &config.gateway;
+    let listen = ListenConfig {
+        header_read_timeout: g.header_read_timeout,
+        drain_timeout: g.drain_timeout,
+        max_connections: g.max_connections,
+    };
+    let body = BodyLimits {
+        max: g.max_body_bytes,
+        timeout: g.body_timeout,
+        min_rate: g.body_min_rate,
+    };
+    (listen, body)
+}
+
+/// What the connection loop tells the gateway as it shuts down (and systemd, at the drain).
+fn shutdown_hooks(control: GatewayControl) -> ShutdownHooks {
+    let (drain, close) = (control.clone(), control);
+    ShutdownHooks {
+        draining: Box::new(move || {
+            systemd::stopping();
+            drain.begin_drain()
+        }),
+        closing: Box::new(move || close.close()),
     }
 }
 
