@@ -1,7 +1,7 @@
 //! `sparkgate bench`: the GLM guide's streaming decode benchmark (`tests/bench_decode.py`) as a
 //! subcommand — structured and prose phases, several runs per concurrency, per-request TTFT,
 //! inter-token latency and tokens/s, aggregates per concurrency, an optional coherence check —
-//! against any OpenAI-compatible base URL (plain HTTP).
+//! against any OpenAI-compatible base URL (HTTP, or HTTPS checked against `--cacert`).
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
@@ -18,7 +18,8 @@ use crate::bench_request::{first_model, percentile, stream_one, HttpClient, Phas
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// OpenAI-compatible base URL, plain HTTP [default: http://127.0.0.1:PORT/v1].
+    /// OpenAI-compatible base URL, HTTP or HTTPS (--cacert) [default: http://127.0.0.1:PORT/v1,
+    /// https:// under TLS_CERT].
     #[arg(long, visible_alias = "base-url", value_name = "URL")]
     url: Option<String>,
     /// Model name [default: the first of GET /models].
@@ -86,14 +87,11 @@ pub(super) fn run(config: &Config, args: BenchArgs) -> anyhow::Result<ExitCode> 
         .unwrap_or_else(|| format!("{}/v1", super::https::local_base(config)))
         .trim_end_matches('/')
         .to_owned();
-    if base.starts_with("https://") {
-        anyhow::bail!("{base}: sparkgate bench speaks plain HTTP only; point it at an http:// address");
-    }
     let uri: hyper::Uri = base
         .parse()
         .map_err(|e| anyhow::anyhow!("--url {base:?} is not a URL: {e}"))?;
-    if uri.scheme_str() != Some("http") || uri.host().is_none() {
-        anyhow::bail!("--url {base:?} must look like http://host:port/v1");
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        anyhow::bail!("--url {base:?} must look like http://host:port/v1 (or https://)");
     }
     let api_key = args
         .api_key

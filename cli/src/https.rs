@@ -82,20 +82,27 @@ pub(crate) fn client() -> anyhow::Result<HttpClient> {
     Ok(Client::builder(TokioExecutor::new()).build(connector))
 }
 
-/// Why a request found no gateway, in words: the innermost cause of a failed TLS handshake
-/// (an untrusted or mismatched certificate names itself), else whether anything listens.
+/// Why a request found no gateway, in words: a failed TLS handshake (a `rustls::Error`
+/// somewhere in the chain: an untrusted or mismatched certificate names itself), else whether
+/// anything listens, each with the innermost cause.
 pub(crate) fn why_not(e: &hyper_util::client::legacy::Error) -> String {
+    let mut tls = None;
     let mut cause: &dyn std::error::Error = e;
-    while let Some(inner) = cause.source() {
-        cause = inner;
+    loop {
+        if let Some(t) = cause.downcast_ref::<rustls::Error>() {
+            tls = Some(t.to_string());
+        }
+        // An io::Error's `source()` skips the error it wraps (hyper-rustls wraps tokio-rustls'
+        // io::Error, which wraps the rustls::Error): step into it first.
+        let wrapped = cause.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref);
+        match wrapped.map(|w| w as &dyn std::error::Error).or_else(|| cause.source()) {
+            Some(next) => cause = next,
+            None => break,
+        }
     }
-    let text = cause.to_string();
-    let tls = ["certificate", "tls", "handshake", "alert", "peer"]
-        .iter()
-        .any(|w| text.to_ascii_lowercase().contains(w));
     match (tls, e.is_connect()) {
-        (true, _) => format!("the TLS handshake failed: {text}; trust the gateway's certificate with --cacert FILE"),
-        (false, true) => format!("nothing is listening there: {text}"),
-        (false, false) => format!("the connection failed: {text}"),
+        (Some(t), _) => format!("the TLS handshake failed: {t}; trust the gateway's certificate with --cacert FILE"),
+        (None, true) => format!("nothing is listening there: {cause}"),
+        (None, false) => format!("the connection failed: {cause}"),
     }
 }

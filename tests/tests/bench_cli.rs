@@ -141,8 +141,16 @@ fn the_default_run_passes_the_coherence_check_against_the_simulator() {
 
 #[test]
 fn unusable_input_gets_a_clear_error() {
-    let cases: [(&[&str], &str); 4] = [
-        (&["--base-url", "https://127.0.0.1:1/v1"], "plain HTTP only"),
+    let cases: [(&[&str], &str); 5] = [
+        // HTTPS is spoken (tests/tests/service_tls.rs runs it against a TLS gateway).
+        (
+            &["--base-url", "https://127.0.0.1:1/v1"],
+            "nothing answers at https://127.0.0.1:1/v1/models",
+        ),
+        (
+            &["--base-url", "ftp://127.0.0.1:1/v1"],
+            "must look like http://host:port/v1",
+        ),
         (&["--base-url", "not a url"], "is not a URL"),
         (
             &["--base-url", "http://127.0.0.1:1/v1"],
