@@ -146,14 +146,14 @@ fn systemctl(args: &[&str]) -> anyhow::Result<()> {
 }
 
 pub(super) fn install(config: &Config, args: &InstallArgs) -> anyhow::Result<ExitCode> {
-    let text = unit(&Inputs::of(config)?);
+    let inputs = Inputs::of(config)?;
+    let text = unit(&inputs);
     if args.dry_run {
         print!("{text}");
         return Ok(ExitCode::SUCCESS);
     }
     let path = args.unit_dir.join(UNIT);
     let before = std::fs::read_to_string(&path).ok();
-    let inputs = Inputs::of(config)?;
     for dir in &inputs.writable {
         std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     }

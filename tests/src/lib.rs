@@ -14,6 +14,7 @@ pub mod memreplay;
 pub mod otlp;
 pub mod overhead;
 pub mod postgres;
+pub mod python;
 pub mod realvllm;
 pub mod registry;
 pub mod sim;

@@ -44,27 +44,19 @@ fn an_operator_and_a_team_member_use_the_console_in_a_real_browser() {
     gw.wait_ready();
     let shots = concat!(env!("CARGO_TARGET_TMPDIR"), "/console-screenshots");
     std::fs::create_dir_all(shots).unwrap();
-    let out = std::process::Command::new("python3")
-        .args([
-            "-W",
-            "ignore::ResourceWarning",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/python/console_browser.py"),
-        ])
-        .env("SPARKGATE_BASE_URL", format!("http://{}", gw.addr))
-        .env("SPARKGATE_MODEL", MODEL)
-        .env("SPARKGATE_ADMIN_TOKEN", ADMIN)
-        .env("SPARKGATE_MEMBER_KEY", "sk-console-bob")
-        .env("SPARKGATE_USAGE_KEY", "sk-console-alice")
-        .env("SPARKGATE_SHOTS", shots)
-        .output()
-        .expect("python3 runs (bash .ci/run installs selenium, chromium and chromedriver)");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "console_browser.py failed:\n{}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let base = format!("http://{}", gw.addr);
+    let env = [
+        ("SPARKGATE_BASE_URL", base.as_str()),
+        ("SPARKGATE_MODEL", MODEL),
+        ("SPARKGATE_ADMIN_TOKEN", ADMIN),
+        ("SPARKGATE_MEMBER_KEY", "sk-console-bob"),
+        ("SPARKGATE_USAGE_KEY", "sk-console-alice"),
+        ("SPARKGATE_SHOTS", shots),
+    ];
+    // bash .ci/run installs selenium, chromium and chromedriver.
+    let got: Value = sparkgate_tests::python::script("console_browser.py", &[], &env)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .last_json();
     operator_saw(&got);
     // The chart's totals are the store's, to the token.
     let usage = request(

@@ -46,22 +46,18 @@ fn run_clients(backend: SocketAddr, tight_backend: SocketAddr, gw_env: &[(&str, 
         .upstream(tight_backend)
         .env("QUEUE_DEPTH", "0")
         .start();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/test_clients.py");
-    // Client libraries' unclosed-socket warnings would interleave with unittest's verdict lines.
-    let out = std::process::Command::new("python3")
-        .args(["-W", "ignore::ResourceWarning", script])
-        .env("SPARKGATE_BASE_URL", gw.base_url())
-        .env("SPARKGATE_TIGHT_URL", tight.base_url())
-        .env("SPARKGATE_MODEL", MODEL)
-        .env("OPENAI_AGENTS_DISABLE_TRACING", "1")
-        .output()
-        .expect("python3 runs (bash .ci/run installs the client libraries)");
-    let report = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "python client tests failed:\n{report}\n{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    // Client libraries' unclosed-socket warnings (ignored by `python::script`) would
+    // interleave with unittest's verdict lines.
+    let (base, tight_base) = (gw.base_url(), tight.base_url());
+    let env = [
+        ("SPARKGATE_BASE_URL", base.as_str()),
+        ("SPARKGATE_TIGHT_URL", tight_base.as_str()),
+        ("SPARKGATE_MODEL", MODEL),
+        ("OPENAI_AGENTS_DISABLE_TRACING", "1"),
+    ];
+    let ran = sparkgate_tests::python::script("test_clients.py", &[], &env)
+        .unwrap_or_else(|e| panic!("python client tests failed: {e}"));
+    let report = ran.stderr.as_str();
     for test in TESTS {
         let line = report.lines().find(|l| l.starts_with(&format!("{test} ")));
         assert!(

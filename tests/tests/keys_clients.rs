@@ -25,20 +25,11 @@ fn sdks_read_the_usage_their_keys_are_charged_and_raise_their_rate_limit_errors(
         .env("API_KEYS_FILE", &file.display().to_string())
         .env("STORE_URL", &dir.path().join("state.sqlite").display().to_string())
         .start();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/keys_clients.py");
-    let out = std::process::Command::new("python3")
-        .args(["-W", "ignore::ResourceWarning", script])
-        .env("SPARKGATE_BASE_URL", format!("http://{}", gw.addr))
-        .env("SPARKGATE_MODEL", MODEL)
-        .output()
-        .expect("python3 runs (bash .ci/run installs the client libraries)");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "keys_clients.py failed:\n{}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let base = format!("http://{}", gw.addr);
+    let env = [("SPARKGATE_BASE_URL", base.as_str()), ("SPARKGATE_MODEL", MODEL)];
+    let got: Value = sparkgate_tests::python::script("keys_clients.py", &[], &env)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .last_json();
     for (sdk, refused) in [("openai", "openai_refused"), ("anthropic", "anthropic_refused")] {
         let r = &got[refused];
         assert_eq!(r["status"], 429, "{sdk}: {got}");

@@ -255,22 +255,14 @@ fn the_demo_serves_the_smoke_request() {
         .iter()
         .any(|l| l.contains("HEAD_IP") || l.contains("rank started")));
     // Structured output in the demo, as the openai SDK and pydantic-ai ask for it.
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/demo_structured.py");
-    let out = std::process::Command::new("python3")
-        .args([
-            "-W",
-            "ignore::ResourceWarning",
-            script,
-            &gw.base_url(),
-            "DeepSeek-v4.1-Flash-EXL3",
-        ])
-        .output()
-        .expect("python3 runs");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let base = gw.base_url();
+    let ran = sparkgate_tests::python::script("demo_structured.py", &[&base, "DeepSeek-v4.1-Flash-EXL3"], &[])
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(
-        out.status.success() && text.contains("openai parse:") && text.contains("pydantic-ai native:"),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        ran.stdout.contains("openai parse:") && ran.stdout.contains("pydantic-ai native:"),
+        "{}\n{}",
+        ran.stdout,
+        ran.stderr
     );
 }
 

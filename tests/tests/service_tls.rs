@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_json::Value;
 use sparkgate_tests::harness::{Proc, Sim};
 use sparkgate_tests::test_gateway::{sparkgate_bin, TestGateway};
 
@@ -169,6 +168,27 @@ fn real_clients_speak_https_and_a_rotation_loses_no_stream() {
         "{table}{}",
         String::from_utf8_lossy(&status.stderr)
     );
+    let bench = Command::new(sparkgate_bin(SIM))
+        .args(["bench", "--url", &format!("{base}/v1"), "--cacert", &ca])
+        .args([
+            "--runs",
+            "1",
+            "--concurrency",
+            "1",
+            "--max-tokens",
+            "16",
+            "--phase",
+            "prose",
+            "--skip-coherence",
+        ])
+        .output()
+        .unwrap();
+    let told = String::from_utf8_lossy(&bench.stderr);
+    assert!(
+        bench.status.success(),
+        "bench over HTTPS: {told}{}",
+        String::from_utf8_lossy(&bench.stdout)
+    );
     let untrusting = Command::new(sparkgate_bin(SIM))
         .args(["status", "--url", &base])
         .output()
@@ -179,28 +199,21 @@ fn real_clients_speak_https_and_a_rotation_loses_no_stream() {
         "{said}"
     );
 
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/tls_clients.py");
-    let out = Command::new("python3")
-        .args(["-W", "ignore::ResourceWarning", script])
-        .env("SPARKGATE_BASE_URL", &base)
-        .env("SPARKGATE_MODEL", MODEL)
-        .env("SPARKGATE_CA", &ca)
-        .env("SPARKGATE_PID", gw.proc.pid().to_string())
-        .envs([
-            ("SPARKGATE_CERT", &cert),
-            ("SPARKGATE_KEY", &key),
-            ("SPARKGATE_NEW_CERT", &new_cert),
-            ("SPARKGATE_NEW_KEY", &new_key),
-        ])
-        .output()
-        .expect("python3 runs (bash .ci/run installs the client libraries)");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "tls_clients.py failed:\n{}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let pid = gw.proc.pid().to_string();
+    let [cert, key, new_cert, new_key] = [&cert, &key, &new_cert, &new_key].map(|p| s(p));
+    let env = [
+        ("SPARKGATE_BASE_URL", base.as_str()),
+        ("SPARKGATE_MODEL", MODEL),
+        ("SPARKGATE_CA", &ca),
+        ("SPARKGATE_PID", &pid),
+        ("SPARKGATE_CERT", &cert),
+        ("SPARKGATE_KEY", &key),
+        ("SPARKGATE_NEW_CERT", &new_cert),
+        ("SPARKGATE_NEW_KEY", &new_key),
+    ];
+    let got = sparkgate_tests::python::script("tls_clients.py", &[], &env)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .last_json();
     assert_eq!(got["openai"], "323", "{got}");
     assert!(
         ["end_turn", "max_tokens"].contains(&got["anthropic"].as_str().unwrap()),

@@ -16,23 +16,16 @@ const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 
 /// One step of the script against `gw`; its last line.
 fn step(gw: &Gateway, args: &[&str]) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/store_chain.py");
-    let out = std::process::Command::new("python3")
-        .args(["-W", "ignore::ResourceWarning", script])
-        .args(args)
-        .env("SPARKGATE_BASE_URL", gw.base_url())
-        .env("SPARKGATE_MODEL", MODEL)
-        .env("OPENAI_AGENTS_DISABLE_TRACING", "1")
-        .output()
-        .expect("python3 runs (bash .ci/run installs the client libraries)");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "store_chain.py {args:?} failed:\n{}\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        gw.proc.log().join("\n")
-    );
-    stdout.lines().last().unwrap_or_default().trim().to_owned()
+    let base = gw.base_url();
+    let env = [
+        ("SPARKGATE_BASE_URL", base.as_str()),
+        ("SPARKGATE_MODEL", MODEL),
+        ("OPENAI_AGENTS_DISABLE_TRACING", "1"),
+    ];
+    match sparkgate_tests::python::script("store_chain.py", args, &env) {
+        Ok(ran) => ran.last_line().to_owned(),
+        Err(e) => panic!("{e}\n{}", gw.proc.log().join("\n")),
+    }
 }
 
 #[test]

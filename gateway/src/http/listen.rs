@@ -180,32 +180,44 @@ async fn connection<S: Stack<Incoming>>(mut stream: TcpStream, front: Front, mut
     };
     let Some(protocol) = protocol else { return };
     match (front, protocol) {
-        (Front::Plain, Protocol::H2c) => serve_io(stream, Protocol::H2c, Scheme::Http, c).await,
+        (Front::Plain, Protocol::H2c) => serve_io(stream, Server::Http2, Scheme::Http, c).await,
         // A TLS client on the plain port gets hyper's 400: its library reports the mismatch.
-        (Front::Plain, _) => serve_io(stream, Protocol::Http1, Scheme::Http, c).await,
+        (Front::Plain, Protocol::Http1 | Protocol::Tls) => serve_io(stream, Server::Http1, Scheme::Http, c).await,
         (Front::Tls(_), Protocol::Http1 | Protocol::H2c) => {
             Box::pin(answer(&mut stream, GatewayError::PlainHttpToTls)).await;
         }
-        (Front::Tls(tls), Protocol::Tls) => {
-            let shake = tokio::time::timeout(c.cfg.header_read_timeout, tls.acceptor().accept(stream));
-            match shake.await {
-                Ok(Ok(tls_stream)) => {
-                    let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                    let protocol = if h2 { Protocol::H2c } else { Protocol::Http1 };
-                    Box::pin(serve_io(tls_stream, protocol, Scheme::Https, c)).await;
-                }
-                Ok(Err(e)) => {
-                    metrics::counter!(crate::observe::TLS_HANDSHAKE_FAILURES).increment(1);
-                    tracing::debug!(peer = %c.peer, error = %e, "TLS handshake failed");
-                }
-                Err(_) => metrics::counter!(crate::observe::TLS_HANDSHAKE_FAILURES).increment(1),
-            }
+        // Boxed: inline, the handshake's state (rustls' connection) and the TLS stream's serving
+        // would be part of every connection task, plain ones included.
+        (Front::Tls(tls), Protocol::Tls) => Box::pin(serve_tls(stream, &tls, c)).await,
+    }
+}
+
+/// The HTTP server run on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    Http1,
+    Http2,
+}
+
+/// The TLS handshake (bounded by HEADER_READ_TIMEOUT), then HTTP/2 or HTTP/1.1 as ALPN chose.
+async fn serve_tls<S: Stack<Incoming>>(stream: TcpStream, tls: &Tls, c: Accepted<S>) {
+    let shake = tokio::time::timeout(c.cfg.header_read_timeout, tls.acceptor().accept(stream));
+    match shake.await {
+        Ok(Ok(tls_stream)) => {
+            let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
+            let server = if h2 { Server::Http2 } else { Server::Http1 };
+            serve_io(tls_stream, server, Scheme::Https, c).await;
         }
+        Ok(Err(e)) => {
+            metrics::counter!(crate::observe::TLS_HANDSHAKE_FAILURES).increment(1);
+            tracing::debug!(peer = %c.peer, error = %e, "TLS handshake failed");
+        }
+        Err(_) => metrics::counter!(crate::observe::TLS_HANDSHAKE_FAILURES).increment(1),
     }
 }
 
 /// Runs hyper's HTTP/1.1 or HTTP/2 server on a connection's stream (TCP or TLS).
-async fn serve_io<T, S>(stream: T, protocol: Protocol, scheme: Scheme, c: Accepted<S>)
+async fn serve_io<T, S>(stream: T, server: Server, scheme: Scheme, c: Accepted<S>)
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: Stack<Incoming>,
@@ -224,8 +236,8 @@ where
     });
     let handoff = Arc::new(Handoff::default());
     let io = hyper_util::rt::TokioIo::new(ClientIo::new(stream, handoff.clone()));
-    let ended = match protocol {
-        Protocol::H2c => {
+    let ended = match server {
+        Server::Http2 => {
             // Boxed: inline, HTTP/2's larger connection state would be part of every
             // connection task, HTTP/1.1 ones included (a task's state is its largest arm).
             let mut conn = Box::pin(
@@ -235,7 +247,7 @@ where
             );
             drive(conn.as_mut(), |c| c.graceful_shutdown(), &handoff, &mut stop).await
         }
-        Protocol::Http1 | Protocol::Tls => {
+        Server::Http1 => {
             let conn = hyper::server::conn::http1::Builder::new()
                 .max_headers(MAX_HEADERS)
                 .timer(hyper_util::rt::TokioTimer::new())

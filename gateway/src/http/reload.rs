@@ -18,36 +18,49 @@ enum What {
     Certificate,
 }
 
+/// What set a reload off: SIGHUP reads everything and is told to systemd; a changed file reads
+/// only itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    Signal,
+    Changed(&'static str),
+}
+
+impl Trigger {
+    fn why(self) -> &'static str {
+        match self {
+            Trigger::Signal => "SIGHUP",
+            Trigger::Changed(what) => what,
+        }
+    }
+}
+
 /// Starts the reload task.
 pub(crate) fn watch(keys: Arc<KeyRing>, tls: Option<Arc<Tls>>, mode: sparkgate_config::QuotaMode) {
     sparkgate_task::spawn("reload", async move {
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         let mut tick = tokio::time::interval(Duration::from_secs(2));
         loop {
-            let (why, what): (&str, &[What]) = tokio::select! {
-                Some(()) = async { hup.as_mut()?.recv().await } => ("SIGHUP", &[What::Keys, What::Certificate]),
+            let (trigger, what): (Trigger, &[What]) = tokio::select! {
+                Some(()) = async { hup.as_mut()?.recv().await } => (Trigger::Signal, &[What::Keys, What::Certificate]),
                 _ = tick.tick() => match (keys.file_changed(), tls.as_ref().is_some_and(|t| t.changed())) {
-                    (true, true) => ("a file changed", &[What::Keys, What::Certificate]),
-                    (true, false) => ("API_KEYS_FILE changed", &[What::Keys]),
-                    (false, true) => ("a TLS file changed", &[What::Certificate]),
+                    (true, true) => (Trigger::Changed("a file changed"), &[What::Keys, What::Certificate]),
+                    (true, false) => (Trigger::Changed("API_KEYS_FILE changed"), &[What::Keys]),
+                    (false, true) => (Trigger::Changed("a TLS file changed"), &[What::Certificate]),
                     (false, false) => continue,
                 },
             };
-            let signalled = why == "SIGHUP";
-            if signalled {
+            if trigger == Trigger::Signal {
                 systemd::reloading();
             }
             for w in what {
-                match w {
-                    What::Keys => reload_keys(&keys, mode, why),
-                    What::Certificate => {
-                        if let Some(tls) = &tls {
-                            reload_certificate(tls, why);
-                        }
-                    }
+                match (w, &tls) {
+                    (What::Keys, _) => reload_keys(&keys, mode, trigger.why()),
+                    (What::Certificate, Some(tls)) => reload_certificate(tls, trigger.why()),
+                    (What::Certificate, None) => {}
                 }
             }
-            if signalled {
+            if trigger == Trigger::Signal {
                 systemd::reloaded();
             }
         }

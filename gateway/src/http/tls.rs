@@ -60,8 +60,8 @@ pub(crate) struct Loaded {
 #[derive(Debug)]
 pub(crate) struct Tls {
     files: TlsFiles,
-    current: RwLock<Arc<ServerConfig>>,
-    loaded: Mutex<Loaded>,
+    /// The configuration serving, and what it was loaded from (swapped together).
+    current: RwLock<(Arc<ServerConfig>, Loaded)>,
     /// The files' modification times and sizes when last read.
     stamp: Mutex<Vec<Option<(SystemTime, u64)>>>,
 }
@@ -76,19 +76,18 @@ impl Tls {
         let (config, loaded) = build(files, now())?;
         Ok(Tls {
             files: files.clone(),
-            current: RwLock::new(Arc::new(config)),
-            loaded: Mutex::new(loaded),
+            current: RwLock::new((Arc::new(config), loaded)),
             stamp: Mutex::new(stamp),
         })
     }
 
     /// The configuration the next handshake uses.
     pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.current.read().expect("tls lock").clone())
+        tokio_rustls::TlsAcceptor::from(self.current.read().expect("tls lock").0.clone())
     }
 
     pub(crate) fn loaded(&self) -> Loaded {
-        *self.loaded.lock().expect("tls lock")
+        self.current.read().expect("tls lock").1
     }
 
     /// Whether a file changed since it was last read (its time or size).
@@ -101,8 +100,7 @@ impl Tls {
         // Stamped first: a file that changes while it is read is read again next time.
         *self.stamp.lock().expect("tls lock") = stamps(&self.files);
         let (config, loaded) = build(&self.files, now())?;
-        *self.current.write().expect("tls lock") = Arc::new(config);
-        *self.loaded.lock().expect("tls lock") = loaded;
+        *self.current.write().expect("tls lock") = (Arc::new(config), loaded);
         Ok(loaded)
     }
 }
