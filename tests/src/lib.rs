@@ -25,6 +25,7 @@ pub mod spec_split_eval;
 pub mod sse;
 pub mod supervised;
 pub mod swapload;
+pub mod systemd;
 pub mod test_gateway;
 pub mod tidy;
 pub mod warm;
