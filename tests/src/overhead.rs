@@ -1,5 +1,6 @@
 //! The fronts of the overhead benchmark — none (vllm-sim direct), sparkgate, nginx, SGLang's
-//! gateway (SMG) and the LiteLLM proxy — started in front of one vllm-sim, each configured so
+//! gateway (SMG) and the LiteLLM proxy, and sparkgate and nginx serving HTTPS (`*-tls`, with a
+//! certificate of the harness's own CA, `tls`) — started in front of one vllm-sim, each configured so
 //! that its admission limit does not cap the load, and the CPU and memory of a front's process
 //! tree read from /proc. A second sparkgate binary (`baseline`, e.g. an earlier commit's build)
 //! can run beside the current one, so "no worse than before" is a same-run ratio.
@@ -14,6 +15,7 @@ use crate::harness::free_port;
 pub mod load;
 pub mod ratios;
 pub mod ready;
+pub mod tls;
 
 /// Which front a measurement goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,9 +27,25 @@ pub enum FrontKind {
     Nginx,
     Smg,
     Litellm,
+    /// sparkgate with TLS_CERT (HTTPS, HTTP/1.1 by ALPN for this client).
+    SparkgateTls,
+    /// nginx with `listen … ssl`, configured as `Nginx` otherwise.
+    NginxTls,
 }
 
 impl FrontKind {
+    /// The fronts `--fronts` may name: the default ones, `baseline` and the TLS pair.
+    pub const NAMED: [FrontKind; 8] = [
+        FrontKind::Direct,
+        FrontKind::Sparkgate,
+        FrontKind::Baseline,
+        FrontKind::Nginx,
+        FrontKind::Smg,
+        FrontKind::Litellm,
+        FrontKind::SparkgateTls,
+        FrontKind::NginxTls,
+    ];
+
     /// The fronts run by default (`Baseline` only when a baseline binary is given).
     pub const ALL: [FrontKind; 5] = [
         FrontKind::Direct,
@@ -45,7 +63,14 @@ impl FrontKind {
             FrontKind::Nginx => "nginx",
             FrontKind::Smg => "smg",
             FrontKind::Litellm => "litellm",
+            FrontKind::SparkgateTls => "sparkgate-tls",
+            FrontKind::NginxTls => "nginx-tls",
         }
+    }
+
+    /// Whether the front serves HTTPS.
+    pub fn tls(self) -> bool {
+        matches!(self, FrontKind::SparkgateTls | FrontKind::NginxTls)
     }
 
     /// How the front is configured so that it does not cap the load (for the report).
@@ -57,6 +82,8 @@ impl FrontKind {
             FrontKind::Nginx => "plain reverse proxy: proxy_buffering off, upstream keepalive 256, worker_processes auto, access log to a file (its default)",
             FrontKind::Smg => "`smg launch --policy round_robin --max-concurrent-requests 20000 --rate-limit-tokens-per-second 0 --disable-retries --disable-circuit-breaker`",
             FrontKind::Litellm => "`litellm --config` with `hosted_vllm/` and max_parallel_requests 20000, 1 worker",
+            FrontKind::SparkgateTls => "as sparkgate, with TLS_CERT/TLS_KEY (a P-256 certificate of the harness's CA)",
+            FrontKind::NginxTls => "as nginx, with `listen … ssl` and the same certificate (nginx's defaults otherwise: TLS 1.2 and 1.3, session tickets)",
         }
     }
 }
@@ -107,6 +134,13 @@ impl Front {
         let mut cmd = match kind {
             FrontKind::Direct => unreachable!(),
             FrontKind::Sparkgate => launch.sparkgate(sparkgate),
+            FrontKind::SparkgateTls => {
+                let (cert, key) = tls::leaf()?;
+                let mut c = launch.sparkgate(sparkgate);
+                c.env("TLS_CERT", cert).env("TLS_KEY", key);
+                c
+            }
+            FrontKind::NginxTls => launch.nginx_tls(&peers.nginx)?,
             FrontKind::Baseline => launch.sparkgate(peers.baseline.as_deref().ok_or("no --baseline binary given")?),
             FrontKind::Nginx => launch.nginx(&peers.nginx)?,
             FrontKind::Smg => launch.smg(&peers.venv.join("bin/smg")),
@@ -126,9 +160,10 @@ impl Front {
             // Each front leads its own process group, so stopping it stops its workers.
             .process_group(0);
         let child = cmd.spawn().map_err(|e| format!("{}: {e}", program.to_string_lossy()))?;
+        let scheme = if kind.tls() { "https" } else { "http" };
         let mut front = Front {
             kind,
-            base: format!("http://127.0.0.1:{}", launch.port),
+            base: format!("{scheme}://127.0.0.1:{}", launch.port),
             child: Some(child),
             _dir: Some(dir),
         };
@@ -142,9 +177,13 @@ impl Front {
     fn wait_answering(&mut self, within: Duration) -> Result<(), String> {
         let addr: SocketAddr = self
             .base
-            .trim_start_matches("http://")
+            .split_once("://")
+            .map_or(self.base.as_str(), |(_, a)| a)
             .parse()
             .map_err(|e| format!("{}: {e}", self.base))?;
+        // The probe speaks plain HTTP: a TLS front listening answers it 400 (both sparkgate and
+        // nginx say "send HTTPS"); the load's first second is its warm-up either way.
+        let serving = if self.kind.tls() { 400 } else { 200 };
         let child = &mut self.child;
         let exited = || {
             child
@@ -152,7 +191,7 @@ impl Front {
                 .and_then(|c| c.try_wait().ok().flatten())
                 .map(|status| status.to_string())
         };
-        ready::wait_ready(addr, "/v1/models", within, exited).map_err(|why| {
+        ready::wait_ready(addr, "/v1/models", serving, within, exited).map_err(|why| {
             format!(
                 "{} at {addr} {why} (GET /v1/models): {}",
                 self.kind.name(),
@@ -227,8 +266,28 @@ impl Launch<'_> {
     }
 
     fn nginx(&self, bin: &Path) -> Result<Command, String> {
+        self.nginx_with(bin, "")
+    }
+
+    fn nginx_tls(&self, bin: &Path) -> Result<Command, String> {
+        let (cert, key) = tls::leaf()?;
+        let ssl = format!(
+            " ssl;\n        ssl_certificate {};\n        ssl_certificate_key {}",
+            cert.display(),
+            key.display()
+        );
+        self.nginx_with(bin, &ssl)
+    }
+
+    /// nginx with `listen` followed by `listen_extra` (`ssl` and its certificate, or nothing).
+    fn nginx_with(&self, bin: &Path, listen_extra: &str) -> Result<Command, String> {
         let conf = self.dir.join("nginx.conf");
-        std::fs::write(&conf, nginx_conf(self.port, self.backend, self.dir)).map_err(|e| e.to_string())?;
+        let text = nginx_conf(self.port, self.backend, self.dir).replacen(
+            &format!("listen 127.0.0.1:{};", self.port),
+            &format!("listen 127.0.0.1:{}{listen_extra};", self.port),
+            1,
+        );
+        std::fs::write(&conf, text).map_err(|e| e.to_string())?;
         let mut c = Command::new(bin);
         c.args(["-e", "stderr", "-p"])
             .arg(self.dir)

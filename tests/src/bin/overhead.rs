@@ -2,7 +2,10 @@
 //! bottleneck) behind each front in turn — none, sparkgate, nginx, SMG, LiteLLM — driven by the
 //! same load generator: (a) non-streaming small chats at concurrency 1/16/64, (b) streaming
 //! 256-token answers (added TTFT and inter-token gaps, front CPU per 1000 requests), (c) idle
-//! streams held open (front RSS per stream, against a simulator paced so slowly that they idle).
+//! streams held open (front RSS per stream, against a simulator paced so slowly that they idle),
+//! (d) a new connection per request at concurrency 16 (with a TLS front, a full handshake each).
+//! The fronts `sparkgate-tls` and `nginx-tls` (HTTPS, one certificate of the harness's CA) are
+//! run when `--fronts` names them, and compared with each other.
 //! Prints ratio tables and writes JSON. `tests/overhead/run.sh` installs the peers and runs this.
 //!
 //! usage: overhead [--peers DIR] [--fronts direct,sparkgate,...] [--seconds S] [--rounds R]
@@ -18,9 +21,14 @@
 
 use serde_json::{json, Value};
 use sparkgate_tests::harness::Sim;
-use sparkgate_tests::overhead::load::{client, idle_streams, non_streaming, percentile, streaming, MODEL};
+use sparkgate_tests::overhead::load::{
+    client, fresh_client, idle_streams, non_streaming, percentile, streaming, MODEL,
+};
 use sparkgate_tests::overhead::{ratios, Front, FrontKind, Peers};
 const CONCURRENCIES: [usize; 3] = [1, 16, 64];
+/// (d)'s concurrency, and its cell's name beside the concurrencies'.
+const FRESH_CONCURRENCY: usize = 16;
+const FRESH: &str = "fresh16";
 const STREAM_CONCURRENCY: usize = 16;
 
 struct Options {
@@ -59,14 +67,11 @@ fn options() -> Options {
         Some(list) => list
             .split(',')
             .map(|n| {
-                FrontKind::ALL
-                    .into_iter()
-                    .chain([FrontKind::Baseline])
-                    .find(|k| k.name() == n)
-                    .unwrap_or_else(|| {
-                        eprintln!("overhead: unknown front {n:?} (direct, sparkgate, baseline, nginx, smg, litellm)");
-                        std::process::exit(2)
-                    })
+                FrontKind::NAMED.into_iter().find(|k| k.name() == n).unwrap_or_else(|| {
+                    let names: Vec<&str> = FrontKind::NAMED.iter().map(|k| k.name()).collect();
+                    eprintln!("overhead: unknown front {n:?} ({})", names.join(", "));
+                    std::process::exit(2)
+                })
             })
             .collect(),
     };
@@ -157,12 +162,20 @@ impl Bench {
                 let Some(front) = front else { continue };
                 let client = client();
                 let mut cells = json!({});
+                let cpu = || front.usage().map(|u| u.cpu_s);
                 for c in CONCURRENCIES {
-                    let cpu = || front.usage().map(|u| u.cpu_s);
                     cells[c.to_string()] =
                         self.runtime
                             .block_on(non_streaming(&client, &front.base, c, self.o.seconds, &cpu));
                 }
+                let fresh = fresh_client();
+                cells[FRESH] = self.runtime.block_on(non_streaming(
+                    &fresh,
+                    &front.base,
+                    FRESH_CONCURRENCY,
+                    self.o.seconds,
+                    &cpu,
+                ));
                 eprintln!("   (a) round {} {}: {cells}", round + 1, front.kind.name());
                 rounds[i].push(cells);
             }
@@ -276,17 +289,17 @@ fn start_all(o: &Options, results: &mut [Value], backend: &str, sparkgate: &std:
 /// Per concurrency, the median of each figure over the rounds.
 fn median_cells(rounds: &[Value]) -> Value {
     let mut out = json!({});
-    for c in CONCURRENCIES {
-        let key = c.to_string();
+    let keys = CONCURRENCIES.map(|c| c.to_string());
+    for key in keys.iter().map(String::as_str).chain([FRESH]) {
         let mut cell = json!({});
         for field in ["rps", "p50_ms", "p99_ms", "errors", "requests", "cpu_us_per_req"] {
-            let mut v: Vec<f64> = rounds.iter().filter_map(|r| r[&key][field].as_f64()).collect();
+            let mut v: Vec<f64> = rounds.iter().filter_map(|r| r[key][field].as_f64()).collect();
             v.sort_by(f64::total_cmp);
             if !v.is_empty() {
                 cell[field] = json!(percentile(&v, 0.5));
             }
         }
-        cell["rps_rounds"] = json!(rounds.iter().map(|r| r[&key]["rps"].clone()).collect::<Vec<_>>());
+        cell["rps_rounds"] = json!(rounds.iter().map(|r| r[key]["rps"].clone()).collect::<Vec<_>>());
         out[key] = cell;
     }
     out
@@ -296,6 +309,7 @@ fn report(results: &[Value], o: &Options) {
     report_non_streaming(results);
     report_streaming(results, o);
     report_idle(results, o);
+    report_connections(results);
     println!("\nSetups:");
     for r in results {
         println!(
@@ -370,6 +384,58 @@ fn report_non_streaming(results: &[Value]) {
             num(&a["64"]["cpu_us_per_req"]),
             errors
         );
+    }
+}
+
+/// (d) a new connection per request, and the TLS pair side by side.
+fn report_connections(results: &[Value]) {
+    println!(
+        "\n### (d) a new connection per request, c={FRESH_CONCURRENCY} (TLS: a full handshake each, no resumption)\n"
+    );
+    println!("| front | new connections/s | p50 ms | front CPU µs per connection | errors |");
+    println!("|---|---|---|---|---|");
+    for r in results.iter().filter(|r| r["error"].is_null()) {
+        let f = &r["non_streaming"][FRESH];
+        println!(
+            "| {} | {:.0} | {:.3} | {:.1} | {} |",
+            front_name(r),
+            num(&f["rps"]),
+            num(&f["p50_ms"]),
+            num(&f["cpu_us_per_req"]),
+            f["errors"]
+        );
+    }
+    let find = |name: &str| results.iter().find(|r| r["front"] == name && r["error"].is_null());
+    let (Some(ours), Some(theirs)) = (find("sparkgate-tls"), find("nginx-tls")) else {
+        return;
+    };
+    println!("\n### TLS: sparkgate-tls ÷ nginx-tls (same run)\n");
+    println!("| figure | better | sparkgate-tls | nginx-tls | ratio |");
+    println!("|---|---|---|---|---|");
+    let figures: [(&str, &str, &[&str]); 6] = [
+        ("c=1 req/s", "higher", &["non_streaming", "1", "rps"]),
+        ("c=1 p50 ms", "lower", &["non_streaming", "1", "p50_ms"]),
+        ("c=64 req/s", "higher", &["non_streaming", "64", "rps"]),
+        (
+            "c=64 front CPU µs/req",
+            "lower",
+            &["non_streaming", "64", "cpu_us_per_req"],
+        ),
+        (
+            "new connections/s (handshakes)",
+            "higher",
+            &["non_streaming", FRESH, "rps"],
+        ),
+        (
+            "front CPU µs per handshake",
+            "lower",
+            &["non_streaming", FRESH, "cpu_us_per_req"],
+        ),
+    ];
+    for (name, better, path) in figures {
+        let get = |r: &Value| num(path.iter().fold(r, |v, k| &v[*k]));
+        let (a, b) = (get(ours), get(theirs));
+        println!("| {name} | {better} | {a:.3} | {b:.3} | {:.2}× |", a / b);
     }
 }
 

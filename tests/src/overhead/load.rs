@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -14,16 +15,49 @@ use serde_json::{json, Value};
 
 use super::Front;
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// The model name every front serves (the simulator's `--served-model-name`).
 pub const MODEL: &str = "DeepSeek-v4.1-Flash-EXL3";
 
+/// The load's client: `http://` and `https://` (trusting the TLS fronts' CA), connections
+/// kept alive.
 pub fn client() -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
+    client_keeping(20_000)
+}
+
+/// A client that opens a new connection for every request (a TLS front's full handshake each:
+/// no session is resumed), for the cost of a connection.
+pub fn fresh_client() -> HttpClient {
+    client_keeping(0)
+}
+
+fn client_keeping(idle_per_host: usize) -> HttpClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    let mut roots = rustls::RootCertStore::empty();
+    if let Ok(pem) = super::tls::ca().and_then(|p| std::fs::read(p).map_err(|e| e.to_string())) {
+        use rustls::pki_types::pem::PemObject as _;
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem).flatten() {
+            let _ = roots.add(cert);
+        }
+    }
+    #[allow(deprecated)] // ring, as the gateway's own TLS.
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.resumption = rustls::client::Resumption::disabled();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
     Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(20_000)
+        .pool_max_idle_per_host(idle_per_host)
         .pool_idle_timeout(Duration::from_secs(30))
         .build(connector)
 }

@@ -66,27 +66,30 @@ pub fn probe(addr: SocketAddr, path: &str, timeout: Duration) -> Probe {
 pub enum NotReady {
     /// Its process ended first, with this status.
     Exited(String),
-    /// It still did not answer 200 when `within` was up; `last` is what the final probe saw.
-    TimedOut { within: Duration, last: Probe },
+    /// It still did not answer `wanted` when `within` was up; `last` is what the final probe
+    /// saw.
+    TimedOut { within: Duration, wanted: u16, last: Probe },
 }
 
 impl fmt::Display for NotReady {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NotReady::Exited(status) => write!(f, "exited ({status}) before answering"),
-            NotReady::TimedOut { within, last } => {
-                write!(f, "did not answer 200 within {} s: {last}", within.as_secs_f64())
+            NotReady::TimedOut { within, wanted, last } => {
+                write!(f, "did not answer {wanted} within {} s: {last}", within.as_secs_f64())
             }
         }
     }
 }
 
-/// Probes `GET path` at `addr` until it answers 200 — the front listens and serves. `exited`
+/// Probes `GET path` at `addr` until it answers `serving` (200: the front listens and serves;
+/// a TLS front answers the plain probe 400 once it listens). `exited`
 /// is asked between probes whether the front's process has ended (its exit status), which
 /// ends the wait at once.
 pub fn wait_ready(
     addr: SocketAddr,
     path: &str,
+    serving: u16,
     within: Duration,
     mut exited: impl FnMut() -> Option<String>,
 ) -> Result<(), NotReady> {
@@ -94,14 +97,18 @@ pub fn wait_ready(
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let last = probe(addr, path, PROBE_TIMEOUT.min(left).max(Duration::from_millis(10)));
-        if last == Probe::Status(200) {
+        if last == Probe::Status(serving) {
             return Ok(());
         }
         if let Some(status) = exited() {
             return Err(NotReady::Exited(status));
         }
         if Instant::now() >= deadline {
-            return Err(NotReady::TimedOut { within, last });
+            return Err(NotReady::TimedOut {
+                within,
+                wanted: serving,
+                last,
+            });
         }
         std::thread::sleep(PROBE_EVERY.min(deadline.saturating_duration_since(Instant::now())));
     }
@@ -133,7 +140,10 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         serve(listener, &[503, 503, 200]);
         assert_eq!(probe(addr, "/v1/models", PROBE_TIMEOUT), Probe::Status(503));
-        assert_eq!(wait_ready(addr, "/v1/models", Duration::from_secs(10), || None), Ok(()));
+        assert_eq!(
+            wait_ready(addr, "/v1/models", 200, Duration::from_secs(10), || None),
+            Ok(())
+        );
     }
 
     #[test]
@@ -145,14 +155,17 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             serve(TcpListener::bind(addr).expect("the port again"), &[200]);
         });
-        assert_eq!(wait_ready(addr, "/health", Duration::from_secs(10), || None), Ok(()));
+        assert_eq!(
+            wait_ready(addr, "/health", 200, Duration::from_secs(10), || None),
+            Ok(())
+        );
         late.join().unwrap();
     }
 
     #[test]
     fn nothing_listening_times_out_saying_so() {
         let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let err = wait_ready(addr, "/v1/models", Duration::from_millis(300), || None).unwrap_err();
+        let err = wait_ready(addr, "/v1/models", 200, Duration::from_millis(300), || None).unwrap_err();
         assert!(
             matches!(
                 &err,
@@ -171,7 +184,7 @@ mod tests {
         // Connections queue in the listen backlog; nobody reads them.
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let err = wait_ready(addr, "/v1/models", Duration::from_millis(500), || None).unwrap_err();
+        let err = wait_ready(addr, "/v1/models", 200, Duration::from_millis(500), || None).unwrap_err();
         assert!(
             matches!(
                 &err,
@@ -190,7 +203,7 @@ mod tests {
     fn a_front_that_exits_ends_the_wait_at_once() {
         let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let started = Instant::now();
-        let err = wait_ready(addr, "/v1/models", Duration::from_secs(30), || {
+        let err = wait_ready(addr, "/v1/models", 200, Duration::from_secs(30), || {
             Some("exit status: 1".into())
         })
         .unwrap_err();
