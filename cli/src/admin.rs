@@ -88,7 +88,7 @@ pub(crate) fn call(
     let url = format!("{}{path}", ep.base);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        let client = super::https::client()?;
+        let client = super::https::client_for(&ep.base)?;
         let mut req = hyper::Request::builder().method(method).uri(&url);
         if let Some(t) = &ep.token {
             req = req.header("authorization", format!("Bearer {t}"));

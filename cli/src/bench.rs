@@ -106,7 +106,7 @@ pub(super) fn run(config: &Config, args: BenchArgs) -> anyhow::Result<ExitCode> 
 type Results = Vec<(Phase, u32, Vec<Vec<RequestResult>>)>;
 
 async fn bench(base: &str, api_key: Option<String>, args: BenchArgs) -> anyhow::Result<ExitCode> {
-    let client: HttpClient = super::https::client()?;
+    let client: HttpClient = super::https::client_for(base)?;
     let model = match &args.model {
         Some(m) => m.clone(),
         None => first_model(&client, base, api_key.as_deref()).await?,

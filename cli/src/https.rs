@@ -60,26 +60,47 @@ fn roots(cacert: Option<&Path>) -> anyhow::Result<rustls::RootCertStore> {
     Ok(roots)
 }
 
-/// A client for `http://` and `https://` URLs alike (TCP_NODELAY on).
-pub(crate) fn client() -> anyhow::Result<HttpClient> {
-    let cacert = CACERT.get().and_then(|c| c.as_deref());
-    // ring, as the gateway's own TLS (gateway/src/http/tls.rs says why).
-    #[allow(deprecated)]
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| anyhow::anyhow!("TLS: {e}"))?
-        .with_root_certificates(roots(cacert)?)
-        .with_no_client_auth();
+/// A client for `base`'s scheme (TCP_NODELAY on). Only an `https://` base reads the roots it
+/// trusts (`--cacert`, else the system's: a few hundred certificates), once per process — a
+/// command polling a plain-HTTP gateway pays nothing for TLS.
+pub(crate) fn client_for(base: &str) -> anyhow::Result<HttpClient> {
+    let tls = if base.starts_with("https://") {
+        verifying()?
+    } else {
+        // Never used for an http:// URL; the connector's type wants one.
+        std::sync::Arc::new(config(rustls::RootCertStore::empty())?)
+    };
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     http.enforce_http(false);
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
+        .with_tls_config(std::sync::Arc::unwrap_or_clone(tls))
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new()).build(connector))
+}
+
+/// The configuration that checks a gateway's certificate, built on first use.
+fn verifying() -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
+    static BUILT: OnceLock<std::sync::Arc<rustls::ClientConfig>> = OnceLock::new();
+    if let Some(c) = BUILT.get() {
+        return Ok(c.clone());
+    }
+    let cacert = CACERT.get().and_then(|c| c.as_deref());
+    let built = std::sync::Arc::new(config(roots(cacert)?)?);
+    Ok(BUILT.get_or_init(|| built).clone())
+}
+
+fn config(roots: rustls::RootCertStore) -> anyhow::Result<rustls::ClientConfig> {
+    // ring, as the gateway's own TLS (gateway/src/http/tls.rs says why).
+    #[allow(deprecated)]
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| anyhow::anyhow!("TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// Why a request found no gateway, in words: a failed TLS handshake (a `rustls::Error`

@@ -33,7 +33,7 @@ pub(super) fn run(config: &Config, url: Option<&str>, timeout: Duration) -> anyh
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let started = Instant::now();
     let outcome = runtime.block_on(async {
-        let client = super::https::client()?;
+        let client = super::https::client_for(&endpoint)?;
         let mut req = hyper::Request::post(&endpoint).header("content-type", "application/json");
         if let Some(k) = &api_key {
             req = req.header("authorization", format!("Bearer {k}"));
