@@ -48,7 +48,7 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// A leaf for localhost and 127.0.0.1 signed by the CA: `{name}.pem`, `{name}.key`, valid for
+/// A leaf for localhost and 127.0.0.1 signed by the CA (a server's or a client's): `{name}.pem`, `{name}.key`, valid for
 /// two days or expired since yesterday.
 fn leaf(dir: &Path, name: &str, expired: bool) -> (PathBuf, PathBuf) {
     let (pem, key, csr, ext) = (
@@ -59,7 +59,7 @@ fn leaf(dir: &Path, name: &str, expired: bool) -> (PathBuf, PathBuf) {
     );
     std::fs::write(
         &ext,
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n",
     )
     .unwrap();
     openssl(&[
@@ -283,4 +283,39 @@ fn certificates_that_cannot_serve_are_refused_at_start_and_kept_out_at_a_reload(
         &format!("https://localhost:{}/health", gw.addr.port()),
     ]);
     assert_eq!(code, "200", "the old certificate still serves: {err}");
+}
+
+#[test]
+fn with_client_ca_only_a_client_with_its_certificate_gets_in() {
+    let dir = tempfile::tempdir().unwrap();
+    ca(dir.path());
+    let (cert, key) = leaf(dir.path(), "server", false);
+    let (client, client_key) = leaf(dir.path(), "client", false);
+    let ca = s(&dir.path().join("ca.pem"));
+    let gw = TestGateway::builder(SIM)
+        .upstream_url("http://127.0.0.1:9")
+        .envs(&[
+            ("TLS_CERT", s(&cert)),
+            ("TLS_KEY", s(&key)),
+            ("TLS_CLIENT_CA", ca.clone()),
+        ])
+        .start_unready();
+    gw.proc.wait_for("client_certificates=true");
+    let url = format!("https://localhost:{}/health", gw.addr.port());
+    let (code, err) = curl(&["--cacert", &ca, "-o", "/dev/null", "-w", "%{http_code}", &url]);
+    assert_eq!(code, "000", "no client certificate, no connection: {err}");
+    let (code, err) = curl(&[
+        "--cacert",
+        &ca,
+        "--cert",
+        &s(&client),
+        "--key",
+        &s(&client_key),
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &url,
+    ]);
+    assert_eq!(code, "200", "{err}");
 }
