@@ -59,16 +59,35 @@ impl Inputs {
             }
         }
         writable.dedup();
+        let exe = std::env::current_exe()?;
+        let env_file = abs(env_file)?;
+        let deploy_dir = abs(&config.deploy_dir)?;
+        let hidden: Vec<String> = [&exe, &env_file, &deploy_dir]
+            .into_iter()
+            .chain(&writable)
+            .filter(|p| hidden_by_private_tmp(p))
+            .map(|p| p.display().to_string())
+            .collect();
+        anyhow::ensure!(
+            hidden.is_empty(),
+            "{} under /tmp or /var/tmp, which the service's PrivateTmp= replaces with an empty directory: install the binary elsewhere (/usr/local/bin) and keep the deployment, LOG_DIR and STORE_URL out of them",
+            hidden.join(", ")
+        );
         Ok(Inputs {
-            exe: std::env::current_exe()?,
-            env_file: abs(env_file)?,
-            deploy_dir: abs(&config.deploy_dir)?,
+            exe,
+            env_file,
+            deploy_dir,
             writable,
             ready_timeout: config.supervision.ready_timeout,
             drain_timeout: config.gateway.drain_timeout,
             open_files: config.gateway.max_connections + 4096,
         })
     }
+}
+
+/// Whether `path` is under a directory the service's `PrivateTmp=` hides from it.
+fn hidden_by_private_tmp(path: &Path) -> bool {
+    path.starts_with("/tmp") || path.starts_with("/var/tmp")
 }
 
 /// The unit's text.
@@ -238,6 +257,17 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn paths_that_private_tmp_hides_are_told_apart() {
+        assert!(hidden_by_private_tmp(Path::new("/tmp/ci/target/debug/sparkgate")));
+        assert!(hidden_by_private_tmp(Path::new("/var/tmp/sg/.env")));
+        assert!(!hidden_by_private_tmp(Path::new("/usr/local/bin/sparkgate")));
+        assert!(
+            !hidden_by_private_tmp(Path::new("/tmpfs/x")),
+            "a component, not a prefix"
+        );
     }
 
     #[test]

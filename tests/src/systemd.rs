@@ -1,6 +1,7 @@
 //! A host with systemd as PID 1: a container of `IMAGE` (a Debian bookworm root with systemd,
 //! built from Debian's packages by `bash .ci/run`: debootstrap, then `docker import`), the test's
-//! binaries bind-mounted at their own paths, on the host's network (the test picks loopback
+//! binaries bind-mounted read-only at `BIN` (not at their own path, which may be under /tmp: a
+//! unit's PrivateTmp= hides that), on the host's network (the test picks loopback
 //! ports that are free). `--privileged` is refused on this machine (CAP_SYS_RESOURCE is not in
 //! its bounding set), so the container gets every other capability and no seccomp filter —
 //! what systemd needs to set up a unit's sandbox (ProtectSystem=, PrivateTmp=, …).
@@ -11,6 +12,9 @@ use std::time::{Duration, Instant};
 
 /// The image `bash .ci/run` builds.
 pub const IMAGE: &str = "sparkgate-systemd:bookworm";
+
+/// Where the test's binaries are in the container.
+pub const BIN: &str = "/opt/sparkgate/bin";
 
 /// A running systemd host, removed on drop.
 #[derive(Debug)]
@@ -24,7 +28,7 @@ fn docker(args: &[&str]) -> Output {
 
 impl SystemdHost {
     /// Boots systemd in a fresh container with `binaries` (a directory) mounted read-only at
-    /// its own path; returns once systemd says the system is running.
+    /// `BIN`; returns once systemd says the system is running.
     pub fn boot(binaries: &Path) -> SystemdHost {
         let image = docker(&["image", "inspect", IMAGE]);
         assert!(
@@ -36,7 +40,7 @@ impl SystemdHost {
             std::process::id(),
             crate::harness::free_port()
         );
-        let mount = format!("{0}:{0}:ro", binaries.display());
+        let mount = format!("{}:{BIN}:ro", binaries.display());
         let run = docker(&[
             "run",
             "-d",

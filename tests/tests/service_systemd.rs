@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sparkgate_tests::harness::free_port;
 use sparkgate_tests::http::{request, Streaming};
-use sparkgate_tests::systemd::SystemdHost;
+use sparkgate_tests::systemd::{SystemdHost, BIN};
 
 const SIM: &str = env!("CARGO_BIN_EXE_vllm-sim");
 
@@ -44,15 +44,14 @@ fn serving_again(host: &SystemdHost, addr: SocketAddr, old: &str) {
 
 #[test]
 fn the_unit_under_real_systemd_starts_reloads_restarts_and_drains() {
-    let bin = Path::new(SIM).parent().unwrap();
-    let sparkgate = bin.join("sparkgate").display().to_string();
-    let host = SystemdHost::boot(bin);
+    let host = SystemdHost::boot(Path::new(SIM).parent().unwrap());
+    let (sparkgate, sim) = (format!("{BIN}/sparkgate"), format!("{BIN}/vllm-sim"));
     let (port, vllm, master) = (free_port(), free_port(), free_port());
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     host.ok("mkdir -p /srv/sg");
     host.write("/srv/sg/keys", "alice sk-alice\n");
     let env = format!(
-        "RUNTIME=process\nVLLM_BIN={SIM}\nPORT={port}\nBIND_ADDR=127.0.0.1\nHEAD_IP=127.0.0.1\nWORKER_IP=127.0.0.1\n\
+        "RUNTIME=process\nVLLM_BIN={sim}\nPORT={port}\nBIND_ADDR=127.0.0.1\nHEAD_IP=127.0.0.1\nWORKER_IP=127.0.0.1\n\
          VLLM_PORT={vllm}\nMASTER_PORT={master}\nLOG_DIR=/srv/sg/logs\nREADY_TIMEOUT=60\nWEIGHTS_GIB_PER_RANK=\n\
          API_KEYS_FILE=keys\nRESTART_BACKOFF_INITIAL=0.2\nRANK_ENV=SIM_LOAD_SECONDS=3,SIM_SPEED=1\n"
     );
